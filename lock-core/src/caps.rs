@@ -1,0 +1,114 @@
+//! What a backend can promise, read by users and by the conformance suite.
+
+use std::time::Duration;
+
+use crate::options::MAX_TTL;
+
+/// How far a backend's fencing tokens can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fencing {
+    /// Tokens strictly increase with every grant of a name, in real-time order, and survive the
+    /// backend's own restarts (etcd `create_revision`, ZooKeeper `czxid`, a flushed file counter).
+    Strict,
+    /// Tokens strictly increase while the backend keeps its data, but a restart that loses data
+    /// can repeat them (Redis without `appendfsync always`).
+    BestEffort,
+    /// No token is safe to hand out (Redlock over independent masters);
+    /// [`Lease::fencing_token`](crate::Lease::fencing_token) returns `None`.
+    None,
+}
+
+/// A driver's honest description of itself. The conformance suite reads it to pick cases; a
+/// case whose capability is missing is reported as skipped with the reason, never passed.
+///
+/// The struct is `#[non_exhaustive]`: build one from [`Capabilities::new`] and the `with_*`
+/// methods so that new fields do not break third-party drivers.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{Capabilities, Fencing};
+/// let caps = Capabilities::new()
+///     .with_fencing(Fencing::Strict)
+///     .with_fifo(true)
+///     .with_ttl_granularity(Duration::from_secs(1));
+/// assert_eq!(caps.fencing, Fencing::Strict);
+/// assert!(caps.per_lock_ttl);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Trust level of fencing tokens.
+    pub fencing: Fencing,
+    /// Waiters are granted in arrival order.
+    pub fifo: bool,
+    /// Each lock has its own TTL. False where the lease is a session shared by all locks of a
+    /// client (ZooKeeper) or the holder's process lifetime (files).
+    pub per_lock_ttl: bool,
+    /// Smallest accepted TTL.
+    pub min_ttl: Duration,
+    /// Largest accepted TTL.
+    pub max_ttl: Duration,
+    /// TTLs are rounded up to a multiple of this (etcd: one second). Never rounded down.
+    pub ttl_granularity: Duration,
+    /// The driver signals loss through [`Lease::lost`](crate::Lease::lost) before another
+    /// client can be granted the lock.
+    pub lost_notification: bool,
+}
+
+impl Capabilities {
+    /// The most conservative description: no fencing, no FIFO, per-lock TTLs from 1 ms to
+    /// [`MAX_TTL`] at millisecond granularity, lost notification.
+    pub const fn new() -> Self {
+        Capabilities {
+            fencing: Fencing::None,
+            fifo: false,
+            per_lock_ttl: true,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: MAX_TTL,
+            ttl_granularity: Duration::from_millis(1),
+            lost_notification: true,
+        }
+    }
+    /// Sets [`Capabilities::fencing`].
+    pub const fn with_fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
+        self
+    }
+    /// Sets [`Capabilities::fifo`].
+    pub const fn with_fifo(mut self, fifo: bool) -> Self {
+        self.fifo = fifo;
+        self
+    }
+    /// Sets [`Capabilities::per_lock_ttl`].
+    pub const fn with_per_lock_ttl(mut self, per_lock_ttl: bool) -> Self {
+        self.per_lock_ttl = per_lock_ttl;
+        self
+    }
+    /// Sets [`Capabilities::min_ttl`].
+    pub const fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.min_ttl = min_ttl;
+        self
+    }
+    /// Sets [`Capabilities::max_ttl`].
+    pub const fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = max_ttl;
+        self
+    }
+    /// Sets [`Capabilities::ttl_granularity`].
+    pub const fn with_ttl_granularity(mut self, granularity: Duration) -> Self {
+        self.ttl_granularity = granularity;
+        self
+    }
+    /// Sets [`Capabilities::lost_notification`].
+    pub const fn with_lost_notification(mut self, lost_notification: bool) -> Self {
+        self.lost_notification = lost_notification;
+        self
+    }
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self::new()
+    }
+}

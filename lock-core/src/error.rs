@@ -1,0 +1,146 @@
+//! The one error type every driver returns.
+
+use std::time::Duration;
+
+use crate::LockName;
+
+/// A boxed error from a backend's client library.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong with a lock, split by what the caller must do about it.
+///
+/// Match on the variant, not on the message: messages are for humans and may change.
+/// Use [`Error::is_retryable`] to decide whether trying the same call again later can succeed.
+///
+/// ```
+/// use lock_core::{Error, LockName};
+/// let err = LockName::new("").unwrap_err();
+/// assert!(matches!(err, Error::InvalidName { .. }));
+/// assert!(!err.is_retryable());
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name was rejected before anything was sent to a backend.
+    #[error("invalid lock name {name}: {reason}")]
+    InvalidName {
+        /// The offending name, escaped and shortened for display.
+        name: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The [`LockOptions`](crate::LockOptions) were rejected (zero or absurd TTL, TTL below the
+    /// backend's minimum, zero `max_hold`, ...).
+    #[error("invalid lock options: {0}")]
+    InvalidOptions(String),
+    /// `acquire` waited as long as [`Wait`](crate::Wait) allowed and did not get the lock.
+    #[error("lock {name} not acquired within {waited:?}")]
+    Timeout {
+        /// The lock that was waited for.
+        name: LockName,
+        /// How long the call waited.
+        waited: Duration,
+    },
+    /// Renew or release of a lease the backend no longer holds for this owner: it expired, or a
+    /// successor holds the lock now. The successor was not touched.
+    #[error("lock {name} is not held by this lease (it expired or another owner holds it)")]
+    NotHeld {
+        /// The lock whose lease is gone.
+        name: LockName,
+    },
+    /// The lease is known to be lost (its session or lease expired, or its validity passed
+    /// without a confirmed renewal). Lost is final: acquire again.
+    #[error("lease on lock {name} was lost: {reason}")]
+    Lost {
+        /// The lock whose lease was lost.
+        name: LockName,
+        /// What the driver observed.
+        reason: String,
+    },
+    /// The backend could not be reached or did not answer in time. Transient: retry later.
+    /// After an ambiguous failure during acquire the driver has already tried to clean up.
+    #[error("{backend} backend unavailable: {source}")]
+    Unavailable {
+        /// Which backend (`"redis"`, `"etcd"`, ...).
+        backend: &'static str,
+        /// The client library's error. Never contains credentials.
+        #[source]
+        source: BoxError,
+    },
+    /// A quorum-based backend did not collect enough grants or confirmations.
+    #[error("quorum not reached: {granted} granted, {needed} needed")]
+    QuorumNotReached {
+        /// Nodes that granted.
+        granted: usize,
+        /// Nodes needed for a majority.
+        needed: usize,
+    },
+    /// The backend cannot do this at all (for example a fencing token where none is safe).
+    #[error("{backend} backend does not support {operation}")]
+    Unsupported {
+        /// Which backend.
+        backend: &'static str,
+        /// What was asked for.
+        operation: &'static str,
+    },
+    /// A configuration or URL problem, including rejected credentials. Never contains secrets.
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// The backend answered with something the driver did not expect (a protocol or script
+    /// error). Not transient: retrying the same call will most likely fail the same way.
+    #[error("{backend} backend error: {source}")]
+    Backend {
+        /// Which backend.
+        backend: &'static str,
+        /// What it said.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// True when the same call may succeed later without changing anything: the backend was
+    /// unavailable, a quorum was not reached, or the lock was busy for the whole wait.
+    ///
+    /// ```
+    /// use lock_core::Error;
+    /// let e = Error::QuorumNotReached { granted: 2, needed: 3 };
+    /// assert!(e.is_retryable());
+    /// assert!(!Error::Config("bad url".into()).is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable { .. } | Error::QuorumNotReached { .. } | Error::Timeout { .. }
+        )
+    }
+
+    /// Shorthand for [`Error::Unavailable`].
+    ///
+    /// ```
+    /// let e = lock_core::Error::unavailable("redis", std::io::Error::other("connection refused"));
+    /// assert!(e.to_string().contains("redis backend unavailable"));
+    /// ```
+    pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Unavailable {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Backend`].
+    ///
+    /// ```
+    /// let e = lock_core::Error::backend("etcd", "unexpected reply");
+    /// assert!(!e.is_retryable());
+    /// ```
+    pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+}

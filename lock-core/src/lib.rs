@@ -1,0 +1,55 @@
+//! # lock-core: the distlock contract
+//!
+//! One distributed-lock contract, many backends. This crate holds what every driver shares:
+//!
+//! - the traits [`DistributedLock`] (a lock service) and [`Lease`] (a held lock), object safe so
+//!   applications hold an `Arc<dyn DistributedLock>` and pick the backend from configuration;
+//! - validated [`LockName`]s, [`LockOptions`] (TTL, [`Wait`], [`Renewal`]), [`FencingToken`]s,
+//!   [`Capabilities`] and one [`Error`] enum;
+//! - the lease state machine ([`LeaseState`], [`LostSignal`], [`LeaseTracker`]) and the one
+//!   watchdog, packaged as [`ManagedLease`] around a driver's [`LeaseOps`];
+//! - [`memory::MemoryLock`], the in-memory reference driver.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_core::{DistributedLock, LockName, LockOptions, memory::MemoryLock};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lock_core::Result<()> {
+//! let locks = MemoryLock::new();
+//! let name = LockName::new("invoices")?;
+//! let opts = LockOptions::new(Duration::from_secs(10)).auto_renew(None);
+//! let lease = locks.acquire(&name, &opts).await?;
+//! let token = lease.fencing_token().expect("the memory driver fences");
+//! // write to storage with `token`; the storage rejects lower tokens
+//! # let _ = token;
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Guarantees and their limits
+//!
+//! A lease is valid until [`Lease::valid_until`], a conservative instant on the local monotonic
+//! clock. A process that pauses (GC, swap, a stopped VM) past that instant may still believe it
+//! holds the lock while another client holds it: no lock service can prevent that. Check
+//! [`Lease::state`] before each protected step, watch [`Lease::lost`], and pass the
+//! [`FencingToken`] to storage that rejects stale tokens where correctness matters.
+
+mod caps;
+mod error;
+mod managed;
+pub mod memory;
+mod name;
+mod options;
+mod state;
+mod token;
+mod traits;
+
+pub use async_trait::async_trait;
+pub use caps::{Capabilities, Fencing};
+pub use error::{BoxError, Error, Result};
+pub use managed::{LeaseOps, ManagedLease};
+pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
+pub use options::{LockOptions, Renewal, Wait, MAX_TTL};
+pub use state::{LeaseState, LeaseTracker, LostSignal};
+pub use token::FencingToken;
+pub use traits::{DistributedLock, Lease};

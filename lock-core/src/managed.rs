@@ -1,0 +1,287 @@
+//! A complete [`Lease`] built from a driver's two backend operations, with the one watchdog.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::task::JoinHandle;
+
+use crate::{
+    Error, FencingToken, Lease, LeaseState, LeaseTracker, LockName, LostSignal, Renewal, Result,
+};
+
+/// The backend half of a lease: what a driver must do on the server. Everything else — state,
+/// lost signal, watchdog, the release/renew ordering, drop — is [`ManagedLease`]'s job.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use lock_core::{async_trait, LeaseOps, Result};
+///
+/// #[derive(Debug)]
+/// struct MyOps { ttl: Duration }
+///
+/// #[async_trait]
+/// impl LeaseOps for MyOps {
+///     async fn renew(&self) -> Result<Instant> {
+///         let start = Instant::now();
+///         // compare-owner-and-extend on the server, then:
+///         Ok(start + self.ttl)
+///     }
+///     async fn release(&self) -> Result<()> {
+///         // compare-owner-and-delete on the server
+///         Ok(())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait LeaseOps: Send + Sync + fmt::Debug + 'static {
+    /// Extends the lease on the backend if this owner still holds it, and returns the new
+    /// conservative `valid_until` (measured from before the request was sent, drift
+    /// subtracted). Must never recreate a lock that is gone: `Err(NotHeld)` or `Err(Lost)`.
+    async fn renew(&self) -> Result<Instant>;
+
+    /// Deletes the lock on the backend if this owner still holds it; `Err(NotHeld)` otherwise.
+    async fn release(&self) -> Result<()>;
+
+    /// Called when the lease is dropped without `release` or `abandon`. The default releases in
+    /// a background task on the current tokio runtime, if there is one; otherwise the lock
+    /// expires. Never block here.
+    fn release_on_drop(self: Arc<Self>)
+    where
+        Self: Sized,
+    {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = self.release().await {
+                    tracing::debug!(error = %e, "background release of a dropped lease failed");
+                }
+            });
+        }
+    }
+
+    /// Called by [`Lease::abandon`]. The default does nothing: the lock expires.
+    fn abandon(&self) {}
+}
+
+struct Shared<O> {
+    ops: Arc<O>,
+    tracker: LeaseTracker,
+    /// Set before release starts; the watchdog checks it under `gate`, so no renewal can be
+    /// sent once a release has begun (no resurrection race).
+    released: AtomicBool,
+    gate: tokio::sync::Mutex<()>,
+}
+
+/// A [`Lease`] made from a driver's [`LeaseOps`]: tracks Held/AtRisk/Lost, runs the watchdog for
+/// [`Renewal::Auto`], serialises renewals against release, and releases in the background on drop.
+///
+/// Drivers return `Box::new(ManagedLease::new(...))` from `try_acquire`/`acquire`.
+pub struct ManagedLease<O: LeaseOps> {
+    name: LockName,
+    token: Option<FencingToken>,
+    ttl: Duration,
+    shared: Arc<Shared<O>>,
+    watchdog: Option<JoinHandle<()>>,
+    finished: bool,
+}
+
+impl<O: LeaseOps> ManagedLease<O> {
+    /// Wraps a fresh grant. `valid_until` is the conservative end of validity (acquisition start
+    /// + `ttl` − drift). With [`Renewal::Auto`] the watchdog starts here.
+    pub fn new(
+        name: LockName,
+        token: Option<FencingToken>,
+        ttl: Duration,
+        valid_until: Instant,
+        renewal: Renewal,
+        ops: O,
+    ) -> Self {
+        let granted_at = Instant::now();
+        let shared = Arc::new(Shared {
+            ops: Arc::new(ops),
+            tracker: LeaseTracker::new(valid_until),
+            released: AtomicBool::new(false),
+            gate: tokio::sync::Mutex::new(()),
+        });
+        let watchdog = match renewal {
+            Renewal::Manual => None,
+            Renewal::Auto { max_hold } => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let stop_at = max_hold.and_then(|d| granted_at.checked_add(d));
+                    Some(rt.spawn(watchdog(shared.clone(), ttl, stop_at, name.clone())))
+                }
+                Err(_) => {
+                    tracing::warn!(lock = %name, "no tokio runtime: automatic renewal disabled");
+                    None
+                }
+            },
+        };
+        ManagedLease {
+            name,
+            token,
+            ttl,
+            shared,
+            watchdog,
+            finished: false,
+        }
+    }
+
+    /// The driver's backend operations.
+    pub fn ops(&self) -> &O {
+        &self.shared.ops
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some(h) = self.watchdog.take() {
+            h.abort();
+        }
+    }
+}
+
+/// Renews at about TTL/3 before `valid_until`; on a transient failure marks AtRisk and retries
+/// until `valid_until`; on refusal or when `valid_until` passes marks Lost and stops.
+async fn watchdog<O: LeaseOps>(
+    shared: Arc<Shared<O>>,
+    ttl: Duration,
+    stop_at: Option<Instant>,
+    name: LockName,
+) {
+    let lead = ttl * 2 / 3;
+    let retry = (ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let mut next = shared.tracker.valid_until().checked_sub(lead);
+    loop {
+        if let Some(at) = next {
+            tokio::time::sleep_until(at.into()).await;
+        }
+        if stop_at.is_some_and(|s| Instant::now() >= s) {
+            tracing::debug!(lock = %name, "max_hold reached: watchdog stops renewing");
+            return;
+        }
+        let valid_until = shared.tracker.valid_until();
+        let _gate = shared.gate.lock().await;
+        if shared.released.load(Ordering::SeqCst) {
+            return;
+        }
+        let outcome = tokio::time::timeout_at(valid_until.into(), shared.ops.renew()).await;
+        drop(_gate);
+        match outcome {
+            Ok(Ok(new_valid_until)) => {
+                if !shared.tracker.renewed(new_valid_until) {
+                    return;
+                }
+                next = new_valid_until.checked_sub(lead);
+            }
+            Ok(Err(e)) if e.is_retryable() && Instant::now() < valid_until => {
+                tracing::warn!(lock = %name, error = %e, "renewal failed; lease at risk");
+                shared.tracker.at_risk();
+                next = Some(Instant::now() + retry);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lock = %name, error = %e, "renewal refused; lease lost");
+                shared.tracker.mark_lost();
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(lock = %name, "no renewal confirmed before valid_until; lease lost");
+                shared.tracker.mark_lost();
+                return;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<O: LeaseOps> Lease for ManagedLease<O> {
+    fn name(&self) -> &LockName {
+        &self.name
+    }
+    fn fencing_token(&self) -> Option<FencingToken> {
+        self.token
+    }
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+    fn valid_until(&self) -> Instant {
+        self.shared.tracker.valid_until()
+    }
+    fn state(&self) -> LeaseState {
+        self.shared.tracker.state()
+    }
+    fn lost(&self) -> LostSignal {
+        self.shared.tracker.signal()
+    }
+
+    async fn renew(&self) -> Result<()> {
+        let lost = || Error::Lost {
+            name: self.name.clone(),
+            reason: "the lease expired or was refused before this renewal".into(),
+        };
+        if self.shared.tracker.state() == LeaseState::Lost {
+            return Err(lost());
+        }
+        let _gate = self.shared.gate.lock().await;
+        match self.shared.ops.renew().await {
+            Ok(valid_until) => {
+                if self.shared.tracker.renewed(valid_until) {
+                    Ok(())
+                } else {
+                    Err(lost())
+                }
+            }
+            Err(e) if e.is_retryable() => {
+                self.shared.tracker.at_risk();
+                Err(e)
+            }
+            Err(e) => {
+                self.shared.tracker.mark_lost();
+                Err(e)
+            }
+        }
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<()> {
+        self.shared.released.store(true, Ordering::SeqCst);
+        self.stop_watchdog();
+        let result = {
+            let _gate = self.shared.gate.lock().await;
+            self.shared.ops.release().await
+        };
+        self.finished = true;
+        self.shared.tracker.mark_released();
+        result
+    }
+
+    fn abandon(mut self: Box<Self>) {
+        self.shared.released.store(true, Ordering::SeqCst);
+        self.stop_watchdog();
+        self.finished = true;
+        self.shared.ops.abandon();
+        self.shared.tracker.mark_released();
+    }
+}
+
+impl<O: LeaseOps> Drop for ManagedLease<O> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.shared.released.store(true, Ordering::SeqCst);
+        self.stop_watchdog();
+        self.shared.tracker.mark_released();
+        self.shared.ops.clone().release_on_drop();
+    }
+}
+
+impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManagedLease")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("ttl", &self.ttl)
+            .field("state", &self.state())
+            .field("ops", &self.shared.ops)
+            .finish()
+    }
+}

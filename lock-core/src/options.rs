@@ -1,0 +1,223 @@
+//! How to acquire: TTL, waiting, renewal.
+
+use std::time::{Duration, Instant};
+
+use crate::{Capabilities, Error, Result};
+
+/// Longest TTL any driver accepts. A lock meant to be held longer should renew
+/// ([`Renewal::Auto`]): a TTL of days means a crashed holder blocks everyone for days.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long [`DistributedLock::acquire`](crate::DistributedLock::acquire) waits for a busy lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Wait {
+    /// One attempt; a busy lock gives [`Error::Timeout`] at once.
+    No,
+    /// Wait at most this long, then [`Error::Timeout`].
+    For(Duration),
+    /// Wait until granted (or the future is dropped).
+    Forever,
+}
+
+impl Wait {
+    /// The instant the wait ends, counted from `start`; `None` means never (also when the
+    /// duration is too large to represent).
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use lock_core::Wait;
+    /// let now = Instant::now();
+    /// assert_eq!(Wait::No.deadline(now), Some(now));
+    /// assert_eq!(Wait::Forever.deadline(now), None);
+    /// assert_eq!(Wait::For(Duration::MAX).deadline(now), None);
+    /// ```
+    pub fn deadline(self, start: Instant) -> Option<Instant> {
+        match self {
+            Wait::No => Some(start),
+            Wait::For(d) => start.checked_add(d),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// Who keeps a lease alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// The caller calls [`Lease::renew`](crate::Lease::renew) before
+    /// [`Lease::valid_until`](crate::Lease::valid_until).
+    Manual,
+    /// A watchdog renews at about TTL/3 until the lease is released or dropped. After
+    /// `max_hold` (counted from the grant) it stops renewing, so the lease ends at most one TTL
+    /// later and its lost signal fires: a hung holder cannot keep the lock forever.
+    Auto {
+        /// Upper bound on renewals; `None` renews for as long as the lease lives.
+        max_hold: Option<Duration>,
+    },
+}
+
+/// Options for one acquisition.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{LockOptions, Renewal, Wait};
+/// let opts = LockOptions::new(Duration::from_secs(10))
+///     .wait_for(Duration::from_secs(3))
+///     .auto_renew(Some(Duration::from_secs(3600)));
+/// assert_eq!(opts.wait, Wait::For(Duration::from_secs(3)));
+/// assert!(matches!(opts.renewal, Renewal::Auto { .. }));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LockOptions {
+    /// How long the backend keeps the lock after the last grant or renewal if the holder
+    /// vanishes. Default 30 s.
+    pub ttl: Duration,
+    /// How long `acquire` waits. Default [`Wait::Forever`]; `try_acquire` ignores it.
+    pub wait: Wait,
+    /// Who renews. Default [`Renewal::Manual`].
+    pub renewal: Renewal,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            wait: Wait::Forever,
+            renewal: Renewal::Manual,
+        }
+    }
+}
+
+impl LockOptions {
+    /// Options with this TTL, waiting forever, manual renewal.
+    pub fn new(ttl: Duration) -> Self {
+        LockOptions {
+            ttl,
+            ..Self::default()
+        }
+    }
+    /// Sets the TTL.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+    /// Sets how long `acquire` waits.
+    pub fn wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+    /// `acquire` makes one attempt ([`Wait::No`]).
+    pub fn no_wait(self) -> Self {
+        self.wait(Wait::No)
+    }
+    /// `acquire` waits at most `d` ([`Wait::For`]).
+    pub fn wait_for(self, d: Duration) -> Self {
+        self.wait(Wait::For(d))
+    }
+    /// `acquire` waits until granted ([`Wait::Forever`]).
+    pub fn wait_forever(self) -> Self {
+        self.wait(Wait::Forever)
+    }
+    /// A watchdog renews the lease ([`Renewal::Auto`]).
+    pub fn auto_renew(mut self, max_hold: Option<Duration>) -> Self {
+        self.renewal = Renewal::Auto { max_hold };
+        self
+    }
+    /// The caller renews ([`Renewal::Manual`]).
+    pub fn manual_renewal(mut self) -> Self {
+        self.renewal = Renewal::Manual;
+        self
+    }
+
+    /// Checks the options against a driver's capabilities and returns the effective TTL: the
+    /// requested TTL rounded *up* to the backend's granularity, never shortened.
+    ///
+    /// Drivers call this first in `try_acquire` and `acquire`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{Capabilities, LockOptions};
+    /// let caps = Capabilities::new().with_ttl_granularity(Duration::from_secs(1));
+    /// let ttl = LockOptions::new(Duration::from_millis(1500)).validate(&caps)?;
+    /// assert_eq!(ttl, Duration::from_secs(2));
+    /// assert!(LockOptions::new(Duration::ZERO).validate(&caps).is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn validate(&self, caps: &Capabilities) -> Result<Duration> {
+        let ttl = self.ttl;
+        if ttl.is_zero() {
+            return Err(Error::InvalidOptions(
+                "ttl must be greater than zero".into(),
+            ));
+        }
+        let max = caps.max_ttl.min(MAX_TTL);
+        if ttl > max {
+            return Err(Error::InvalidOptions(format!(
+                "ttl {ttl:?} exceeds the maximum {max:?} (use automatic renewal for long holds)"
+            )));
+        }
+        if ttl < caps.min_ttl {
+            return Err(Error::InvalidOptions(format!(
+                "ttl {ttl:?} is below this backend's minimum {:?}",
+                caps.min_ttl
+            )));
+        }
+        if let Renewal::Auto {
+            max_hold: Some(max_hold),
+        } = self.renewal
+        {
+            if max_hold.is_zero() {
+                return Err(Error::InvalidOptions(
+                    "max_hold must be greater than zero".into(),
+                ));
+            }
+        }
+        let g = caps.ttl_granularity.as_nanos().max(1);
+        let rounded = ttl.as_nanos().div_ceil(g) * g;
+        let effective = u64::try_from(rounded)
+            .map(Duration::from_nanos)
+            .map_err(|_| Error::InvalidOptions(format!("ttl {ttl:?} is too large")))?;
+        if effective > max {
+            return Err(Error::InvalidOptions(format!(
+                "ttl {ttl:?} rounds up to {effective:?}, above the maximum {max:?}"
+            )));
+        }
+        Ok(effective)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_ttls_and_max_hold() {
+        let caps = Capabilities::new().with_min_ttl(Duration::from_millis(10));
+        for bad in [
+            LockOptions::new(Duration::ZERO),
+            LockOptions::new(Duration::from_millis(5)),
+            LockOptions::new(MAX_TTL + Duration::from_secs(1)),
+            LockOptions::new(Duration::from_secs(1)).auto_renew(Some(Duration::ZERO)),
+        ] {
+            assert!(
+                matches!(bad.validate(&caps), Err(Error::InvalidOptions(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn rounds_up_never_down() {
+        let caps = Capabilities::new().with_ttl_granularity(Duration::from_secs(1));
+        let ms = |m| {
+            LockOptions::new(Duration::from_millis(m))
+                .validate(&caps)
+                .unwrap()
+        };
+        assert_eq!(ms(1), Duration::from_secs(1));
+        assert_eq!(ms(1000), Duration::from_secs(1));
+        assert_eq!(ms(1001), Duration::from_secs(2));
+    }
+}

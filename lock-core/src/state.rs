@@ -1,0 +1,231 @@
+//! Lease state and the lost-lease signal.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+/// What the holder can currently assume about its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LeaseState {
+    /// Held and confirmed: valid until [`Lease::valid_until`](crate::Lease::valid_until).
+    Held,
+    /// Possibly still held, but the last renewal or the connection failed. Finish or pause
+    /// work that needs the lock; the driver keeps trying until `valid_until`.
+    AtRisk,
+    /// Gone, or may be gone: another client may hold the lock now. Final.
+    Lost,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Held,
+    AtRisk,
+    Lost,
+    Released,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Status {
+    phase: Phase,
+    valid_until: Instant,
+}
+
+impl Status {
+    fn state_at(&self, now: Instant) -> LeaseState {
+        match self.phase {
+            Phase::Lost | Phase::Released => LeaseState::Lost,
+            _ if now >= self.valid_until => LeaseState::Lost,
+            Phase::AtRisk => LeaseState::AtRisk,
+            Phase::Held => LeaseState::Held,
+        }
+    }
+}
+
+/// The state machine behind one lease, for driver authors: it owns the conservative
+/// `valid_until`, turns into [`LeaseState::Lost`] by itself when that instant passes, and feeds
+/// every [`LostSignal`]. Lost is sticky: no later renewal brings a lease back.
+///
+/// Most drivers do not use it directly: [`ManagedLease`](crate::ManagedLease) wraps it together
+/// with the watchdog.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use lock_core::{LeaseState, LeaseTracker};
+/// let tracker = LeaseTracker::new(Instant::now() + Duration::from_secs(5));
+/// assert_eq!(tracker.state(), LeaseState::Held);
+/// tracker.at_risk();
+/// assert_eq!(tracker.state(), LeaseState::AtRisk);
+/// assert!(tracker.renewed(Instant::now() + Duration::from_secs(5)));
+/// assert_eq!(tracker.state(), LeaseState::Held);
+/// tracker.mark_lost();
+/// assert!(!tracker.renewed(Instant::now() + Duration::from_secs(5)));
+/// assert_eq!(tracker.state(), LeaseState::Lost);
+/// ```
+pub struct LeaseTracker {
+    tx: watch::Sender<Status>,
+}
+
+impl LeaseTracker {
+    /// A held lease valid until `valid_until` (already conservative: drift subtracted).
+    pub fn new(valid_until: Instant) -> Self {
+        let (tx, _) = watch::channel(Status {
+            phase: Phase::Held,
+            valid_until,
+        });
+        LeaseTracker { tx }
+    }
+
+    /// The current conservative end of validity.
+    pub fn valid_until(&self) -> Instant {
+        self.tx.borrow().valid_until
+    }
+
+    /// The state now, taking the clock into account.
+    pub fn state(&self) -> LeaseState {
+        self.tx.borrow().state_at(Instant::now())
+    }
+
+    /// Records a confirmed renewal. Returns false, and changes nothing but marking the lease
+    /// lost, when the lease was already lost (explicitly, or because `valid_until` passed before
+    /// the confirmation arrived).
+    pub fn renewed(&self, valid_until: Instant) -> bool {
+        let now = Instant::now();
+        let mut ok = false;
+        self.tx.send_modify(|s| {
+            if s.state_at(now) == LeaseState::Lost {
+                if s.phase != Phase::Released {
+                    s.phase = Phase::Lost;
+                }
+                return;
+            }
+            ok = true;
+            s.phase = Phase::Held;
+            s.valid_until = s.valid_until.max(valid_until);
+        });
+        ok
+    }
+
+    /// A renewal or the connection failed transiently: Held becomes AtRisk.
+    pub fn at_risk(&self) {
+        self.tx.send_if_modified(|s| {
+            if s.phase == Phase::Held {
+                s.phase = Phase::AtRisk;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The backend said the lease is gone (or the driver knows it may be). Final.
+    pub fn mark_lost(&self) {
+        self.tx.send_if_modified(|s| {
+            if matches!(s.phase, Phase::Held | Phase::AtRisk) {
+                s.phase = Phase::Lost;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The holder released the lease; signals resolve.
+    pub fn mark_released(&self) {
+        self.tx.send_if_modified(|s| {
+            let changed = s.phase != Phase::Released;
+            s.phase = Phase::Released;
+            changed
+        });
+    }
+
+    /// A signal that resolves when this lease is lost, released or dropped.
+    pub fn signal(&self) -> LostSignal {
+        LostSignal {
+            rx: self.tx.subscribe(),
+        }
+    }
+}
+
+impl fmt::Debug for LeaseTracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = *self.tx.borrow();
+        f.debug_struct("LeaseTracker")
+            .field("phase", &s.phase)
+            .field("state", &s.state_at(Instant::now()))
+            .finish()
+    }
+}
+
+/// Resolves when a lease is lost — the backend refused a renewal, the session or lease
+/// expired, or `valid_until` passed without a confirmed renewal — and also once the lease has
+/// been released, abandoned or dropped, so a task waiting on it never outlives the lease.
+///
+/// Await it (it implements [`IntoFuture`]) next to the protected work:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use lock_core::{DistributedLock, LockName, LockOptions, memory::MemoryLock};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lock_core::Result<()> {
+/// let locks = MemoryLock::new();
+/// let name = LockName::new("report")?;
+/// let lease = locks.acquire(&name, &LockOptions::new(Duration::from_secs(5))).await?;
+/// let lost = lease.lost();
+/// tokio::select! {
+///     _ = lost => eprintln!("lock lost: stop writing"),
+///     _ = async { /* protected work */ } => {}
+/// }
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LostSignal {
+    rx: watch::Receiver<Status>,
+}
+
+impl LostSignal {
+    /// True once the lease is lost, released or dropped, without waiting.
+    pub fn is_lost(&self) -> bool {
+        if self.rx.has_changed().is_err() {
+            return true;
+        }
+        self.rx.borrow().state_at(Instant::now()) == LeaseState::Lost
+    }
+
+    /// Waits until the lease is lost, released or dropped.
+    pub async fn wait(mut self) {
+        loop {
+            let status = *self.rx.borrow_and_update();
+            if status.state_at(Instant::now()) == LeaseState::Lost {
+                return;
+            }
+            tokio::select! {
+                changed = self.rx.changed() => {
+                    if changed.is_err() {
+                        return; // the lease is gone
+                    }
+                }
+                _ = tokio::time::sleep_until(status.valid_until.into()) => {}
+            }
+        }
+    }
+}
+
+impl IntoFuture for LostSignal {
+    type Output = ();
+    type IntoFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.wait())
+    }
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

@@ -1,0 +1,141 @@
+//! The two traits every driver implements.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::{Capabilities, FencingToken, LeaseState, LockName, LockOptions, LostSignal, Result};
+
+/// A lock service: one backend, one client (connection, session) shared by all its leases.
+///
+/// Object safe: applications hold an `Arc<dyn DistributedLock>` and swap the backend from
+/// configuration without code changes.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use lock_core::{DistributedLock, LockName, LockOptions, memory::MemoryLock};
+///
+/// async fn nightly_job(locks: Arc<dyn DistributedLock>) -> lock_core::Result<()> {
+///     let name = LockName::new("nightly-job")?;
+///     let opts = LockOptions::new(Duration::from_secs(30)).auto_renew(None).no_wait();
+///     let Some(lease) = locks.try_acquire(&name, &opts).await? else {
+///         return Ok(()); // another instance runs it
+///     };
+///     // ... work, passing lease.fencing_token() to the storage ...
+///     lease.release().await
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lock_core::Result<()> {
+/// nightly_job(Arc::new(MemoryLock::new())).await
+/// # }
+/// ```
+#[async_trait]
+pub trait DistributedLock: Send + Sync + Debug {
+    /// Short backend name: `"memory"`, `"redis"`, `"redlock"`, `"zookeeper"`, `"etcd"`, `"file"`.
+    fn backend(&self) -> &'static str;
+
+    /// What this driver can promise.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt. `Ok(None)` means someone else holds the lock (or, on FIFO backends, waiters
+    /// are queued ahead). A losing attempt leaves nothing behind on the backend.
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>>;
+
+    /// Waits for the lock as long as `opts.wait` allows, then [`Error::Timeout`](crate::Error::Timeout).
+    ///
+    /// Waiting never polls: drivers wake on the backend's notification (or the holder's expiry).
+    /// Cancel-safe: dropping the future leaves no waiter record behind and no held lock (at worst
+    /// a lock granted at the very moment of cancellation stays until its TTL).
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>>;
+}
+
+/// A held lock. A lease is a value (name + owner token), not a thread: any task may renew or
+/// release it, and release takes it by value so it cannot be released twice.
+///
+/// Dropping a lease without [`release`](Lease::release) frees the lock in the background where
+/// the driver can, otherwise by expiry; [`abandon`](Lease::abandon) deliberately leaves it to
+/// expire.
+#[async_trait]
+pub trait Lease: Send + Sync + Debug {
+    /// The lock this lease holds.
+    fn name(&self) -> &LockName;
+
+    /// This grant's fencing token; `None` only where
+    /// [`Capabilities::fencing`](crate::Capabilities::fencing) is `Fencing::None`.
+    fn fencing_token(&self) -> Option<FencingToken>;
+
+    /// The TTL the backend actually granted (rounded up to its granularity, never shortened).
+    fn ttl(&self) -> Duration;
+
+    /// Conservative end of validity on the local monotonic clock: acquisition start plus TTL
+    /// minus clock drift, moved forward by each confirmed renewal. The backend cannot give the
+    /// lock to anyone else before this instant.
+    fn valid_until(&self) -> Instant;
+
+    /// Held, AtRisk or Lost, right now.
+    fn state(&self) -> LeaseState;
+
+    /// A signal that resolves when the lease is lost (or released/dropped).
+    fn lost(&self) -> LostSignal;
+
+    /// Extends the lease by its TTL. Owner-checked on the backend; never recreates a lock that
+    /// expired: then [`Error::NotHeld`](crate::Error::NotHeld) or
+    /// [`Error::Lost`](crate::Error::Lost), and the lease is Lost for good.
+    async fn renew(&self) -> Result<()>;
+
+    /// Releases the lock if this lease still holds it; `Err(NotHeld)` if it had expired. Never
+    /// touches a successor.
+    async fn release(self: Box<Self>) -> Result<()>;
+
+    /// Stops renewing and forgets the lease without telling the backend, as if this holder had
+    /// crashed: the lock frees however the backend frees a dead holder's lock (TTL or session
+    /// expiry; at once for file locks, which the kernel drops with the file handle).
+    fn abandon(self: Box<Self>);
+}
+
+#[async_trait]
+impl<T: DistributedLock + ?Sized> DistributedLock for Arc<T> {
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        (**self).try_acquire(name, opts).await
+    }
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        (**self).acquire(name, opts).await
+    }
+}
+
+#[async_trait]
+impl<T: DistributedLock + ?Sized> DistributedLock for Box<T> {
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        (**self).try_acquire(name, opts).await
+    }
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        (**self).acquire(name, opts).await
+    }
+}
