@@ -1,1 +1,170 @@
-//! placeholder
+//! # conformance-tests: the distlock driver conformance suite
+//!
+//! Every distlock driver — ours and third parties' — runs the same cases against a real
+//! backend. A driver's test implements [`Harness`] (how to make an independent client, which
+//! timings to use) and hands it to [`run`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use conformance_tests::{async_trait, BoxError, Harness, Timing};
+//! use lock_core::{memory::MemoryLock, DistributedLock};
+//!
+//! struct Memory(MemoryLock);
+//!
+//! #[async_trait]
+//! impl Harness for Memory {
+//!     async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+//!         Ok(Arc::new(self.0.clone()))
+//!     }
+//!     fn timing(&self) -> Timing {
+//!         Timing::for_ttl(std::time::Duration::from_millis(200))
+//!     }
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     conformance_tests::run(Memory(MemoryLock::new()))
+//! }
+//! ```
+//!
+//! Cases are plain `pub async fn(&dyn Harness) -> Result<(), Failure>` in [`cases`], grouped by
+//! area; [`CASES`] lists them with the capability each needs. A case whose capability the
+//! driver does not declare is listed as ignored, with the reason in brackets, never passed.
+//! [`controls`] holds deliberately broken drivers that the suite must catch, and [`FaultProxy`]
+//! is a loopback TCP proxy that cuts, blackholes or delays a client's connection.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+pub use async_trait::async_trait;
+pub use lock_core::BoxError;
+use lock_core::{Capabilities, DistributedLock, LockName};
+
+pub mod cases;
+pub mod controls;
+mod proxy;
+mod runner;
+
+pub use cases::{Case, Facts, CASES};
+pub use proxy::FaultProxy;
+pub use runner::{run, run_case, run_with_args, trials};
+
+/// What the suite needs from a driver's test.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A new, independent client: its own connection or session, as a separate process would
+    /// have. Called many times per case.
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError>;
+
+    /// Timings the cases use. Margins in every case derive from these, never from fixed sleeps.
+    fn timing(&self) -> Timing {
+        Timing::for_ttl(Duration::from_millis(500))
+    }
+
+    /// How many requests the backend has served so far, across all clients (a server's command
+    /// counter, say). Lets the suite prove that a waiter does not poll. `None`: not countable,
+    /// and the idle-waiting case is skipped.
+    async fn backend_requests(&self) -> Option<u64> {
+        None
+    }
+
+    /// Deletes `name`'s lock on the backend behind its holder's back, like an operator would.
+    /// Lets the suite prove that a refused renewal turns the lease Lost. `None`: not supported,
+    /// and those cases are skipped.
+    async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
+        let _ = name;
+        None
+    }
+}
+
+/// Timings for one driver's run of the suite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timing {
+    /// TTL the cases acquire with. Short, so expiry cases are quick; long enough that the
+    /// backend's round trips are a small part of it.
+    pub ttl: Duration,
+    /// How late an event may be and still count as prompt (a wake-up after release, expiry
+    /// after `valid_until`). Scheduling noise on a loaded machine must fit in it.
+    pub slack: Duration,
+}
+
+impl Timing {
+    /// `ttl` with a slack of half the TTL, at least 150 ms.
+    pub fn for_ttl(ttl: Duration) -> Self {
+        Timing {
+            ttl,
+            slack: (ttl / 2).max(Duration::from_millis(150)),
+        }
+    }
+
+    /// Overrides the slack.
+    pub fn with_slack(mut self, slack: Duration) -> Self {
+        self.slack = slack;
+        self
+    }
+}
+
+/// Why a case failed, in words a driver author can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure(pub String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<lock_core::Error> for Failure {
+    fn from(e: lock_core::Error) -> Self {
+        Failure(format!("unexpected error: {e} ({e:?})"))
+    }
+}
+
+impl From<BoxError> for Failure {
+    fn from(e: BoxError) -> Self {
+        Failure(format!("harness error: {e}"))
+    }
+}
+
+/// Fails the case with a formatted message unless the condition holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::Failure(format!($($msg)+)));
+        }
+    };
+}
+
+/// A lock name no other run has used: `ct-<run id>-<n>-<tag>`, so reruns against a live server
+/// never collide with leftovers.
+pub fn fresh_name(tag: &str) -> LockName {
+    static RUN: OnceLock<String> = OnceLock::new();
+    static N: AtomicU64 = AtomicU64::new(0);
+    let run = RUN.get_or_init(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_string());
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let raw = format!("ct-{run}-{n}-{tag}");
+    // Tags are the suite's own ASCII words; fall back to a plain name rather than panic.
+    LockName::new(&raw).unwrap_or_else(|_| {
+        LockName::new(format!("ct-{run}-{n}")).unwrap_or_else(|_| unreachable!())
+    })
+}
+
+/// Facts the runner gathers once, before listing cases: the driver's capabilities and which
+/// optional harness hooks work.
+pub(crate) async fn gather_facts(h: &dyn Harness) -> Result<Facts, BoxError> {
+    let client = h.client().await?;
+    let caps: Capabilities = client.capabilities();
+    let counts_requests = h.backend_requests().await.is_some();
+    let can_break = h.break_lock(&fresh_name("probe")).await.is_some();
+    Ok(Facts {
+        caps,
+        counts_requests,
+        can_break,
+        backend: client.backend(),
+    })
+}

@@ -1,4 +1,5 @@
 //! Compile-time proof that the traits are usable as trait objects across tasks.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 use std::sync::Arc;
 
 use lock_core::{memory::MemoryLock, DistributedLock, Lease};

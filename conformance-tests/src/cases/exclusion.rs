@@ -1,0 +1,163 @@
+//! Mutual exclusion: at most one holder per name.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{client, held, long_opts, opts};
+use crate::{ensure, fresh_name, Failure, Harness};
+
+/// Eight independent clients race `try_acquire` on one name: exactly one wins.
+pub async fn single_winner_among_racers(h: &dyn Harness) -> Result<(), Failure> {
+    const N: usize = 8;
+    let name = fresh_name("race");
+    let opts = long_opts(h);
+    let barrier = Arc::new(tokio::sync::Barrier::new(N));
+    let mut tasks = Vec::new();
+    for _ in 0..N {
+        let c = client(h).await?;
+        let (name, opts, barrier) = (name.clone(), opts.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            c.try_acquire(&name, &opts).await
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        let r = t
+            .await
+            .map_err(|e| Failure(format!("racer panicked: {e}")))?;
+        if let Some(lease) = r? {
+            winners.push(lease);
+        }
+    }
+    ensure!(
+        winners.len() == 1,
+        "{} of {N} racers acquired the same lock",
+        winners.len()
+    );
+    for w in winners {
+        w.release().await?;
+    }
+    Ok(())
+}
+
+/// While held, other clients and the holder's own client get `None`; `acquire` without
+/// waiting gets `Timeout`. After release the lock is free.
+pub async fn held_lock_refuses_others(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("held");
+    let opts = long_opts(h);
+    let lease = held(a.try_acquire(&name, &opts).await?, "first try_acquire")?;
+    ensure!(
+        b.try_acquire(&name, &opts).await?.is_none(),
+        "another client acquired a held lock"
+    );
+    ensure!(
+        a.try_acquire(&name, &opts).await?.is_none(),
+        "the holder's own client acquired its held lock a second time (locks are not reentrant)"
+    );
+    match b.acquire(&name, &opts.clone().no_wait()).await {
+        Err(lock_core::Error::Timeout { .. }) => {}
+        Ok(_) => return Err(Failure("acquire(no_wait) got a held lock".into())),
+        Err(e) => {
+            return Err(Failure(format!(
+                "acquire(no_wait) on a held lock: expected Timeout, got {e:?}"
+            )))
+        }
+    }
+    lease.release().await?;
+    let again = held(
+        b.try_acquire(&name, &opts).await?,
+        "try_acquire after release",
+    )?;
+    again.release().await?;
+    Ok(())
+}
+
+/// Four clients each increment a shared counter five times under the lock with a
+/// read-sleep-write sequence: no update is lost and no two holders overlap.
+pub async fn counter_loses_no_update(h: &dyn Harness) -> Result<(), Failure> {
+    const CLIENTS: u64 = 4;
+    const ROUNDS: u64 = 5;
+    let name = fresh_name("counter");
+    let opts = long_opts(h);
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let c = client(h).await?;
+        let (name, opts) = (name.clone(), opts.clone());
+        let (counter, inside, overlaps) = (counter.clone(), inside.clone(), overlaps.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let lease = c.acquire(&name, &opts).await?;
+                if inside.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                let v = counter.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                counter.store(v + 1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                lease.release().await?;
+            }
+            Ok::<_, lock_core::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| Failure(format!("worker panicked: {e}")))??;
+    }
+    let overlaps = overlaps.load(Ordering::SeqCst);
+    ensure!(
+        overlaps == 0,
+        "{overlaps} times a holder entered while another was inside"
+    );
+    let total = counter.load(Ordering::SeqCst);
+    ensure!(
+        total == CLIENTS * ROUNDS,
+        "counter is {total}, expected {} (lost updates)",
+        CLIENTS * ROUNDS
+    );
+    Ok(())
+}
+
+/// Holding one name does not block another, including one that differs only in case.
+pub async fn names_are_independent(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b) = (client(h).await?, client(h).await?);
+    let x = fresh_name("indep-x");
+    let y = fresh_name("indep-y");
+    let upper = lock_core::LockName::new(x.as_str().to_uppercase())?;
+    let opts = long_opts(h);
+    let lx = held(a.try_acquire(&x, &opts).await?, "first name")?;
+    let ly = held(
+        b.try_acquire(&y, &opts).await?,
+        "a second, unrelated name while the first is held",
+    )?;
+    let lu = held(
+        b.try_acquire(&upper, &opts).await?,
+        "the first name in upper case (names are case-sensitive)",
+    )?;
+    for l in [lx, ly, lu] {
+        l.release().await?;
+    }
+    Ok(())
+}
+
+/// Release frees the lock at once for another client.
+pub async fn release_frees_at_once(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("free");
+    let opts = opts(h);
+    for _ in 0..3 {
+        let l = held(a.try_acquire(&name, &opts).await?, "holder")?;
+        l.release().await?;
+        let l = held(
+            b.try_acquire(&name, &opts).await?,
+            "another client right after release",
+        )?;
+        l.release().await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! Fencing tokens: strictly increasing with every grant, in real-time order.
+
+use std::sync::{Arc, Mutex};
+
+use lock_core::{Fencing, FencingToken, Lease};
+
+use super::{client, held, long_opts, opts, sleep_until, within};
+use crate::{ensure, fresh_name, Failure, Harness};
+
+fn token(lease: &dyn Lease) -> Result<FencingToken, Failure> {
+    lease
+        .fencing_token()
+        .ok_or_else(|| Failure("the driver declares fencing but the lease has no token".into()))
+}
+
+/// Tokens are given exactly when the capabilities promise them.
+pub async fn tokens_present_iff_declared(h: &dyn Harness) -> Result<(), Failure> {
+    let a = client(h).await?;
+    let name = fresh_name("token-decl");
+    let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let declared = a.capabilities().fencing;
+    match (declared, lease.fencing_token()) {
+        (Fencing::None, Some(t)) => {
+            return Err(Failure(format!(
+                "fencing = None but the lease carries token {t}"
+            )))
+        }
+        (Fencing::None, None) => {}
+        (_, None) => {
+            return Err(Failure(format!(
+                "fencing = {declared:?} but the lease has no token"
+            )))
+        }
+        (_, Some(_)) => {}
+    }
+    lease.release().await?;
+    Ok(())
+}
+
+/// Two clients take turns six times: each grant's token is greater than the previous one.
+pub async fn tokens_increase_across_holders(h: &dyn Harness) -> Result<(), Failure> {
+    let clients = [client(h).await?, client(h).await?];
+    let name = fresh_name("token-seq");
+    let mut last: Option<FencingToken> = None;
+    for i in 0..6 {
+        let lease = clients[i % 2].acquire(&name, &long_opts(h)).await?;
+        let t = token(lease.as_ref())?;
+        if let Some(prev) = last {
+            ensure!(
+                t > prev,
+                "grant {i} got token {t}, not greater than the previous {prev}"
+            );
+        }
+        last = Some(t);
+        lease.release().await?;
+    }
+    Ok(())
+}
+
+/// Four clients contend three times each; the tokens, recorded inside the lock in grant order,
+/// strictly increase.
+pub async fn tokens_follow_grant_order_under_contention(h: &dyn Harness) -> Result<(), Failure> {
+    let name = fresh_name("token-race");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let c = client(h).await?;
+        let (name, opts, seen) = (name.clone(), long_opts(h), seen.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let lease = c.acquire(&name, &opts).await?;
+                let t = lease.fencing_token();
+                seen.lock().map_err(|_| Failure("poisoned".into()))?.push(t);
+                lease.release().await?;
+            }
+            Ok::<_, Failure>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| Failure(format!("worker panicked: {e}")))??;
+    }
+    let seen = seen.lock().map_err(|_| Failure("poisoned".into()))?.clone();
+    let tokens: Vec<FencingToken> = seen
+        .into_iter()
+        .collect::<Option<_>>()
+        .ok_or_else(|| Failure("a lease had no token".into()))?;
+    for w in tokens.windows(2) {
+        ensure!(
+            w[1] > w[0],
+            "tokens in grant order are not strictly increasing: {tokens:?}"
+        );
+    }
+    Ok(())
+}
+
+/// A grant after the previous holder expired (without releasing) still gets a greater token.
+pub async fn token_increases_after_expiry(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("token-expiry");
+    let first = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let t1 = token(first.as_ref())?;
+    let vu = first.valid_until();
+    let ttl = first.ttl();
+    first.abandon();
+    sleep_until(vu).await;
+    let second = within(
+        ttl * 3,
+        "acquire after expiry",
+        b.acquire(&name, &opts(h).wait_for(ttl + t.slack)),
+    )
+    .await??;
+    let t2 = token(second.as_ref())?;
+    ensure!(
+        t2 > t1,
+        "token after expiry {t2} is not greater than the expired holder's {t1}"
+    );
+    second.release().await?;
+    Ok(())
+}

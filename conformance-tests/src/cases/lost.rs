@@ -1,0 +1,106 @@
+//! The lost-lease signal: fires on expiry and on refused renewal, before anyone else holds the
+//! lock; resolves on release so no task waits forever.
+
+use std::time::{Duration, Instant};
+
+use lock_core::LeaseState;
+
+use super::{client, held, opts, within};
+use crate::{ensure, fresh_name, Failure, Harness};
+
+/// An unrenewed holder's `valid_until` is not after the moment a waiter is granted the lock,
+/// its state is Lost by then, and its lost signal has resolved (within scheduling noise).
+pub async fn lost_fires_before_successor_is_granted(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("lost-first");
+    let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let ttl = lease.ttl();
+    let lost = lease.lost();
+    let watcher = tokio::spawn(async move {
+        lost.wait().await;
+        Instant::now()
+    });
+    let next = within(
+        ttl * 4,
+        "waiter",
+        b.acquire(&name, &opts(h).wait_for(ttl * 2 + t.slack)),
+    )
+    .await??;
+    let granted = Instant::now();
+    ensure!(
+        lease.valid_until() <= granted,
+        "the old holder's valid_until is after the successor's grant"
+    );
+    ensure!(
+        lease.state() == LeaseState::Lost,
+        "old holder reports {:?} while another client holds the lock",
+        lease.state()
+    );
+    let fired = within(t.slack, "the old holder's lost signal", watcher)
+        .await?
+        .map_err(|e| Failure(format!("watcher panicked: {e}")))?;
+    ensure!(
+        fired <= granted + Duration::from_millis(50),
+        "lost signal fired {:?} after the successor was granted",
+        fired - granted
+    );
+    next.release().await?;
+    drop(lease);
+    Ok(())
+}
+
+/// When the backend refuses a renewal (the lock was deleted behind the holder's back), an
+/// auto-renewed lease turns Lost and its signal fires well before its `valid_until`.
+pub async fn lost_fires_when_renewal_refused(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let a = client(h).await?;
+    let name = fresh_name("lost-refused");
+    let long = opts(h).ttl(t.ttl * 4).auto_renew(None);
+    let lease = held(a.try_acquire(&name, &long).await?, "holder")?;
+    match h.break_lock(&name).await {
+        Some(r) => r?,
+        None => return Err(Failure("harness stopped supporting break_lock".into())),
+    }
+    let broken_at = Instant::now();
+    let vu = lease.valid_until();
+    // The watchdog renews at about TTL/3 and must learn of the refusal then.
+    within(
+        lease.ttl() / 2 + t.slack,
+        "lost signal after a refused renewal",
+        lease.lost().wait(),
+    )
+    .await?;
+    ensure!(
+        Instant::now() < vu,
+        "lost signal only fired at valid_until, not on the refused renewal"
+    );
+    ensure!(
+        lease.state() == LeaseState::Lost,
+        "lease reports {:?} after a refused renewal",
+        lease.state()
+    );
+    ensure!(
+        lease.renew().await.is_err(),
+        "manual renew succeeded after the lock was deleted"
+    );
+    let _ = broken_at;
+    let _ = lease.release().await;
+    Ok(())
+}
+
+/// Release resolves the lost signal, so a task that waits on it ends with the lease.
+pub async fn lost_signal_resolves_on_release(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let a = client(h).await?;
+    let name = fresh_name("lost-release");
+    let lease = held(
+        a.try_acquire(&name, &opts(h).ttl(t.ttl * 10)).await?,
+        "holder",
+    )?;
+    let lost = lease.lost();
+    ensure!(!lost.is_lost(), "lost signal resolved on a fresh lease");
+    lease.release().await?;
+    within(t.slack, "lost signal after release", lost.wait()).await?;
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! The cases, grouped by area. Each is a plain `pub async fn(&dyn Harness) -> Result<(), Failure>`
+//! that third-party suites may also call directly.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockOptions};
+
+use crate::{Failure, Harness};
+
+pub mod exclusion;
+pub mod expiry;
+pub mod fencing;
+pub mod input;
+pub mod lost;
+pub mod ownership;
+pub mod renewal;
+pub mod waiting;
+
+/// What the runner knows about a driver before it picks cases.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Facts {
+    /// The driver's declared capabilities.
+    pub caps: Capabilities,
+    /// [`Harness::backend_requests`] answers.
+    pub counts_requests: bool,
+    /// [`Harness::break_lock`] works.
+    pub can_break: bool,
+    /// The driver's backend name.
+    pub backend: &'static str,
+}
+
+/// The future a case returns.
+pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Failure>> + Send + 'a>>;
+
+/// One conformance case.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// `area::case`, the name the runner lists and filters on.
+    pub name: &'static str,
+    /// `Err(reason)` when the driver cannot be held to this case.
+    pub requires: fn(&Facts) -> Result<(), &'static str>,
+    /// The case itself.
+    pub run: for<'a> fn(&'a dyn Harness) -> CaseFuture<'a>,
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+fn always(_: &Facts) -> Result<(), &'static str> {
+    Ok(())
+}
+fn ttl(f: &Facts) -> Result<(), &'static str> {
+    if f.caps.per_lock_ttl {
+        Ok(())
+    } else {
+        Err("per_lock_ttl = false: locks do not expire on their own TTL")
+    }
+}
+fn fencing(f: &Facts) -> Result<(), &'static str> {
+    if f.caps.fencing == Fencing::None {
+        Err("fencing = None")
+    } else {
+        Ok(())
+    }
+}
+fn ttl_and_fencing(f: &Facts) -> Result<(), &'static str> {
+    ttl(f).and(fencing(f))
+}
+fn fifo(f: &Facts) -> Result<(), &'static str> {
+    if f.caps.fifo {
+        Ok(())
+    } else {
+        Err("fifo = false")
+    }
+}
+fn counts(f: &Facts) -> Result<(), &'static str> {
+    if f.counts_requests {
+        Ok(())
+    } else {
+        Err("harness cannot count backend requests")
+    }
+}
+fn lost_ttl(f: &Facts) -> Result<(), &'static str> {
+    ttl(f)?;
+    if f.caps.lost_notification {
+        Ok(())
+    } else {
+        Err("lost_notification = false")
+    }
+}
+fn breakable(f: &Facts) -> Result<(), &'static str> {
+    if !f.caps.lost_notification {
+        return Err("lost_notification = false");
+    }
+    if f.can_break {
+        Ok(())
+    } else {
+        Err("harness cannot break a lock behind its holder's back")
+    }
+}
+
+macro_rules! case {
+    ($area:ident :: $name:ident, $req:expr) => {
+        Case {
+            name: concat!(stringify!($area), "::", stringify!($name)),
+            requires: $req,
+            run: |h| Box::pin($area::$name(h)),
+        }
+    };
+}
+
+/// Every case, in the order the runner lists them.
+pub static CASES: &[Case] = &[
+    case!(exclusion::single_winner_among_racers, always),
+    case!(exclusion::held_lock_refuses_others, always),
+    case!(exclusion::counter_loses_no_update, always),
+    case!(exclusion::names_are_independent, always),
+    case!(exclusion::release_frees_at_once, always),
+    case!(expiry::abandoned_lease_frees_after_ttl, ttl),
+    case!(expiry::valid_until_is_within_ttl, always),
+    case!(expiry::unrenewed_lease_turns_lost_at_valid_until, ttl),
+    case!(ownership::stale_release_keeps_successor, ttl),
+    case!(ownership::stale_renew_keeps_successor, ttl),
+    case!(ownership::dropped_stale_lease_keeps_successor, ttl),
+    case!(ownership::ownership_is_per_lease_not_per_client, ttl),
+    case!(ownership::broken_lock_release_is_not_held, breakable),
+    case!(renewal::manual_renew_extends, ttl),
+    case!(renewal::renew_after_expiry_fails_and_does_not_recreate, ttl),
+    case!(renewal::auto_renew_keeps_lock, ttl),
+    case!(renewal::watchdog_stops_after_release, ttl),
+    case!(renewal::watchdog_stops_on_drop, ttl),
+    case!(renewal::max_hold_ends_lease, ttl),
+    case!(fencing::tokens_present_iff_declared, always),
+    case!(fencing::tokens_increase_across_holders, fencing),
+    case!(fencing::tokens_follow_grant_order_under_contention, fencing),
+    case!(fencing::token_increases_after_expiry, ttl_and_fencing),
+    case!(waiting::waiter_wakes_promptly_after_release, always),
+    case!(waiting::waiting_is_idle, counts),
+    case!(waiting::wait_timeout_is_respected, always),
+    case!(waiting::no_wait_fails_fast, always),
+    case!(waiting::timed_out_waiter_leaves_no_record, always),
+    case!(waiting::cancelled_waiter_does_not_block_others, always),
+    case!(waiting::waiters_served_fifo, fifo),
+    case!(waiting::every_waiter_gets_one_turn, always),
+    case!(lost::lost_fires_before_successor_is_granted, lost_ttl),
+    case!(lost::lost_fires_when_renewal_refused, breakable),
+    case!(lost::lost_signal_resolves_on_release, always),
+    case!(input::rejects_bad_names, always),
+    case!(input::every_valid_name_is_its_own_key, always),
+    case!(input::rejects_bad_options_without_side_effects, always),
+    case!(input::effective_ttl_never_shorter, always),
+];
+
+// ---- helpers shared by the cases ----
+
+pub(crate) async fn client(h: &dyn Harness) -> Result<Arc<dyn DistributedLock>, Failure> {
+    h.client()
+        .await
+        .map_err(|e| Failure(format!("could not create a client: {e}")))
+}
+
+/// Manual renewal, the suite's TTL, waiting forever.
+pub(crate) fn opts(h: &dyn Harness) -> LockOptions {
+    LockOptions::new(h.timing().ttl)
+}
+
+/// A TTL long enough that nothing expires during a case.
+pub(crate) fn long_opts(h: &dyn Harness) -> LockOptions {
+    LockOptions::new(h.timing().ttl * 40)
+}
+
+pub(crate) fn held(lease: Option<Box<dyn Lease>>, what: &str) -> Result<Box<dyn Lease>, Failure> {
+    lease.ok_or_else(|| {
+        Failure(format!(
+            "{what}: expected the lock to be free, try_acquire returned None"
+        ))
+    })
+}
+
+/// Sleeps until `at` (no-op if it passed).
+pub(crate) async fn sleep_until(at: Instant) {
+    tokio::time::sleep_until(at.into()).await
+}
+
+pub(crate) async fn sleep(d: Duration) {
+    tokio::time::sleep(d).await
+}
+
+/// Waits for `fut` at most `limit`; a hang becomes a failure naming `what`.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = T>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| Failure(format!("{what}: did not finish within {limit:?}")))
+}
+
+pub(crate) fn is_not_held(e: &lock_core::Error) -> bool {
+    matches!(
+        e,
+        lock_core::Error::NotHeld { .. } | lock_core::Error::Lost { .. }
+    )
+}

@@ -1,0 +1,145 @@
+//! Ownership: release and renew compare the owner; a stale lease never touches a successor.
+
+use std::time::Duration;
+
+use lock_core::{DistributedLock, Lease, LeaseState};
+
+use super::{client, held, is_not_held, opts, sleep, sleep_until, within};
+use crate::{ensure, fresh_name, Failure, Harness};
+
+/// Lets `lease` expire, then has `successor` acquire the lock.
+async fn expire_and_take_over(
+    h: &dyn Harness,
+    lease: &dyn Lease,
+    successor: &dyn DistributedLock,
+) -> Result<Box<dyn Lease>, Failure> {
+    let t = h.timing();
+    sleep_until(lease.valid_until()).await;
+    let name = lease.name().clone();
+    let wait = lease.ttl() + t.slack;
+    let next = within(
+        wait * 2,
+        "successor acquiring an expired lock",
+        successor.acquire(&name, &opts(h).wait_for(wait)),
+    )
+    .await??;
+    Ok(next)
+}
+
+/// A release by a holder whose lease expired returns NotHeld and leaves the successor's lock
+/// in place.
+pub async fn stale_release_keeps_successor(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("stale-release");
+    let stale = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
+    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref()).await?;
+    match stale.release().await {
+        Err(e) if is_not_held(&e) => {}
+        Ok(()) => return Err(Failure("release of an expired lease returned Ok".into())),
+        Err(e) => {
+            return Err(Failure(format!(
+                "release of an expired lease: expected NotHeld, got {e:?}"
+            )))
+        }
+    }
+    ensure!(
+        c.try_acquire(&name, &opts(h)).await?.is_none(),
+        "a stale release freed the successor's lock"
+    );
+    successor.release().await?;
+    Ok(())
+}
+
+/// A renew by a holder whose lease expired fails, and the successor still holds the lock.
+pub async fn stale_renew_keeps_successor(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("stale-renew");
+    let stale = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
+    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref()).await?;
+    ensure!(
+        stale.renew().await.is_err(),
+        "renew of an expired lease succeeded while another client holds the lock"
+    );
+    ensure!(
+        stale.state() == LeaseState::Lost,
+        "expired lease reports {:?}",
+        stale.state()
+    );
+    ensure!(
+        c.try_acquire(&name, &opts(h)).await?.is_none(),
+        "a stale renew freed the successor's lock"
+    );
+    ensure!(
+        successor.state() == LeaseState::Held,
+        "successor is {:?}",
+        successor.state()
+    );
+    successor.release().await?;
+    drop(stale);
+    Ok(())
+}
+
+/// Dropping an expired lease (which releases in the background) leaves the successor alone.
+pub async fn dropped_stale_lease_keeps_successor(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("stale-drop");
+    let stale = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
+    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref()).await?;
+    drop(stale);
+    sleep(t.slack).await; // room for a background release to run
+    ensure!(
+        c.try_acquire(&name, &opts(h)).await?.is_none(),
+        "dropping an expired lease freed the successor's lock"
+    );
+    successor.release().await?;
+    Ok(())
+}
+
+/// Ownership belongs to the lease, not the client: the same client's expired lease cannot
+/// release the lease that client holds now.
+pub async fn ownership_is_per_lease_not_per_client(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("per-lease");
+    let old = held(a.try_acquire(&name, &opts(h)).await?, "first lease")?;
+    let new = expire_and_take_over(h, old.as_ref(), a.as_ref()).await?;
+    ensure!(
+        old.release().await.is_err(),
+        "the client's expired lease released its current lease"
+    );
+    ensure!(
+        b.try_acquire(&name, &opts(h)).await?.is_none(),
+        "the lock is free although the client's current lease holds it"
+    );
+    new.release().await?;
+    Ok(())
+}
+
+/// A lock deleted behind the holder's back (by an operator) makes the holder's release
+/// return NotHeld, and does not free a new holder.
+pub async fn broken_lock_release_is_not_held(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("broken");
+    let long = opts(h).ttl(h.timing().ttl * 40);
+    let victim = held(a.try_acquire(&name, &long).await?, "holder")?;
+    match h.break_lock(&name).await {
+        Some(r) => r?,
+        None => return Err(Failure("harness stopped supporting break_lock".into())),
+    }
+    let successor = within(
+        Duration::from_secs(10),
+        "acquire after break",
+        b.acquire(&name, &long),
+    )
+    .await??;
+    ensure!(
+        victim.release().await.is_err(),
+        "release of a broken lease succeeded"
+    );
+    ensure!(
+        c.try_acquire(&name, &long).await?.is_none(),
+        "the broken lease's release freed the new holder's lock"
+    );
+    successor.release().await?;
+    Ok(())
+}

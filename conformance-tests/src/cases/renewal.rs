@@ -1,0 +1,200 @@
+//! Renewal: renew extends, never resurrects; the watchdog stops on release, drop and max_hold.
+
+use std::time::Instant;
+
+use lock_core::LeaseState;
+
+use super::{client, held, opts, sleep, sleep_until, within};
+use crate::{ensure, fresh_name, Failure, Harness};
+
+/// A manual renew before expiry moves `valid_until` forward and keeps others out past the
+/// original expiry.
+pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("renew");
+    let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let first = lease.valid_until();
+    sleep(t.ttl / 2).await;
+    lease.renew().await?;
+    let second = lease.valid_until();
+    ensure!(second > first, "renew did not move valid_until forward");
+    // Past the original expiry, before the renewed one.
+    sleep_until(first + (second - first) / 2).await;
+    ensure!(
+        Instant::now() < second,
+        "test too slow to check the renewed window"
+    );
+    ensure!(
+        lease.state() == LeaseState::Held,
+        "renewed lease is {:?}",
+        lease.state()
+    );
+    ensure!(
+        b.try_acquire(&name, &opts(h)).await?.is_none(),
+        "lock granted to another client after its holder renewed it"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// Renew after the lease expired fails, and does not recreate the lock: another client can
+/// take it.
+pub async fn renew_after_expiry_fails_and_does_not_recreate(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("no-resurrect");
+    let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    // Past the server-side expiry too, not only the conservative valid_until.
+    sleep_until(Instant::now() + lease.ttl() + t.slack).await;
+    ensure!(
+        lease.renew().await.is_err(),
+        "renew of an expired lease succeeded"
+    );
+    ensure!(
+        lease.state() == LeaseState::Lost,
+        "expired lease reports {:?}",
+        lease.state()
+    );
+    let other = held(
+        b.try_acquire(&name, &opts(h)).await?,
+        "another client after a refused renew (was the lock recreated?)",
+    )?;
+    other.release().await?;
+    Ok(())
+}
+
+/// With automatic renewal a lease outlives several TTLs, stays Held, and its lost signal does
+/// not fire; after release the lock is free.
+pub async fn auto_renew_keeps_lock(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("auto");
+    let lease = held(
+        a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
+        "holder",
+    )?;
+    let lost = lease.lost();
+    sleep(t.ttl * 3).await;
+    ensure!(
+        !lost.is_lost(),
+        "lost signal fired on an auto-renewed lease"
+    );
+    ensure!(
+        lease.state() == LeaseState::Held,
+        "auto-renewed lease is {:?}",
+        lease.state()
+    );
+    ensure!(
+        lease.valid_until() > Instant::now(),
+        "auto-renewed lease's valid_until passed"
+    );
+    ensure!(
+        b.try_acquire(&name, &opts(h)).await?.is_none(),
+        "auto-renewed lock granted to another client after 3 TTLs"
+    );
+    lease.release().await?;
+    let l = held(
+        b.try_acquire(&name, &opts(h)).await?,
+        "after release of an auto-renewed lease",
+    )?;
+    l.release().await?;
+    Ok(())
+}
+
+/// After release the watchdog never renews again: probed every quarter TTL for one and a half
+/// TTLs, the lock is always free (a watchdog that kept ticking would recreate or extend it).
+pub async fn watchdog_stops_after_release(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("wd-release");
+    // Release at different points of the renewal cycle.
+    for phase in 0..3u32 {
+        let lease = held(
+            a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
+            "holder",
+        )?;
+        sleep(t.ttl * phase / 4).await;
+        lease.release().await?;
+    }
+    for probe in 0..6u32 {
+        sleep(t.ttl / 4).await;
+        let what = format!(
+            "probe {probe} ({:?} after release of auto-renewed leases)",
+            t.ttl * (probe + 1) / 4
+        );
+        let l = held(b.try_acquire(&name, &opts(h)).await?, &what)?;
+        l.release().await?;
+    }
+    Ok(())
+}
+
+/// A dropped auto-renewed lease stops renewing: another client gets the lock within TTL + slack.
+pub async fn watchdog_stops_on_drop(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("wd-drop");
+    let lease = held(
+        a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
+        "holder",
+    )?;
+    let ttl = lease.ttl();
+    drop(lease);
+    let l = within(
+        ttl * 3,
+        "acquire after drop",
+        b.acquire(&name, &opts(h).wait_for(ttl + t.slack)),
+    )
+    .await??;
+    l.release().await?;
+    Ok(())
+}
+
+/// `max_hold` ends automatic renewal: the lease lives past max_hold, then is lost and granted to
+/// a waiter within one TTL (+ slack) after max_hold.
+pub async fn max_hold_ends_lease(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("max-hold");
+    let t0 = Instant::now();
+    let lease = held(
+        a.try_acquire(&name, &opts(h).auto_renew(Some(t.ttl * 2)))
+            .await?,
+        "holder",
+    )?;
+    let max_hold = t.ttl * 2;
+    let ttl = lease.ttl();
+    let lost = lease.lost();
+    let wait = max_hold + ttl * 2 + t.slack;
+    let next = within(
+        wait * 2,
+        "waiter behind a max_hold lease",
+        b.acquire(&name, &opts(h).wait_for(wait)),
+    )
+    .await??;
+    let granted = Instant::now();
+    ensure!(
+        granted >= t0 + max_hold,
+        "lock granted {:?} after the grant, before max_hold {max_hold:?}: renewal stopped early",
+        granted - t0
+    );
+    ensure!(
+        granted <= t0 + max_hold + ttl + t.slack,
+        "lock granted only {:?} after the grant: renewal went on past max_hold {max_hold:?}",
+        granted - t0
+    );
+    ensure!(
+        lost.is_lost(),
+        "lost signal had not fired when the lock went to another client"
+    );
+    ensure!(
+        lease.state() == LeaseState::Lost,
+        "lease past max_hold is {:?}",
+        lease.state()
+    );
+    next.release().await?;
+    drop(lease);
+    Ok(())
+}

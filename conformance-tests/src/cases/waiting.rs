@@ -1,0 +1,273 @@
+//! Waiting: prompt wake-ups without polling, timeouts, cancellation, FIFO.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_core::Error;
+
+use super::{client, held, long_opts, sleep, within};
+use crate::{ensure, fresh_name, Failure, Harness};
+
+/// A waiter is granted within the slack after the holder releases, long before the holder's
+/// TTL would have run out; it is not granted before the release.
+pub async fn waiter_wakes_promptly_after_release(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("wake");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let (n, o) = (name.clone(), long_opts(h));
+    let waiter = tokio::spawn(async move {
+        let l = b.acquire(&n, &o).await;
+        (Instant::now(), l)
+    });
+    sleep(t.ttl).await;
+    ensure!(
+        !waiter.is_finished(),
+        "waiter returned while the lock was held"
+    );
+    let released = Instant::now();
+    holder.release().await?;
+    let (granted, lease) = within(t.ttl * 10, "waiter after release", waiter)
+        .await?
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
+    let lease = lease?;
+    let delay = granted.saturating_duration_since(released);
+    ensure!(
+        delay <= t.slack,
+        "waiter granted {delay:?} after release (slack {:?})",
+        t.slack
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// While a waiter waits on a held lock, the backend serves (almost) no requests: waiting is by
+/// notification, not polling.
+pub async fn waiting_is_idle(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("idle");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let (n, o) = (name.clone(), long_opts(h));
+    let waiter = tokio::spawn(async move { b.acquire(&n, &o).await });
+    sleep(t.ttl / 2).await; // let the waiter settle
+    let window = t.ttl.max(Duration::from_millis(500));
+    let before = h
+        .backend_requests()
+        .await
+        .ok_or_else(|| Failure("request counter vanished".into()))?;
+    sleep(window).await;
+    let after = h
+        .backend_requests()
+        .await
+        .ok_or_else(|| Failure("request counter vanished".into()))?;
+    // The counter reads themselves may count; a poller would show dozens.
+    let used = after.saturating_sub(before);
+    ensure!(
+        used <= 6,
+        "the backend served {used} requests in {window:?} while one waiter waited (polling?)"
+    );
+    holder.release().await?;
+    let l = within(t.ttl * 10, "waiter after release", waiter)
+        .await?
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))??;
+    l.release().await?;
+    Ok(())
+}
+
+/// `acquire` with a bounded wait on a held lock returns `Timeout` after that wait, not earlier
+/// and not much later.
+pub async fn wait_timeout_is_respected(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("wait-timeout");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let wait = t.ttl;
+    let start = Instant::now();
+    let r = within(
+        wait * 4 + t.slack,
+        "acquire with a bounded wait (was the wait ignored?)",
+        b.acquire(&name, &long_opts(h).wait_for(wait)),
+    )
+    .await?;
+    let took = start.elapsed();
+    match r {
+        Err(Error::Timeout { .. }) => {}
+        Ok(_) => return Err(Failure("acquired a lock that was held all along".into())),
+        Err(e) => return Err(Failure(format!("expected Timeout, got {e:?}"))),
+    }
+    ensure!(
+        took >= wait,
+        "Timeout after {took:?}, before the requested wait {wait:?}"
+    );
+    ensure!(
+        took <= wait + t.slack,
+        "Timeout after {took:?}, requested {wait:?} (slack {:?})",
+        t.slack
+    );
+    holder.release().await?;
+    Ok(())
+}
+
+/// `acquire` with `Wait::No` on a held lock returns `Timeout` at once.
+pub async fn no_wait_fails_fast(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("no-wait");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let start = Instant::now();
+    let r = within(
+        t.ttl * 4,
+        "acquire(no_wait)",
+        b.acquire(&name, &long_opts(h).no_wait()),
+    )
+    .await?;
+    ensure!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "acquire(no_wait) on a held lock gave {r:?}"
+    );
+    ensure!(
+        start.elapsed() <= t.slack,
+        "acquire(no_wait) took {:?}",
+        start.elapsed()
+    );
+    holder.release().await?;
+    Ok(())
+}
+
+/// A waiter that timed out leaves nothing behind: after release the lock is free at once for
+/// a newcomer's `try_acquire`.
+pub async fn timed_out_waiter_leaves_no_record(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("timeout-record");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let r = within(
+        t.ttl * 4,
+        "bounded acquire",
+        b.acquire(&name, &long_opts(h).wait_for(t.ttl / 2)),
+    )
+    .await?;
+    ensure!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "expected Timeout, got {r:?}"
+    );
+    holder.release().await?;
+    let deadline = Instant::now() + t.slack;
+    loop {
+        // A driver may clean up a timed-out waiter in the background; give it the slack.
+        if let Some(l) = c.try_acquire(&name, &long_opts(h)).await? {
+            l.release().await?;
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "lock still busy after release: a timed-out waiter left a record behind"
+        );
+        sleep(t.slack / 10).await;
+    }
+}
+
+/// A waiting `acquire` that is cancelled (its future dropped) does not delay the next waiter:
+/// after release the next waiter is granted within the slack.
+pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("cancel");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let (n, o) = (name.clone(), long_opts(h));
+    let cancelled = tokio::spawn(async move { b.acquire(&n, &o).await.map(|l| l.abandon()) });
+    sleep(t.ttl / 2).await;
+    cancelled.abort();
+    let _ = cancelled.await;
+    let (n, o) = (name.clone(), long_opts(h));
+    let next = tokio::spawn(async move {
+        let l = c.acquire(&n, &o).await;
+        (Instant::now(), l)
+    });
+    sleep(t.ttl / 2).await;
+    let released = Instant::now();
+    holder.release().await?;
+    let (granted, lease) = within(t.ttl * 10, "the waiter behind a cancelled one", next)
+        .await?
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
+    let lease = lease?;
+    let delay = granted.saturating_duration_since(released);
+    ensure!(
+        delay <= t.slack,
+        "next waiter granted {delay:?} after release: the cancelled waiter held it up"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// Waiters that arrive one after another are granted in arrival order.
+pub async fn waiters_served_fifo(h: &dyn Harness) -> Result<(), Failure> {
+    const W: usize = 4;
+    let t = h.timing();
+    let a = client(h).await?;
+    let name = fresh_name("fifo");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let gap = (t.slack / 4).max(Duration::from_millis(50));
+    for i in 0..W {
+        let c = client(h).await?;
+        let (n, o, order) = (name.clone(), long_opts(h), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let l = c.acquire(&n, &o).await?;
+            order
+                .lock()
+                .map_err(|_| Failure("poisoned".into()))?
+                .push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            l.release().await?;
+            Ok::<_, Failure>(())
+        }));
+        sleep(gap).await;
+    }
+    holder.release().await?;
+    for task in tasks {
+        within(t.ttl * 20, "FIFO waiter", task)
+            .await?
+            .map_err(|e| Failure(format!("waiter panicked: {e}")))??;
+    }
+    let order = order
+        .lock()
+        .map_err(|_| Failure("poisoned".into()))?
+        .clone();
+    ensure!(
+        order == (0..W).collect::<Vec<_>>(),
+        "waiters granted in order {order:?}, arrival order was 0..{W}"
+    );
+    Ok(())
+}
+
+/// Five waiters on one name each get exactly one turn, never two at a time.
+pub async fn every_waiter_gets_one_turn(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let name = fresh_name("turns");
+    let inside = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let c = client(h).await?;
+        let (n, o, inside) = (name.clone(), long_opts(h), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let l = c.acquire(&n, &o).await?;
+            if inside.swap(true, Ordering::SeqCst) {
+                return Err(Failure("two waiters held the lock at once".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            inside.store(false, Ordering::SeqCst);
+            l.release().await?;
+            Ok::<_, Failure>(())
+        }));
+    }
+    for task in tasks {
+        within(t.ttl * 20, "waiter", task)
+            .await?
+            .map_err(|e| Failure(format!("waiter panicked: {e}")))??;
+    }
+    Ok(())
+}

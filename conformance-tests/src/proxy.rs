@@ -1,0 +1,242 @@
+//! A loopback TCP proxy that injects network faults between a client and a real server.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Pass,
+    Delay(Duration),
+    Blackhole,
+}
+
+struct Shared {
+    mode: watch::Sender<Mode>,
+    cuts: watch::Sender<u64>,
+    shutdown: watch::Sender<bool>,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+    accepted: AtomicU64,
+}
+
+/// A TCP proxy on `127.0.0.1` in front of one upstream server, with faults switched at run time.
+///
+/// Point a client at [`FaultProxy::addr`] instead of the server. The proxy runs on its own
+/// thread, so it outlives the runtime of the test that created it and stops when dropped.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use conformance_tests::FaultProxy;
+/// let proxy = FaultProxy::start("127.0.0.1:16379".parse()?)?;
+/// // connect a driver to proxy.addr() ...
+/// proxy.blackhole();               // partition: nothing flows, connections stay open
+/// proxy.heal();                    // held-back bytes flow again
+/// proxy.delay(Duration::from_millis(200));
+/// proxy.cut();                     // every open connection is closed
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct FaultProxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `upstream` on a free loopback port.
+    pub fn start(upstream: SocketAddr) -> io::Result<Self> {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            mode: watch::channel(Mode::Pass).0,
+            cuts: watch::channel(0).0,
+            shutdown: watch::channel(false).0,
+            bytes_up: AtomicU64::new(0),
+            bytes_down: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let s = shared.clone();
+        // Subscribed here, not in the thread: a drop right after start must still stop it.
+        let shutdown = shared.shutdown.subscribe();
+        std::thread::Builder::new()
+            .name(format!("fault-proxy-{}", addr.port()))
+            .spawn(move || {
+                rt.block_on(async move {
+                    match TcpListener::from_std(std_listener) {
+                        Ok(listener) => accept_loop(listener, upstream, s, shutdown).await,
+                        Err(e) => tracing::error!(error = %e, "fault proxy cannot listen"),
+                    }
+                })
+            })?;
+        Ok(FaultProxy {
+            addr,
+            upstream,
+            shared,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server behind the proxy.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// Closes every open connection at once (clients see the connection drop); new connections
+    /// are still accepted.
+    pub fn cut(&self) {
+        self.shared.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Partition: nothing is forwarded in either direction and new connections reach nobody,
+    /// but every connection stays open. Bytes sent meanwhile are held back, like TCP
+    /// retransmissions, and flow after [`heal`](Self::heal).
+    pub fn blackhole(&self) {
+        self.shared.mode.send_replace(Mode::Blackhole);
+    }
+
+    /// Forwards each chunk of data `d` late, in both directions.
+    pub fn delay(&self, d: Duration) {
+        self.shared.mode.send_replace(Mode::Delay(d));
+    }
+
+    /// Back to plain forwarding.
+    pub fn heal(&self) {
+        self.shared.mode.send_replace(Mode::Pass);
+    }
+
+    /// Bytes forwarded from clients to the server so far.
+    pub fn bytes_to_upstream(&self) -> u64 {
+        self.shared.bytes_up.load(Ordering::Relaxed)
+    }
+
+    /// Bytes forwarded from the server to clients so far.
+    pub fn bytes_to_clients(&self) -> u64 {
+        self.shared.bytes_down.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted so far (reconnects show up here).
+    pub fn connections(&self) -> u64 {
+        self.shared.accepted.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shared.shutdown.send_replace(true);
+    }
+}
+
+impl std::fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("addr", &self.addr)
+            .field("upstream", &self.upstream)
+            .field("mode", &*self.shared.mode.borrow())
+            .finish()
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    if *shutdown.borrow_and_update() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((client, _)) = accepted {
+                    shared.accepted.fetch_add(1, Ordering::Relaxed);
+                    // Subscribed before the task starts, so a cut right after accept counts.
+                    let cuts = shared.cuts.subscribe();
+                    let stop = shared.shutdown.subscribe();
+                    tokio::spawn(connection(client, upstream, shared.clone(), cuts, stop));
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn connection(
+    client: TcpStream,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    mut cuts: watch::Receiver<u64>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let work = async {
+        // A partitioned network does not let the connection reach the server either.
+        wait_passable(&mut shared.mode.subscribe()).await?;
+        let server = TcpStream::connect(upstream).await.ok()?;
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let (cr, cw) = client.into_split();
+        let (sr, sw) = server.into_split();
+        let up = pump(cr, sw, shared.mode.subscribe(), &shared.bytes_up);
+        let down = pump(sr, cw, shared.mode.subscribe(), &shared.bytes_down);
+        tokio::join!(up, down);
+        Some(())
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = cuts.changed() => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// Returns once data may flow, after the delay if one is set; `None` if the proxy is gone.
+async fn wait_passable(mode: &mut watch::Receiver<Mode>) -> Option<()> {
+    loop {
+        let m = *mode.borrow_and_update();
+        match m {
+            Mode::Pass => return Some(()),
+            Mode::Delay(d) => {
+                tokio::time::sleep(d).await;
+                return Some(());
+            }
+            Mode::Blackhole => mode.changed().await.ok()?,
+        }
+    }
+}
+
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    counter: &AtomicU64,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if wait_passable(&mut mode).await.is_none() {
+            break;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let _ = to.shutdown().await;
+}

@@ -1,0 +1,93 @@
+//! The libtest-mimic runner: lists every case by name, honours filters, shows capability skips
+//! as ignored with the reason in brackets.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Trial};
+
+use crate::{gather_facts, Case, Failure, Harness, CASES};
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failure(format!("cannot start a tokio runtime: {e}")))
+}
+
+/// Runs the whole suite against `harness` with the command line's arguments (`--list`, name
+/// filters, `--exact`, `--test-threads`, ...) and returns the process exit code.
+///
+/// Cases run one at a time unless `--test-threads` says otherwise: they measure timings, and a
+/// small machine running many at once would turn scheduling noise into failures.
+pub fn run<H: Harness>(harness: H) -> ExitCode {
+    run_with_args(Arc::new(harness), Arguments::from_args())
+}
+
+/// [`run`] with explicit arguments.
+pub fn run_with_args(harness: Arc<dyn Harness>, mut args: Arguments) -> ExitCode {
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    libtest_mimic::run(&args, trials(harness)).exit_code()
+}
+
+/// One libtest-mimic trial per case. Reads the driver's capabilities once (which needs a
+/// client); if no client can be made, every case fails with that reason — a missing server is
+/// a failure, never a skip.
+pub fn trials(harness: Arc<dyn Harness>) -> Vec<Trial> {
+    let facts = runtime().and_then(|rt| {
+        let h = harness.clone();
+        let r = rt.block_on(async move {
+            tokio::time::timeout(Duration::from_secs(60), gather_facts(&*h)).await
+        });
+        rt.shutdown_timeout(Duration::from_secs(2));
+        match r {
+            Ok(Ok(f)) => Ok(f),
+            Ok(Err(e)) => Err(Failure(format!(
+                "cannot create a client for the backend: {e}"
+            ))),
+            Err(_) => Err(Failure(
+                "creating a client for the backend took over 60 s".into(),
+            )),
+        }
+    });
+    CASES
+        .iter()
+        .map(|case| match &facts {
+            Err(f) => {
+                let msg = f.0.clone();
+                Trial::test(case.name, move || Err(msg.into()))
+            }
+            Ok(facts) => match (case.requires)(facts) {
+                Err(reason) => Trial::test(case.name, || Ok(()))
+                    .with_ignored_flag(true)
+                    .with_kind(format!("skipped: {reason}")),
+                Ok(()) => {
+                    let h = harness.clone();
+                    Trial::test(case.name, move || {
+                        run_case(&*h, case).map_err(|f| f.0.into())
+                    })
+                }
+            },
+        })
+        .collect()
+}
+
+/// Runs one case on a fresh runtime, with an overall time limit so a hang is a failure.
+pub fn run_case(harness: &dyn Harness, case: &Case) -> Result<(), Failure> {
+    let rt = runtime()?;
+    let limit = harness.timing().ttl * 60 + Duration::from_secs(30);
+    let result = rt.block_on(async { tokio::time::timeout(limit, (case.run)(harness)).await });
+    // Background tasks of the drivers (watchdogs, connections) die with the runtime.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    match result {
+        Ok(r) => r,
+        Err(_) => Err(Failure(format!(
+            "{} did not finish within {limit:?}",
+            case.name
+        ))),
+    }
+}

@@ -1,0 +1,122 @@
+//! The fault proxy on its own, in front of a loopback echo server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use conformance_tests::FaultProxy;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+async fn echo_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn roundtrip(s: &mut TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+    s.write_all(msg).await?;
+    let mut buf = vec![0u8; msg.len()];
+    s.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+#[tokio::test]
+async fn passes_data_through_and_counts_it() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(roundtrip(&mut s, b"hello").await.unwrap(), b"hello");
+    assert_eq!(proxy.bytes_to_upstream(), 5);
+    assert_eq!(proxy.connections(), 1);
+}
+
+#[tokio::test]
+async fn delay_slows_each_direction() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    roundtrip(&mut s, b"warm").await.unwrap();
+    proxy.delay(Duration::from_millis(100));
+    let start = Instant::now();
+    roundtrip(&mut s, b"slow").await.unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        start.elapsed()
+    );
+    proxy.heal();
+    let start = Instant::now();
+    roundtrip(&mut s, b"fast").await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn blackhole_holds_data_until_heal() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    roundtrip(&mut s, b"a").await.unwrap();
+    proxy.blackhole();
+    let r = tokio::time::timeout(Duration::from_millis(300), roundtrip(&mut s, b"b")).await;
+    assert!(r.is_err(), "data crossed a blackhole");
+    // A new connection reaches nobody either.
+    let mut s2 = TcpStream::connect(proxy.addr()).await.unwrap();
+    let r2 = tokio::time::timeout(Duration::from_millis(200), roundtrip(&mut s2, b"c")).await;
+    assert!(r2.is_err(), "a new connection crossed a blackhole");
+    proxy.heal();
+    let mut buf = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"b", "held-back bytes must flow after heal");
+    tokio::time::timeout(Duration::from_secs(2), s2.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"c");
+}
+
+#[tokio::test]
+async fn cut_drops_connections_but_accepts_new_ones() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    roundtrip(&mut s, b"x").await.unwrap();
+    proxy.cut();
+    let mut buf = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Ok(0) | Err(_)),
+        "connection survived a cut: {r:?}"
+    );
+    let mut s2 = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(roundtrip(&mut s2, b"y").await.unwrap(), b"y");
+}
+
+#[tokio::test]
+async fn drop_stops_the_proxy() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    let addr = proxy.addr();
+    drop(proxy);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "proxy still listening after drop"
+    );
+}

@@ -1,0 +1,71 @@
+//! The suite must catch every deliberately broken driver, and pass the same wrapper unbroken.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use conformance_tests::controls::{Flaw, FlawedHarness};
+use conformance_tests::{run_case, CASES};
+
+fn case(name: &str) -> &'static conformance_tests::Case {
+    CASES
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("Flaw::caught_by names an unknown case {name}"))
+}
+
+#[test]
+fn unbroken_wrapper_passes_every_case() {
+    let h = FlawedHarness::new(Flaw::None);
+    let failures: Vec<String> = CASES
+        .iter()
+        .filter_map(|c| run_case(&h, c).err().map(|f| format!("{}: {f}", c.name)))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "the unbroken wrapper failed:\n{}",
+        failures.join("\n")
+    );
+}
+
+macro_rules! control {
+    ($test:ident, $flaw:expr) => {
+        #[test]
+        fn $test() {
+            let flaw = $flaw;
+            let h = FlawedHarness::new(flaw);
+            let names = flaw.caught_by();
+            assert!(!names.is_empty(), "{flaw:?} names no case");
+            let caught: Vec<String> = names
+                .iter()
+                .filter_map(|n| run_case(&h, case(n)).err().map(|f| format!("{n}: {f}")))
+                .collect();
+            assert!(
+                !caught.is_empty(),
+                "{flaw:?} passed every case meant to catch it: {names:?}"
+            );
+            eprintln!("{flaw:?} caught by:\n  {}", caught.join("\n  "));
+        }
+    };
+}
+
+control!(catches_no_mutual_exclusion, Flaw::NoMutualExclusion);
+control!(catches_no_expiry, Flaw::NoExpiry);
+control!(catches_early_expiry, Flaw::EarlyExpiry);
+control!(
+    catches_release_without_owner_check,
+    Flaw::ReleaseWithoutOwnerCheck
+);
+control!(catches_renew_that_resurrects, Flaw::RenewResurrects);
+control!(catches_watchdog_that_resurrects, Flaw::WatchdogResurrects);
+control!(catches_non_monotonic_fencing, Flaw::NonMonotonicFencing);
+control!(
+    catches_lost_signal_that_never_fires,
+    Flaw::LostSignalNeverFires
+);
+control!(catches_spinning_waiter, Flaw::SpinningWaiter);
+control!(catches_ignored_wait_timeout, Flaw::IgnoresWaitTimeout);
+control!(catches_cancel_that_leaves_a_ghost, Flaw::CancelLeavesGhost);
+
+#[test]
+fn every_flaw_has_a_control_test() {
+    // Keeps this file in step with Flaw::ALL.
+    assert_eq!(Flaw::ALL.len(), 12);
+}
