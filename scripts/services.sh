@@ -1,0 +1,360 @@
+#!/usr/bin/env bash
+# Real servers for distlock's tests, on 127.0.0.1 only, as plain background processes.
+#
+#   scripts/services.sh install        apt-get the server packages if missing (no daemons left running)
+#   scripts/services.sh up [NAME...]   start every server (or the named ones) not already running; wait until each answers
+#   scripts/services.sh down [NAME...] stop what this script started (by pid) and delete its data
+#   scripts/services.sh status         one line per server
+#   scripts/services.sh pid NAME       the pid of one server (for fault tests: SIGSTOP, SIGKILL)
+#   scripts/services.sh names          every server name
+#
+# State (pids, configs, logs) lives in $DISTLOCK_SERVICES_DIR (default /tmp/distlock-services);
+# etcd data lives on /dev/shm (fsync on disk is too slow for etcd's own health checks).
+set -euo pipefail
+
+STATE=${DISTLOCK_SERVICES_DIR:-/tmp/distlock-services}
+SHM=${DISTLOCK_SERVICES_SHM:-/dev/shm/distlock-services}
+READY_TIMEOUT=${DISTLOCK_READY_TIMEOUT:-60}
+ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
+
+# name:port. Redis: single, five Redlock masters, one with a password and an ACL user.
+REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390)
+# ZooKeeper: single, a 3-node ensemble, one that enforces digest auth.
+ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
+# etcd: single, a 3-member cluster, one with auth enabled.
+ETCD=(etcd:12379 etcd-c1:12479 etcd-c2:12579 etcd-c3:12679 etcd-auth:12779)
+
+# Credentials of the auth-enabled servers (test-only, loopback-only).
+REDIS_PASSWORD=distlock-test-pw
+REDIS_ACL_USER=locker
+REDIS_ACL_PASSWORD=locker-pw
+ZK_USER=locker
+ZK_PASSWORD=locker-pw
+ETCD_ROOT_PASSWORD=root-pw
+ETCD_USER=locker
+ETCD_PASSWORD=locker-pw
+
+die() { echo "services.sh: $*" >&2; exit 1; }
+log() { echo "services.sh: $*" >&2; }
+
+all_names() {
+  local e
+  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}"; do echo "${e%%:*}"; done
+}
+
+port_of() {
+  local e
+  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}"; do
+    [ "${e%%:*}" = "$1" ] && { echo "${e##*:}"; return 0; }
+  done
+  die "unknown server '$1' (known: $(all_names | tr '\n' ' '))"
+}
+
+kind_of() {
+  case "$1" in
+    redis* | redlock*) echo redis ;;
+    zk*) echo zk ;;
+    etcd*) echo etcd ;;
+    *) die "unknown server '$1'" ;;
+  esac
+}
+
+pidfile() { echo "$STATE/$1/pid"; }
+
+alive() {
+  local f; f=$(pidfile "$1")
+  [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# ---------------------------------------------------------------- install
+
+cmd_install() {
+  local missing=()
+  command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v redis-cli >/dev/null || missing+=(redis-tools)
+  [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+  [ -f /usr/share/java/slf4j-log4j12.jar ] || missing+=(libslf4j-java)
+  [ -f /usr/share/java/log4j-1.2.jar ] || missing+=(liblog4j1.2-java)
+  command -v java >/dev/null || missing+=(default-jre-headless)
+  command -v etcd >/dev/null || missing+=(etcd-server)
+  command -v etcdctl >/dev/null || missing+=(etcd-client)
+  command -v protoc >/dev/null || missing+=(protobuf-compiler)
+  [ -f /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "install: everything present"
+    return 0
+  fi
+  log "install: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  # policy-rc.d 101 keeps the packages from starting their daemons on the default ports.
+  local had_policy=0
+  [ -e /usr/sbin/policy-rc.d ] && had_policy=1
+  if [ $had_policy -eq 0 ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo chmod +x /usr/sbin/policy-rc.d
+  fi
+  local rc=0
+  {
+    $sudo apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  } || rc=$?
+  [ $had_policy -eq 1 ] || $sudo rm -f /usr/sbin/policy-rc.d
+  [ $rc -eq 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+  # On a host where a daemon did start anyway, stop it: tests own these ports.
+  local svc
+  for svc in redis-server zookeeper etcd; do
+    if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
+      $sudo systemctl stop "$svc" || true
+      $sudo systemctl disable "$svc" 2>/dev/null || true
+    fi
+  done
+}
+
+# ---------------------------------------------------------------- start
+
+start_redis() {
+  local name=$1 port=$2 dir=$STATE/$1
+  local args=(--port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no
+    --dir "$dir" --enable-debug-command local --protected-mode no)
+  if [ "$name" = redis-auth ]; then
+    args+=(--requirepass "$REDIS_PASSWORD"
+      --user "$REDIS_ACL_USER" on ">$REDIS_ACL_PASSWORD" '~*' '&*' '+@all' '-@dangerous' '+info')
+  fi
+  nohup redis-server "${args[@]}" >"$dir/log" 2>&1 &
+  echo $! >"$(pidfile "$name")"
+}
+
+redis_ready() {
+  local name=$1 port=$2
+  local auth=()
+  [ "$name" = redis-auth ] && auth=(--user "$REDIS_ACL_USER" --pass "$REDIS_ACL_PASSWORD" --no-auth-warning)
+  [ "$(timeout 2 redis-cli -h 127.0.0.1 -p "$port" "${auth[@]}" ping 2>/dev/null)" = PONG ]
+}
+
+start_zk() {
+  local name=$1 port=$2 dir=$STATE/$1
+  mkdir -p "$dir/data" "$dir/conf"
+  cat >"$dir/conf/zoo.cfg" <<EOF
+tickTime=500
+initLimit=20
+syncLimit=10
+dataDir=$dir/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+minSessionTimeout=1000
+maxSessionTimeout=20000
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,stat,mntr,cons
+forceSync=no
+preAllocSize=4096
+standaloneEnabled=true
+EOF
+  case "$name" in
+    zk-ens*)
+      local n=${name#zk-ens}
+      echo "$n" >"$dir/data/myid"
+      {
+        echo "server.1=127.0.0.1:12291:12301"
+        echo "server.2=127.0.0.1:12292:12302"
+        echo "server.3=127.0.0.1:12293:12303"
+      } >>"$dir/conf/zoo.cfg"
+      ;;
+    zk-auth)
+      {
+        echo "authProvider.1=org.apache.zookeeper.server.auth.DigestAuthenticationProvider"
+        echo "enforce.auth.enabled=true"
+        echo "enforce.auth.schemes=digest"
+      } >>"$dir/conf/zoo.cfg"
+      ;;
+  esac
+  cat >"$dir/conf/log4j.properties" <<EOF
+log4j.rootLogger=WARN, FILE
+log4j.appender.FILE=org.apache.log4j.FileAppender
+log4j.appender.FILE.File=$dir/server.log
+log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
+log4j.appender.FILE.layout.ConversionPattern=%d %p %c{1}: %m%n
+EOF
+  nohup java -Xmx256m -XX:+UseSerialGC -Dzookeeper.log.dir="$dir" \
+    -Dlog4j.configuration="file:$dir/conf/log4j.properties" \
+    -cp "$dir/conf:$ZK_CP" org.apache.zookeeper.server.quorum.QuorumPeerMain \
+    "$dir/conf/zoo.cfg" >"$dir/log" 2>&1 &
+  echo $! >"$(pidfile "$name")"
+}
+
+zk_ready() {
+  local port=$2 out
+  # `ruok` says imok before the server serves; `srvr` shows a Mode line only when it does.
+  out=$(timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; echo srvr >&3; cat <&3" 2>/dev/null) || return 1
+  grep -q '^Mode:' <<<"$out"
+}
+
+etcd_cluster_of() {
+  case "$1" in
+    etcd-c*) echo "etcd-c1=http://127.0.0.1:12480,etcd-c2=http://127.0.0.1:12580,etcd-c3=http://127.0.0.1:12680" ;;
+    *) echo "$1=http://127.0.0.1:$(($2 + 1))" ;;
+  esac
+}
+
+start_etcd() {
+  local name=$1 port=$2 dir=$STATE/$1
+  local data=$SHM/$name
+  rm -rf "$data"
+  mkdir -p "$data"
+  local peer=$((port + 1))
+  local token=distlock-$name
+  [[ $name == etcd-c* ]] && token=distlock-cluster
+  nohup etcd --name "$name" --data-dir "$data" \
+    --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "$(etcd_cluster_of "$name" "$port")" --initial-cluster-state new \
+    --initial-cluster-token "$token" --bcrypt-cost 4 \
+    --logger zap --log-level error --log-outputs "$dir/server.log" >"$dir/log" 2>&1 &
+  echo $! >"$(pidfile "$name")"
+}
+
+etcd_ready() {
+  local name=$1 port=$2
+  local auth=()
+  if [ "$name" = etcd-auth ] && [ -f "$STATE/$name/auth-enabled" ]; then
+    auth=(--user "root:$ETCD_ROOT_PASSWORD")
+  fi
+  ETCDCTL_API=3 timeout 3 etcdctl --endpoints "127.0.0.1:$port" "${auth[@]}" \
+    --command-timeout 2s endpoint health >/dev/null 2>&1
+}
+
+etcd_enable_auth() {
+  local port=$1 dir=$STATE/etcd-auth
+  [ -f "$dir/auth-enabled" ] && return 0
+  local ctl=(env ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" --command-timeout 5s)
+  # Each step tolerates "already exists", so a half-done earlier run is finished, not failed.
+  {
+    "${ctl[@]}" user add "root:$ETCD_ROOT_PASSWORD" || true
+    "${ctl[@]}" user grant-role root root || true
+    "${ctl[@]}" user add "$ETCD_USER:$ETCD_PASSWORD" || true
+    "${ctl[@]}" role add locker || true
+    "${ctl[@]}" role grant-permission locker --prefix=true readwrite / || true
+    "${ctl[@]}" user grant-role "$ETCD_USER" locker || true
+    "${ctl[@]}" auth enable || true
+  } >"$dir/auth-setup.log" 2>&1
+  # Proof that auth is on: an anonymous request is refused, the test user's is accepted.
+  if "${ctl[@]}" get /probe >/dev/null 2>&1; then
+    die "etcd-auth: auth did not turn on; see $dir/auth-setup.log"
+  fi
+  "${ctl[@]}" --user "$ETCD_USER:$ETCD_PASSWORD" get /probe >/dev/null 2>&1 ||
+    die "etcd-auth: user $ETCD_USER cannot read; see $dir/auth-setup.log"
+  touch "$dir/auth-enabled"
+}
+
+start_one() {
+  local name=$1 port kind
+  port=$(port_of "$name")
+  kind=$(kind_of "$name")
+  if alive "$name"; then
+    return 0
+  fi
+  rm -rf "${STATE:?}/$name"
+  mkdir -p "$STATE/$name"
+  # Something else on the port (a leftover, a distro daemon) would make our tests lie.
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    die "port $port for $name is taken by a process this script did not start; stop it first"
+  fi
+  "start_$kind" "$name" "$port"
+}
+
+wait_ready() {
+  local name=$1 port kind deadline
+  port=$(port_of "$name")
+  kind=$(kind_of "$name")
+  deadline=$((SECONDS + READY_TIMEOUT))
+  until "${kind}_ready" "$name" "$port"; do
+    if ! alive "$name"; then
+      die "$name (port $port) exited during start; its log: $STATE/$name/log
+$(tail -n 20 "$STATE/$name/log" "$STATE/$name/server.log" 2>/dev/null)"
+    fi
+    if [ $SECONDS -ge $deadline ]; then
+      die "$name (port $port) did not answer within ${READY_TIMEOUT}s; its log: $STATE/$name/log
+$(tail -n 20 "$STATE/$name/log" "$STATE/$name/server.log" 2>/dev/null)"
+    fi
+    sleep 0.2
+  done
+}
+
+cmd_up() {
+  local names=("$@") n
+  [ ${#names[@]} -gt 0 ] || mapfile -t names < <(all_names)
+  mkdir -p "$STATE" "$SHM"
+  for n in "${names[@]}"; do start_one "$n"; done
+  for n in "${names[@]}"; do wait_ready "$n"; done
+  for n in "${names[@]}"; do
+    if [ "$n" = etcd-auth ]; then
+      etcd_enable_auth "$(port_of etcd-auth)"
+      wait_ready etcd-auth
+    fi
+  done
+  log "up: ${names[*]}"
+}
+
+# ---------------------------------------------------------------- stop
+
+stop_one() {
+  local name=$1 f pid i
+  f=$(pidfile "$name")
+  if [ -f "$f" ]; then
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -CONT "$pid" 2>/dev/null || true # a frozen server cannot exit
+      kill -TERM "$pid" 2>/dev/null || true
+      for i in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -rf "${STATE:?}/$name" "${SHM:?}/$name"
+}
+
+cmd_down() {
+  local names=("$@") n
+  [ ${#names[@]} -gt 0 ] || mapfile -t names < <(all_names)
+  for n in "${names[@]}"; do port_of "$n" >/dev/null; stop_one "$n"; done
+  log "down: ${names[*]}"
+}
+
+cmd_status() {
+  local n port kind state rc=0
+  while read -r n; do
+    port=$(port_of "$n")
+    kind=$(kind_of "$n")
+    if alive "$n" && "${kind}_ready" "$n" "$port"; then
+      state="up (pid $(cat "$(pidfile "$n")"))"
+    elif alive "$n"; then
+      state="started, not answering (pid $(cat "$(pidfile "$n")"))"
+      rc=1
+    else
+      state=down
+      rc=1
+    fi
+    printf '%-12s 127.0.0.1:%-6s %s\n' "$n" "$port" "$state"
+  done < <(all_names)
+  return $rc
+}
+
+cmd_pid() {
+  [ $# -eq 1 ] || die "usage: services.sh pid NAME"
+  port_of "$1" >/dev/null
+  alive "$1" || die "$1 is not running (start it: scripts/services.sh up $1)"
+  cat "$(pidfile "$1")"
+}
+
+case "${1:-}" in
+  install) shift; cmd_install "$@" ;;
+  up) shift; cmd_up "$@" ;;
+  down) shift; cmd_down "$@" ;;
+  status) shift; cmd_status "$@" ;;
+  pid) shift; cmd_pid "$@" ;;
+  names) all_names ;;
+  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
+esac

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# THE test command: installs and starts the real servers, then format, lint, docs and every test.
+# Stops only the servers it started itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/services.sh install
+started_here=0
+if ! scripts/services.sh status >/dev/null 2>&1; then
+  started_here=1
+fi
+cleanup() {
+  if [ $started_here -eq 1 ]; then
+    scripts/services.sh down || true
+  fi
+}
+trap cleanup EXIT
+scripts/services.sh up
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+step "cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+step "cargo test"
+cargo test --workspace
+step "all green"
