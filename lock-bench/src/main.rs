@@ -1,2 +1,354 @@
-//! placeholder
-fn main() {}
+//! `lock-bench`: latency and throughput of distlock drivers, each beside a baseline measured in
+//! the same run on the same machine.
+//!
+//! ```text
+//! cargo run --release -p lock-bench -- --backend memory
+//! ```
+//!
+//! Scenarios (each row reports median-of-runs figures, never a single sample):
+//! - `uncontended`: one task, acquire + release on one name; p50/p99 latency and ops/s.
+//! - `throughput`: K tasks on K distinct names for a fixed time; ops/s.
+//! - `handoff`: K tasks contend for one name; latency from the holder starting its release to
+//!   the next holder's acquire returning; p50/p99.
+//!
+//! Output: a markdown table on stdout (and `--markdown FILE`) and a JSON file (`--json FILE`).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+mod subject;
+
+use subject::{baselines_for, driver_subject, Subject};
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
+struct Args {
+    /// Backends to measure (comma separated). Available: memory.
+    #[arg(long, default_value = "memory", value_delimiter = ',')]
+    backend: Vec<String>,
+    /// Acquire+release cycles per uncontended run.
+    #[arg(long, default_value_t = 2000)]
+    iterations: u64,
+    /// Concurrent tasks (distinct names) in the throughput scenario.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Length of each throughput run.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    duration: Duration,
+    /// Tasks contending for one name in the handoff scenario.
+    #[arg(long, default_value_t = 8)]
+    waiters: usize,
+    /// Hand-offs measured per handoff run.
+    #[arg(long, default_value_t = 400)]
+    handoffs: u64,
+    /// Repetitions of each scenario; the median run is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Write the results as JSON here.
+    #[arg(long, default_value = "bench-results/bench.json")]
+    json: PathBuf,
+    /// Also write the markdown table here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+/// One line of the results table.
+#[derive(Serialize, Debug, Clone)]
+struct Row {
+    backend: String,
+    subject: String,
+    baseline: bool,
+    scenario: &'static str,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    ops_per_sec: f64,
+    /// p50 (or, for throughput, ops/s) divided by the backend's first baseline's.
+    ratio: Option<f64>,
+}
+
+fn micros(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+#[allow(clippy::expect_used)] // constant bounds, checked once by any run
+fn new_hist() -> Histogram<u64> {
+    // 1 ns .. 60 s at 3 significant digits; larger values are clamped by `saturating_record`.
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+static NAME_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A lock name no other run used.
+fn fresh(tag: &str) -> String {
+    let n = NAME_SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("bench-{}-{tag}-{n}", std::process::id())
+}
+
+struct Sample {
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    ops_per_sec: f64,
+}
+
+async fn uncontended(s: &dyn Subject, iterations: u64) -> Result<Sample, String> {
+    let name = fresh("unc");
+    let mut h = new_hist();
+    for _ in 0..iterations / 10 {
+        s.cycle(&name).await?; // warm-up: connections, scripts, caches
+    }
+    let start = Instant::now();
+    for _ in 0..iterations {
+        let t = Instant::now();
+        s.cycle(&name).await?;
+        h.saturating_record(ns(t.elapsed()));
+    }
+    let total = start.elapsed().as_secs_f64();
+    Ok(Sample {
+        p50_us: Some(micros(&h, 0.5)),
+        p99_us: Some(micros(&h, 0.99)),
+        ops_per_sec: iterations as f64 / total,
+    })
+}
+
+async fn throughput(
+    s: Arc<dyn Subject>,
+    tasks: usize,
+    duration: Duration,
+) -> Result<Sample, String> {
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (s, count) = (s.clone(), count.clone());
+        let name = fresh("thr");
+        handles.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                s.cycle(&name).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    let ops = count.load(Ordering::Relaxed) as f64;
+    Ok(Sample {
+        p50_us: None,
+        p99_us: None,
+        ops_per_sec: ops / start.elapsed().as_secs_f64(),
+    })
+}
+
+async fn handoff(s: Arc<dyn Subject>, waiters: usize, handoffs: u64) -> Result<Sample, String> {
+    let name = fresh("hand");
+    let hist = Arc::new(Mutex::new(new_hist()));
+    // When the current holder started releasing; the next grant measures from it.
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..waiters {
+        let (s, name, hist, released_at, done) = (
+            s.clone(),
+            name.clone(),
+            hist.clone(),
+            released_at.clone(),
+            done.clone(),
+        );
+        handles.push(tokio::spawn(async move {
+            while done.load(Ordering::Relaxed) < handoffs {
+                let guard = s.lock(&name).await?;
+                let now = Instant::now();
+                if let Some(at) = released_at.lock().map_err(|e| e.to_string())?.take() {
+                    hist.lock()
+                        .map_err(|e| e.to_string())?
+                        .saturating_record(ns(now - at));
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                // Give the other waiters time to queue up behind this holder.
+                tokio::task::yield_now().await;
+                *released_at.lock().map_err(|e| e.to_string())? = Some(Instant::now());
+                guard.unlock().await?;
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    let h = hist.lock().map_err(|e| e.to_string())?;
+    Ok(Sample {
+        p50_us: Some(micros(&h, 0.5)),
+        p99_us: Some(micros(&h, 0.99)),
+        ops_per_sec: h.len() as f64 / start.elapsed().as_secs_f64(),
+    })
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+/// Median of each figure over several runs.
+fn summarize(samples: Vec<Sample>) -> Sample {
+    let opt = |f: fn(&Sample) -> Option<f64>| {
+        let v: Vec<f64> = samples.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    Sample {
+        p50_us: opt(|s| s.p50_us),
+        p99_us: opt(|s| s.p99_us),
+        ops_per_sec: median(samples.iter().map(|s| s.ops_per_sec).collect()),
+    }
+}
+
+async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
+    let mut subjects: Vec<(Arc<dyn Subject>, bool)> = Vec::new();
+    for b in baselines_for(backend)? {
+        subjects.push((b, true));
+    }
+    subjects.push((driver_subject(backend).await?, false));
+    let mut rows = Vec::new();
+    for scenario in ["uncontended", "throughput", "handoff"] {
+        // Interleave subjects run by run so drift in machine load hits all of them alike.
+        let mut per_subject: Vec<Vec<Sample>> = subjects.iter().map(|_| Vec::new()).collect();
+        for _ in 0..args.runs.max(1) {
+            for (i, (s, _)) in subjects.iter().enumerate() {
+                let sample = match scenario {
+                    "uncontended" => uncontended(s.as_ref(), args.iterations).await?,
+                    "throughput" => throughput(s.clone(), args.concurrency, args.duration).await?,
+                    _ => handoff(s.clone(), args.waiters, args.handoffs).await?,
+                };
+                per_subject[i].push(sample);
+            }
+        }
+        let summaries: Vec<Sample> = per_subject.into_iter().map(summarize).collect();
+        let base = &summaries[0];
+        for ((s, is_base), sum) in subjects.iter().zip(summaries.iter()) {
+            let ratio = match scenario {
+                "throughput" => Some(sum.ops_per_sec / base.ops_per_sec),
+                _ => match (sum.p50_us, base.p50_us) {
+                    (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                    _ => None,
+                },
+            };
+            rows.push(Row {
+                backend: backend.to_string(),
+                subject: s.label(),
+                baseline: *is_base,
+                scenario,
+                p50_us: sum.p50_us,
+                p99_us: sum.p99_us,
+                ops_per_sec: sum.ops_per_sec,
+                ratio,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn table(args: &Args, rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Runs: {} (median reported); uncontended: {} cycles; throughput: {} tasks for {}; handoff: {} waiters, {} hand-offs.\n",
+        args.runs,
+        args.iterations,
+        args.concurrency,
+        humantime::format_duration(args.duration),
+        args.waiters,
+        args.handoffs
+    );
+    let _ = writeln!(
+        out,
+        "| backend | subject | scenario | p50 µs | p99 µs | ops/s | vs baseline |"
+    );
+    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|");
+    let f = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.1}"));
+    for r in rows {
+        let ratio = if r.baseline {
+            "baseline".to_string()
+        } else {
+            r.ratio.map_or("–".into(), |x| {
+                if r.scenario == "throughput" {
+                    format!("{x:.2}× ops/s")
+                } else {
+                    format!("{x:.2}× p50")
+                }
+            })
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {:.0} | {} |",
+            r.backend,
+            r.subject,
+            r.scenario,
+            f(r.p50_us),
+            f(r.p99_us),
+            r.ops_per_sec,
+            ratio
+        );
+    }
+    out
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lock-bench: cannot start a runtime: {e}");
+            return std::process::ExitCode::from(70);
+        }
+    };
+    let result = rt.block_on(async {
+        let mut rows = Vec::new();
+        for b in &args.backend {
+            eprintln!("lock-bench: measuring {b} ...");
+            rows.extend(measure(&args, b).await.map_err(|e| format!("{b}: {e}"))?);
+        }
+        Ok::<_, String>(rows)
+    });
+    let rows = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lock-bench: {e}");
+            return std::process::ExitCode::from(69);
+        }
+    };
+    let md = table(&args, &rows);
+    print!("{md}");
+    if let Some(p) = &args.markdown {
+        if let Err(e) = std::fs::write(p, &md) {
+            eprintln!("lock-bench: cannot write {}: {e}", p.display());
+        }
+    }
+    if let Some(dir) = args.json.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match serde_json::to_string_pretty(&rows) {
+        Ok(j) => {
+            if let Err(e) = std::fs::write(&args.json, j) {
+                eprintln!("lock-bench: cannot write {}: {e}", args.json.display());
+            }
+        }
+        Err(e) => eprintln!("lock-bench: cannot encode results: {e}"),
+    }
+    std::process::ExitCode::SUCCESS
+}

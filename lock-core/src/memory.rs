@@ -63,10 +63,7 @@ struct Holder {
 }
 
 enum Attempt {
-    Granted {
-        owner: u64,
-        fence: u64,
-    },
+    Granted(Grant),
     /// Busy until `expires_at` (`None`: free, but waiters queued ahead).
     Busy {
         expires_at: Option<Instant>,
@@ -118,14 +115,13 @@ impl Store {
         }
         slot.fence += 1;
         let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
-        slot.holder = Some(Holder {
-            owner,
-            expires_at: now + ttl,
-        });
-        Attempt::Granted {
+        let expires_at = now + ttl;
+        slot.holder = Some(Holder { owner, expires_at });
+        Attempt::Granted(Grant {
             owner,
             fence: slot.fence,
-        }
+            expires_at,
+        })
     }
 }
 
@@ -180,33 +176,29 @@ impl MemoryLock {
         name: &LockName,
         ttl: Duration,
         opts: &LockOptions,
-        owner: u64,
-        fence: u64,
+        grant: Grant,
     ) -> Box<dyn Lease> {
-        let valid_until = Instant::now() + ttl;
-        // valid_until is read after the grant, so it can only be later than the store's expiry
-        // by the few instructions in between; take it from the store to stay conservative.
-        let valid_until = self.expiry_of(name, owner).unwrap_or(valid_until);
+        // Same clock as the store's expiry: valid_until is exactly the expiry, no drift.
         Box::new(ManagedLease::new(
             name.clone(),
-            Some(FencingToken::new(fence)),
+            Some(FencingToken::new(grant.fence)),
             ttl,
-            valid_until,
+            grant.expires_at,
             opts.renewal,
             MemoryLeaseOps {
                 store: self.store.clone(),
                 name: name.clone(),
-                owner,
+                owner: grant.owner,
                 ttl,
             },
         ))
     }
+}
 
-    fn expiry_of(&self, name: &LockName, owner: u64) -> Option<Instant> {
-        let slots = self.store.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let h = slots.get(name)?.holder.as_ref()?;
-        (h.owner == owner).then_some(h.expires_at)
-    }
+struct Grant {
+    owner: u64,
+    fence: u64,
+    expires_at: Instant,
 }
 
 impl fmt::Debug for MemoryLock {
@@ -236,7 +228,7 @@ impl DistributedLock for MemoryLock {
     ) -> Result<Option<Box<dyn Lease>>> {
         let ttl = opts.validate(&CAPS)?;
         Ok(match self.store.attempt(name, ttl, None) {
-            Attempt::Granted { owner, fence } => Some(self.lease(name, ttl, opts, owner, fence)),
+            Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
             Attempt::Busy { .. } => None,
         })
     }
@@ -262,7 +254,7 @@ impl DistributedLock for MemoryLock {
         };
         let Some(mut expires_at) = expires_at else {
             return match self.store.attempt(name, ttl, None) {
-                Attempt::Granted { owner, fence } => Ok(self.lease(name, ttl, opts, owner, fence)),
+                Attempt::Granted(grant) => Ok(self.lease(name, ttl, opts, grant)),
                 // Lost a race with another client between the two steps: wait like the rest.
                 Attempt::Busy { .. } => Box::pin(self.acquire(name, opts)).await,
             };
@@ -298,9 +290,7 @@ impl DistributedLock for MemoryLock {
                 _ = until_deadline => return Err(timeout()),
             }
             match self.store.attempt(name, ttl, Some(id)) {
-                Attempt::Granted { owner, fence } => {
-                    return Ok(self.lease(name, ttl, opts, owner, fence))
-                }
+                Attempt::Granted(grant) => return Ok(self.lease(name, ttl, opts, grant)),
                 Attempt::Busy { expires_at: e } => expires_at = e,
             }
         }
