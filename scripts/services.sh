@@ -17,8 +17,9 @@ SHM=${DISTLOCK_SERVICES_SHM:-/dev/shm/distlock-services}
 READY_TIMEOUT=${DISTLOCK_READY_TIMEOUT:-60}
 ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
 
-# name:port. Redis: single, five Redlock masters, one with a password and an ACL user.
-REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390)
+# name:port. Redis: single, five Redlock masters, one with a password and an ACL user, one for
+# destructive fault tests (frozen, killed, restarted) so they never disturb the others.
+REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391)
 # ZooKeeper: single, a 3-node ensemble, one that enforces digest auth.
 ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
 # etcd: single, a 3-member cluster, one with auth enabled.

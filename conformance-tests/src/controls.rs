@@ -6,6 +6,7 @@
 //! case, so the failures come from the flaw alone. A suite that passes a broken driver is the
 //! worst bug this project can have.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -102,8 +103,12 @@ impl Flaw {
 pub struct FlawedHarness {
     flaw: Flaw,
     store: MemoryLock,
+    ghosts: Ghosts,
     timing: Timing,
 }
+
+/// Names held by ghosts of cancelled acquires, until when.
+type Ghosts = Arc<Mutex<HashMap<LockName, Instant>>>;
 
 impl FlawedHarness {
     /// A harness whose clients all share one store (except under
@@ -112,6 +117,7 @@ impl FlawedHarness {
         FlawedHarness {
             flaw,
             store: MemoryLock::new(),
+            ghosts: Ghosts::default(),
             timing: Timing::for_ttl(Duration::from_millis(200)),
         }
     }
@@ -127,6 +133,7 @@ impl Harness for FlawedHarness {
         Ok(Arc::new(FlawedLock {
             inner,
             flaw: self.flaw,
+            ghosts: self.ghosts.clone(),
         }))
     }
     fn timing(&self) -> Timing {
@@ -146,9 +153,16 @@ impl Harness for FlawedHarness {
 pub struct FlawedLock {
     inner: MemoryLock,
     flaw: Flaw,
+    ghosts: Ghosts,
 }
 
 impl FlawedLock {
+    /// Until when a ghost holds `name`, if one does.
+    fn ghost(&self, name: &LockName) -> Option<Instant> {
+        let ghosts = self.ghosts.lock().ok()?;
+        ghosts.get(name).copied().filter(|t| *t > Instant::now())
+    }
+
     fn inner_opts(&self, opts: &LockOptions) -> LockOptions {
         match self.flaw {
             Flaw::NoExpiry => opts.clone().ttl(MAX_TTL),
@@ -187,6 +201,9 @@ impl DistributedLock for FlawedLock {
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
         opts.validate(&self.capabilities())?;
+        if self.ghost(name).is_some() {
+            return Ok(None);
+        }
         let started = Instant::now();
         let lease = self.inner.try_acquire(name, &self.inner_opts(opts)).await?;
         Ok(lease.map(|l| self.wrap(l, opts, started)))
@@ -218,14 +235,24 @@ impl DistributedLock for FlawedLock {
                 Ok(self.wrap(l, opts, started))
             }
             Flaw::CancelLeavesGhost => {
-                let ghost = Ghost {
-                    lock: self.inner.clone(),
+                // The ghost of an earlier cancelled acquire holds the lock first.
+                if let Some(until) = self.ghost(name) {
+                    let deadline = opts.wait.deadline(started).map_or(until, |d| d.min(until));
+                    tokio::time::sleep_until(deadline.into()).await;
+                    if self.ghost(name).is_some() {
+                        return Err(Error::Timeout {
+                            name: name.clone(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                }
+                let mut ghost = Ghost {
+                    ghosts: self.ghosts.clone(),
                     name: name.clone(),
                     ttl: opts.ttl * 50,
                     armed: true,
                 };
                 let l = self.inner.acquire(name, &self.inner_opts(opts)).await;
-                let mut ghost = ghost;
                 ghost.armed = false;
                 Ok(self.wrap(l?, opts, started))
             }
@@ -237,9 +264,10 @@ impl DistributedLock for FlawedLock {
     }
 }
 
-/// On drop while armed (the acquire future was cancelled), takes the lock for a long TTL.
+/// On drop while armed (the acquire future was cancelled), leaves a ghost holder behind for
+/// a long TTL, recorded at once so no later waiter can get ahead of it.
 struct Ghost {
-    lock: MemoryLock,
+    ghosts: Ghosts,
     name: LockName,
     ttl: Duration,
     armed: bool,
@@ -247,16 +275,10 @@ struct Ghost {
 
 impl Drop for Ghost {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let (lock, name, ttl) = (self.lock.clone(), self.name.clone(), self.ttl);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Ok(l) = lock.acquire(&name, &LockOptions::new(ttl)).await {
-                    l.abandon();
-                }
-            });
+        if self.armed {
+            if let Ok(mut g) = self.ghosts.lock() {
+                g.insert(self.name.clone(), Instant::now() + self.ttl);
+            }
         }
     }
 }

@@ -1,6 +1,52 @@
-//! The `redis` driver for distlock.
+//! # lock-redis: distlock on a single Redis server
 //!
-//! This crate is a placeholder: the driver lands with its own issue. It compiles so the workspace
-//! layout (and every path that refers to it) is stable from the first commit.
+//! [`RedisLock`] implements [`lock_core::DistributedLock`] on one Redis (≥ 6, for RESP3):
+//!
+//! - **Acquire** is one Lua script: `SET key token NX PX ttl` plus `INCR` of the lock's fencing
+//!   counter, returning the token — or the holder's `PTTL` when busy. An error or timeout during
+//!   acquire is ambiguous (the script may have run): the driver deletes the key if it holds its
+//!   own token before returning the error.
+//! - **Release** compares the token, deletes, and `PUBLISH`es on the lock's channel, atomically.
+//!   **Renew** compares the token and `PEXPIRE`s; it never recreates a missing key.
+//! - **Waiting** never polls: the one multiplexed RESP3 connection of a `RedisLock` subscribes to
+//!   the channel of each name that has waiters (once, however many wait). A waiter subscribes
+//!   before it retries, then sleeps until a release message or the holder's `PTTL`, whichever
+//!   comes first, so a lost message costs at most one `PTTL`, never a hang.
+//! - **Lost-lease signal**: `valid_until` = acquisition start + TTL − (TTL·1 % + 2 ms), on the
+//!   monotonic clock, so a holder that cannot renew knows before the key can expire on the server.
+//!
+//! ## Keys
+//!
+//! `<prefix>{<name>}` (owner token, PX expiry) and `<prefix>{<name>}:fence` (counter, no expiry)
+//! share a hash tag, so both live in one Cluster slot. The prefix defaults to `distlock:`. The
+//! fence key stays after the lock is released — one small key per lock name ever used — because
+//! a token must never repeat.
+//!
+//! ## Fencing: `BestEffort` unless the server is durable
+//!
+//! The counter lives in Redis memory. A server restarted without an AOF fsynced on every write
+//! (`appendonly yes` + `appendfsync always`) forgets both the lock and the counter: a new holder
+//! may be granted while the old one still works, and its token can repeat an old one. The driver
+//! reads the server's configuration at connect time and reports `Fencing::Strict` only for a
+//! durable server; otherwise `Fencing::BestEffort`. Replication does not help: Redis replicates
+//! asynchronously, and a promoted replica may not have seen the last grant.
+//!
+//! ## Drop and abandon
+//!
+//! Dropping a lease releases it in the background on the current runtime; `abandon()` leaves the
+//! key to expire after its TTL.
+//!
+//! ## URL
+//!
+//! `redis://[user[:password]@]host[:port][/db][?prefix=P]`; `rediss://` with the `tls` feature.
+//! Passwords never appear in `Debug`, `Display`, logs or errors.
 
+mod config;
+mod lock;
+pub mod scripts;
+mod wakeup;
+
+pub use config::{RedisConfig, DEFAULT_PREFIX};
+pub use lock::{drift, RedisLock};
 pub use lock_core;
+pub use redis;

@@ -1,0 +1,368 @@
+//! `RedisConfig`: where the server is, how to log in, how keys are named.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::{Error, Result};
+
+/// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
+pub const DEFAULT_PREFIX: &str = "distlock:";
+
+/// Connection and naming settings for [`RedisLock`](crate::RedisLock).
+///
+/// Build it from a URL or with the builder methods. `Debug` and [`RedisConfig::redacted_url`]
+/// never show the password.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_redis::RedisConfig;
+/// let cfg = RedisConfig::from_url("redis://locker:s3cret@127.0.0.1:16379/2?prefix=app:")?
+///     .with_response_timeout(Duration::from_millis(500));
+/// assert_eq!(cfg.host(), "127.0.0.1");
+/// assert_eq!(cfg.db(), 2);
+/// assert_eq!(cfg.prefix(), "app:");
+/// assert!(!format!("{cfg:?}").contains("s3cret"));
+/// assert_eq!(cfg.redacted_url(), "redis://locker:***@127.0.0.1:16379/2");
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisConfig {
+    host: String,
+    port: u16,
+    db: i64,
+    username: Option<String>,
+    password: Option<String>,
+    tls: bool,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl RedisConfig {
+    /// `host:port`, database 0, no credentials, prefix [`DEFAULT_PREFIX`], 2 s connect timeout,
+    /// 1 s response timeout.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        RedisConfig {
+            host: host.into(),
+            port,
+            db: 0,
+            username: None,
+            password: None,
+            tls: false,
+            prefix: DEFAULT_PREFIX.to_string(),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// Parses `redis://[user[:password]@]host[:port][/db][?prefix=P]` (port 6379 by default)
+    /// or `rediss://...` (TLS; needs this crate's `tls` feature). User and password are
+    /// percent-decoded. Errors are [`Error::Config`] and never echo the password.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| Error::Config(format!("invalid Redis URL {}: {e}", redact_raw(url))))?;
+        let tls = match parsed.scheme() {
+            "redis" => false,
+            "rediss" => true,
+            other => {
+                return Err(Error::Config(format!(
+                    "unsupported scheme {other:?} for the Redis driver (use redis:// or rediss://)"
+                )))
+            }
+        };
+        let host = parsed
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| Error::Config(format!("Redis URL {} has no host", redact(&parsed))))?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let mut cfg = RedisConfig::new(host, parsed.port().unwrap_or(6379));
+        cfg.tls = tls;
+        if !parsed.username().is_empty() {
+            cfg.username = Some(percent_decode(parsed.username()));
+        }
+        if let Some(p) = parsed.password() {
+            cfg.password = Some(percent_decode(p));
+        }
+        let path = parsed.path().trim_start_matches('/');
+        if !path.is_empty() {
+            cfg.db = path
+                .parse::<i64>()
+                .ok()
+                .filter(|d| *d >= 0)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "Redis URL {}: database {path:?} is not a non-negative number",
+                        redact(&parsed)
+                    ))
+                })?;
+        }
+        for (k, v) in parsed.query_pairs() {
+            match &*k {
+                "prefix" => cfg = cfg.with_prefix(v.into_owned())?,
+                other => {
+                    return Err(Error::Config(format!(
+                        "Redis URL {}: unknown parameter {other:?} (known: prefix)",
+                        redact(&parsed)
+                    )))
+                }
+            }
+        }
+        if tls && !cfg!(feature = "tls") {
+            return Err(Error::Config(
+                "rediss:// needs TLS support: enable the `tls` feature of lock-redis".into(),
+            ));
+        }
+        Ok(cfg)
+    }
+
+    /// Sets the ACL user name.
+    pub fn with_username(mut self, user: impl Into<String>) -> Self {
+        self.username = Some(user.into());
+        self
+    }
+    /// Sets the password (with or without a user name).
+    pub fn with_password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+    /// Selects a database number.
+    pub fn with_database(mut self, db: i64) -> Self {
+        self.db = db;
+        self
+    }
+    /// Connects with TLS (requires the `tls` feature).
+    pub fn with_tls(mut self, on: bool) -> Self {
+        self.tls = on;
+        self
+    }
+    /// Sets the key prefix. It may not contain `{`, `}`, whitespace or control characters
+    /// (they would break the Cluster hash tag or the key's meaning).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
+        let p = prefix.into();
+        if p.len() > 64
+            || p.chars()
+                .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+        {
+            return Err(Error::Config(format!(
+                "key prefix \"{}\" must be at most 64 characters without braces, spaces or control characters",
+                p.escape_debug()
+            )));
+        }
+        self.prefix = p;
+        Ok(self)
+    }
+    /// Timeout of each connection attempt.
+    pub fn with_connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+    /// Timeout of each request. An acquire that times out is ambiguous and is cleaned up.
+    pub fn with_response_timeout(mut self, d: Duration) -> Self {
+        self.response_timeout = d;
+        self
+    }
+
+    /// Server host.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+    /// Server port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+    /// Database number.
+    pub fn db(&self) -> i64 {
+        self.db
+    }
+    /// Key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    /// Per-request timeout.
+    pub fn response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+    /// Connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+    /// The user name, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+    /// Whether TLS is on.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+    pub(crate) fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The URL with the password replaced by `***`: safe for logs and errors.
+    pub fn redacted_url(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let auth = match (&self.username, &self.password) {
+            (Some(u), Some(_)) => format!("{u}:***@"),
+            (Some(u), None) => format!("{u}@"),
+            (None, Some(_)) => ":***@".to_string(),
+            (None, None) => String::new(),
+        };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let mut s = format!("{scheme}://{auth}{host}:{}", self.port);
+        if self.db != 0 {
+            s.push_str(&format!("/{}", self.db));
+        }
+        s
+    }
+
+    /// `host:port`, for messages.
+    pub(crate) fn endpoint(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    pub(crate) fn connection_info(&self) -> Result<redis::ConnectionInfo> {
+        use redis::IntoConnectionInfo;
+        let addr = if self.tls {
+            #[cfg(feature = "tls")]
+            {
+                redis::ConnectionAddr::TcpTls {
+                    host: self.host.clone(),
+                    port: self.port,
+                    insecure: false,
+                    tls_params: None,
+                }
+            }
+            #[cfg(not(feature = "tls"))]
+            {
+                return Err(Error::Config(
+                    "TLS needs the `tls` feature of lock-redis".into(),
+                ));
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(self.host.clone(), self.port)
+        };
+        let info = addr
+            .into_connection_info()
+            .map_err(|e| Error::Config(format!("Redis address {}: {e}", self.endpoint())))?;
+        let mut settings = redis::RedisConnectionInfo::default()
+            .set_db(self.db)
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        if let Some(u) = &self.username {
+            settings = settings.set_username(u);
+        }
+        if let Some(p) = &self.password {
+            settings = settings.set_password(p);
+        }
+        Ok(info.set_redis_settings(settings))
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn redact(u: &url::Url) -> String {
+    let mut u = u.clone();
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+    }
+    u.to_string()
+}
+
+/// Redacts a URL that did not parse: everything between `://` and the last `@` goes.
+fn redact_raw(s: &str) -> String {
+    match (s.find("://"), s.rfind('@')) {
+        (Some(a), Some(b)) if b > a => format!("{}***{}", &s[..a + 3], &s[b..]),
+        _ => s.to_string(),
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.redacted_url())
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+impl fmt::Display for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted_url())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_part() {
+        let c = RedisConfig::from_url("redis://u%40x:p%3Aw@h.example:7000/3?prefix=p:").unwrap();
+        assert_eq!((c.host(), c.port(), c.db()), ("h.example", 7000, 3));
+        assert_eq!(c.user(), Some("u@x"));
+        assert_eq!(c.secret(), Some("p:w"));
+        assert_eq!(c.prefix(), "p:");
+        let d = RedisConfig::from_url("redis://127.0.0.1").unwrap();
+        assert_eq!((d.port(), d.db(), d.prefix()), (6379, 0, DEFAULT_PREFIX));
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking_the_password() {
+        for bad in [
+            "http://h:1",
+            "redis://:hunter2@h:1/notanumber",
+            "redis://:hunter2@h:1/-1",
+            "redis://:hunter2@h:1/0?nope=1",
+            "redis://:hunter2@h:1/0?prefix={x}",
+            "redis://:hunter2@",
+            "not a url hunter2@",
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+            assert!(!e.to_string().contains("hunter2"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn debug_and_display_redact() {
+        let c = RedisConfig::new("h", 1)
+            .with_username("u")
+            .with_password("hunter2");
+        for s in [format!("{c:?}"), c.to_string(), c.redacted_url()] {
+            assert!(!s.contains("hunter2"), "{s}");
+            assert!(s.contains("***"), "{s}");
+        }
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_names_the_feature() {
+        let e = RedisConfig::from_url("rediss://h:1").unwrap_err();
+        assert!(e.to_string().contains("`tls` feature"), "{e}");
+    }
+}

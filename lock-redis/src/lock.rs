@@ -1,0 +1,403 @@
+//! `RedisLock`: the driver.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
+    LockOptions, ManagedLease, Result, Wait,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::scripts::{self, Acquired, LockKeys};
+use crate::wakeup::Wakeups;
+use crate::RedisConfig;
+
+const BACKEND: &str = "redis";
+
+/// Clock drift allowance subtracted from every validity: 1 % of the TTL plus 2 ms (the
+/// Redlock paper's figure; it also covers Redis's own expiry precision of 1 ms).
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// A distributed lock on one Redis server (or one Redis Cluster slot owner).
+///
+/// One `RedisLock` is one client: a single multiplexed RESP3 connection that reconnects by
+/// itself, carries every lock operation, and receives the release announcements that wake
+/// waiters. Clone it freely (clones share the connection); create another with
+/// [`RedisLock::connect`] to get an independent client.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_core::{DistributedLock, LockName, LockOptions};
+/// use lock_redis::{RedisConfig, RedisLock};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lock_core::Result<()> {
+/// let locks = RedisLock::connect(RedisConfig::from_url("redis://127.0.0.1:6379")?).await?;
+/// let name = LockName::new("invoices")?;
+/// let lease = locks
+///     .acquire(&name, &LockOptions::new(Duration::from_secs(10)).auto_renew(None))
+///     .await?;
+/// println!("token {:?}", lease.fencing_token());
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedisConfig,
+    conn: ConnectionManager,
+    wakeups: Arc<Wakeups>,
+    caps: Capabilities,
+}
+
+impl RedisLock {
+    /// Connects (and authenticates) now; fails with [`Error::Config`] for rejected
+    /// credentials and [`Error::Unavailable`] when the server cannot be reached.
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        let info = config.connection_info()?;
+        let client = redis::Client::open(info).map_err(|e| {
+            Error::Config(format!(
+                "Redis {}: {}",
+                config.redacted_url(),
+                scrub(&e, &config)
+            ))
+        })?;
+        let wakeups = Arc::new(Wakeups::default());
+        let w = wakeups.clone();
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout()))
+            .set_response_timeout(Some(config.response_timeout()))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+            .set_automatic_resubscription()
+            .set_push_sender(move |info| {
+                w.on_push(info);
+                Ok::<(), std::convert::Infallible>(())
+            });
+        let conn = tokio::time::timeout(
+            config.connect_timeout() + config.response_timeout(),
+            ConnectionManager::new_with_config(client, manager_config),
+        )
+        .await
+        .map_err(|_| unavailable(&config, "connection attempt timed out"))?
+        .map_err(|e| connect_error(&config, &e))?;
+        let fencing = durable_fencing(&conn).await;
+        let caps = Capabilities::new()
+            .with_fencing(fencing)
+            .with_min_ttl(Duration::from_millis(10));
+        Ok(RedisLock {
+            inner: Arc::new(Inner {
+                config,
+                conn,
+                wakeups,
+                caps,
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) from a URL (see [`RedisConfig::from_url`]).
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(RedisConfig::from_url(url)?).await
+    }
+
+    /// The configuration this client was made with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// A clone of the underlying connection, for operations outside the lock contract.
+    pub fn connection(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    fn keys(&self, name: &LockName) -> LockKeys {
+        LockKeys::new(self.inner.config.prefix(), name)
+    }
+
+    /// One attempt: granted lease, or the holder's remaining TTL.
+    async fn attempt(
+        &self,
+        name: &LockName,
+        keys: &LockKeys,
+        ttl: Duration,
+        opts: &LockOptions,
+    ) -> Result<std::result::Result<Box<dyn Lease>, Option<Duration>>> {
+        let cfg = &self.inner.config;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let start = Instant::now();
+        let mut conn = self.inner.conn.clone();
+        let reply = tokio::time::timeout(
+            cfg.response_timeout(),
+            scripts::acquire(&mut conn, keys, &token, ttl),
+        )
+        .await;
+        let valid_until = start + ttl.saturating_sub(drift(ttl));
+        let failure = match reply {
+            Ok(Ok(Acquired::Busy { remaining })) => return Ok(Err(remaining)),
+            Ok(Ok(Acquired::Granted { fence })) if Instant::now() < valid_until => {
+                let ops = RedisLeaseOps {
+                    conn,
+                    keys: keys.clone(),
+                    token,
+                    ttl,
+                    timeout: cfg.response_timeout(),
+                    config: cfg.clone(),
+                };
+                return Ok(Ok(Box::new(ManagedLease::new(
+                    name.clone(),
+                    Some(FencingToken::new(fence)),
+                    ttl,
+                    valid_until,
+                    opts.renewal,
+                    ops,
+                ))));
+            }
+            Ok(Ok(Acquired::Granted { .. })) => unavailable(
+                cfg,
+                "the grant arrived after the lease's validity had passed",
+            ),
+            Ok(Err(e)) => request_error(cfg, &e),
+            Err(_) => unavailable(cfg, "acquire timed out"),
+        };
+        // Ambiguous: the script may have run. Delete the lock if it is ours, then report.
+        let cleanup = tokio::time::timeout(
+            cfg.response_timeout(),
+            scripts::release(&mut conn, keys, &token),
+        )
+        .await;
+        if !matches!(cleanup, Ok(Ok(_))) {
+            tracing::warn!(lock = %name, "could not clean up after an ambiguous acquire; the key expires after its TTL");
+        }
+        Err(failure)
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let ttl = opts.validate(&self.inner.caps)?;
+        let keys = self.keys(name);
+        Ok(self.attempt(name, &keys, ttl, opts).await?.ok())
+    }
+
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        let ttl = opts.validate(&self.inner.caps)?;
+        let start = Instant::now();
+        let deadline = opts.wait.deadline(start);
+        let keys = self.keys(name);
+        let timeout = || Error::Timeout {
+            name: name.clone(),
+            waited: start.elapsed(),
+        };
+        // Uncontended path: one round trip, no subscription.
+        if let Ok(lease) = self.attempt(name, &keys, ttl, opts).await? {
+            return Ok(lease);
+        }
+        if opts.wait == Wait::No {
+            return Err(timeout());
+        }
+        // Subscribe before retrying, so a release between the retry and the sleep wakes us.
+        let watch = self
+            .inner
+            .wakeups
+            .watch(&self.inner.conn, &keys.channel)
+            .await
+            .map_err(|e| request_error(&self.inner.config, &e))?;
+        loop {
+            let notified = watch.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let remaining = match self.attempt(name, &keys, ttl, opts).await? {
+                Ok(lease) => return Ok(lease),
+                Err(remaining) => remaining,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(timeout());
+            }
+            // A lost message costs at most the holder's remaining TTL; a key that vanished
+            // between SET and PTTL (-2) is retried at once; a key without expiry (-1, set by
+            // someone else) is re-checked every second.
+            let sleep_for = match remaining {
+                Some(d) => d + Duration::from_millis(1),
+                None => Duration::from_secs(1),
+            };
+            let wake = Instant::now() + sleep_for;
+            let wake = deadline.map_or(wake, |d| wake.min(d));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("config", &self.inner.config)
+            .field("fencing", &self.inner.caps.fencing)
+            .finish()
+    }
+}
+
+struct RedisLeaseOps {
+    conn: ConnectionManager,
+    keys: LockKeys,
+    token: String,
+    ttl: Duration,
+    timeout: Duration,
+    config: RedisConfig,
+}
+
+impl fmt::Debug for RedisLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("key", &self.keys.lock)
+            .field("server", &self.config.redacted_url())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl LeaseOps for RedisLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(
+            self.timeout,
+            scripts::renew(&mut conn, &self.keys, &self.token, self.ttl),
+        )
+        .await
+        {
+            Ok(Ok(true)) => Ok(start + self.ttl.saturating_sub(drift(self.ttl))),
+            Ok(Ok(false)) => Err(Error::NotHeld {
+                name: name_of(&self.keys),
+            }),
+            Ok(Err(e)) => Err(request_error(&self.config, &e)),
+            Err(_) => Err(unavailable(&self.config, "renew timed out")),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(
+            self.timeout,
+            scripts::release(&mut conn, &self.keys, &self.token),
+        )
+        .await
+        {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(Error::NotHeld {
+                name: name_of(&self.keys),
+            }),
+            Ok(Err(e)) => Err(request_error(&self.config, &e)),
+            Err(_) => Err(unavailable(&self.config, "release timed out")),
+        }
+    }
+}
+
+/// Recovers the lock name from its key (`<prefix>{name}`) for error messages.
+fn name_of(keys: &LockKeys) -> LockName {
+    let inner = keys
+        .lock
+        .rsplit_once('{')
+        .map(|(_, r)| r.trim_end_matches('}'))
+        .unwrap_or("");
+    LockName::new(inner)
+        .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
+}
+
+/// Fencing is Strict only when the server fsyncs every write to its AOF: otherwise a restart
+/// forgets the counter (and the lock) and tokens repeat. Unknown (CONFIG refused) → BestEffort.
+async fn durable_fencing(conn: &ConnectionManager) -> Fencing {
+    async fn read(conn: &ConnectionManager, param: &str) -> Option<String> {
+        let reply: redis::RedisResult<std::collections::HashMap<String, String>> =
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(param)
+                .query_async(&mut conn.clone())
+                .await;
+        reply.ok()?.remove(param)
+    }
+    let aof = read(conn, "appendonly").await;
+    let fsync = read(conn, "appendfsync").await;
+    match (aof.as_deref(), fsync.as_deref()) {
+        (Some("yes"), Some("always")) => Fencing::Strict,
+        _ => Fencing::BestEffort,
+    }
+}
+
+/// Error text without the password, whatever the client library put in it.
+fn scrub(e: &dyn fmt::Display, config: &RedisConfig) -> String {
+    let text = e.to_string();
+    match config.secret() {
+        Some(p) if !p.is_empty() => text.replace(p, "***"),
+        _ => text,
+    }
+}
+
+fn unavailable(config: &RedisConfig, what: &str) -> Error {
+    Error::unavailable(BACKEND, format!("{} at {}", what, config.redacted_url()))
+}
+
+fn connect_error(config: &RedisConfig, e: &redis::RedisError) -> Error {
+    let text = scrub(e, config);
+    let auth = matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+        || text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("NOPERM");
+    if auth {
+        Error::Config(format!(
+            "Redis at {} rejected the credentials of user {:?}: {text}",
+            config.endpoint(),
+            config.user().unwrap_or("default")
+        ))
+    } else {
+        Error::unavailable(
+            BACKEND,
+            format!("cannot connect to {}: {text}", config.redacted_url()),
+        )
+    }
+}
+
+/// A failed request: transient when the connection or the server's state is the cause.
+fn request_error(config: &RedisConfig, e: &redis::RedisError) -> Error {
+    let text = scrub(e, config);
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::BusyLoading
+                    | redis::ServerErrorKind::TryAgain
+                    | redis::ServerErrorKind::ClusterDown
+                    | redis::ServerErrorKind::MasterDown
+            )
+        );
+    if transient {
+        Error::unavailable(BACKEND, format!("{} ({})", text, config.redacted_url()))
+    } else {
+        Error::backend(BACKEND, format!("{} ({})", text, config.redacted_url()))
+    }
+}

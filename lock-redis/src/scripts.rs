@@ -1,0 +1,156 @@
+//! The three Lua scripts and the key layout, shared with `lock-redlock`.
+//!
+//! Keys of one lock share a hash tag, so they live in one Redis Cluster slot:
+//! `<prefix>{<name>}` holds the owner token with a PX expiry, `<prefix>{<name>}:fence` the
+//! fencing counter (no expiry: a token must never repeat). Releases are announced on the
+//! channel `<prefix>{<name>}:released`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use lock_core::LockName;
+use redis::aio::ConnectionLike;
+use redis::Script;
+
+/// `SET lock token NX PX ttl`, then `INCR fence` → `{1, token}`; busy → `{0, pttl}`.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// Compare token, `DEL`, `PUBLISH` → 1; not the owner → 0.
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// Compare token, `PEXPIRE` → 1; not the owner (or gone: never recreated) → 0.
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+",
+    )
+});
+
+/// The Redis names of one lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockKeys {
+    /// Holds the owner token.
+    pub lock: String,
+    /// The fencing counter.
+    pub fence: String,
+    /// Release announcements.
+    pub channel: String,
+}
+
+impl LockKeys {
+    /// Keys for `name` under `prefix`.
+    ///
+    /// ```
+    /// let k = lock_redis::scripts::LockKeys::new("distlock:", &"jobs".parse()?);
+    /// assert_eq!(k.lock, "distlock:{jobs}");
+    /// assert_eq!(k.fence, "distlock:{jobs}:fence");
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let lock = format!("{prefix}{{{name}}}");
+        LockKeys {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+/// What the acquire script answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// Granted, with the new value of the fencing counter.
+    Granted {
+        /// The fencing counter after `INCR`.
+        fence: u64,
+    },
+    /// Held by someone else for about this long (`None`: no expiry reported).
+    Busy {
+        /// The holder's remaining PTTL.
+        remaining: Option<Duration>,
+    },
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Runs the acquire script (EVALSHA, falling back to EVAL after a server restart).
+pub async fn acquire<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+    token: &str,
+    ttl: Duration,
+) -> redis::RedisResult<Acquired> {
+    let (granted, value): (i64, i64) = ACQUIRE
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .arg(token)
+        .arg(ms(ttl))
+        .invoke_async(conn)
+        .await?;
+    Ok(if granted == 1 {
+        Acquired::Granted {
+            fence: u64::try_from(value).unwrap_or(0),
+        }
+    } else {
+        Acquired::Busy {
+            remaining: u64::try_from(value).ok().map(Duration::from_millis),
+        }
+    })
+}
+
+/// Runs the release script; `true` when this token held the lock and it is now deleted.
+pub async fn release<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+    token: &str,
+) -> redis::RedisResult<bool> {
+    let n: i64 = RELEASE
+        .key(&keys.lock)
+        .arg(token)
+        .arg(&keys.channel)
+        .invoke_async(conn)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Runs the renew script; `true` when this token still held the lock and its TTL is reset.
+pub async fn renew<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+    token: &str,
+    ttl: Duration,
+) -> redis::RedisResult<bool> {
+    let n: i64 = RENEW
+        .key(&keys.lock)
+        .arg(token)
+        .arg(ms(ttl))
+        .invoke_async(conn)
+        .await?;
+    Ok(n == 1)
+}

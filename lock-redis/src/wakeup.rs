@@ -1,0 +1,129 @@
+//! Release notifications: one subscription per lock name that has waiters, on the lock's own
+//! (RESP3) connection, shared by every waiter of that name.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redis::aio::ConnectionManager;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct Channel {
+    waiters: usize,
+    notify: Arc<Notify>,
+    /// Serialises SUBSCRIBE/UNSUBSCRIBE of this channel; true while subscribed.
+    subscribed: Arc<tokio::sync::Mutex<bool>>,
+}
+
+/// Channel name → waiters. The push callback reads it; waiters register in it.
+#[derive(Default)]
+pub(crate) struct Wakeups {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Wakeups {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        // Plain data, every update is one step: a poisoned lock is still consistent.
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called by the connection for every push message; must not block.
+    pub(crate) fn on_push(&self, info: PushInfo) {
+        match info.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(ch)) = info.data.first() {
+                    let ch = String::from_utf8_lossy(ch);
+                    if let Some(c) = self.map().get(&*ch) {
+                        c.notify.notify_waiters();
+                    }
+                }
+            }
+            // Messages may have been lost while disconnected: every waiter re-checks.
+            PushKind::Disconnection => {
+                for c in self.map().values() {
+                    c.notify.notify_waiters();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Registers a waiter for `channel` and makes sure the connection is subscribed before
+    /// returning, so a release after this call cannot go unnoticed.
+    pub(crate) async fn watch(
+        self: &Arc<Self>,
+        conn: &ConnectionManager,
+        channel: &str,
+    ) -> redis::RedisResult<Watch> {
+        let (notify, subscribed) = {
+            let mut map = self.map();
+            let c = map.entry(channel.to_string()).or_default();
+            c.waiters += 1;
+            (c.notify.clone(), c.subscribed.clone())
+        };
+        let watch = Watch {
+            wakeups: self.clone(),
+            conn: conn.clone(),
+            channel: channel.to_string(),
+            notify,
+        };
+        let mut s = subscribed.lock().await;
+        if !*s {
+            conn.clone().subscribe(channel).await?;
+            *s = true;
+        }
+        Ok(watch)
+    }
+}
+
+/// One waiter's registration; dropping it unsubscribes when it was the channel's last waiter.
+pub(crate) struct Watch {
+    wakeups: Arc<Wakeups>,
+    conn: ConnectionManager,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl Watch {
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let subscribed = {
+            let mut map = self.wakeups.map();
+            let Some(c) = map.get_mut(&self.channel) else {
+                return;
+            };
+            c.waiters = c.waiters.saturating_sub(1);
+            if c.waiters > 0 {
+                return;
+            }
+            c.subscribed.clone()
+        };
+        let (wakeups, mut conn, channel) = (
+            self.wakeups.clone(),
+            self.conn.clone(),
+            std::mem::take(&mut self.channel),
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut s = subscribed.lock().await;
+                // A new waiter may have arrived meanwhile: then it keeps the subscription.
+                let idle = wakeups.map().get(&channel).map_or(true, |c| c.waiters == 0);
+                if idle && *s {
+                    if conn.unsubscribe(&channel).await.is_ok() {
+                        *s = false;
+                    }
+                    let mut map = wakeups.map();
+                    if map.get(&channel).is_some_and(|c| c.waiters == 0) && !*s {
+                        map.remove(&channel);
+                    }
+                }
+            });
+        }
+    }
+}

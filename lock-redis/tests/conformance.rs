@@ -1,0 +1,74 @@
+//! The shared conformance suite against a real redis-server.
+//!
+//! Server: `REDIS_URL` (default `redis://127.0.0.1:16379`, started by `scripts/services.sh up`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use lock_core::{DistributedLock, LockName};
+use lock_redis::{scripts::LockKeys, RedisConfig, RedisLock};
+
+struct Redis {
+    config: RedisConfig,
+}
+
+impl Redis {
+    async fn raw(&self) -> Result<redis::aio::MultiplexedConnection, BoxError> {
+        let url = format!(
+            "redis://{}:{}/{}",
+            self.config.host(),
+            self.config.port(),
+            self.config.db()
+        );
+        Ok(redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?)
+    }
+}
+
+#[async_trait]
+impl Harness for Redis {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        let lock = RedisLock::connect(self.config.clone()).await.map_err(|e| {
+            format!("{e} — is the test server running? start it with: scripts/services.sh up redis")
+        })?;
+        Ok(Arc::new(lock))
+    }
+    fn timing(&self) -> Timing {
+        Timing::for_ttl(Duration::from_millis(500))
+    }
+    async fn backend_requests(&self) -> Option<u64> {
+        let mut c = self.raw().await.ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+    async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
+        let keys = LockKeys::new(self.config.prefix(), name);
+        Some(
+            async {
+                let mut c = self.raw().await?;
+                let _: i64 = redis::cmd("DEL")
+                    .arg(&keys.lock)
+                    .query_async(&mut c)
+                    .await?;
+                Ok(())
+            }
+            .await,
+        )
+    }
+}
+
+fn main() -> ExitCode {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into());
+    let config = RedisConfig::from_url(&url).expect("REDIS_URL");
+    conformance_tests::run(Redis { config })
+}
