@@ -63,8 +63,13 @@ kind_of() {
 pidfile() { echo "$STATE/$1/pid"; }
 
 alive() {
-  local f; f=$(pidfile "$1")
-  [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+  local f pid stat
+  f=$(pidfile "$1")
+  [ -f "$f" ] || return 1
+  pid=$(cat "$f")
+  # A killed server whose parent never reaps it stays a zombie, and kill -0 succeeds on zombies.
+  stat=$(ps -o stat= -p "$pid" 2>/dev/null) || return 1
+  [ -n "$stat" ] && [ "${stat:0:1}" != Z ]
 }
 
 # ---------------------------------------------------------------- install

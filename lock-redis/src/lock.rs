@@ -204,38 +204,54 @@ impl DistributedLock for RedisLock {
         let start = Instant::now();
         let deadline = opts.wait.deadline(start);
         let keys = self.keys(name);
-        let timeout = || Error::Timeout {
-            name: name.clone(),
-            waited: start.elapsed(),
-        };
-        // Uncontended path: one round trip, no subscription.
-        if let Ok(lease) = self.attempt(name, &keys, ttl, opts).await? {
-            return Ok(lease);
-        }
-        if opts.wait == Wait::No {
-            return Err(timeout());
-        }
-        // Subscribe before retrying, so a release between the retry and the sleep wakes us.
-        let watch = self
-            .inner
-            .wakeups
-            .watch(&self.inner.conn, &keys.channel)
-            .await
-            .map_err(|e| request_error(&self.inner.config, &e))?;
+        let mut watch = None;
+        let mut backoff = MIN_BACKOFF;
+        let mut first = true;
         loop {
-            let notified = watch.notify().notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let remaining = match self.attempt(name, &keys, ttl, opts).await? {
-                Ok(lease) => return Ok(lease),
-                Err(remaining) => remaining,
-            };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(timeout());
+            // The first attempt goes out alone (uncontended: one round trip). Later ones are
+            // made only once subscribed, so a release between attempt and sleep wakes us.
+            if !first && watch.is_none() {
+                match self
+                    .inner
+                    .wakeups
+                    .watch(&self.inner.conn, &keys.channel)
+                    .await
+                {
+                    Ok(w) => watch = Some(w),
+                    Err(e) => {
+                        let e = request_error(&self.inner.config, &e);
+                        ride_out(e, &mut backoff, deadline, opts.wait).await?;
+                        continue;
+                    }
+                }
             }
-            // A lost message costs at most the holder's remaining TTL; a key that vanished
-            // between SET and PTTL (-2) is retried at once; a key without expiry (-1, set by
-            // someone else) is re-checked every second.
+            first = false;
+            let mut notified = watch.as_ref().map(|w| Box::pin(w.notify().notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let remaining = match self.attempt(name, &keys, ttl, opts).await {
+                Ok(Ok(lease)) => return Ok(lease),
+                Ok(Err(remaining)) => {
+                    backoff = MIN_BACKOFF;
+                    remaining
+                }
+                Err(e) => {
+                    ride_out(e, &mut backoff, deadline, opts.wait).await?;
+                    continue;
+                }
+            };
+            if opts.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout {
+                    name: name.clone(),
+                    waited: start.elapsed(),
+                });
+            }
+            let Some(notified) = notified else {
+                continue; // subscribe, then retry
+            };
+            // A lost message costs at most the holder's remaining TTL; a key without expiry
+            // (-1: set by someone else) is re-checked every second.
             let sleep_for = match remaining {
                 Some(d) => d + Duration::from_millis(1),
                 None => Duration::from_secs(1),
@@ -243,11 +259,31 @@ impl DistributedLock for RedisLock {
             let wake = Instant::now() + sleep_for;
             let wake = deadline.map_or(wake, |d| wake.min(d));
             tokio::select! {
-                _ = &mut notified => {}
+                _ = notified => {}
                 _ = tokio::time::sleep_until(wake.into()) => {}
             }
         }
     }
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A transient error while waiting is retried after a growing pause (50 ms doubling to 1 s)
+/// as long as the wait allows; otherwise it is returned. `Wait::No` never retries.
+async fn ride_out(
+    e: Error,
+    backoff: &mut Duration,
+    deadline: Option<Instant>,
+    wait: Wait,
+) -> Result<()> {
+    let retry_by = Instant::now() + *backoff;
+    if !e.is_retryable() || wait == Wait::No || deadline.is_some_and(|d| retry_by >= d) {
+        return Err(e);
+    }
+    tracing::warn!(error = %e, retry_in = ?*backoff, "lock request failed; retrying while the wait allows");
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(1));
+    Ok(())
 }
 
 impl fmt::Debug for RedisLock {
