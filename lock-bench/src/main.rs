@@ -23,16 +23,27 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+mod redis_baselines;
 mod subject;
 
-use subject::{baselines_for, driver_subject, Subject};
+use subject::{baselines_for, driver_subject, Endpoints, Subject};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
 struct Args {
-    /// Backends to measure (comma separated). Available: memory.
+    /// Backends to measure (comma separated). Available: memory, redis.
     #[arg(long, default_value = "memory", value_delimiter = ',')]
     backend: Vec<String>,
+    /// Scenarios to run (comma separated): uncontended, throughput, handoff.
+    #[arg(
+        long,
+        default_value = "uncontended,throughput,handoff",
+        value_delimiter = ','
+    )]
+    scenarios: Vec<String>,
+    /// Redis server for the `redis` backend and its baselines.
+    #[arg(long, default_value = "redis://127.0.0.1:16379")]
+    redis_url: String,
     /// Acquire+release cycles per uncontended run.
     #[arg(long, default_value_t = 2000)]
     iterations: u64,
@@ -71,6 +82,8 @@ struct Row {
     ops_per_sec: f64,
     /// p50 (or, for throughput, ops/s) divided by the backend's first baseline's.
     ratio: Option<f64>,
+    /// Requests the server processed per measured operation (where the server counts them).
+    server_requests_per_op: Option<f64>,
 }
 
 fn micros(h: &Histogram<u64>, q: f64) -> f64 {
@@ -99,6 +112,8 @@ struct Sample {
     p50_us: Option<f64>,
     p99_us: Option<f64>,
     ops_per_sec: f64,
+    ops: u64,
+    requests_per_op: Option<f64>,
 }
 
 async fn uncontended(s: &dyn Subject, iterations: u64) -> Result<Sample, String> {
@@ -118,6 +133,8 @@ async fn uncontended(s: &dyn Subject, iterations: u64) -> Result<Sample, String>
         p50_us: Some(micros(&h, 0.5)),
         p99_us: Some(micros(&h, 0.99)),
         ops_per_sec: iterations as f64 / total,
+        ops: iterations,
+        requests_per_op: None,
     })
 }
 
@@ -144,46 +161,70 @@ async fn throughput(
     for h in handles {
         h.await.map_err(|e| e.to_string())??;
     }
-    let ops = count.load(Ordering::Relaxed) as f64;
+    let ops = count.load(Ordering::Relaxed);
     Ok(Sample {
         p50_us: None,
         p99_us: None,
-        ops_per_sec: ops / start.elapsed().as_secs_f64(),
+        ops_per_sec: ops as f64 / start.elapsed().as_secs_f64(),
+        ops,
+        requests_per_op: None,
     })
 }
 
+/// A true hand-off: after releasing, a task waits until some *other* task was granted before it
+/// contends again, so every measured grant goes to a waiter (a releaser that re-grabs its own
+/// lock would flatter clients that poll).
 async fn handoff(s: Arc<dyn Subject>, waiters: usize, handoffs: u64) -> Result<Sample, String> {
     let name = fresh("hand");
     let hist = Arc::new(Mutex::new(new_hist()));
     // When the current holder started releasing; the next grant measures from it.
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
-    let done = Arc::new(AtomicU64::new(0));
+    let (grants, _) = tokio::sync::watch::channel(0u64);
+    let grants = Arc::new(grants);
     let start = Instant::now();
     let mut handles = Vec::new();
     for _ in 0..waiters {
-        let (s, name, hist, released_at, done) = (
+        let (s, name, hist, released_at, grants) = (
             s.clone(),
             name.clone(),
             hist.clone(),
             released_at.clone(),
-            done.clone(),
+            grants.clone(),
         );
         handles.push(tokio::spawn(async move {
-            while done.load(Ordering::Relaxed) < handoffs {
+            let mut seen = grants.subscribe();
+            loop {
+                if *seen.borrow_and_update() >= handoffs {
+                    return Ok::<_, String>(());
+                }
                 let guard = s.lock(&name).await?;
                 let now = Instant::now();
                 if let Some(at) = released_at.lock().map_err(|e| e.to_string())?.take() {
                     hist.lock()
                         .map_err(|e| e.to_string())?
                         .saturating_record(ns(now - at));
-                    done.fetch_add(1, Ordering::Relaxed);
                 }
-                // Give the other waiters time to queue up behind this holder.
-                tokio::task::yield_now().await;
+                let mine = {
+                    let mut n = 0;
+                    grants.send_modify(|g| {
+                        *g += 1;
+                        n = *g;
+                    });
+                    n
+                };
+                seen.borrow_and_update();
                 *released_at.lock().map_err(|e| e.to_string())? = Some(Instant::now());
                 guard.unlock().await?;
+                if mine >= handoffs {
+                    return Ok(());
+                }
+                // Back of the line: contend again only after someone else got the lock.
+                while *seen.borrow_and_update() <= mine {
+                    if seen.changed().await.is_err() {
+                        return Ok(());
+                    }
+                }
             }
-            Ok::<_, String>(())
         }));
     }
     for h in handles {
@@ -194,6 +235,8 @@ async fn handoff(s: Arc<dyn Subject>, waiters: usize, handoffs: u64) -> Result<S
         p50_us: Some(micros(&h, 0.5)),
         p99_us: Some(micros(&h, 0.99)),
         ops_per_sec: h.len() as f64 / start.elapsed().as_secs_f64(),
+        ops: h.len(),
+        requests_per_op: None,
     })
 }
 
@@ -212,32 +255,56 @@ fn summarize(samples: Vec<Sample>) -> Sample {
         p50_us: opt(|s| s.p50_us),
         p99_us: opt(|s| s.p99_us),
         ops_per_sec: median(samples.iter().map(|s| s.ops_per_sec).collect()),
+        ops: samples.iter().map(|s| s.ops).sum(),
+        requests_per_op: opt(|s| s.requests_per_op),
     }
 }
 
 async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
     let mut subjects: Vec<(Arc<dyn Subject>, bool)> = Vec::new();
-    for b in baselines_for(backend)? {
+    let ep = Endpoints {
+        redis_url: args.redis_url.clone(),
+    };
+    for b in baselines_for(backend, &ep).await? {
         subjects.push((b, true));
     }
-    subjects.push((driver_subject(backend).await?, false));
+    subjects.push((driver_subject(backend, &ep).await?, false));
     let mut rows = Vec::new();
     for scenario in ["uncontended", "throughput", "handoff"] {
+        if !args.scenarios.iter().any(|s| s == scenario) {
+            continue;
+        }
         // Interleave subjects run by run so drift in machine load hits all of them alike.
         let mut per_subject: Vec<Vec<Sample>> = subjects.iter().map(|_| Vec::new()).collect();
         for _ in 0..args.runs.max(1) {
             for (i, (s, _)) in subjects.iter().enumerate() {
-                let sample = match scenario {
+                if scenario == "handoff" && !s.waits() {
+                    continue;
+                }
+                let before = server_requests(backend, &ep).await;
+                let mut sample = match scenario {
                     "uncontended" => uncontended(s.as_ref(), args.iterations).await?,
                     "throughput" => throughput(s.clone(), args.concurrency, args.duration).await?,
                     _ => handoff(s.clone(), args.waiters, args.handoffs).await?,
                 };
+                if let (Some(b), Some(a)) = (before, server_requests(backend, &ep).await) {
+                    // The warm-up of `uncontended` is counted too: a small overestimate.
+                    sample.requests_per_op =
+                        Some(a.saturating_sub(b) as f64 / sample.ops.max(1) as f64);
+                }
                 per_subject[i].push(sample);
             }
         }
-        let summaries: Vec<Sample> = per_subject.into_iter().map(summarize).collect();
-        let base = &summaries[0];
+        let summaries: Vec<Option<Sample>> = per_subject
+            .into_iter()
+            .map(|v| (!v.is_empty()).then(|| summarize(v)))
+            .collect();
+        // Ratios are against the first baseline measured in this scenario.
+        let Some(base) = summaries.iter().flatten().next() else {
+            continue;
+        };
         for ((s, is_base), sum) in subjects.iter().zip(summaries.iter()) {
+            let Some(sum) = sum else { continue };
             let ratio = match scenario {
                 "throughput" => Some(sum.ops_per_sec / base.ops_per_sec),
                 _ => match (sum.p50_us, base.p50_us) {
@@ -254,10 +321,19 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
                 p99_us: sum.p99_us,
                 ops_per_sec: sum.ops_per_sec,
                 ratio,
+                server_requests_per_op: sum.requests_per_op,
             });
         }
     }
     Ok(rows)
+}
+
+/// The server's own count of processed requests, where the backend has one.
+async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
+    match backend {
+        "redis" => subject::redis_commands_processed(&ep.redis_url).await,
+        _ => None,
+    }
 }
 
 fn table(args: &Args, rows: &[Row]) -> String {
@@ -274,9 +350,9 @@ fn table(args: &Args, rows: &[Row]) -> String {
     );
     let _ = writeln!(
         out,
-        "| backend | subject | scenario | p50 µs | p99 µs | ops/s | vs baseline |"
+        "| backend | subject | scenario | p50 µs | p99 µs | ops/s | server requests/op | vs baseline |"
     );
-    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|---:|");
     let f = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.1}"));
     for r in rows {
         let ratio = if r.baseline {
@@ -292,13 +368,14 @@ fn table(args: &Args, rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {:.0} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {} | {} |",
             r.backend,
             r.subject,
             r.scenario,
             f(r.p50_us),
             f(r.p99_us),
             r.ops_per_sec,
+            f(r.server_requests_per_op),
             ratio
         );
     }

@@ -17,6 +17,10 @@ use lock_core::{DistributedLock, Lease, LockName, LockOptions};
 pub(crate) trait Subject: Send + Sync {
     /// Row label.
     fn label(&self) -> String;
+    /// Whether `lock` waits for a held lock (the handoff scenario needs it).
+    fn waits(&self) -> bool {
+        true
+    }
     /// Waits for the lock on `name`.
     async fn lock(&self, name: &str) -> Result<Box<dyn Guard>, String>;
     /// One uncontended acquire + release.
@@ -90,22 +94,65 @@ impl Subject for TokioMutex {
     }
 }
 
-/// Baselines measured beside `backend`, first one is the ratio's denominator.
-pub(crate) fn baselines_for(backend: &str) -> Result<Vec<Arc<dyn Subject>>, String> {
+/// Settings the backends need.
+pub(crate) struct Endpoints {
+    pub(crate) redis_url: String,
+}
+
+/// Baselines measured beside `backend`, in the order they are listed.
+pub(crate) async fn baselines_for(
+    backend: &str,
+    ep: &Endpoints,
+) -> Result<Vec<Arc<dyn Subject>>, String> {
     match backend {
         "memory" => Ok(vec![Arc::new(TokioMutex::default())]),
-        other => Err(format!("unknown backend {other:?} (available: memory)")),
+        "redis" => Ok(vec![
+            Arc::new(crate::redis_baselines::RawFloor::connect(&ep.redis_url).await?),
+            Arc::new(crate::redis_baselines::Rslock::new(&ep.redis_url)),
+        ]),
+        other => Err(format!(
+            "unknown backend {other:?} (available: memory, redis)"
+        )),
     }
 }
 
 /// The driver for `backend`.
-pub(crate) async fn driver_subject(backend: &str) -> Result<Arc<dyn Subject>, String> {
+pub(crate) async fn driver_subject(
+    backend: &str,
+    ep: &Endpoints,
+) -> Result<Arc<dyn Subject>, String> {
     let lock: Arc<dyn DistributedLock> = match backend {
         "memory" => Arc::new(MemoryLock::new()),
-        other => return Err(format!("unknown backend {other:?} (available: memory)")),
+        "redis" => Arc::new(
+            lock_redis::RedisLock::from_url(&ep.redis_url)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        other => {
+            return Err(format!(
+                "unknown backend {other:?} (available: memory, redis)"
+            ))
+        }
     };
     Ok(Arc::new(Driver {
         lock,
         opts: LockOptions::new(Duration::from_secs(10)),
     }))
+}
+
+/// `total_commands_processed` from `INFO stats` (the INFO call itself counts as one).
+pub(crate) async fn redis_commands_processed(url: &str) -> Option<u64> {
+    let mut c = redis::Client::open(url)
+        .ok()?
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
 }

@@ -291,10 +291,11 @@ fn redact(u: &url::Url) -> String {
     u.to_string()
 }
 
-/// Redacts a URL that did not parse: everything between `://` and the last `@` goes.
+/// Redacts a URL that did not parse: anything before the last `@` may be credentials.
 fn redact_raw(s: &str) -> String {
     match (s.find("://"), s.rfind('@')) {
         (Some(a), Some(b)) if b > a => format!("{}***{}", &s[..a + 3], &s[b..]),
+        (_, Some(b)) => format!("***{}", &s[b..]),
         _ => s.to_string(),
     }
 }

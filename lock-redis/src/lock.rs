@@ -226,6 +226,8 @@ impl DistributedLock for RedisLock {
                 }
             }
             first = false;
+            // Registered before the attempt, so a release message that arrives during the
+            // attempt is kept for this waiter instead of being lost.
             let mut notified = watch.as_ref().map(|w| Box::pin(w.notify().notified()));
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();

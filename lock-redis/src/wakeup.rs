@@ -34,8 +34,10 @@ impl Wakeups {
             PushKind::Message => {
                 if let Some(Value::BulkString(ch)) = info.data.first() {
                     let ch = String::from_utf8_lossy(ch);
+                    // One release, one local waiter: the others stay asleep (no herd). If that
+                    // waiter is cancelled before it runs, tokio hands the wake-up to the next.
                     if let Some(c) = self.map().get(&*ch) {
-                        c.notify.notify_waiters();
+                        c.notify.notify_one();
                     }
                 }
             }
