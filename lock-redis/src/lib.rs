@@ -43,10 +43,12 @@
 
 mod config;
 mod lock;
+mod node;
 pub mod scripts;
 mod wakeup;
 
 pub use config::{RedisConfig, DEFAULT_PREFIX};
 pub use lock::{drift, RedisLock};
 pub use lock_core;
+pub use node::{RedisNode, ReleaseWatch};
 pub use redis;

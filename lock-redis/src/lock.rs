@@ -9,11 +9,10 @@ use lock_core::{
     Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
     LockOptions, ManagedLease, Result, Wait,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 
 use crate::scripts::{self, Acquired, LockKeys};
-use crate::wakeup::Wakeups;
-use crate::RedisConfig;
+use crate::{RedisConfig, RedisNode};
 
 const BACKEND: &str = "redis";
 
@@ -51,9 +50,7 @@ pub struct RedisLock {
 }
 
 struct Inner {
-    config: RedisConfig,
-    conn: ConnectionManager,
-    wakeups: Arc<Wakeups>,
+    node: RedisNode,
     caps: Capabilities,
 }
 
@@ -61,44 +58,13 @@ impl RedisLock {
     /// Connects (and authenticates) now; fails with [`Error::Config`] for rejected
     /// credentials and [`Error::Unavailable`] when the server cannot be reached.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
-        let info = config.connection_info()?;
-        let client = redis::Client::open(info).map_err(|e| {
-            Error::Config(format!(
-                "Redis {}: {}",
-                config.redacted_url(),
-                scrub(&e, &config)
-            ))
-        })?;
-        let wakeups = Arc::new(Wakeups::default());
-        let w = wakeups.clone();
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout()))
-            .set_response_timeout(Some(config.response_timeout()))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500))
-            .set_automatic_resubscription()
-            .set_push_sender(move |info| {
-                w.on_push(info);
-                Ok::<(), std::convert::Infallible>(())
-            });
-        let conn = tokio::time::timeout(
-            config.connect_timeout() + config.response_timeout(),
-            ConnectionManager::new_with_config(client, manager_config),
-        )
-        .await
-        .map_err(|_| unavailable(&config, "connection attempt timed out"))?
-        .map_err(|e| connect_error(&config, &e))?;
-        let fencing = durable_fencing(&conn).await;
+        let node = RedisNode::connect(config).await?;
+        let fencing = durable_fencing(&node.connection()).await;
         let caps = Capabilities::new()
             .with_fencing(fencing)
             .with_min_ttl(Duration::from_millis(10));
         Ok(RedisLock {
-            inner: Arc::new(Inner {
-                config,
-                conn,
-                wakeups,
-                caps,
-            }),
+            inner: Arc::new(Inner { node, caps }),
         })
     }
 
@@ -109,16 +75,16 @@ impl RedisLock {
 
     /// The configuration this client was made with.
     pub fn config(&self) -> &RedisConfig {
-        &self.inner.config
+        self.inner.node.config()
     }
 
     /// A clone of the underlying connection, for operations outside the lock contract.
     pub fn connection(&self) -> ConnectionManager {
-        self.inner.conn.clone()
+        self.inner.node.connection()
     }
 
     fn keys(&self, name: &LockName) -> LockKeys {
-        LockKeys::new(self.inner.config.prefix(), name)
+        LockKeys::new(self.config().prefix(), name)
     }
 
     /// One attempt: granted lease, or the holder's remaining TTL.
@@ -129,10 +95,11 @@ impl RedisLock {
         ttl: Duration,
         opts: &LockOptions,
     ) -> Result<std::result::Result<Box<dyn Lease>, Option<Duration>>> {
-        let cfg = &self.inner.config;
+        let node = &self.inner.node;
+        let cfg = node.config();
         let token = uuid::Uuid::new_v4().simple().to_string();
         let start = Instant::now();
-        let mut conn = self.inner.conn.clone();
+        let mut conn = node.connection();
         let reply = tokio::time::timeout(
             cfg.response_timeout(),
             scripts::acquire(&mut conn, keys, &token, ttl),
@@ -148,7 +115,7 @@ impl RedisLock {
                     token,
                     ttl,
                     timeout: cfg.response_timeout(),
-                    config: cfg.clone(),
+                    node: node.clone(),
                 };
                 return Ok(Ok(Box::new(ManagedLease::new(
                     name.clone(),
@@ -159,12 +126,11 @@ impl RedisLock {
                     ops,
                 ))));
             }
-            Ok(Ok(Acquired::Granted { .. })) => unavailable(
-                cfg,
-                "the grant arrived after the lease's validity had passed",
-            ),
-            Ok(Err(e)) => request_error(cfg, &e),
-            Err(_) => unavailable(cfg, "acquire timed out"),
+            Ok(Ok(Acquired::Granted { .. })) => {
+                node.unavailable("the grant arrived after the lease's validity had passed")
+            }
+            Ok(Err(e)) => node.error(&e),
+            Err(_) => node.unavailable("acquire timed out"),
         };
         // Ambiguous: the script may have run. Delete the lock if it is ours, then report.
         let cleanup = tokio::time::timeout(
@@ -211,15 +177,9 @@ impl DistributedLock for RedisLock {
             // The first attempt goes out alone (uncontended: one round trip). Later ones are
             // made only once subscribed, so a release between attempt and sleep wakes us.
             if !first && watch.is_none() {
-                match self
-                    .inner
-                    .wakeups
-                    .watch(&self.inner.conn, &keys.channel)
-                    .await
-                {
+                match self.inner.node.watch_releases(&keys).await {
                     Ok(w) => watch = Some(w),
                     Err(e) => {
-                        let e = request_error(&self.inner.config, &e);
                         ride_out(e, &mut backoff, deadline, opts.wait).await?;
                         continue;
                     }
@@ -291,7 +251,7 @@ async fn ride_out(
 impl fmt::Debug for RedisLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLock")
-            .field("config", &self.inner.config)
+            .field("config", self.config())
             .field("fencing", &self.inner.caps.fencing)
             .finish()
     }
@@ -303,14 +263,14 @@ struct RedisLeaseOps {
     token: String,
     ttl: Duration,
     timeout: Duration,
-    config: RedisConfig,
+    node: RedisNode,
 }
 
 impl fmt::Debug for RedisLeaseOps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLease")
             .field("key", &self.keys.lock)
-            .field("server", &self.config.redacted_url())
+            .field("server", &self.node.config().redacted_url())
             .finish()
     }
 }
@@ -330,8 +290,8 @@ impl LeaseOps for RedisLeaseOps {
             Ok(Ok(false)) => Err(Error::NotHeld {
                 name: name_of(&self.keys),
             }),
-            Ok(Err(e)) => Err(request_error(&self.config, &e)),
-            Err(_) => Err(unavailable(&self.config, "renew timed out")),
+            Ok(Err(e)) => Err(self.node.error(&e)),
+            Err(_) => Err(self.node.unavailable("renew timed out")),
         }
     }
 
@@ -347,8 +307,8 @@ impl LeaseOps for RedisLeaseOps {
             Ok(Ok(false)) => Err(Error::NotHeld {
                 name: name_of(&self.keys),
             }),
-            Ok(Err(e)) => Err(request_error(&self.config, &e)),
-            Err(_) => Err(unavailable(&self.config, "release timed out")),
+            Ok(Err(e)) => Err(self.node.error(&e)),
+            Err(_) => Err(self.node.unavailable("release timed out")),
         }
     }
 }
@@ -381,61 +341,5 @@ async fn durable_fencing(conn: &ConnectionManager) -> Fencing {
     match (aof.as_deref(), fsync.as_deref()) {
         (Some("yes"), Some("always")) => Fencing::Strict,
         _ => Fencing::BestEffort,
-    }
-}
-
-/// Error text without the password, whatever the client library put in it.
-fn scrub(e: &dyn fmt::Display, config: &RedisConfig) -> String {
-    let text = e.to_string();
-    match config.secret() {
-        Some(p) if !p.is_empty() => text.replace(p, "***"),
-        _ => text,
-    }
-}
-
-fn unavailable(config: &RedisConfig, what: &str) -> Error {
-    Error::unavailable(BACKEND, format!("{} at {}", what, config.redacted_url()))
-}
-
-fn connect_error(config: &RedisConfig, e: &redis::RedisError) -> Error {
-    let text = scrub(e, config);
-    let auth = matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
-        || text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
-        || text.contains("NOPERM");
-    if auth {
-        Error::Config(format!(
-            "Redis at {} rejected the credentials of user {:?}: {text}",
-            config.endpoint(),
-            config.user().unwrap_or("default")
-        ))
-    } else {
-        Error::unavailable(
-            BACKEND,
-            format!("cannot connect to {}: {text}", config.redacted_url()),
-        )
-    }
-}
-
-/// A failed request: transient when the connection or the server's state is the cause.
-fn request_error(config: &RedisConfig, e: &redis::RedisError) -> Error {
-    let text = scrub(e, config);
-    let transient = e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || matches!(
-            e.kind(),
-            redis::ErrorKind::Server(
-                redis::ServerErrorKind::BusyLoading
-                    | redis::ServerErrorKind::TryAgain
-                    | redis::ServerErrorKind::ClusterDown
-                    | redis::ServerErrorKind::MasterDown
-            )
-        );
-    if transient {
-        Error::unavailable(BACKEND, format!("{} ({})", text, config.redacted_url()))
-    } else {
-        Error::backend(BACKEND, format!("{} ({})", text, config.redacted_url()))
     }
 }

@@ -1,0 +1,207 @@
+//! `RedisNode`: one Redis server as the drivers see it — a self-reconnecting RESP3 connection
+//! that carries lock commands and release announcements. `RedisLock` uses one; the Redlock
+//! driver uses one per master.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::scripts::LockKeys;
+use crate::wakeup::{Wakeups, Watch};
+use crate::RedisConfig;
+
+const BACKEND: &str = "redis";
+
+/// A connection to one Redis server plus the registry that turns its release announcements
+/// into wake-ups. Cheap to clone (clones share the connection).
+#[derive(Clone)]
+pub struct RedisNode {
+    config: RedisConfig,
+    conn: ConnectionManager,
+    wakeups: Arc<Wakeups>,
+    backend: &'static str,
+}
+
+/// A waiter's registration for one lock's release announcements on one node. Keep it while
+/// waiting; dropping the last one of a lock unsubscribes.
+pub struct ReleaseWatch(Watch);
+
+impl ReleaseWatch {
+    /// Notified once per release announcement (one local waiter per message) and for every
+    /// waiter when the connection drops (messages may have been lost). Create the `notified()`
+    /// future and `enable()` it before checking the lock, then await it.
+    pub fn notify(&self) -> &tokio::sync::Notify {
+        self.0.notify()
+    }
+}
+
+impl fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReleaseWatch")
+    }
+}
+
+impl RedisNode {
+    fn build(
+        config: RedisConfig,
+        backend: &'static str,
+    ) -> Result<(Self, redis::Client, ConnectionManagerConfig)> {
+        let info = config.connection_info()?;
+        let client = redis::Client::open(info).map_err(|e| {
+            Error::Config(format!(
+                "Redis {}: {}",
+                config.redacted_url(),
+                scrub(&e, &config)
+            ))
+        })?;
+        let wakeups = Arc::new(Wakeups::default());
+        let w = wakeups.clone();
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout()))
+            .set_response_timeout(Some(config.response_timeout()))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+            .set_automatic_resubscription()
+            .set_push_sender(move |info| {
+                w.on_push(info);
+                Ok::<(), std::convert::Infallible>(())
+            });
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
+            .map_err(|e| {
+                Error::Config(format!(
+                    "Redis {}: {}",
+                    config.redacted_url(),
+                    scrub(&e, &config)
+                ))
+            })?;
+        Ok((
+            RedisNode {
+                config,
+                conn,
+                wakeups,
+                backend,
+            },
+            client,
+            manager_config,
+        ))
+    }
+
+    /// Connects and authenticates now: [`Error::Config`] for rejected credentials,
+    /// [`Error::Unavailable`] when the server cannot be reached.
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        Self::connect_as(config, BACKEND).await
+    }
+
+    /// [`connect`](Self::connect), naming `backend` in errors (`"redlock"` for its masters).
+    pub async fn connect_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
+        let (mut node, client, manager_config) = Self::build(config, backend)?;
+        let conn = tokio::time::timeout(
+            node.config.connect_timeout() + node.config.response_timeout(),
+            ConnectionManager::new_with_config(client, manager_config),
+        )
+        .await
+        .map_err(|_| node.unavailable("connection attempt timed out"))?
+        .map_err(|e| node.connect_error(&e))?;
+        node.conn = conn;
+        Ok(node)
+    }
+
+    /// A node that connects on first use and reconnects by itself: for masters that may be
+    /// down when the client starts (Redlock tolerates a minority of them).
+    pub fn lazy_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
+        Ok(Self::build(config, backend)?.0)
+    }
+
+    /// The node's configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// A handle on the connection (clones share it).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Subscribes (once per lock, however many wait) to `keys`' release announcements; returns
+    /// after the server confirmed the subscription.
+    pub async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
+        self.wakeups
+            .watch(&self.conn, &keys.channel)
+            .await
+            .map(ReleaseWatch)
+            .map_err(|e| self.error(&e))
+    }
+
+    /// Maps a failed request to the contract's errors: transient (connection, timeout,
+    /// loading, failover) → `Unavailable`; anything else → `Backend`. Never contains secrets.
+    pub fn error(&self, e: &redis::RedisError) -> Error {
+        let text = scrub(e, &self.config);
+        let transient = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::BusyLoading
+                        | redis::ServerErrorKind::TryAgain
+                        | redis::ServerErrorKind::ClusterDown
+                        | redis::ServerErrorKind::MasterDown
+                )
+            );
+        let source = format!("{text} ({})", self.config.redacted_url());
+        if transient {
+            Error::unavailable(self.backend, source)
+        } else {
+            Error::backend(self.backend, source)
+        }
+    }
+
+    /// `Unavailable` naming this node.
+    pub fn unavailable(&self, what: &str) -> Error {
+        Error::unavailable(
+            self.backend,
+            format!("{what} at {}", self.config.redacted_url()),
+        )
+    }
+
+    fn connect_error(&self, e: &redis::RedisError) -> Error {
+        let text = scrub(e, &self.config);
+        let auth = matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+            || text.contains("WRONGPASS")
+            || text.contains("NOAUTH")
+            || text.contains("NOPERM");
+        if auth {
+            Error::Config(format!(
+                "Redis at {} rejected the credentials of user {:?}: {text}",
+                self.config.endpoint(),
+                self.config.user().unwrap_or("default")
+            ))
+        } else {
+            Error::unavailable(
+                self.backend,
+                format!("cannot connect to {}: {text}", self.config.redacted_url()),
+            )
+        }
+    }
+}
+
+impl fmt::Debug for RedisNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisNode")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// Error text without the password, whatever the client library put in it.
+fn scrub(e: &dyn fmt::Display, config: &RedisConfig) -> String {
+    let text = e.to_string();
+    match config.secret() {
+        Some(p) if !p.is_empty() => text.replace(p, "***"),
+        _ => text,
+    }
+}
