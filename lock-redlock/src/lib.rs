@@ -1,6 +1,42 @@
-//! The `redlock` driver for distlock.
+//! # lock-redlock: distlock over N independent Redis masters
 //!
-//! This crate is a placeholder: the driver lands with its own issue. It compiles so the workspace
-//! layout (and every path that refers to it) is stable from the first commit.
+//! [`RedlockLock`] implements the Redlock algorithm with the corrections its critics ask for:
+//!
+//! - every request goes to all masters **in parallel**, each with a per-node timeout far below
+//!   the TTL (default 50 ms, never more than TTL/4);
+//! - a grant needs **N/2 + 1** masters **and** positive validity = TTL − elapsed − drift
+//!   (drift = TTL·1 % + 2 ms), measured on the monotonic clock from before the first send;
+//! - a failed acquisition is **released on every master**, including the ones that timed out or
+//!   errored (they may have granted after all);
+//! - renew extends on all masters and needs a quorum; a failed renew does not release the
+//!   masters it did extend; release is complete once a majority released;
+//! - waiters wake on release announcements from any master (pub/sub, reusing lock-redis's
+//!   connections and scripts), with a random pause as the fallback — never a fixed-interval spin;
+//! - `QuorumNotReached { granted, needed }` (too few masters answered) is reported apart from
+//!   `Timeout` (the lock stayed busy) and `Unavailable` (a majority granted too late).
+//!
+//! ## No fencing token
+//!
+//! Independent masters have no shared monotonic counter: an `INCR` on each master gives N
+//! different numbers, and taking the maximum is not safe when a master restarts or a client
+//! pauses. Rather than invent a token that would mislead, `Capabilities::fencing` is
+//! `Fencing::None` and `fencing_token()` returns `None`. If the protected resource needs
+//! fencing, use the etcd (`create_revision`) or ZooKeeper (`czxid`) driver.
+//!
+//! ## Operational rule
+//!
+//! A master that restarts must either have persisted its keys (`appendonly yes` +
+//! `appendfsync always`) or stay down for longer than the longest TTL in use. Otherwise it comes
+//! back empty, a second client can collect a majority with it, and two clients hold the lock.
+//!
+//! ## URL
+//!
+//! `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&min_validity_ms=N]`
 
+mod config;
+mod lock;
+
+pub use config::RedlockConfig;
+pub use lock::RedlockLock;
 pub use lock_core;
+pub use lock_redis;

@@ -1,0 +1,92 @@
+//! The shared conformance suite against five real, independent redis-server masters.
+//!
+//! Masters: `REDLOCK_URL` (default `redlock://127.0.0.1:16380,...,127.0.0.1:16384`, started by
+//! `scripts/services.sh up`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use lock_core::{DistributedLock, LockName};
+use lock_redis::scripts::LockKeys;
+use lock_redlock::{RedlockConfig, RedlockLock};
+
+pub const DEFAULT_URL: &str =
+    "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384";
+
+struct Redlock {
+    config: RedlockConfig,
+    reads: AtomicU64,
+}
+
+impl Redlock {
+    async fn raw(&self) -> Result<Vec<redis::aio::MultiplexedConnection>, BoxError> {
+        let mut out = Vec::new();
+        for m in self.config.masters() {
+            let url = format!("redis://{}:{}/{}", m.host(), m.port(), m.db());
+            out.push(
+                redis::Client::open(url)?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Harness for Redlock {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        let lock = RedlockLock::connect(self.config.clone()).await.map_err(|e| {
+            format!("{e} — are the masters running? start them with: scripts/services.sh up redlock1 redlock2 redlock3 redlock4 redlock5")
+        })?;
+        Ok(Arc::new(lock))
+    }
+    fn timing(&self) -> Timing {
+        Timing::for_ttl(Duration::from_millis(500))
+    }
+    /// Commands processed by all masters, minus the INFO commands this counter itself sent.
+    async fn backend_requests(&self) -> Option<u64> {
+        let mut total = 0;
+        for mut c in self.raw().await.ok()? {
+            let info: String = redis::cmd("INFO")
+                .arg("stats")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            total += info
+                .lines()
+                .find_map(|l| l.strip_prefix("total_commands_processed:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())?;
+        }
+        let reads = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
+        Some(total.saturating_sub(reads * self.config.masters().len() as u64))
+    }
+    async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
+        let keys = LockKeys::new(self.config.masters()[0].prefix(), name);
+        Some(
+            async {
+                for mut c in self.raw().await? {
+                    let _: i64 = redis::cmd("DEL")
+                        .arg(&keys.lock)
+                        .query_async(&mut c)
+                        .await?;
+                }
+                Ok(())
+            }
+            .await,
+        )
+    }
+}
+
+fn main() -> ExitCode {
+    let url = std::env::var("REDLOCK_URL").unwrap_or_else(|_| DEFAULT_URL.into());
+    let config = RedlockConfig::from_url(&url).expect("REDLOCK_URL");
+    conformance_tests::run(Redlock {
+        config,
+        reads: AtomicU64::new(0),
+    })
+}
