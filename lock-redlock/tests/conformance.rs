@@ -14,7 +14,7 @@ use lock_core::{DistributedLock, LockName};
 use lock_redis::scripts::LockKeys;
 use lock_redlock::{RedlockConfig, RedlockLock};
 
-pub const DEFAULT_URL: &str =
+const DEFAULT_URL: &str =
     "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384";
 
 struct Redlock {
