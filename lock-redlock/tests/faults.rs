@@ -1,0 +1,316 @@
+//! Redlock under failures, against the five real masters of `scripts/services.sh` (16380–16384):
+//! minorities and majorities blackholed through the suite's `FaultProxy`, a slow majority,
+//! competing clients each cut from a different minority, a master killed and restarted.
+//! The tests share the masters (and one kills a master), so they run one at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conformance_tests::{fresh_name, FaultProxy};
+use lock_core::{DistributedLock, Error, LockName, LockOptions};
+use lock_redis::scripts::LockKeys;
+use lock_redis::{RedisConfig, DEFAULT_PREFIX};
+use lock_redlock::{RedlockConfig, RedlockLock};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+const PORTS: [u16; 5] = [16380, 16381, 16382, 16383, 16384];
+
+fn serial(test: impl std::future::Future<Output = ()>) {
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test);
+}
+
+fn master(port: u16) -> RedisConfig {
+    RedisConfig::new("127.0.0.1", port)
+        .with_response_timeout(Duration::from_millis(300))
+        .with_connect_timeout(Duration::from_millis(300))
+}
+
+async fn direct() -> RedlockLock {
+    let cfg = RedlockConfig::new(PORTS.iter().map(|p| master(*p)).collect()).unwrap();
+    RedlockLock::connect(cfg)
+        .await
+        .expect("Redlock masters (start them: scripts/services.sh up)")
+}
+
+/// A client whose five masters each sit behind a proxy of their own.
+async fn proxied(node_timeout: Duration) -> (RedlockLock, Vec<FaultProxy>) {
+    let proxies: Vec<FaultProxy> = PORTS
+        .iter()
+        .map(|p| FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], *p))).unwrap())
+        .collect();
+    let cfg = RedlockConfig::new(proxies.iter().map(|p| master(p.addr().port())).collect())
+        .unwrap()
+        .with_node_timeout(node_timeout);
+    (RedlockLock::connect(cfg).await.unwrap(), proxies)
+}
+
+/// On how many masters the lock key of `name` exists right now.
+async fn keys_present(name: &LockName) -> usize {
+    let keys = LockKeys::new(DEFAULT_PREFIX, name);
+    let mut n = 0;
+    for p in PORTS {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{p}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&keys.lock)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        n += exists as usize;
+    }
+    n
+}
+
+fn services(args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .expect("run services.sh");
+    assert!(
+        out.status.success(),
+        "services.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn two_of_five_masters_down_still_grants_exclusively() {
+    serial(async {
+        let (a, proxies) = proxied(Duration::from_millis(50)).await;
+        let b = direct().await;
+        proxies[0].blackhole();
+        proxies[3].blackhole();
+        let name = fresh_name("two-down");
+        let opts = LockOptions::new(Duration::from_secs(2));
+        let lease = a
+            .try_acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("3 of 5 masters suffice");
+        assert!(
+            b.try_acquire(&name, &opts).await.unwrap().is_none(),
+            "a second client got a lock held on a majority"
+        );
+        lease.release().await.unwrap();
+        let l = b
+            .try_acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("free after release");
+        l.release().await.unwrap();
+    });
+}
+
+#[test]
+fn three_of_five_masters_down_fails_fast_and_leaves_no_key() {
+    serial(async {
+        let (a, proxies) = proxied(Duration::from_millis(50)).await;
+        for p in &proxies[..3] {
+            p.blackhole();
+        }
+        let name = fresh_name("three-down");
+        let opts = LockOptions::new(Duration::from_secs(2));
+        let start = Instant::now();
+        match a.try_acquire(&name, &opts).await {
+            Err(Error::QuorumNotReached { granted, needed }) => {
+                assert_eq!((granted, needed), (2, 3));
+            }
+            other => panic!("expected QuorumNotReached with 3 of 5 masters down, got {other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_millis(800),
+            "took {:?} to fail",
+            start.elapsed()
+        );
+        let r = a
+            .acquire(&name, &opts.clone().wait_for(Duration::from_millis(300)))
+            .await;
+        assert!(
+            matches!(r, Err(Error::QuorumNotReached { .. })),
+            "bounded acquire gave {r:?}"
+        );
+        // The blackholed masters get the held-back acquire (and then its release) on heal: the
+        // cleanup must reach them too, so no key may survive anywhere.
+        for p in &proxies {
+            p.heal();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            keys_present(&name).await,
+            0,
+            "a failed acquisition left keys behind"
+        );
+    });
+}
+
+#[test]
+fn slow_majority_fails_and_releases_everywhere() {
+    serial(async {
+        let ttl = Duration::from_millis(300);
+        // (a) Slower than the per-node timeout (capped at TTL/4): those masters count as
+        // failed, whatever they do later.
+        let (a, proxies) = proxied(Duration::from_secs(3)).await;
+        for p in &proxies[..3] {
+            p.delay(Duration::from_millis(200)); // 400 ms round trip > TTL
+        }
+        let name = fresh_name("slow");
+        let start = Instant::now();
+        let r = a.try_acquire(&name, &LockOptions::new(ttl).no_wait()).await;
+        assert!(
+            matches!(
+                r,
+                Err(Error::QuorumNotReached { .. } | Error::Unavailable { .. })
+            ),
+            "a majority slower than the TTL gave {r:?}"
+        );
+        assert!(
+            start.elapsed() < ttl,
+            "waited {:?} for masters slower than the TTL",
+            start.elapsed()
+        );
+        for p in &proxies {
+            p.heal();
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            keys_present(&name).await,
+            0,
+            "keys left behind after a failed slow acquisition"
+        );
+
+        // (b) Slow enough to eat the required validity, yet within the node timeout: the
+        // majority grants, the client refuses the grant and releases it everywhere.
+        let cfg = RedlockConfig::new(proxies.iter().map(|p| master(p.addr().port())).collect())
+            .unwrap()
+            .with_min_validity(ttl - Duration::from_millis(20));
+        let strict = RedlockLock::connect(cfg).await.unwrap();
+        for p in &proxies[..3] {
+            p.delay(Duration::from_millis(15));
+        }
+        let name = fresh_name("slow-validity");
+        let r = strict
+            .try_acquire(&name, &LockOptions::new(ttl).no_wait())
+            .await;
+        assert!(
+            matches!(r, Err(Error::Unavailable { .. })),
+            "a grant without enough validity gave {r:?}"
+        );
+        for p in &proxies {
+            p.heal();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            keys_present(&name).await,
+            0,
+            "keys left behind after refusing a late grant"
+        );
+    });
+}
+
+#[test]
+fn clients_cut_from_different_minorities_never_hold_together() {
+    serial(async {
+        let (a, pa) = proxied(Duration::from_millis(50)).await;
+        let (b, pb) = proxied(Duration::from_millis(50)).await;
+        pa[0].blackhole();
+        pa[1].blackhole();
+        pb[3].blackhole();
+        pb[4].blackhole();
+        let name = fresh_name("minorities");
+        let inside = Arc::new(AtomicBool::new(false));
+        let grants = Arc::new(AtomicU64::new(0));
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut tasks = Vec::new();
+        for client in [a, b] {
+            let (name, inside, grants) = (name.clone(), inside.clone(), grants.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let opts = LockOptions::new(Duration::from_millis(800))
+                        .wait_for(Duration::from_millis(500));
+                    let Ok(lease) = client.acquire(&name, &opts).await else {
+                        continue;
+                    };
+                    assert!(
+                        !inside.swap(true, Ordering::SeqCst),
+                        "two clients held the lock at once"
+                    );
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    inside.store(false, Ordering::SeqCst);
+                    let _ = lease.release().await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(
+            grants.load(Ordering::SeqCst) >= 4,
+            "too few grants to mean anything"
+        );
+    });
+}
+
+#[test]
+fn master_restarted_after_the_ttl_does_not_let_a_second_client_in() {
+    serial(async {
+        let a = direct().await;
+        let b = direct().await;
+        let name = fresh_name("restart");
+        let ttl = Duration::from_millis(600);
+        let lease = a
+            .acquire(&name, &LockOptions::new(ttl).auto_renew(None))
+            .await
+            .unwrap();
+        let pid = services(&["pid", "redlock5"]);
+        assert!(Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success());
+        // The rule: stay down longer than the TTL (no persistence on these masters).
+        tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+        services(&["up", "redlock5"]);
+        let deadline = Instant::now() + ttl * 3;
+        while Instant::now() < deadline {
+            let r = b.try_acquire(&name, &LockOptions::new(ttl)).await;
+            assert!(
+                !matches!(r, Ok(Some(_))),
+                "a second client got the lock after a master restarted empty"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            lease.state(),
+            lock_core::LeaseState::Held,
+            "4 of 5 masters keep the lease alive"
+        );
+        lease.release().await.unwrap();
+        let l = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Ok(Some(l)) = b.try_acquire(&name, &LockOptions::new(ttl)).await {
+                    return l;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("free after release");
+        l.release().await.unwrap();
+    });
+}
