@@ -31,7 +31,7 @@ use subject::{baselines_for, driver_subject, Endpoints, Subject};
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
 struct Args {
-    /// Backends to measure (comma separated). Available: memory, redis.
+    /// Backends to measure (comma separated). Available: memory, redis, redlock.
     #[arg(long, default_value = "memory", value_delimiter = ',')]
     backend: Vec<String>,
     /// Scenarios to run (comma separated): uncontended, throughput, handoff.
@@ -44,6 +44,12 @@ struct Args {
     /// Redis server for the `redis` backend and its baselines.
     #[arg(long, default_value = "redis://127.0.0.1:16379")]
     redis_url: String,
+    /// Masters for the `redlock` backend; its baselines use the same masters.
+    #[arg(
+        long,
+        default_value = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384"
+    )]
+    redlock_url: String,
     /// Acquire+release cycles per uncontended run.
     #[arg(long, default_value_t = 2000)]
     iterations: u64,
@@ -264,6 +270,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
     let mut subjects: Vec<(Arc<dyn Subject>, bool)> = Vec::new();
     let ep = Endpoints {
         redis_url: args.redis_url.clone(),
+        redlock_url: args.redlock_url.clone(),
     };
     for b in baselines_for(backend, &ep).await? {
         subjects.push((b, true));
@@ -332,6 +339,13 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
 async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
     match backend {
         "redis" => subject::redis_commands_processed(&ep.redis_url).await,
+        "redlock" => {
+            let mut total = 0;
+            for url in ep.redlock_url.trim_start_matches("redlock://").split(',') {
+                total += subject::redis_commands_processed(&format!("redis://{url}")).await?;
+            }
+            Some(total)
+        }
         _ => None,
     }
 }

@@ -92,16 +92,18 @@ impl Subject for RawFloor {
     }
 }
 
-/// The `rslock` crate (Redlock on one node here): `lock` retries every 200 ms by default;
-/// `acquire` loops on `lock` until it succeeds — waiting by polling.
+/// The `rslock` crate (Redlock over the given nodes): `lock` tries 3 times with a random
+/// 0–200 ms pause; `acquire` loops on `lock` until it succeeds — waiting by polling.
 pub(crate) struct Rslock {
     manager: Arc<rslock::LockManager>,
+    nodes: usize,
 }
 
 impl Rslock {
-    pub(crate) fn new(url: &str) -> Self {
+    pub(crate) fn new(urls: Vec<String>) -> Self {
         Rslock {
-            manager: Arc::new(rslock::LockManager::new(vec![url.to_string()])),
+            nodes: urls.len(),
+            manager: Arc::new(rslock::LockManager::new(urls)),
         }
     }
 }
@@ -122,7 +124,11 @@ impl Guard for RslockGuard {
 #[async_trait]
 impl Subject for Rslock {
     fn label(&self) -> String {
-        "baseline: rslock 0.10 (1 node)".into()
+        if self.nodes == 1 {
+            "baseline: rslock 0.10 (1 node)".into()
+        } else {
+            format!("baseline: rslock 0.10 ({} masters)", self.nodes)
+        }
     }
     async fn lock(&self, name: &str) -> Result<Box<dyn Guard>, String> {
         let key = format!("bench-rslock:{name}");

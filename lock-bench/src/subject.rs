@@ -44,7 +44,11 @@ pub(crate) struct Driver {
 #[async_trait]
 impl Subject for Driver {
     fn label(&self) -> String {
-        format!("distlock {}", self.lock.backend())
+        match self.lock.backend() {
+            "redis" => "distlock redis (1 node)".into(),
+            "redlock" => "distlock redlock (5 masters)".into(),
+            other => format!("distlock {other}"),
+        }
     }
     async fn lock(&self, name: &str) -> Result<Box<dyn Guard>, String> {
         let name = LockName::new(name).map_err(|e| e.to_string())?;
@@ -97,6 +101,14 @@ impl Subject for TokioMutex {
 /// Settings the backends need.
 pub(crate) struct Endpoints {
     pub(crate) redis_url: String,
+    pub(crate) redlock_url: String,
+}
+
+/// The masters of a `redlock://h1:p1,h2:p2` URL as `redis://` URLs (for the baselines).
+fn redlock_masters(url: &str) -> Vec<String> {
+    let hosts = url.trim_start_matches("redlock://");
+    let hosts = hosts.split(['/', '?']).next().unwrap_or("");
+    hosts.split(',').map(|h| format!("redis://{h}")).collect()
 }
 
 /// Baselines measured beside `backend`, in the order they are listed.
@@ -108,10 +120,26 @@ pub(crate) async fn baselines_for(
         "memory" => Ok(vec![Arc::new(TokioMutex::default())]),
         "redis" => Ok(vec![
             Arc::new(crate::redis_baselines::RawFloor::connect(&ep.redis_url).await?),
-            Arc::new(crate::redis_baselines::Rslock::new(&ep.redis_url)),
+            Arc::new(crate::redis_baselines::Rslock::new(vec![ep
+                .redis_url
+                .clone()])),
         ]),
+        "redlock" => {
+            let masters = redlock_masters(&ep.redlock_url);
+            let first = masters.first().cloned().unwrap_or_default();
+            let single = lock_redis::RedisLock::from_url(&first)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(vec![
+                Arc::new(Driver {
+                    lock: Arc::new(single),
+                    opts: LockOptions::new(Duration::from_secs(10)),
+                }),
+                Arc::new(crate::redis_baselines::Rslock::new(masters)),
+            ])
+        }
         other => Err(format!(
-            "unknown backend {other:?} (available: memory, redis)"
+            "unknown backend {other:?} (available: memory, redis, redlock)"
         )),
     }
 }
@@ -128,9 +156,14 @@ pub(crate) async fn driver_subject(
                 .await
                 .map_err(|e| e.to_string())?,
         ),
+        "redlock" => Arc::new(
+            lock_redlock::RedlockLock::from_url(&ep.redlock_url)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
         other => {
             return Err(format!(
-                "unknown backend {other:?} (available: memory, redis)"
+                "unknown backend {other:?} (available: memory, redis, redlock)"
             ))
         }
     };

@@ -24,6 +24,19 @@ return {0, redis.call('PTTL', KEYS[1])}
     )
 });
 
+/// `SET lock token NX PX ttl` → `{1, 0}`; busy → `{0, pttl}`. For Redlock, which has no
+/// fencing counter and so no `INCR` to pay for.
+static ACQUIRE_UNFENCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
 /// Compare token, `DEL`, `PUBLISH` → 1; not the owner → 0.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -113,7 +126,27 @@ pub async fn acquire<C: ConnectionLike + Send>(
         .arg(ms(ttl))
         .invoke_async(conn)
         .await?;
-    Ok(if granted == 1 {
+    Ok(acquired(granted, value))
+}
+
+/// Like [`acquire`] without the fencing counter: `Granted { fence: 0 }` when granted.
+pub async fn acquire_unfenced<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+    token: &str,
+    ttl: Duration,
+) -> redis::RedisResult<Acquired> {
+    let (granted, value): (i64, i64) = ACQUIRE_UNFENCED
+        .key(&keys.lock)
+        .arg(token)
+        .arg(ms(ttl))
+        .invoke_async(conn)
+        .await?;
+    Ok(acquired(granted, value))
+}
+
+fn acquired(granted: i64, value: i64) -> Acquired {
+    if granted == 1 {
         Acquired::Granted {
             fence: u64::try_from(value).unwrap_or(0),
         }
@@ -121,7 +154,7 @@ pub async fn acquire<C: ConnectionLike + Send>(
         Acquired::Busy {
             remaining: u64::try_from(value).ok().map(Duration::from_millis),
         }
-    })
+    }
 }
 
 /// Runs the release script; `true` when this token held the lock and it is now deleted.

@@ -163,7 +163,11 @@ impl RedlockLock {
             let mut c = n.connection();
             let token = &token;
             async move {
-                tokio::time::timeout(node_timeout, scripts::acquire(&mut c, keys, token, ttl)).await
+                tokio::time::timeout(
+                    node_timeout,
+                    scripts::acquire_unfenced(&mut c, keys, token, ttl),
+                )
+                .await
             }
         }))
         .await;
