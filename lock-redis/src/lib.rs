@@ -52,3 +52,4 @@ pub use lock::{drift, RedisLock};
 pub use lock_core;
 pub use node::{RedisNode, ReleaseWatch};
 pub use redis;
+pub use wakeup::ReleaseDedup;

@@ -10,7 +10,7 @@ use lock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::scripts::LockKeys;
-use crate::wakeup::{Wakeups, Watch};
+use crate::wakeup::{ReleaseDedup, Wakeups, Watch};
 use crate::RedisConfig;
 
 const BACKEND: &str = "redis";
@@ -48,6 +48,7 @@ impl RedisNode {
     fn build(
         config: RedisConfig,
         backend: &'static str,
+        dedup: Option<ReleaseDedup>,
     ) -> Result<(Self, redis::Client, ConnectionManagerConfig)> {
         let info = config.connection_info()?;
         let client = redis::Client::open(info).map_err(|e| {
@@ -57,7 +58,7 @@ impl RedisNode {
                 scrub(&e, &config)
             ))
         })?;
-        let wakeups = Arc::new(Wakeups::default());
+        let wakeups = Arc::new(Wakeups::with_dedup(dedup));
         let w = wakeups.clone();
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
@@ -97,7 +98,7 @@ impl RedisNode {
 
     /// [`connect`](Self::connect), naming `backend` in errors (`"redlock"` for its masters).
     pub async fn connect_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
-        let (mut node, client, manager_config) = Self::build(config, backend)?;
+        let (mut node, client, manager_config) = Self::build(config, backend, None)?;
         let conn = tokio::time::timeout(
             node.config.connect_timeout() + node.config.response_timeout(),
             ConnectionManager::new_with_config(client, manager_config),
@@ -112,7 +113,17 @@ impl RedisNode {
     /// A node that connects on first use and reconnects by itself: for masters that may be
     /// down when the client starts (Redlock tolerates a minority of them).
     pub fn lazy_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
-        Ok(Self::build(config, backend)?.0)
+        Ok(Self::build(config, backend, None)?.0)
+    }
+
+    /// [`lazy_as`](Self::lazy_as) for one of several nodes that announce the same releases:
+    /// nodes sharing `dedup` wake a local waiter once per release, not once per node.
+    pub fn lazy_shared(
+        config: RedisConfig,
+        backend: &'static str,
+        dedup: ReleaseDedup,
+    ) -> Result<Self> {
+        Ok(Self::build(config, backend, Some(dedup))?.0)
     }
 
     /// The node's configuration.

@@ -37,13 +37,15 @@ return {0, redis.call('PTTL', KEYS[1])}
     )
 });
 
-/// Compare token, `DEL`, `PUBLISH` → 1; not the owner → 0.
+/// Compare token, `DEL`, `PUBLISH` the token → 1; not the owner → 0. The token as payload
+/// lets a client that hears one release from several masters (Redlock) count it once; the
+/// token is worthless once its key is deleted.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
 end
 return 0

@@ -20,9 +20,76 @@ struct Channel {
 #[derive(Default)]
 pub(crate) struct Wakeups {
     channels: Mutex<HashMap<String, Channel>>,
+    dedup: Option<ReleaseDedup>,
+}
+
+/// Remembers recent release announcements (channel + releasing token) so that nodes sharing it
+/// wake a waiter once per release, not once per node that announced it.
+///
+/// ```
+/// let d = lock_redis::ReleaseDedup::default();
+/// assert!(d.first_sighting("distlock:{a}:released", b"tok1"));
+/// assert!(!d.first_sighting("distlock:{a}:released", b"tok1"));
+/// assert!(d.first_sighting("distlock:{a}:released", b"tok2"));
+/// ```
+#[derive(Clone, Default)]
+pub struct ReleaseDedup {
+    seen: Arc<Mutex<Recent>>,
+}
+
+/// Recent announcements: a set for lookups, a queue for eviction order.
+type Recent = (
+    std::collections::HashSet<Vec<u8>>,
+    std::collections::VecDeque<Vec<u8>>,
+);
+
+impl ReleaseDedup {
+    /// How many recent announcements are remembered.
+    const CAPACITY: usize = 4096;
+
+    /// True the first time this (channel, payload) is seen.
+    pub fn first_sighting(&self, channel: &str, payload: &[u8]) -> bool {
+        let mut key = Vec::with_capacity(channel.len() + 1 + payload.len());
+        key.extend_from_slice(channel.as_bytes());
+        key.push(0);
+        key.extend_from_slice(payload);
+        let mut guard = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, order) = &mut *guard;
+        if !set.insert(key.clone()) {
+            return false;
+        }
+        order.push_back(key);
+        if order.len() > Self::CAPACITY {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+impl std::fmt::Debug for ReleaseDedup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReleaseDedup")
+    }
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
 }
 
 impl Wakeups {
+    pub(crate) fn with_dedup(dedup: Option<ReleaseDedup>) -> Self {
+        Wakeups {
+            channels: Mutex::default(),
+            dedup,
+        }
+    }
+
     fn map(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
         // Plain data, every update is one step: a poisoned lock is still consistent.
         self.channels.lock().unwrap_or_else(|p| p.into_inner())
@@ -32,8 +99,14 @@ impl Wakeups {
     pub(crate) fn on_push(&self, info: PushInfo) {
         match info.kind {
             PushKind::Message => {
-                if let Some(Value::BulkString(ch)) = info.data.first() {
+                if let Some(ch) = info.data.first().and_then(bytes) {
                     let ch = String::from_utf8_lossy(ch);
+                    let payload = info.data.get(1).and_then(bytes).unwrap_or_default();
+                    if let Some(d) = &self.dedup {
+                        if !d.first_sighting(&ch, payload) {
+                            return; // another node already announced this release
+                        }
+                    }
                     // One release, one local waiter: the others stay asleep (no herd). If that
                     // waiter is cancelled before it runs, tokio hands the wake-up to the next.
                     if let Some(c) = self.map().get(&*ch) {

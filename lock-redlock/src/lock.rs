@@ -72,10 +72,12 @@ impl RedlockLock {
     /// down are retried in the background. Rejected credentials on any master are a
     /// [`Error::Config`]; fewer than a majority reachable is [`Error::Unavailable`].
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        // One release is announced by every master that held it; count it once.
+        let dedup = lock_redis::ReleaseDedup::default();
         let nodes: Vec<RedisNode> = config
             .masters()
             .iter()
-            .map(|m| RedisNode::lazy_as(m.clone(), BACKEND))
+            .map(|m| RedisNode::lazy_shared(m.clone(), BACKEND, dedup.clone()))
             .collect::<Result<_>>()?;
         let pings = join_all(nodes.iter().map(|n| {
             let mut c = n.connection();
