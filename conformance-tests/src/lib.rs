@@ -48,7 +48,7 @@ mod runner;
 
 pub use cases::{Case, Facts, CASES};
 pub use proxy::FaultProxy;
-pub use runner::{run, run_case, run_with_args, trials};
+pub use runner::{run, run_case, run_with_args, trials, trials_prefixed};
 
 /// What the suite needs from a driver's test.
 #[async_trait]

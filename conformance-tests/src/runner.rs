@@ -38,6 +38,19 @@ pub fn run_with_args(harness: Arc<dyn Harness>, mut args: Arguments) -> ExitCode
 /// client); if no client can be made, every case fails with that reason — a missing server is
 /// a failure, never a skip.
 pub fn trials(harness: Arc<dyn Harness>) -> Vec<Trial> {
+    trials_prefixed(harness, "")
+}
+
+/// [`trials`] with every case named `<prefix>::<area>::<case>`, for a driver that runs the
+/// suite against several deployments (a single node and a cluster) in one test binary.
+pub fn trials_prefixed(harness: Arc<dyn Harness>, prefix: &str) -> Vec<Trial> {
+    let named = |case: &Case| {
+        if prefix.is_empty() {
+            case.name.to_string()
+        } else {
+            format!("{prefix}::{}", case.name)
+        }
+    };
     let facts = runtime().and_then(|rt| {
         let h = harness.clone();
         let r = rt.block_on(async move {
@@ -59,15 +72,15 @@ pub fn trials(harness: Arc<dyn Harness>) -> Vec<Trial> {
         .map(|case| match &facts {
             Err(f) => {
                 let msg = f.0.clone();
-                Trial::test(case.name, move || Err(msg.into()))
+                Trial::test(named(case), move || Err(msg.into()))
             }
             Ok(facts) => match (case.requires)(facts) {
-                Err(reason) => Trial::test(case.name, || Ok(()))
+                Err(reason) => Trial::test(named(case), || Ok(()))
                     .with_ignored_flag(true)
                     .with_kind(format!("skipped: {reason}")),
                 Ok(()) => {
                     let h = harness.clone();
-                    Trial::test(case.name, move || {
+                    Trial::test(named(case), move || {
                         run_case(&*h, case).map_err(|f| f.0.into())
                     })
                 }

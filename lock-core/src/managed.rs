@@ -63,6 +63,13 @@ pub trait LeaseOps: Send + Sync + fmt::Debug + 'static {
 
     /// Called by [`Lease::abandon`]. The default does nothing: the lock expires.
     fn abandon(&self) {}
+
+    /// Whether the lock ends by itself once renewals stop (a TTL). Backends where it lives as
+    /// long as the client's session (ZooKeeper) return `false`; the watchdog then releases
+    /// actively at `max_hold` instead of just ceasing to renew.
+    fn lapses_without_renewal(&self) -> bool {
+        true
+    }
 }
 
 struct Shared<O> {
@@ -157,6 +164,15 @@ async fn watchdog<O: LeaseOps>(
         }
         if stop_at.is_some_and(|s| Instant::now() >= s) {
             tracing::debug!(lock = %name, "max_hold reached: watchdog stops renewing");
+            if !shared.ops.lapses_without_renewal() {
+                let _gate = shared.gate.lock().await;
+                if !shared.released.swap(true, Ordering::SeqCst) {
+                    if let Err(e) = shared.ops.release().await {
+                        tracing::warn!(lock = %name, error = %e, "release at max_hold failed");
+                    }
+                }
+                shared.tracker.mark_lost();
+            }
             return;
         }
         let valid_until = shared.tracker.valid_until();

@@ -1,6 +1,23 @@
-//! The `zookeeper` driver for distlock.
+//! # lock-zookeeper: distlock on ZooKeeper
 //!
-//! This crate is a placeholder: the driver lands with its own issue. It compiles so the workspace
-//! layout (and every path that refers to it) is stable from the first commit.
+//! [`ZkLock`] implements [`lock_core::DistributedLock`] with the protected
+//! ephemeral-sequential recipe: a container node per lock name, one
+//! `_c_<uuid>-lock-<seq>` node per contender, the lowest sequence holds, each waiter watches
+//! only its predecessor (no herd, FIFO), a contender that loses the connection while creating
+//! its node finds it again by its uuid instead of leaving an orphan behind. See [`ZkLock`] for
+//! how the session serves as every lock's lease and what the TTL option means here.
+//!
+//! Built on `zookeeper-client` with its `tokio` feature (without it the client panics with
+//! "no spawner"); the crate is re-exported.
+//!
+//! URL: `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock]`.
+//! Digest credentials are sent before the first request, lock nodes then carry ACLs that only
+//! that user can delete, and the password never appears in `Debug`, `Display` or errors.
 
+mod config;
+mod lock;
+
+pub use config::ZkConfig;
+pub use lock::ZkLock;
 pub use lock_core;
+pub use zookeeper_client;

@@ -1,0 +1,256 @@
+//! `ZkConfig`: ensemble, session timeout, base path, digest credentials.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::{Error, Result};
+
+/// Where the ensemble is and how this client's session behaves.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_zookeeper::ZkConfig;
+/// let cfg = ZkConfig::from_url("zk://locker:s3cret@127.0.0.1:12281,127.0.0.1:12282/app?session_timeout_ms=4000")?;
+/// assert_eq!(cfg.hosts(), "127.0.0.1:12281,127.0.0.1:12282");
+/// assert_eq!(cfg.chroot(), Some("/app"));
+/// assert_eq!(cfg.session_timeout(), Duration::from_secs(4));
+/// assert!(!format!("{cfg:?} {cfg}").contains("s3cret"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct ZkConfig {
+    hosts: String,
+    chroot: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    session_timeout: Duration,
+    base_path: String,
+}
+
+impl ZkConfig {
+    /// `hosts` is `h1:p1,h2:p2`. Session timeout 6 s, base path `/distlock`, no credentials.
+    pub fn new(hosts: impl Into<String>) -> Self {
+        ZkConfig {
+            hosts: hosts.into(),
+            chroot: None,
+            user: None,
+            password: None,
+            session_timeout: Duration::from_secs(6),
+            base_path: "/distlock".into(),
+        }
+    }
+
+    /// Parses `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/path]`.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = url
+            .strip_prefix("zk://")
+            .ok_or_else(|| Error::Config("a ZooKeeper URL starts with zk://h1:p1,h2:p2".into()))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, chroot) = match rest.find('/') {
+            Some(i) => (&rest[..i], Some(&rest[i..])),
+            None => (rest, None),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        if hosts.is_empty()
+            || hosts
+                .split(',')
+                .any(|h| h.is_empty() || h.contains(char::is_whitespace))
+        {
+            return Err(Error::Config(
+                "ZooKeeper URL: empty or malformed host list".into(),
+            ));
+        }
+        let mut cfg = ZkConfig::new(hosts);
+        if let Some(ui) = userinfo {
+            let (u, p) = ui.split_once(':').ok_or_else(|| {
+                Error::Config("ZooKeeper URL: digest credentials are user:password".into())
+            })?;
+            if u.is_empty() {
+                return Err(Error::Config("ZooKeeper URL: empty user name".into()));
+            }
+            cfg = cfg.with_digest(percent_decode(u), percent_decode(p));
+        }
+        if let Some(c) = chroot.filter(|c| *c != "/") {
+            cfg = cfg.with_chroot(c)?;
+        }
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "session_timeout_ms" => {
+                    let ms: u64 = v.parse().map_err(|_| {
+                        Error::Config(format!(
+                            "ZooKeeper URL: session_timeout_ms={v:?} is not a number"
+                        ))
+                    })?;
+                    cfg = cfg.with_session_timeout(Duration::from_millis(ms));
+                }
+                "base" => cfg = cfg.with_base_path(v)?,
+                other => {
+                    return Err(Error::Config(format!(
+                    "ZooKeeper URL: unknown parameter {other:?} (known: session_timeout_ms, base)"
+                )))
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Digest credentials (`addauth digest user:password`); lock nodes then get ACLs that only
+    /// this user can delete.
+    pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self
+    }
+    /// The session timeout: the lease of every lock of this client.
+    pub fn with_session_timeout(mut self, d: Duration) -> Self {
+        self.session_timeout = d;
+        self
+    }
+    /// A chroot for the whole client (`/app`).
+    pub fn with_chroot(mut self, chroot: &str) -> Result<Self> {
+        self.chroot = Some(valid_path(chroot, "chroot")?);
+        Ok(self)
+    }
+    /// Parent of every lock's node (default `/distlock`).
+    pub fn with_base_path(mut self, base: &str) -> Result<Self> {
+        self.base_path = valid_path(base, "base path")?;
+        Ok(self)
+    }
+
+    /// `h1:p1,h2:p2`.
+    pub fn hosts(&self) -> &str {
+        &self.hosts
+    }
+    /// The chroot, if any.
+    pub fn chroot(&self) -> Option<&str> {
+        self.chroot.as_deref()
+    }
+    /// Session timeout asked for (the server may clamp it; the driver uses the negotiated one).
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+    /// Base path.
+    pub fn base_path(&self) -> &str {
+        &self.base_path
+    }
+    /// The digest user, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+    pub(crate) fn digest(&self) -> Option<String> {
+        Some(format!(
+            "{}:{}",
+            self.user.as_ref()?,
+            self.password.as_ref()?
+        ))
+    }
+    pub(crate) fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+    pub(crate) fn connect_string(&self) -> String {
+        format!("{}{}", self.hosts, self.chroot.as_deref().unwrap_or(""))
+    }
+
+    /// The URL without the password.
+    pub fn redacted_url(&self) -> String {
+        let auth = self
+            .user
+            .as_ref()
+            .map(|u| format!("{u}:***@"))
+            .unwrap_or_default();
+        format!(
+            "zk://{auth}{}{}",
+            self.hosts,
+            self.chroot.as_deref().unwrap_or("")
+        )
+    }
+}
+
+fn valid_path(p: &str, what: &str) -> Result<String> {
+    let ok = p.starts_with('/')
+        && p.len() > 1
+        && !p.ends_with('/')
+        && !p.contains("//")
+        && p.split('/')
+            .skip(1)
+            .all(|seg| seg != "." && seg != ".." && !seg.is_empty())
+        && !p.chars().any(|c| c.is_control());
+    if ok {
+        Ok(p.to_string())
+    } else {
+        Err(Error::Config(format!(
+            "ZooKeeper {what} {:?} must be an absolute path like /distlock",
+            p.escape_debug().to_string()
+        )))
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("url", &self.redacted_url())
+            .field("session_timeout", &self.session_timeout)
+            .field("base_path", &self.base_path)
+            .finish()
+    }
+}
+
+impl fmt::Display for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted_url())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_urls_without_the_password() {
+        for bad in [
+            "redis://h:1",
+            "zk://u:topsecret@",
+            "zk://u:topsecret@h:1/bad//chroot",
+            "zk://u:topsecret@h:1?session_timeout_ms=soon",
+            "zk://u:topsecret@h:1?x=1",
+            "zk://nocolon@h:1",
+            "zk://u:topsecret@h:1?base=relative",
+        ] {
+            let e = ZkConfig::from_url(bad).unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+            assert!(!e.to_string().contains("topsecret"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn parses_credentials_and_base() {
+        let c = ZkConfig::from_url("zk://a%3Ab:p%40w@h:1,h:2?base=/locks").unwrap();
+        assert_eq!(c.user(), Some("a:b"));
+        assert_eq!(c.secret(), Some("p@w"));
+        assert_eq!(c.base_path(), "/locks");
+        assert_eq!(c.connect_string(), "h:1,h:2");
+    }
+}

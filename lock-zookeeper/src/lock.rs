@@ -1,0 +1,483 @@
+//! `ZkLock`: the ephemeral-sequential recipe with a predecessor watch.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
+    LockOptions, ManagedLease, Renewal, Result, Wait,
+};
+use zookeeper_client::{Acls, Client, CreateMode, Stat};
+
+use crate::ZkConfig;
+
+const BACKEND: &str = "zookeeper";
+const MARK: &str = "-lock-";
+
+/// Clock drift allowance: 1 % of the session timeout plus 2 ms.
+fn drift(timeout: Duration) -> Duration {
+    timeout / 100 + Duration::from_millis(2)
+}
+
+/// A ZooKeeper lock client: one session, shared by all its locks.
+///
+/// Each contender creates `<base>/<name>/_c_<uuid>-lock-<seq>` (ephemeral, sequential) under a
+/// container node per lock name. The lowest sequence holds the lock; every other contender
+/// watches only the node just before its own, so a release wakes exactly one waiter and waiters
+/// are served in arrival order.
+///
+/// **The session is the lease.** A lock lives as long as this client's session: a crashed
+/// holder frees its locks when the server expires the session, after the (negotiated) session
+/// timeout. Each lease is confirmed in the background every third of the session timeout (an
+/// `exists` on its own node, which also proves the node is still this session's), whatever the
+/// [`Renewal`] option says; `valid_until` is the start of the last confirmed request plus the
+/// session timeout minus drift, so a disconnected holder turns AtRisk at once and Lost no later
+/// than the server can expire its session — without waiting for the client library to report
+/// `Expired` (it does so only after 1.4× the timeout).
+///
+/// **TTL option**: a lock cannot outlive or undercut the session, so the TTL must be at least
+/// the session timeout (shorter is rejected as `InvalidOptions`, never silently ignored); the
+/// lease reports the TTL asked for, but a vanished holder frees the lock after the session
+/// timeout. `max_hold` is honoured by deleting the node (the lock would not lapse on its own).
+///
+/// **Fencing**: the lock node's `czxid`, a zxid: strictly increasing across the ensemble and
+/// across re-creation of the parent node (the sequence suffix is not).
+#[derive(Clone)]
+pub struct ZkLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ZkConfig,
+    client: Client,
+    session_timeout: Duration,
+    secured: bool,
+    wakeups: AtomicU64,
+    caps: Capabilities,
+}
+
+impl ZkLock {
+    /// Opens a session (authenticating with digest credentials if configured) and makes sure
+    /// the base path exists.
+    pub async fn connect(config: ZkConfig) -> Result<Self> {
+        let mut connector = Client::connector()
+            .with_session_timeout(config.session_timeout())
+            .with_fail_eagerly();
+        if let Some(d) = config.digest() {
+            connector = connector.with_auth("digest", d.as_bytes());
+        }
+        let limit = config.session_timeout() + Duration::from_secs(2);
+        let client = tokio::time::timeout(limit, connector.connect(&config.connect_string()))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    BACKEND,
+                    format!("no session with {} within {limit:?}", config.redacted_url()),
+                )
+            })?
+            .map_err(|e| match e {
+                zookeeper_client::Error::AuthFailed | zookeeper_client::Error::NoAuth => {
+                    Error::Config(format!(
+                        "ZooKeeper at {} rejected the digest credentials of user {:?}",
+                        config.hosts(),
+                        config.user().unwrap_or("")
+                    ))
+                }
+                e => Error::unavailable(
+                    BACKEND,
+                    format!(
+                        "cannot connect to {}: {}",
+                        config.redacted_url(),
+                        scrub(&e, &config)
+                    ),
+                ),
+            })?;
+        let session_timeout = client.session_timeout();
+        let secured = config.digest().is_some();
+        let lock = ZkLock {
+            inner: Arc::new(Inner {
+                caps: Capabilities::new()
+                    .with_fencing(Fencing::Strict)
+                    .with_fifo(true)
+                    .with_per_lock_ttl(false)
+                    .with_min_ttl(session_timeout),
+                config,
+                client,
+                session_timeout,
+                secured,
+                wakeups: AtomicU64::new(0),
+            }),
+        };
+        let base = lock.inner.config.base_path().to_string();
+        match lock
+            .inner
+            .client
+            .mkdir(&base, &CreateMode::Persistent.with_acls(lock.acls()))
+            .await
+        {
+            Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => return Err(lock.error(e)),
+        }
+        Ok(lock)
+    }
+
+    /// [`connect`](Self::connect) from a `zk://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(ZkConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the server granted: the lease of every lock of this client.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.session_timeout
+    }
+
+    /// How many times a waiter of this client was woken by its predecessor's watch (for tests
+    /// and diagnostics: one release should wake one waiter).
+    pub fn watch_wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// The underlying client.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    fn acls(&self) -> Acls<'static> {
+        // With credentials, only this user may delete (or create under) the nodes.
+        if self.inner.secured {
+            Acls::creator_all()
+        } else {
+            Acls::anyone_all()
+        }
+    }
+
+    fn error(&self, e: zookeeper_client::Error) -> Error {
+        map_error(e, &self.inner.config)
+    }
+
+    fn parent(&self, name: &LockName) -> String {
+        format!("{}/{}", self.inner.config.base_path(), name)
+    }
+
+    /// Creates this contender's node; after a connection loss, finds it by its unique prefix
+    /// instead of creating a second one.
+    async fn enqueue(&self, parent: &str) -> Result<(String, Stat)> {
+        let client = &self.inner.client;
+        let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
+        let node_opts = CreateMode::EphemeralSequential.with_acls(self.acls());
+        let parent_opts = CreateMode::Container.with_acls(self.acls());
+        let mut last = None;
+        for _ in 0..5 {
+            match client
+                .create(&format!("{parent}/{prefix}"), b"", &node_opts)
+                .await
+            {
+                Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat)),
+                Err(zookeeper_client::Error::NoNode) => {
+                    // The container is created on demand and removed by the server when empty.
+                    match client.create(parent, b"", &parent_opts).await {
+                        Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                        Err(zookeeper_client::Error::NoNode) => {
+                            let base = self.inner.config.base_path();
+                            match client
+                                .mkdir(base, &CreateMode::Persistent.with_acls(self.acls()))
+                                .await
+                            {
+                                Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+                                Err(e) => return Err(self.error(e)),
+                            }
+                        }
+                        Err(e) => return Err(self.error(e)),
+                    }
+                }
+                Err(zookeeper_client::Error::ConnectionLoss) => {
+                    if let Ok(children) = client.list_children(parent).await {
+                        if let Some(mine) = children.into_iter().find(|c| c.starts_with(&prefix)) {
+                            if let Ok(Some(stat)) =
+                                client.check_stat(&format!("{parent}/{mine}")).await
+                            {
+                                if stat.ephemeral_owner == client.session_id().0 {
+                                    return Ok((mine, stat));
+                                }
+                            }
+                        }
+                    }
+                    last = Some(zookeeper_client::Error::ConnectionLoss);
+                }
+                Err(e) => return Err(self.error(e)),
+            }
+        }
+        Err(self.error(last.unwrap_or(zookeeper_client::Error::ConnectionLoss)))
+    }
+
+    /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, `t` = start of the request
+    /// that confirmed it. `Ok(None)`: not granted by the deadline (or at once, for `no_wait`).
+    async fn wait_turn(
+        &self,
+        parent: &str,
+        me: &str,
+        deadline: Option<Instant>,
+        no_wait: bool,
+    ) -> Result<Option<Instant>> {
+        let client = &self.inner.client;
+        loop {
+            let asked = Instant::now();
+            let mut children: Vec<(i64, String)> = client
+                .list_children(parent)
+                .await
+                .map_err(|e| self.error(e))?
+                .into_iter()
+                .filter_map(|c| {
+                    let seq = c.rsplit_once(MARK)?.1.parse::<i64>().ok()?;
+                    Some((seq, c))
+                })
+                .collect();
+            children.sort();
+            let Some(idx) = children.iter().position(|(_, c)| c == me) else {
+                return Err(Error::Lost {
+                    name: lock_name(parent),
+                    reason: "the contender's node vanished (session expired?)".into(),
+                });
+            };
+            if idx == 0 {
+                return Ok(Some(asked));
+            }
+            if no_wait || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            let pred = format!("{parent}/{}", children[idx - 1].1);
+            let (stat, watcher) = client
+                .check_and_watch_stat(&pred)
+                .await
+                .map_err(|e| self.error(e))?;
+            if stat.is_none() {
+                continue; // gone between the listing and the watch
+            }
+            let until = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = watcher.changed() => {
+                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                }
+                _ = until => return Ok(None),
+            }
+        }
+    }
+
+    async fn contend(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        deadline: Option<Instant>,
+        no_wait: bool,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let ttl = opts.validate(&self.inner.caps)?;
+        let parent = self.parent(name);
+        let (me, stat) = self.enqueue(&parent).await?;
+        let path = format!("{parent}/{me}");
+        // Until granted, a dropped (cancelled) future deletes the node in the background.
+        let mut guard = NodeGuard {
+            client: self.inner.client.clone(),
+            path: Some(path.clone()),
+        };
+        match self.wait_turn(&parent, &me, deadline, no_wait).await {
+            Ok(Some(confirmed)) => {
+                guard.path = None;
+                let st = self.inner.session_timeout;
+                let renewal = match opts.renewal {
+                    Renewal::Manual => Renewal::Auto { max_hold: None },
+                    auto => auto,
+                };
+                let ops = ZkLeaseOps {
+                    client: self.inner.client.clone(),
+                    path,
+                    session: self.inner.client.session_id().0,
+                    session_timeout: st,
+                    config: self.inner.config.clone(),
+                };
+                Ok(Some(Box::new(ManagedLease::new(
+                    name.clone(),
+                    Some(FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0))),
+                    ttl,
+                    confirmed + st.saturating_sub(drift(st)),
+                    renewal,
+                    ops,
+                ))))
+            }
+            Ok(None) => {
+                // Not ours: leave no node behind for later waiters to queue behind.
+                guard.path = None;
+                match self.inner.client.delete(&path, None).await {
+                    Ok(()) | Err(zookeeper_client::Error::NoNode) => Ok(None),
+                    Err(e) => Err(self.error(e)),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Deletes a contender's node if the acquisition is dropped before it is granted.
+struct NodeGuard {
+    client: Client,
+    path: Option<String>,
+}
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            let delete = self.client.delete(&path, None);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = delete.await;
+                });
+            }
+        }
+    }
+}
+
+fn lock_name(parent: &str) -> LockName {
+    let n = parent.rsplit('/').next().unwrap_or("");
+    LockName::new(n).unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
+}
+
+#[async_trait]
+impl DistributedLock for ZkLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(name, opts, None, true).await
+    }
+
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        let start = Instant::now();
+        let deadline = opts.wait.deadline(start);
+        match self
+            .contend(name, opts, deadline, opts.wait == Wait::No)
+            .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(Error::Timeout {
+                name: name.clone(),
+                waited: start.elapsed(),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for ZkLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLock")
+            .field("config", &self.inner.config)
+            .field("session_timeout", &self.inner.session_timeout)
+            .finish()
+    }
+}
+
+struct ZkLeaseOps {
+    client: Client,
+    path: String,
+    session: i64,
+    session_timeout: Duration,
+    config: ZkConfig,
+}
+
+impl fmt::Debug for ZkLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLease").field("node", &self.path).finish()
+    }
+}
+
+impl ZkLeaseOps {
+    fn name(&self) -> LockName {
+        let parent = self.path.rsplit_once('/').map_or("", |(p, _)| p);
+        lock_name(parent)
+    }
+}
+
+#[async_trait]
+impl LeaseOps for ZkLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        match self.client.check_stat(&self.path).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == self.session => Ok(start
+                + self
+                    .session_timeout
+                    .saturating_sub(drift(self.session_timeout))),
+            Ok(_) => Err(Error::NotHeld { name: self.name() }),
+            Err(e) => Err(map_error(e, &self.config)),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        match self.client.delete(&self.path, None).await {
+            Ok(()) => Ok(()),
+            Err(zookeeper_client::Error::NoNode) => Err(Error::NotHeld { name: self.name() }),
+            Err(e) => Err(map_error(e, &self.config)),
+        }
+    }
+
+    fn lapses_without_renewal(&self) -> bool {
+        false
+    }
+
+    /// The session is shared by every lock of the client, so it cannot be left to expire for
+    /// one lock: abandoning deletes the node in the background, as dropping does.
+    fn abandon(&self) {
+        let delete = self.client.delete(&self.path, None);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = delete.await;
+            });
+        }
+    }
+}
+
+fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error {
+    use zookeeper_client::Error as Z;
+    let text = scrub(&e, config);
+    match e {
+        Z::SessionExpired | Z::ClientClosed => Error::Lost {
+            name: LockName::new("session").unwrap_or_else(|_| unreachable!()),
+            reason: format!("ZooKeeper session ended: {text}"),
+        },
+        Z::ConnectionLoss | Z::Timeout | Z::NoHosts | Z::Throttled | Z::SessionMoved => {
+            Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
+        }
+        Z::AuthFailed | Z::NoAuth | Z::InvalidAcl => Error::Config(format!(
+            "ZooKeeper refused access for user {:?}: {text}",
+            config.user().unwrap_or("")
+        )),
+        _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
+    }
+}
+
+fn scrub(e: &dyn fmt::Display, config: &ZkConfig) -> String {
+    let text = e.to_string();
+    match config.secret() {
+        Some(p) if !p.is_empty() => text.replace(p, "***"),
+        _ => text,
+    }
+}

@@ -1,0 +1,69 @@
+//! The shared conformance suite against a real ZooKeeper: the single node (`ZK_URL`, default
+//! `zk://127.0.0.1:12181`) and the 3-node ensemble (`ZK_ENSEMBLE_URL`, default
+//! `zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283`), both from `scripts/services.sh up`.
+//! Cases are listed twice, prefixed `single::` and `ensemble::`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use libtest_mimic::Arguments;
+use lock_core::{DistributedLock, LockName};
+use lock_zookeeper::{ZkConfig, ZkLock};
+
+const SESSION: Duration = Duration::from_millis(2000);
+
+struct Zk {
+    config: ZkConfig,
+}
+
+#[async_trait]
+impl Harness for Zk {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        let lock = ZkLock::connect(self.config.clone()).await.map_err(|e| {
+            format!("{e} — is ZooKeeper running? start it with: scripts/services.sh up zk zk-ens1 zk-ens2 zk-ens3")
+        })?;
+        Ok(Arc::new(lock))
+    }
+    fn timing(&self) -> Timing {
+        // The lock's TTL cannot be below the session timeout.
+        Timing::for_ttl(SESSION)
+    }
+    async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
+        Some(
+            async {
+                let admin = zookeeper_client::Client::connect(self.config.hosts()).await?;
+                let parent = format!("{}/{}", self.config.base_path(), name);
+                for child in admin.list_children(&parent).await? {
+                    admin.delete(&format!("{parent}/{child}"), None).await?;
+                }
+                Ok(())
+            }
+            .await,
+        )
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let single = std::env::var("ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:12181".into());
+    let ensemble = std::env::var("ZK_ENSEMBLE_URL")
+        .unwrap_or_else(|_| "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283".into());
+    let mut trials = Vec::new();
+    for (label, url) in [("single", single), ("ensemble", ensemble)] {
+        let config = ZkConfig::from_url(&url)
+            .expect("ZooKeeper URL")
+            .with_session_timeout(SESSION);
+        trials.extend(conformance_tests::trials_prefixed(
+            Arc::new(Zk { config }),
+            label,
+        ));
+    }
+    let mut args = args;
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}
