@@ -117,7 +117,12 @@ impl<O: LeaseOps> ManagedLease<O> {
             Renewal::Auto { max_hold } => match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
                     let stop_at = max_hold.and_then(|d| granted_at.checked_add(d));
-                    Some(rt.spawn(watchdog(shared.clone(), ttl, stop_at, name.clone())))
+                    // Paced on the validity window actually granted, not the TTL asked for:
+                    // they differ where the lease is a session (ZooKeeper) or after drift.
+                    let window = valid_until
+                        .saturating_duration_since(granted_at)
+                        .max(Duration::from_millis(3));
+                    Some(rt.spawn(watchdog(shared.clone(), window, stop_at, name.clone())))
                 }
                 Err(_) => {
                     tracing::warn!(lock = %name, "no tokio runtime: automatic renewal disabled");
@@ -147,7 +152,8 @@ impl<O: LeaseOps> ManagedLease<O> {
     }
 }
 
-/// Renews at about TTL/3 before `valid_until`; on a transient failure marks AtRisk and retries
+/// Renews when a third of the validity window has passed (`ttl` here is that window); marks
+/// AtRisk when a renewal is unconfirmed after a sixth of it or fails transiently, and retries
 /// until `valid_until`; on refusal or when `valid_until` passes marks Lost and stops.
 async fn watchdog<O: LeaseOps>(
     shared: Arc<Shared<O>>,
@@ -157,6 +163,7 @@ async fn watchdog<O: LeaseOps>(
 ) {
     let lead = ttl * 2 / 3;
     let retry = (ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let slow = ttl / 6;
     let mut next = shared.tracker.valid_until().checked_sub(lead);
     loop {
         if let Some(at) = next {
@@ -180,7 +187,18 @@ async fn watchdog<O: LeaseOps>(
         if shared.released.load(Ordering::SeqCst) {
             return;
         }
-        let outcome = tokio::time::timeout_at(valid_until.into(), shared.ops.renew()).await;
+        // A renewal that hangs (partition, frozen server) makes the lease AtRisk long before
+        // it is Lost; a confirmation that arrives in time makes it Held again.
+        let renew = tokio::time::timeout_at(valid_until.into(), shared.ops.renew());
+        tokio::pin!(renew);
+        let outcome = tokio::select! {
+            r = &mut renew => r,
+            _ = tokio::time::sleep(slow) => {
+                tracing::warn!(lock = %name, "renewal unconfirmed after {slow:?}; lease at risk");
+                shared.tracker.at_risk();
+                renew.await
+            }
+        };
         drop(_gate);
         match outcome {
             Ok(Ok(new_valid_until)) => {

@@ -463,7 +463,13 @@ fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error {
             name: LockName::new("session").unwrap_or_else(|_| unreachable!()),
             reason: format!("ZooKeeper session ended: {text}"),
         },
-        Z::ConnectionLoss | Z::Timeout | Z::NoHosts | Z::Throttled | Z::SessionMoved => {
+        // `Custom` errors come from the connection layer ("no response from connection").
+        Z::ConnectionLoss
+        | Z::Timeout
+        | Z::NoHosts
+        | Z::Throttled
+        | Z::SessionMoved
+        | Z::Custom(_) => {
             Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
         }
         Z::AuthFailed | Z::NoAuth | Z::InvalidAcl => Error::Config(format!(

@@ -1,0 +1,303 @@
+//! ZooKeeper under failures: a holder's connection blackholed longer and shorter than the
+//! session timeout (through the suite's `FaultProxy` in front of the single node, 12181), the
+//! ensemble's leader killed while a lock is held and waited for, the lock's parent deleted and
+//! recreated between grants, and 20 waiters woken one per release. Run one at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conformance_tests::{fresh_name, FaultProxy};
+use lock_core::{DistributedLock, Lease, LeaseState, LockOptions};
+use lock_zookeeper::{ZkConfig, ZkLock};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+const SINGLE: u16 = 12181;
+const ENSEMBLE: [u16; 3] = [12281, 12282, 12283];
+
+fn serial(test: impl std::future::Future<Output = ()>) {
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test);
+}
+
+async fn zk(hosts: &str, session: Duration) -> ZkLock {
+    ZkLock::connect(ZkConfig::new(hosts).with_session_timeout(session))
+        .await
+        .unwrap_or_else(|e| panic!("ZooKeeper at {hosts} (scripts/services.sh up): {e}"))
+}
+
+fn services(args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .expect("run services.sh");
+    assert!(
+        out.status.success(),
+        "services.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `srvr` on a port: the server's mode (`leader`, `follower`, `standalone`), if it answers.
+fn mode(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"srvr").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.lines()
+        .find_map(|l| l.strip_prefix("Mode: ").map(str::to_string))
+}
+
+/// Records every state the lease passes through (sampled every 10 ms) for `for_how_long`.
+fn record_states(
+    lease: &Arc<Box<dyn Lease>>,
+    for_how_long: Duration,
+) -> tokio::task::JoinHandle<Vec<LeaseState>> {
+    let lease = lease.clone();
+    tokio::spawn(async move {
+        let end = Instant::now() + for_how_long;
+        let mut seen = vec![];
+        while Instant::now() < end {
+            let s = lease.state();
+            if seen.last() != Some(&s) {
+                seen.push(s);
+            }
+            if s == LeaseState::Lost {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        seen
+    })
+}
+
+#[test]
+fn holder_blackholed_past_the_session_timeout_knows_before_anyone_is_granted() {
+    serial(async {
+        let session = Duration::from_secs(2);
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let holder = zk(&proxy.addr().to_string(), session).await;
+        let other = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let name = fresh_name("zk-partition");
+        let lease = Arc::new(
+            holder
+                .acquire(&name, &LockOptions::new(session))
+                .await
+                .unwrap(),
+        );
+        let lost = lease.lost();
+        let watcher = tokio::spawn(async move {
+            lost.wait().await;
+            Instant::now()
+        });
+        proxy.blackhole();
+        let next = other
+            .acquire(&name, &LockOptions::new(session).wait_for(session * 4))
+            .await
+            .expect("the server must expire the partitioned session and grant the lock");
+        let granted = Instant::now();
+        let lost_at = tokio::time::timeout(Duration::from_secs(1), watcher)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            lost_at <= granted,
+            "holder learned of the loss {:?} after another client was granted",
+            lost_at - granted
+        );
+        assert_eq!(lease.state(), LeaseState::Lost);
+        next.release().await.unwrap();
+        drop(proxy);
+    });
+}
+
+#[test]
+fn short_blackhole_is_survived_and_nobody_else_gets_the_lock() {
+    serial(async {
+        let session = Duration::from_secs(4);
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let holder = zk(&proxy.addr().to_string(), session).await;
+        let other = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let name = fresh_name("zk-blip");
+        let lease = Arc::new(
+            holder
+                .acquire(&name, &LockOptions::new(session))
+                .await
+                .unwrap(),
+        );
+        let states = record_states(&lease, Duration::from_secs(6));
+        // Partition for less than the session timeout but longer than a renewal period plus
+        // the time after which an unconfirmed renewal counts as a risk.
+        tokio::time::sleep(session / 3).await;
+        proxy.blackhole();
+        let end = Instant::now() + Duration::from_millis(2500);
+        while Instant::now() < end {
+            assert!(
+                other
+                    .try_acquire(&name, &LockOptions::new(session))
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "another client got the lock while its holder's session was alive"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        proxy.heal();
+        let seen = states.await.unwrap();
+        assert!(
+            seen.contains(&LeaseState::AtRisk),
+            "never AtRisk during the partition: {seen:?}"
+        );
+        assert_eq!(
+            seen.last(),
+            Some(&LeaseState::Held),
+            "not Held again after the partition: {seen:?}"
+        );
+        assert_eq!(lease.state(), LeaseState::Held);
+        Arc::try_unwrap(lease).unwrap().release().await.unwrap();
+    });
+}
+
+#[test]
+fn lock_and_queue_survive_the_ensemble_leader_being_killed() {
+    serial(async {
+        let session = Duration::from_secs(8);
+        let hosts: Vec<String> = ENSEMBLE.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let holder = zk(&hosts.join(","), session).await;
+        let waiter = zk(&hosts.join(","), session).await;
+        let name = fresh_name("zk-leader");
+        let lease = holder
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let token = lease.fencing_token().unwrap();
+        let (n, w) = (name.clone(), waiter.clone());
+        let waiting = tokio::spawn(async move { w.acquire(&n, &LockOptions::new(session)).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (idx, _) = ENSEMBLE
+            .iter()
+            .enumerate()
+            .find(|(_, p)| mode(**p).as_deref() == Some("leader"))
+            .expect("the ensemble has a leader");
+        let node = format!("zk-ens{}", idx + 1);
+        let pid = services(&["pid", &node]);
+        assert!(Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success());
+        // Election and reconnects take a few seconds, well inside the session timeout.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the waiter was granted while the holder still held the lock"
+        );
+        assert_ne!(
+            lease.state(),
+            LeaseState::Lost,
+            "the holder's session did not survive the failover"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut lease = Some(lease);
+        while let Some(l) = lease.take() {
+            // The first release may meet a connection still moving to another server.
+            if l.state() == LeaseState::Held || Instant::now() > deadline {
+                l.release().await.expect("release after failover");
+            } else {
+                lease = Some(l);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("waiter granted after release")
+            .unwrap()
+            .unwrap();
+        assert!(
+            next.fencing_token().unwrap() > token,
+            "token did not increase across the failover"
+        );
+        next.release().await.unwrap();
+        services(&["up", &node]);
+    });
+}
+
+#[test]
+fn token_increases_when_the_parent_node_is_recreated() {
+    serial(async {
+        let session = Duration::from_secs(4);
+        let lock = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let name = fresh_name("zk-parent");
+        let first = lock
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let t1 = first.fencing_token().unwrap();
+        first.release().await.unwrap();
+        let parent = format!("/distlock/{name}");
+        match lock.client().delete(&parent, None).await {
+            Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => panic!("delete parent: {e}"),
+        }
+        assert!(lock.client().check_stat(&parent).await.unwrap().is_none());
+        let second = lock
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let t2 = second.fencing_token().unwrap();
+        assert!(t2 > t1, "token {t2} after the parent was recreated is not above {t1} (sequence numbers restart; czxid must not)");
+        second.release().await.unwrap();
+    });
+}
+
+#[test]
+fn twenty_waiters_are_woken_once_each() {
+    serial(async {
+        let session = Duration::from_secs(4);
+        let lock = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let name = fresh_name("zk-herd");
+        let holder = lock
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let before = lock.watch_wakeups();
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let (l, n) = (lock.clone(), name.clone());
+            tasks.push(tokio::spawn(async move {
+                let lease = l.acquire(&n, &LockOptions::new(session)).await.unwrap();
+                lease.release().await.unwrap();
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            lock.watch_wakeups(),
+            before,
+            "waiters woke while the lock was held"
+        );
+        holder.release().await.unwrap();
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let wakeups = lock.watch_wakeups() - before;
+        assert!(wakeups <= 20, "{wakeups} wake-ups for 20 releases: a herd");
+        assert!(
+            wakeups >= 15,
+            "only {wakeups} wake-ups: were waiters granted without their predecessor's release?"
+        );
+    });
+}
