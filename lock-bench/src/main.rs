@@ -25,19 +25,21 @@ use serde::Serialize;
 
 mod redis_baselines;
 mod subject;
+mod zk_baselines;
 
 use subject::{baselines_for, driver_subject, Endpoints, Subject};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
 struct Args {
-    /// Backends to measure (comma separated). Available: memory, redis, redlock.
+    /// Backends to measure (comma separated). Available: memory, redis, redlock, zookeeper,
+    /// zookeeper-ensemble.
     #[arg(long, default_value = "memory", value_delimiter = ',')]
     backend: Vec<String>,
-    /// Scenarios to run (comma separated): uncontended, throughput, handoff.
+    /// Scenarios to run (comma separated): uncontended, throughput, handoff, idle.
     #[arg(
         long,
-        default_value = "uncontended,throughput,handoff",
+        default_value = "uncontended,throughput,handoff,idle",
         value_delimiter = ','
     )]
     scenarios: Vec<String>,
@@ -50,6 +52,15 @@ struct Args {
         default_value = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384"
     )]
     redlock_url: String,
+    /// ZooKeeper single node for the `zookeeper` backend.
+    #[arg(long, default_value = "127.0.0.1:12181")]
+    zk_hosts: String,
+    /// ZooKeeper ensemble for the `zookeeper-ensemble` backend.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283"
+    )]
+    zk_ensemble_hosts: String,
     /// Acquire+release cycles per uncontended run.
     #[arg(long, default_value_t = 2000)]
     iterations: u64,
@@ -62,6 +73,9 @@ struct Args {
     /// Tasks contending for one name in the handoff scenario.
     #[arg(long, default_value_t = 8)]
     waiters: usize,
+    /// Length of each measuring window of the idle scenario (holder alone, then with a waiter).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    idle_window: Duration,
     /// Hand-offs measured per handoff run.
     #[arg(long, default_value_t = 400)]
     handoffs: u64,
@@ -246,6 +260,49 @@ async fn handoff(s: Arc<dyn Subject>, waiters: usize, handoffs: u64) -> Result<S
     })
 }
 
+/// A pending read of the server's request counter.
+type CountFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<u64>> + Send>>;
+
+/// Server requests per second that one waiting `lock` call causes: the rate while a holder
+/// holds and a waiter waits, minus the rate while the holder holds alone (heartbeats, renewals).
+/// A waiter woken by notification adds ~0; a poller adds its polling rate.
+async fn idle(
+    s: Arc<dyn Subject>,
+    window: Duration,
+    count: impl Fn() -> CountFuture,
+) -> Result<Sample, String> {
+    let name = fresh("idle");
+    let holder = s.lock(&name).await?;
+    let rate = |before: Option<u64>, after: Option<u64>| match (before, after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / window.as_secs_f64()),
+        _ => None,
+    };
+    let before = count().await;
+    tokio::time::sleep(window).await;
+    let alone = rate(before, count().await);
+    let (ws, wn) = (s.clone(), name.clone());
+    let waiter = tokio::spawn(async move { ws.lock(&wn).await });
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the waiter settle
+    let before = count().await;
+    tokio::time::sleep(window).await;
+    let waiting = rate(before, count().await);
+    if waiter.is_finished() {
+        return Err(format!("{}: the waiter was granted a held lock", s.label()));
+    }
+    holder.unlock().await?;
+    waiter.await.map_err(|e| e.to_string())??.unlock().await?;
+    Ok(Sample {
+        p50_us: None,
+        p99_us: None,
+        ops_per_sec: 0.0,
+        ops: 1,
+        requests_per_op: match (waiting, alone) {
+            (Some(w), Some(a)) => Some((w - a).max(0.0)),
+            _ => None,
+        },
+    })
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
     xs[xs.len() / 2]
@@ -271,13 +328,15 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
     let ep = Endpoints {
         redis_url: args.redis_url.clone(),
         redlock_url: args.redlock_url.clone(),
+        zk_hosts: args.zk_hosts.clone(),
+        zk_ensemble_hosts: args.zk_ensemble_hosts.clone(),
     };
     for b in baselines_for(backend, &ep).await? {
         subjects.push((b, true));
     }
     subjects.push((driver_subject(backend, &ep).await?, false));
     let mut rows = Vec::new();
-    for scenario in ["uncontended", "throughput", "handoff"] {
+    for scenario in ["uncontended", "throughput", "handoff", "idle"] {
         if !args.scenarios.iter().any(|s| s == scenario) {
             continue;
         }
@@ -285,7 +344,16 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
         let mut per_subject: Vec<Vec<Sample>> = subjects.iter().map(|_| Vec::new()).collect();
         for _ in 0..args.runs.max(1) {
             for (i, (s, _)) in subjects.iter().enumerate() {
-                if scenario == "handoff" && !s.waits() {
+                if matches!(scenario, "handoff" | "idle") && !s.waits() {
+                    continue;
+                }
+                if scenario == "idle" {
+                    let (backend, ep) = (backend.to_string(), ep.clone());
+                    let count = move || {
+                        let (backend, ep) = (backend.clone(), ep.clone());
+                        Box::pin(async move { server_requests(&backend, &ep).await }) as CountFuture
+                    };
+                    per_subject[i].push(idle(s.clone(), args.idle_window, count).await?);
                     continue;
                 }
                 let before = server_requests(backend, &ep).await;
@@ -346,6 +414,8 @@ async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
             }
             Some(total)
         }
+        "zookeeper" => subject::zk_packets_received(&ep.zk_hosts).await,
+        "zookeeper-ensemble" => subject::zk_packets_received(&ep.zk_ensemble_hosts).await,
         _ => None,
     }
 }
@@ -361,6 +431,11 @@ fn table(args: &Args, rows: &[Row]) -> String {
         humantime::format_duration(args.duration),
         args.waiters,
         args.handoffs
+    );
+    let _ = writeln!(
+        out,
+        "idle: server requests/op = requests per second one waiting `lock` adds (holder + waiter minus holder alone, {} windows).\n",
+        humantime::format_duration(args.idle_window)
     );
     let _ = writeln!(
         out,
@@ -382,13 +457,18 @@ fn table(args: &Args, rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             r.backend,
             r.subject,
             r.scenario,
             f(r.p50_us),
             f(r.p99_us),
-            r.ops_per_sec,
+            // idle measures a rate of requests, not operations
+            if r.scenario == "idle" {
+                "–".to_string()
+            } else {
+                format!("{:.0}", r.ops_per_sec)
+            },
             f(r.server_requests_per_op),
             ratio
         );

@@ -47,6 +47,7 @@ impl Subject for Driver {
         match self.lock.backend() {
             "redis" => "distlock redis (1 node)".into(),
             "redlock" => "distlock redlock (5 masters)".into(),
+            "zookeeper" => "distlock zookeeper".into(),
             other => format!("distlock {other}"),
         }
     }
@@ -99,9 +100,22 @@ impl Subject for TokioMutex {
 }
 
 /// Settings the backends need.
+#[derive(Clone)]
 pub(crate) struct Endpoints {
     pub(crate) redis_url: String,
     pub(crate) redlock_url: String,
+    pub(crate) zk_hosts: String,
+    pub(crate) zk_ensemble_hosts: String,
+}
+
+impl Endpoints {
+    fn zk(&self, backend: &str) -> Option<(&str, &'static str)> {
+        match backend {
+            "zookeeper" => Some((&self.zk_hosts, "single node")),
+            "zookeeper-ensemble" => Some((&self.zk_ensemble_hosts, "3-node ensemble")),
+            _ => None,
+        }
+    }
 }
 
 /// The masters of a `redlock://h1:p1,h2:p2` URL as `redis://` URLs (for the baselines).
@@ -138,8 +152,12 @@ pub(crate) async fn baselines_for(
                 Arc::new(crate::redis_baselines::Rslock::new(masters)),
             ])
         }
+        b if ep.zk(b).is_some() => {
+            let (hosts, label) = ep.zk(b).unwrap_or_default();
+            Ok(vec![Arc::new(crate::zk_baselines::ZkRecipe::connect(hosts, label).await?)])
+        }
         other => Err(format!(
-            "unknown backend {other:?} (available: memory, redis, redlock)"
+            "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble)"
         )),
     }
 }
@@ -161,9 +179,17 @@ pub(crate) async fn driver_subject(
                 .await
                 .map_err(|e| e.to_string())?,
         ),
+        b if ep.zk(b).is_some() => {
+            let (hosts, _) = ep.zk(b).unwrap_or_default();
+            Arc::new(
+                lock_zookeeper::ZkLock::connect(lock_zookeeper::ZkConfig::new(hosts))
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
         other => {
             return Err(format!(
-                "unknown backend {other:?} (available: memory, redis, redlock)"
+                "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble)"
             ))
         }
     };
@@ -188,4 +214,22 @@ pub(crate) async fn redis_commands_processed(url: &str) -> Option<u64> {
     info.lines()
         .find_map(|l| l.strip_prefix("total_commands_processed:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Client packets received by every ZooKeeper server in `hosts` (the `srvr` four-letter word;
+/// pings count too, which is what "no requests while waiting" must also hold against).
+pub(crate) async fn zk_packets_received(hosts: &str) -> Option<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut total = 0;
+    for host in hosts.split(',') {
+        let mut s = tokio::net::TcpStream::connect(host).await.ok()?;
+        s.write_all(b"srvr").await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        total += out
+            .lines()
+            .find_map(|l| l.strip_prefix("Received:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())?;
+    }
+    Some(total)
 }

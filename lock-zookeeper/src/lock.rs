@@ -52,7 +52,10 @@ pub struct ZkLock {
 
 struct Inner {
     config: ZkConfig,
-    client: Client,
+    /// The current session; replaced by a new one once it has ended (expired or closed).
+    session: std::sync::Mutex<Client>,
+    /// Serializes the re-creation of an ended session.
+    reopen: tokio::sync::Mutex<()>,
     session_timeout: Duration,
     secured: bool,
     wakeups: AtomicU64,
@@ -63,38 +66,7 @@ impl ZkLock {
     /// Opens a session (authenticating with digest credentials if configured) and makes sure
     /// the base path exists.
     pub async fn connect(config: ZkConfig) -> Result<Self> {
-        let mut connector = Client::connector()
-            .with_session_timeout(config.session_timeout())
-            .with_fail_eagerly();
-        if let Some(d) = config.digest() {
-            connector = connector.with_auth("digest", d.as_bytes());
-        }
-        let limit = config.session_timeout() + Duration::from_secs(2);
-        let client = tokio::time::timeout(limit, connector.connect(&config.connect_string()))
-            .await
-            .map_err(|_| {
-                Error::unavailable(
-                    BACKEND,
-                    format!("no session with {} within {limit:?}", config.redacted_url()),
-                )
-            })?
-            .map_err(|e| match e {
-                zookeeper_client::Error::AuthFailed | zookeeper_client::Error::NoAuth => {
-                    Error::Config(format!(
-                        "ZooKeeper at {} rejected the digest credentials of user {:?}",
-                        config.hosts(),
-                        config.user().unwrap_or("")
-                    ))
-                }
-                e => Error::unavailable(
-                    BACKEND,
-                    format!(
-                        "cannot connect to {}: {}",
-                        config.redacted_url(),
-                        scrub(&e, &config)
-                    ),
-                ),
-            })?;
+        let client = open_session(&config).await?;
         let session_timeout = client.session_timeout();
         let secured = config.digest().is_some();
         let lock = ZkLock {
@@ -105,16 +77,15 @@ impl ZkLock {
                     .with_per_lock_ttl(false)
                     .with_min_ttl(session_timeout),
                 config,
-                client,
+                session: std::sync::Mutex::new(client.clone()),
+                reopen: tokio::sync::Mutex::new(()),
                 session_timeout,
                 secured,
                 wakeups: AtomicU64::new(0),
             }),
         };
         let base = lock.inner.config.base_path().to_string();
-        match lock
-            .inner
-            .client
+        match client
             .mkdir(&base, &CreateMode::Persistent.with_acls(lock.acls()))
             .await
         {
@@ -145,9 +116,39 @@ impl ZkLock {
         self.inner.wakeups.load(Ordering::Relaxed)
     }
 
-    /// The underlying client.
-    pub fn client(&self) -> &Client {
-        &self.inner.client
+    /// The client of the current session (a handle: the next acquisition may use a new
+    /// session if this one has ended).
+    pub fn client(&self) -> Client {
+        self.current()
+    }
+
+    fn current(&self) -> Client {
+        self.inner
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A live session: the current one, or a new one if it has expired or been closed. Leases
+    /// of the ended session stay Lost; only new acquisitions use the new session.
+    async fn live_session(&self) -> Result<Client> {
+        let client = self.current();
+        if !client.state().is_terminated() {
+            return Ok(client);
+        }
+        let _one_at_a_time = self.inner.reopen.lock().await;
+        let client = self.current();
+        if !client.state().is_terminated() {
+            return Ok(client); // another task re-opened it meanwhile
+        }
+        let fresh = open_session(&self.inner.config).await?;
+        tracing::info!(
+            url = %self.inner.config.redacted_url(),
+            "ZooKeeper session ended; opened a new one for new acquisitions"
+        );
+        *self.inner.session.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
     }
 
     fn acls(&self) -> Acls<'static> {
@@ -169,8 +170,7 @@ impl ZkLock {
 
     /// Creates this contender's node; after a connection loss, finds it by its unique prefix
     /// instead of creating a second one.
-    async fn enqueue(&self, parent: &str) -> Result<(String, Stat)> {
-        let client = &self.inner.client;
+    async fn enqueue(&self, client: &Client, parent: &str) -> Result<(String, Stat)> {
         let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
         let node_opts = CreateMode::EphemeralSequential.with_acls(self.acls());
         let parent_opts = CreateMode::Container.with_acls(self.acls());
@@ -222,12 +222,12 @@ impl ZkLock {
     /// that confirmed it. `Ok(None)`: not granted by the deadline (or at once, for `no_wait`).
     async fn wait_turn(
         &self,
+        client: &Client,
         parent: &str,
         me: &str,
         deadline: Option<Instant>,
         no_wait: bool,
     ) -> Result<Option<Instant>> {
-        let client = &self.inner.client;
         loop {
             let asked = Instant::now();
             let mut children: Vec<(i64, String)> = client
@@ -284,15 +284,42 @@ impl ZkLock {
         no_wait: bool,
     ) -> Result<Option<Box<dyn Lease>>> {
         let ttl = opts.validate(&self.inner.caps)?;
+        // A session that ends before the grant loses nothing (no lease was handed out): try
+        // once more on a new session.
+        let mut retried = false;
+        loop {
+            let client = self.live_session().await?;
+            match self
+                .contend_on(&client, name, opts, ttl, deadline, no_wait)
+                .await
+            {
+                Err(_) if !retried && client.state().is_terminated() => retried = true,
+                r => return r,
+            }
+        }
+    }
+
+    async fn contend_on(
+        &self,
+        client: &Client,
+        name: &LockName,
+        opts: &LockOptions,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        no_wait: bool,
+    ) -> Result<Option<Box<dyn Lease>>> {
         let parent = self.parent(name);
-        let (me, stat) = self.enqueue(&parent).await?;
+        let (me, stat) = self.enqueue(client, &parent).await?;
         let path = format!("{parent}/{me}");
         // Until granted, a dropped (cancelled) future deletes the node in the background.
         let mut guard = NodeGuard {
-            client: self.inner.client.clone(),
+            client: client.clone(),
             path: Some(path.clone()),
         };
-        match self.wait_turn(&parent, &me, deadline, no_wait).await {
+        match self
+            .wait_turn(client, &parent, &me, deadline, no_wait)
+            .await
+        {
             Ok(Some(confirmed)) => {
                 guard.path = None;
                 let st = self.inner.session_timeout;
@@ -301,9 +328,9 @@ impl ZkLock {
                     auto => auto,
                 };
                 let ops = ZkLeaseOps {
-                    client: self.inner.client.clone(),
+                    client: client.clone(),
                     path,
-                    session: self.inner.client.session_id().0,
+                    session: client.session_id().0,
                     session_timeout: st,
                     config: self.inner.config.clone(),
                 };
@@ -319,7 +346,7 @@ impl ZkLock {
             Ok(None) => {
                 // Not ours: leave no node behind for later waiters to queue behind.
                 guard.path = None;
-                match self.inner.client.delete(&path, None).await {
+                match client.delete(&path, None).await {
                     Ok(()) | Err(zookeeper_client::Error::NoNode) => Ok(None),
                     Err(e) => Err(self.error(e)),
                 }
@@ -327,6 +354,43 @@ impl ZkLock {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Opens a session, authenticating with the digest credentials if configured.
+async fn open_session(config: &ZkConfig) -> Result<Client> {
+    let mut connector = Client::connector()
+        .with_session_timeout(config.session_timeout())
+        .with_fail_eagerly();
+    if let Some(d) = config.digest() {
+        connector = connector.with_auth("digest", d.as_bytes());
+    }
+    let limit = config.session_timeout() + Duration::from_secs(2);
+    let client = tokio::time::timeout(limit, connector.connect(&config.connect_string()))
+        .await
+        .map_err(|_| {
+            Error::unavailable(
+                BACKEND,
+                format!("no session with {} within {limit:?}", config.redacted_url()),
+            )
+        })?
+        .map_err(|e| match e {
+            zookeeper_client::Error::AuthFailed | zookeeper_client::Error::NoAuth => {
+                Error::Config(format!(
+                    "ZooKeeper at {} rejected the digest credentials of user {:?}",
+                    config.hosts(),
+                    config.user().unwrap_or("")
+                ))
+            }
+            e => Error::unavailable(
+                BACKEND,
+                format!(
+                    "cannot connect to {}: {}",
+                    config.redacted_url(),
+                    scrub(&e, config)
+                ),
+            ),
+        })?;
+    Ok(client)
 }
 
 /// Deletes a contender's node if the acquisition is dropped before it is granted.

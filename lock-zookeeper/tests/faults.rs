@@ -118,6 +118,25 @@ fn holder_blackholed_past_the_session_timeout_knows_before_anyone_is_granted() {
         );
         assert_eq!(lease.state(), LeaseState::Lost);
         next.release().await.unwrap();
+
+        // The holder's session is gone for good; once the network heals, the same `ZkLock`
+        // opens a new session for new acquisitions (a user retries `Unavailable` meanwhile).
+        proxy.heal();
+        let deadline = Instant::now() + session * 4;
+        let again = loop {
+            match holder.try_acquire(&name, &LockOptions::new(session)).await {
+                Ok(Some(l)) => break l,
+                Ok(None) => panic!("nobody holds the lock, yet try_acquire said busy"),
+                Err(e) if Instant::now() < deadline => {
+                    assert!(e.is_retryable(), "not a retryable error: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("no new session within {:?}: {e}", session * 4),
+            }
+        };
+        assert_eq!(again.state(), LeaseState::Held);
+        assert_eq!(lease.state(), LeaseState::Lost, "the old lease stays lost");
+        again.release().await.unwrap();
         drop(proxy);
     });
 }
