@@ -36,7 +36,8 @@ fn drift(timeout: Duration) -> Duration {
 /// [`Renewal`] option says; `valid_until` is the start of the last confirmed request plus the
 /// session timeout minus drift, so a disconnected holder turns AtRisk at once and Lost no later
 /// than the server can expire its session — without waiting for the client library to report
-/// `Expired` (it does so only after 1.4× the timeout).
+/// `Expired` (it does so only after 1.4× the timeout). Once the session has ended, the next
+/// acquisition opens a new one; leases of the old session stay Lost.
 ///
 /// **TTL option**: a lock cannot outlive or undercut the session, so the TTL must be at least
 /// the session timeout (shorter is rejected as `InvalidOptions`, never silently ignored); the
