@@ -35,6 +35,7 @@
 //! [`FencingToken`] to storage that rejects stale tokens where correctness matters.
 
 mod caps;
+mod endpoint;
 mod error;
 mod managed;
 pub mod memory;
@@ -46,6 +47,7 @@ mod traits;
 
 pub use async_trait::async_trait;
 pub use caps::{Capabilities, Fencing};
+pub use endpoint::{redacted_url, MultiHostUrl};
 pub use error::{BoxError, Error, Result};
 pub use managed::{LeaseOps, ManagedLease};
 pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};

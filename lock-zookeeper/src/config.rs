@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, Result};
+use lock_core::{redacted_url, Error, MultiHostUrl, Result};
 
 /// Where the ensemble is and how this client's session behaves.
 ///
@@ -42,43 +42,25 @@ impl ZkConfig {
 
     /// Parses `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/path]`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let rest = url
-            .strip_prefix("zk://")
-            .ok_or_else(|| Error::Config("a ZooKeeper URL starts with zk://h1:p1,h2:p2".into()))?;
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, chroot) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        if hosts.is_empty()
-            || hosts
-                .split(',')
-                .any(|h| h.is_empty() || h.contains(char::is_whitespace))
-        {
-            return Err(Error::Config(
-                "ZooKeeper URL: empty or malformed host list".into(),
-            ));
-        }
-        let mut cfg = ZkConfig::new(hosts);
-        if let Some(ui) = userinfo {
-            let (u, p) = ui.split_once(':').ok_or_else(|| {
-                Error::Config("ZooKeeper URL: digest credentials are user:password".into())
-            })?;
-            if u.is_empty() {
-                return Err(Error::Config("ZooKeeper URL: empty user name".into()));
+        let u = MultiHostUrl::parse(url, "zk", "ZooKeeper")?;
+        let mut cfg = ZkConfig::new(u.hosts.join(","));
+        match (u.user, u.password) {
+            (None, _) => {}
+            (Some(user), _) if user.is_empty() => {
+                return Err(Error::Config("ZooKeeper URL: empty user name".into()))
             }
-            cfg = cfg.with_digest(percent_decode(u), percent_decode(p));
+            (Some(user), Some(password)) => cfg = cfg.with_digest(user, password),
+            (Some(_), None) => {
+                return Err(Error::Config(
+                    "ZooKeeper URL: digest credentials are user:password".into(),
+                ))
+            }
         }
-        if let Some(c) = chroot.filter(|c| *c != "/") {
-            cfg = cfg.with_chroot(c)?;
+        if let Some(c) = u.path {
+            cfg = cfg.with_chroot(&c)?;
         }
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
+        for (k, v) in u.query {
+            match k.as_str() {
                 "session_timeout_ms" => {
                     let ms: u64 = v.parse().map_err(|_| {
                         Error::Config(format!(
@@ -87,7 +69,7 @@ impl ZkConfig {
                     })?;
                     cfg = cfg.with_session_timeout(Duration::from_millis(ms));
                 }
-                "base" => cfg = cfg.with_base_path(v)?,
+                "base" => cfg = cfg.with_base_path(&v)?,
                 other => {
                     return Err(Error::Config(format!(
                     "ZooKeeper URL: unknown parameter {other:?} (known: session_timeout_ms, base)"
@@ -157,16 +139,8 @@ impl ZkConfig {
 
     /// The URL without the password.
     pub fn redacted_url(&self) -> String {
-        let auth = self
-            .user
-            .as_ref()
-            .map(|u| format!("{u}:***@"))
-            .unwrap_or_default();
-        format!(
-            "zk://{auth}{}{}",
-            self.hosts,
-            self.chroot.as_deref().unwrap_or("")
-        )
+        let hosts = [self.hosts.clone()];
+        redacted_url("zk", self.user.as_deref(), &hosts, self.chroot.as_deref())
     }
 }
 
@@ -187,25 +161,6 @@ fn valid_path(p: &str, what: &str) -> Result<String> {
             p.escape_debug().to_string()
         )))
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl fmt::Debug for ZkConfig {

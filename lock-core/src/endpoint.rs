@@ -1,0 +1,179 @@
+//! Multi-host lock URLs: `scheme://[user[:password]@]h1:p1,h2:p2[/path][?k=v&...]`.
+//!
+//! The `url` crate rejects a comma-separated host list (it is not one authority), and every
+//! clustered backend (ZooKeeper, etcd, Redlock) uses one, so drivers share this small parser.
+//! Its errors never contain the password.
+
+use std::fmt;
+
+use crate::{Error, Result};
+
+/// The parts of a multi-host URL, with user and password percent-decoded.
+///
+/// ```
+/// use lock_core::MultiHostUrl;
+/// let u = MultiHostUrl::parse("etcd://app:p%40ss@a:1,b:2/locks?timeout_ms=500", "etcd", "etcd")?;
+/// assert_eq!(u.hosts, ["a:1", "b:2"]);
+/// assert_eq!(u.user.as_deref(), Some("app"));
+/// assert_eq!(u.password.as_deref(), Some("p@ss"));
+/// assert_eq!(u.path.as_deref(), Some("/locks"));
+/// assert_eq!(u.query, [("timeout_ms".to_string(), "500".to_string())]);
+/// assert!(!format!("{u:?}").contains("p@ss"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct MultiHostUrl {
+    /// `h:p` entries in the order given; never empty, no entry empty.
+    pub hosts: Vec<String>,
+    /// The user name, if the URL has userinfo.
+    pub user: Option<String>,
+    /// The password, if the userinfo has one.
+    pub password: Option<String>,
+    /// The path after the host list (starting with `/`), if any other than `/`.
+    pub path: Option<String>,
+    /// Query parameters in order; a key without `=` has an empty value.
+    pub query: Vec<(String, String)>,
+}
+
+impl MultiHostUrl {
+    /// Splits `url`, which must start with `scheme://`. `what` names the backend in errors
+    /// ("ZooKeeper URL: ...").
+    pub fn parse(url: &str, scheme: &str, what: &str) -> Result<Self> {
+        let rest = url
+            .strip_prefix(scheme)
+            .and_then(|r| r.strip_prefix("://"))
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "a {what} URL starts with {scheme}://host:port[,host:port...]"
+                ))
+            })?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], Some(&rest[i..])),
+            None => (rest, None),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let hosts: Vec<String> = hosts.split(',').map(str::to_string).collect();
+        if hosts
+            .iter()
+            .any(|h| h.is_empty() || h.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(Error::Config(format!(
+                "{what} URL: empty or malformed host list"
+            )));
+        }
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(ui) => {
+                let (u, p) = match ui.split_once(':') {
+                    Some((u, p)) => (u, Some(percent_decode(p))),
+                    None => (ui, None),
+                };
+                (Some(percent_decode(u)), p)
+            }
+        };
+        let query = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|pair| {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                (percent_decode(k), percent_decode(v))
+            })
+            .collect();
+        Ok(MultiHostUrl {
+            hosts,
+            user,
+            password,
+            path: path.filter(|p| *p != "/").map(str::to_string),
+            query,
+        })
+    }
+
+    /// `scheme://[user:***@]hosts[path]`: the URL without its password (and without the
+    /// query), for logs and errors.
+    pub fn redacted(&self, scheme: &str) -> String {
+        redacted_url(
+            scheme,
+            self.user.as_deref(),
+            &self.hosts,
+            self.path.as_deref(),
+        )
+    }
+}
+
+/// `scheme://[user:***@]h1,h2[path]` from parts: what drivers print instead of a URL.
+///
+/// ```
+/// let hosts = ["a:1".to_string(), "b:2".to_string()];
+/// assert_eq!(lock_core::redacted_url("etcd", Some("app"), &hosts, None), "etcd://app:***@a:1,b:2");
+/// ```
+pub fn redacted_url(
+    scheme: &str,
+    user: Option<&str>,
+    hosts: &[String],
+    path: Option<&str>,
+) -> String {
+    let auth = user.map(|u| format!("{u}:***@")).unwrap_or_default();
+    format!("{scheme}://{auth}{}{}", hosts.join(","), path.unwrap_or(""))
+}
+
+impl fmt::Debug for MultiHostUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiHostUrl")
+            .field("hosts", &self.hosts)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("path", &self.path)
+            .field("query", &self.query)
+            .finish()
+    }
+}
+
+/// `%XX` decoding; malformed escapes stay as they are (a password may contain `%`).
+fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_escapes_at_the_end_and_keeps_malformed_ones() {
+        assert_eq!(percent_decode("a%40"), "a@");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn rejects_bad_host_lists_without_the_password() {
+        for bad in [
+            "etcd://u:secretpw@a:1,,b:2",
+            "etcd://u:secretpw@",
+            "etcd://u:secretpw@a 1",
+            "zk://u:secretpw@a:1",
+        ] {
+            let e = MultiHostUrl::parse(bad, "etcd", "etcd").unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+            assert!(!e.to_string().contains("secretpw"), "{e}");
+        }
+    }
+}
