@@ -1,6 +1,23 @@
-//! The `etcd` driver for distlock.
+//! The etcd driver for distlock: a lease per lock kept alive by the driver, a queue ordered by
+//! `create_revision`, a watch on the predecessor only, and `create_revision` as the fencing
+//! token.
 //!
-//! This crate is a placeholder: the driver lands with its own issue. It compiles so the workspace
-//! layout (and every path that refers to it) is stable from the first commit.
+//! ```no_run
+//! use std::time::Duration;
+//! use lock_etcd::{EtcdLock, lock_core::{DistributedLock, LockName, LockOptions}};
+//! # async fn demo() -> lock_core::Result<()> {
+//! let locks = EtcdLock::from_url("etcd://127.0.0.1:2379").await?;
+//! let name = LockName::new("nightly-report")?;
+//! let lease = locks.acquire(&name, &LockOptions::new(Duration::from_secs(10))).await?;
+//! let token = lease.fencing_token(); // Some(create_revision)
+//! lease.release().await?;
+//! # let _ = token; Ok(()) }
+//! ```
 
+mod config;
+mod lock;
+
+pub use config::EtcdConfig;
+pub use etcd_client;
+pub use lock::EtcdLock;
 pub use lock_core;

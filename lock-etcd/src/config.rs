@@ -1,0 +1,190 @@
+//! `EtcdConfig`: endpoints, key prefix, credentials, timeouts.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::{redacted_url, Error, MultiHostUrl, Result};
+
+/// Where the cluster is and how this client talks to it.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_etcd::EtcdConfig;
+/// let cfg = EtcdConfig::from_url("etcd://locker:s3cret@127.0.0.1:12479,127.0.0.1:12579/app/locks?timeout_ms=800")?;
+/// assert_eq!(cfg.endpoints(), ["127.0.0.1:12479", "127.0.0.1:12579"]);
+/// assert_eq!(cfg.prefix(), "/app/locks");
+/// assert_eq!(cfg.request_timeout(), Duration::from_millis(800));
+/// assert!(!format!("{cfg:?} {cfg}").contains("s3cret"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct EtcdConfig {
+    endpoints: Vec<String>,
+    prefix: String,
+    user: Option<String>,
+    password: Option<String>,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// `endpoints` are `host:port` (or `http://host:port`). Prefix `/distlock`, request timeout
+    /// 5 s, connect timeout 2 s, no credentials.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        EtcdConfig {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            prefix: "/distlock".into(),
+            user: None,
+            password: None,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Parses `etcd://[user:password@]h1:p1,h2:p2[/prefix][?timeout_ms=N&connect_timeout_ms=N]`.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let u = MultiHostUrl::parse(url, "etcd", "etcd")?;
+        let mut cfg = EtcdConfig::new(u.hosts);
+        match (u.user, u.password) {
+            (None, _) => {}
+            (Some(user), Some(password)) if !user.is_empty() => cfg = cfg.with_user(user, password),
+            _ => {
+                return Err(Error::Config(
+                    "etcd URL: credentials are user:password with a non-empty user".into(),
+                ))
+            }
+        }
+        if let Some(p) = u.path {
+            cfg = cfg.with_prefix(&p)?;
+        }
+        for (k, v) in u.query {
+            let ms = || {
+                v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
+                    Error::Config(format!(
+                        "etcd URL: {k}={v:?} is not a number of milliseconds"
+                    ))
+                })
+            };
+            match k.as_str() {
+                "timeout_ms" => cfg = cfg.with_request_timeout(ms()?),
+                "connect_timeout_ms" => cfg = cfg.with_connect_timeout(ms()?),
+                other => {
+                    return Err(Error::Config(format!(
+                    "etcd URL: unknown parameter {other:?} (known: timeout_ms, connect_timeout_ms)"
+                )))
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// User and password (etcd's own authentication; the role needs read/write on the prefix).
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self
+    }
+    /// Key prefix of every lock (default `/distlock`): keys are `<prefix>/<name>/<lease-hex>`.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
+        let ok = prefix.starts_with('/')
+            && prefix.len() > 1
+            && !prefix.ends_with('/')
+            && !prefix.contains("//")
+            && !prefix.chars().any(|c| c.is_control() || c.is_whitespace());
+        if !ok {
+            return Err(Error::Config(format!(
+                "etcd key prefix {:?} must look like /distlock (absolute, no trailing slash)",
+                prefix.escape_debug().to_string()
+            )));
+        }
+        self.prefix = prefix.to_string();
+        Ok(self)
+    }
+    /// Deadline of each request (the lock's own waiting is bounded by `LockOptions`, not this).
+    pub fn with_request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+    /// Deadline of connecting (and of the health check `connect` runs).
+    pub fn with_connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// The endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    /// The user, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+    /// Request deadline.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+    /// Connect deadline.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+    pub(crate) fn credentials(&self) -> Option<(&str, &str)> {
+        Some((self.user.as_deref()?, self.password.as_deref()?))
+    }
+    pub(crate) fn secret(&self) -> Option<&str> {
+        self.password.as_deref().filter(|p| !p.is_empty())
+    }
+
+    /// The URL without the password.
+    pub fn redacted_url(&self) -> String {
+        let path = (self.prefix != "/distlock").then_some(self.prefix.as_str());
+        redacted_url("etcd", self.user.as_deref(), &self.endpoints, path)
+    }
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("url", &self.redacted_url())
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl fmt::Display for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted_url())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_urls_without_the_password() {
+        for bad in [
+            "http://u:secretpw@a:1",
+            "etcd://u:secretpw@a:1,,b:2",
+            "etcd://u:secretpw@a:1/",
+            "etcd://u:secretpw@a:1/x/",
+            "etcd://u:secretpw@a:1?timeout_ms=soon",
+            "etcd://u:secretpw@a:1?what=1",
+            "etcd://:secretpw@a:1",
+            "etcd://u@a:1",
+        ] {
+            match EtcdConfig::from_url(bad) {
+                Err(e) => {
+                    assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+                    assert!(!e.to_string().contains("secretpw"), "{e}");
+                }
+                Ok(c) if bad == "etcd://u:secretpw@a:1/" => assert_eq!(c.prefix(), "/distlock"),
+                Ok(c) => panic!("{bad} parsed: {c:?}"),
+            }
+        }
+    }
+}

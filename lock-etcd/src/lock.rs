@@ -1,0 +1,669 @@
+//! `EtcdLock`: a lease per lock, a revision-ordered queue, a watch on the predecessor.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use lock_core::{
+    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
+    LockOptions, ManagedLease, Result, Wait,
+};
+
+use crate::EtcdConfig;
+
+const BACKEND: &str = "etcd";
+
+/// Clock drift allowance: 1 % of the TTL plus 2 ms.
+fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// An etcd lock client. Cheap to clone (one gRPC channel, shared).
+///
+/// Each acquisition grants its own lease (TTL rounded *up* to whole seconds, and at least the
+/// server's minimum, which `connect` measures) and puts `<prefix>/<name>/<lease-hex>` with it,
+/// only if that key does not exist. The key with the lowest `create_revision` under the name
+/// holds the lock; every other contender watches the deletion of the key just before its own,
+/// so a release wakes exactly one waiter and waiters are served in revision order (FIFO).
+///
+/// **Waiting keeps the lease alive**: a waiter sends one keep-alive every third of its TTL and
+/// nothing else; if its lease cannot be kept alive (or its key vanished), `acquire` fails with
+/// `Lost` — it is never granted a lock on an expired lease. A cancelled or timed-out `acquire`
+/// revokes its lease, so no key of it stays in the queue.
+///
+/// **Renew** sends a keep-alive and reads the lock key in parallel (one round trip): a lock key
+/// deleted behind the holder's back (an operator, a `break`) is `NotHeld`, not a silent renewal
+/// of a lease that guards nothing. **Release** deletes the key only if it is still this
+/// lease's (compare on `create_revision`), then revokes the lease in the background; that is
+/// why release is not a bare `LeaseRevoke`, which succeeds even when the key is gone.
+///
+/// **Fencing**: the key's `create_revision`, strictly increasing across the whole cluster.
+#[derive(Clone)]
+pub struct EtcdLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: EtcdConfig,
+    caps: Capabilities,
+}
+
+impl EtcdLock {
+    /// Connects, authenticates if configured, and checks that the cluster answers a
+    /// linearizable read (etcd-client's own `connect` does no I/O without credentials).
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout())
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))
+            // Fail fast on a member cut off from its leader instead of hanging on it.
+            .with_require_leader(true);
+        if let Some((u, p)) = config.credentials() {
+            opts = opts.with_user(u, p).with_auto_token_refresh(true);
+        }
+        let limit = config.connect_timeout();
+        let client = tokio::time::timeout(
+            limit,
+            Client::connect(config.endpoints().to_vec(), Some(opts)),
+        )
+        .await
+        .map_err(|_| {
+            Error::unavailable(
+                BACKEND,
+                format!("no answer from {} within {limit:?}", config.redacted_url()),
+            )
+        })?
+        .map_err(|e| connect_error(e, &config))?;
+        // Health: a linearizable read needs a leader and a quorum.
+        let mut c = client.clone();
+        call(
+            &config,
+            limit,
+            c.get(config.prefix(), Some(GetOptions::new().with_count_only())),
+        )
+        .await
+        .map_err(|e| match e {
+            Error::Unavailable { .. } => Error::unavailable(
+                BACKEND,
+                format!(
+                    "{} does not answer reads (no leader or no quorum?)",
+                    config.redacted_url()
+                ),
+            ),
+            e => e,
+        })?;
+        // The server raises short leases to its minimum TTL; measure it so that validation and
+        // `ttl()` report what the server will actually enforce.
+        let probe = call(&config, limit, c.lease_grant(1, None)).await?;
+        let _ = call(&config, limit, c.lease_revoke(probe.id())).await;
+        let min_ttl = Duration::from_secs(u64::try_from(probe.ttl()).unwrap_or(1).max(1));
+        Ok(EtcdLock {
+            inner: Arc::new(Inner {
+                client,
+                caps: Capabilities::new()
+                    .with_fencing(Fencing::Strict)
+                    .with_fifo(true)
+                    .with_ttl_granularity(Duration::from_secs(1))
+                    .with_min_ttl(min_ttl),
+                config,
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) from an `etcd://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The underlying client (a clone: clients share one channel).
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// The key a lease of `name` with lease id `lease` uses.
+    fn key(&self, name: &LockName, lease: i64) -> String {
+        format!("{}/{name}/{lease:016x}", self.inner.config.prefix())
+    }
+
+    fn dir(&self, name: &LockName) -> String {
+        format!("{}/{name}/", self.inner.config.prefix())
+    }
+
+    async fn call<T>(
+        &self,
+        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        call(&self.inner.config, self.inner.config.request_timeout(), f).await
+    }
+
+    /// The waiter's view after a wake-up: its own key, and the key just before it.
+    async fn check(&self, name: &LockName, key: &str, rev: i64) -> Result<Position> {
+        let mut c = self.client();
+        let txn = Txn::new().and_then([
+            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(
+                self.dir(name),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_max_create_revision(rev - 1)
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1),
+                ),
+            ),
+        ]);
+        let resp = self.call(c.txn(txn)).await?;
+        let seen = resp.header().map_or(0, |h| h.revision());
+        let ops = resp.op_responses();
+        let mine = match ops.first() {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
+            _ => return Err(malformed("check")),
+        };
+        if mine != Some(rev) {
+            return Ok(Position::Gone);
+        }
+        match ops.get(1) {
+            Some(TxnOpResponse::Get(g)) => Ok(match g.kvs().first() {
+                None => Position::Head,
+                Some(kv) => Position::Behind {
+                    pred: kv.key().to_vec(),
+                    seen,
+                },
+            }),
+            _ => Err(malformed("check")),
+        }
+    }
+
+    /// Sleeps until the predecessor's key is deleted (or the watch breaks: the caller
+    /// re-checks either way), keeping the waiter's lease alive meanwhile.
+    async fn wait_for_delete(
+        &self,
+        pred: Vec<u8>,
+        seen: i64,
+        lease: &mut WaitingLease,
+        deadline: Option<Instant>,
+    ) -> Result<Woken> {
+        let mut c = self.client();
+        // From the revision just after the one observed: an older start revision makes etcd
+        // 3.4 treat the watcher as unsynced and serve it only every 100 ms.
+        let opts = WatchOptions::new()
+            .with_start_revision(seen + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream = match self.call(c.watch(pred, Some(opts))).await {
+            Ok(s) => s,
+            Err(e) if e.is_retryable() => return Ok(Woken::Broken),
+            Err(e) => return Err(e),
+        };
+        loop {
+            let until_deadline = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) => {
+                        if resp.canceled()
+                            || resp.events().iter().any(|e| e.event_type() == EventType::Delete)
+                        {
+                            return Ok(Woken::Deleted);
+                        }
+                    }
+                    Ok(None) | Err(_) => return Ok(Woken::Broken),
+                },
+                _ = tokio::time::sleep_until(lease.next_keep_alive.into()) => {
+                    lease.keep_alive(self).await?;
+                }
+                _ = until_deadline => return Ok(Woken::Deadline),
+            }
+        }
+    }
+
+    async fn contend(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        deadline: Option<Instant>,
+        no_wait: bool,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let ttl = opts.validate(&self.inner.caps)?;
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let mut c = self.client();
+        let start = Instant::now();
+        let grant = self.call(c.lease_grant(secs, None)).await?;
+        let id = grant.id();
+        // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
+        // also deletes its key: no ghost stays in the queue.
+        let mut guard = RevokeGuard {
+            client: self.client(),
+            id: Some(id),
+        };
+        let granted_ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
+        let mut lease = WaitingLease {
+            id,
+            ttl: granted_ttl,
+            valid_until: start + granted_ttl.saturating_sub(drift(granted_ttl)),
+            next_keep_alive: start + granted_ttl / 3,
+            name: name.clone(),
+        };
+        let key = self.key(name, id);
+        // Put-if-absent and read the queue's head in one round trip.
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(id))),
+                TxnOp::get(
+                    self.dir(name),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                ),
+            ]);
+        let resp = self.call(c.txn(txn)).await?;
+        if !resp.succeeded() {
+            return Err(Error::backend(
+                BACKEND,
+                format!("key {key} already existed for a lease granted just now"),
+            ));
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let head_is_me = match resp.op_responses().get(1) {
+            Some(TxnOpResponse::Get(g)) => {
+                g.kvs().first().map(|kv| kv.key()) == Some(key.as_bytes())
+            }
+            _ => return Err(malformed("acquire")),
+        };
+        if !head_is_me {
+            if no_wait {
+                guard.revoke_now(self).await;
+                return Ok(None);
+            }
+            let mut woken = false;
+            loop {
+                if lease.valid_until <= Instant::now() {
+                    return Err(lease.lost("its lease could not be kept alive while waiting"));
+                }
+                // After a wake-up, refresh the lease in the same round trip as the check, so
+                // a waiter that is granted holds a lease with its whole TTL ahead, as an
+                // uncontended grant does.
+                let position = if std::mem::take(&mut woken) {
+                    let (position, refreshed) =
+                        tokio::join!(self.check(name, &key, rev), lease.keep_alive(self));
+                    refreshed?;
+                    position
+                } else {
+                    self.check(name, &key, rev).await
+                };
+                let (pred, seen) = match position {
+                    Ok(Position::Head) => break,
+                    Ok(Position::Gone) => {
+                        return Err(lease.lost("its key vanished while waiting (lease expired?)"))
+                    }
+                    Ok(Position::Behind { pred, seen }) => (pred, seen),
+                    Err(e) if e.is_retryable() => {
+                        // Transient: keep the lease alive and try again shortly.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if Instant::now() >= lease.next_keep_alive {
+                            lease.keep_alive(self).await?;
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    guard.revoke_now(self).await;
+                    return Ok(None);
+                }
+                match self
+                    .wait_for_delete(pred, seen, &mut lease, deadline)
+                    .await?
+                {
+                    Woken::Deleted => woken = true,
+                    Woken::Broken => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        woken = true;
+                    }
+                    Woken::Deadline => {
+                        guard.revoke_now(self).await;
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        guard.id = None;
+        let ops = EtcdLeaseOps {
+            client: self.client(),
+            config: self.inner.config.clone(),
+            id,
+            ttl: granted_ttl,
+            key,
+            rev,
+            name: name.clone(),
+        };
+        Ok(Some(Box::new(ManagedLease::new(
+            name.clone(),
+            Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
+            granted_ttl,
+            lease.valid_until,
+            opts.renewal,
+            ops,
+        ))))
+    }
+}
+
+enum Position {
+    /// The contender's key is the oldest: it holds the lock.
+    Head,
+    /// Another key is older; `seen` is the revision the answer was read at.
+    Behind { pred: Vec<u8>, seen: i64 },
+    /// The contender's key is gone (its lease expired or was revoked).
+    Gone,
+}
+
+enum Woken {
+    Deleted,
+    Broken,
+    Deadline,
+}
+
+/// A waiter's lease, kept alive while it waits.
+struct WaitingLease {
+    id: i64,
+    ttl: Duration,
+    valid_until: Instant,
+    next_keep_alive: Instant,
+    name: LockName,
+}
+
+impl WaitingLease {
+    async fn keep_alive(&mut self, lock: &EtcdLock) -> Result<()> {
+        let start = Instant::now();
+        let left = self.valid_until.saturating_duration_since(start);
+        match keep_alive(
+            &lock.inner.client,
+            &lock.inner.config,
+            self.id,
+            self.ttl,
+            left,
+        )
+        .await
+        {
+            Ok(Some(ttl)) => {
+                self.ttl = ttl;
+                self.valid_until = start + ttl.saturating_sub(drift(ttl));
+                self.next_keep_alive = start + ttl / 3;
+                Ok(())
+            }
+            Ok(None) => Err(self.lost("its lease expired while waiting")),
+            Err(e) if e.is_retryable() && Instant::now() < self.valid_until => {
+                // Try again soon, but never past the lease's validity.
+                self.next_keep_alive = Instant::now() + Duration::from_millis(100);
+                Ok(())
+            }
+            Err(_) => Err(self.lost("its lease could not be kept alive while waiting")),
+        }
+    }
+
+    fn lost(&self, why: &str) -> Error {
+        Error::Lost {
+            name: self.name.clone(),
+            reason: format!("not granted: {why}"),
+        }
+    }
+}
+
+/// One keep-alive round trip: `Some(ttl)` if the lease lives (a keep-alive resets it to its
+/// granted TTL), `None` if the server says it is gone.
+///
+/// etcd-client's `lease_keep_alive` opens the stream, sends one request and consumes its answer
+/// itself (failing with "lease not found" when the TTL is ≤ 0), so opening it *is* the round
+/// trip; the stream is then dropped.
+async fn keep_alive(
+    client: &Client,
+    config: &EtcdConfig,
+    id: i64,
+    ttl: Duration,
+    limit: Duration,
+) -> Result<Option<Duration>> {
+    let mut c = client.clone();
+    let limit = limit.min(config.request_timeout());
+    match tokio::time::timeout(limit, c.lease_keep_alive(id)).await {
+        Ok(Ok(_)) => Ok(Some(ttl)),
+        Ok(Err(etcd_client::Error::LeaseKeepAliveError(m))) if m.contains("not found") => Ok(None),
+        Ok(Err(e)) => Err(map_error(e, config)),
+        Err(_) => Err(Error::unavailable(
+            BACKEND,
+            format!(
+                "no keep-alive answer from {} within {limit:?}",
+                config.redacted_url()
+            ),
+        )),
+    }
+}
+
+/// Revokes a contender's lease if the acquisition ends without a grant.
+struct RevokeGuard {
+    client: Client,
+    id: Option<i64>,
+}
+
+impl RevokeGuard {
+    async fn revoke_now(&mut self, lock: &EtcdLock) {
+        if let Some(id) = self.id.take() {
+            let mut c = self.client.clone();
+            if let Err(e) = lock.call(c.lease_revoke(id)).await {
+                // It expires by itself after its TTL; nothing else depends on it.
+                tracing::debug!(error = %e, "revoking a waiter's lease failed");
+            }
+        }
+    }
+}
+
+impl Drop for RevokeGuard {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let mut c = self.client.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = c.lease_revoke(id).await;
+                });
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for EtcdLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(name, opts, None, true).await
+    }
+
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        let start = Instant::now();
+        let deadline = opts.wait.deadline(start);
+        match self
+            .contend(name, opts, deadline, opts.wait == Wait::No)
+            .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(Error::Timeout {
+                name: name.clone(),
+                waited: start.elapsed(),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for EtcdLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLock")
+            .field("config", &self.inner.config)
+            .field("min_ttl", &self.inner.caps.min_ttl)
+            .finish()
+    }
+}
+
+struct EtcdLeaseOps {
+    client: Client,
+    config: EtcdConfig,
+    id: i64,
+    ttl: Duration,
+    key: String,
+    rev: i64,
+    name: LockName,
+}
+
+impl fmt::Debug for EtcdLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("key", &self.key)
+            .field("lease", &format_args!("{:016x}", self.id))
+            .finish()
+    }
+}
+
+#[async_trait]
+impl LeaseOps for EtcdLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        let limit = self.config.request_timeout();
+        let mut c = self.client.clone();
+        let key_check = call(
+            &self.config,
+            limit,
+            c.get(self.key.as_str(), Some(GetOptions::new().with_keys_only())),
+        );
+        let (alive, key) = tokio::join!(
+            keep_alive(&self.client, &self.config, self.id, self.ttl, limit),
+            key_check
+        );
+        let ttl = alive?.ok_or_else(|| Error::NotHeld {
+            name: self.name.clone(),
+        })?;
+        if key?.kvs().first().map(|kv| kv.create_revision()) != Some(self.rev) {
+            return Err(Error::NotHeld {
+                name: self.name.clone(),
+            });
+        }
+        Ok(start + ttl.saturating_sub(drift(ttl)))
+    }
+
+    async fn release(&self) -> Result<()> {
+        let mut c = self.client.clone();
+        // Delete the key only if it is still this grant's; then drop the lease.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                self.rev,
+            )])
+            .and_then([TxnOp::delete(self.key.as_str(), None)]);
+        let resp = call(&self.config, self.config.request_timeout(), c.txn(txn)).await?;
+        let (mut c, id) = (self.client.clone(), self.id);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = c.lease_revoke(id).await;
+            });
+        }
+        if resp.succeeded() {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                name: self.name.clone(),
+            })
+        }
+    }
+}
+
+async fn call<T>(
+    config: &EtcdConfig,
+    limit: Duration,
+    f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(map_error(e, config)),
+        Err(_) => Err(Error::unavailable(
+            BACKEND,
+            format!("no answer from {} within {limit:?}", config.redacted_url()),
+        )),
+    }
+}
+
+fn malformed(what: &str) -> Error {
+    Error::backend(BACKEND, format!("unexpected {what} transaction response"))
+}
+
+fn connect_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
+    match map_error(e, config) {
+        Error::Unavailable { .. } => Error::unavailable(
+            BACKEND,
+            format!("cannot connect to {}", config.redacted_url()),
+        ),
+        other => other,
+    }
+}
+
+fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    let text = scrub(&e, config);
+    match &e {
+        E::GRpcStatus(s) => match s.code() {
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::ResourceExhausted
+            | Code::Cancelled
+            | Code::Unknown => {
+                Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
+            }
+            Code::Unauthenticated | Code::PermissionDenied => Error::Config(format!(
+                "etcd refused access for user {:?}: {text}",
+                config.user().unwrap_or("")
+            )),
+            _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
+        },
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
+            Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
+        }
+        _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
+    }
+}
+
+fn scrub(e: &dyn fmt::Display, config: &EtcdConfig) -> String {
+    let text = e.to_string();
+    match config.secret() {
+        Some(p) => text.replace(p, "***"),
+        None => text,
+    }
+}

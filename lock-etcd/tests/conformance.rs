@@ -1,0 +1,100 @@
+//! The shared conformance suite against a real etcd: the single member (`ETCD_URL`, default
+//! `etcd://127.0.0.1:12379`) and the 3-member cluster (`ETCD_CLUSTER_URL`, default
+//! `etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679`), both from `scripts/services.sh up`.
+//! Cases are listed twice, prefixed `single::` and `cluster::`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use libtest_mimic::Arguments;
+use lock_core::{DistributedLock, LockName};
+use lock_etcd::{EtcdConfig, EtcdLock};
+
+struct Etcd {
+    config: EtcdConfig,
+    /// The server's minimum lease TTL, measured by a first connection.
+    ttl: Duration,
+}
+
+#[async_trait]
+impl Harness for Etcd {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        let lock = EtcdLock::connect(self.config.clone()).await.map_err(|e| {
+            format!("{e} — is etcd running? start it with: scripts/services.sh up etcd etcd-c1 etcd-c2 etcd-c3")
+        })?;
+        Ok(Arc::new(lock))
+    }
+    fn timing(&self) -> Timing {
+        // etcd leases are whole seconds and the server revokes expired ones on a 500 ms tick.
+        Timing::for_ttl(self.ttl).with_slack(Duration::from_millis(1500))
+    }
+    async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
+        Some(
+            async {
+                let lock = EtcdLock::connect(self.config.clone()).await?;
+                let dir = format!("{}/{}/", self.config.prefix(), name);
+                lock.client()
+                    .delete(
+                        dir,
+                        Some(lock_etcd::etcd_client::DeleteOptions::new().with_prefix()),
+                    )
+                    .await?;
+                Ok(())
+            }
+            .await,
+        )
+    }
+    async fn backend_requests(&self) -> Option<u64> {
+        let mut total = 0;
+        for ep in self.config.endpoints() {
+            total += grpc_messages_received(ep)?;
+        }
+        Some(total)
+    }
+}
+
+/// Every gRPC message the member received (unary requests, watch and keep-alive stream
+/// messages), from its Prometheus `/metrics` on the client port.
+fn grpc_messages_received(endpoint: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(endpoint.trim_start_matches("http://")).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let total: f64 = out
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    Some(total as u64)
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let single = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
+    let cluster = std::env::var("ETCD_CLUSTER_URL")
+        .unwrap_or_else(|_| "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679".into());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut trials = Vec::new();
+    for (label, url) in [("single", single), ("cluster", cluster)] {
+        let config = EtcdConfig::from_url(&url).expect("etcd URL");
+        let ttl = rt
+            .block_on(EtcdLock::connect(config.clone()))
+            .map(|l| l.capabilities().min_ttl)
+            .unwrap_or(Duration::from_secs(2));
+        trials.extend(conformance_tests::trials_prefixed(
+            Arc::new(Etcd { config, ttl }),
+            label,
+        ));
+    }
+    drop(rt);
+    let mut args = args;
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}
