@@ -206,8 +206,12 @@ etcd_cluster_of() {
 start_etcd() {
   local name=$1 port=$2 dir=$STATE/$1
   local data=$SHM/$name
-  rm -rf "$data"
-  mkdir -p "$data"
+  # A killed cluster member rejoins from its own WAL (with an empty data dir it could not);
+  # `down` removes the data, so a fresh `up` always starts a new cluster.
+  if ! [[ $name == etcd-c* && -d $data/member ]]; then
+    rm -rf "$data"
+    mkdir -p "$data"
+  fi
   local peer=$((port + 1))
   local token=distlock-$name
   [[ $name == etcd-c* ]] && token=distlock-cluster

@@ -81,12 +81,11 @@ impl EtcdLock {
         })?
         .map_err(|e| connect_error(e, &config))?;
         // Health: a linearizable read needs a leader and a quorum.
-        let mut c = client.clone();
-        call(
-            &config,
-            limit,
-            c.get(config.prefix(), Some(GetOptions::new().with_count_only())),
-        )
+        let prefix = config.prefix();
+        call(&config, &client, limit, |mut c| async move {
+            c.get(prefix, Some(GetOptions::new().with_count_only()))
+                .await
+        })
         .await
         .map_err(|e| match e {
             Error::Unavailable { .. } => Error::unavailable(
@@ -100,8 +99,15 @@ impl EtcdLock {
         })?;
         // The server raises short leases to its minimum TTL; measure it so that validation and
         // `ttl()` report what the server will actually enforce.
-        let probe = call(&config, limit, c.lease_grant(1, None)).await?;
-        let _ = call(&config, limit, c.lease_revoke(probe.id())).await;
+        let probe = call(&config, &client, limit, |mut c| async move {
+            c.lease_grant(1, None).await
+        })
+        .await?;
+        let probe_id = probe.id();
+        let _ = call(&config, &client, limit, |mut c| async move {
+            c.lease_revoke(probe_id).await
+        })
+        .await;
         let min_ttl = Duration::from_secs(u64::try_from(probe.ttl()).unwrap_or(1).max(1));
         Ok(EtcdLock {
             inner: Arc::new(Inner {
@@ -140,16 +146,16 @@ impl EtcdLock {
         format!("{}/{name}/", self.inner.config.prefix())
     }
 
-    async fn call<T>(
-        &self,
-        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        call(&self.inner.config, self.inner.config.request_timeout(), f).await
+    async fn call<T, Fut>(&self, f: impl FnMut(Client) -> Fut) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let config = &self.inner.config;
+        call(config, &self.inner.client, config.request_timeout(), f).await
     }
 
     /// The waiter's view after a wake-up: its own key, and the key just before it.
     async fn check(&self, name: &LockName, key: &str, rev: i64) -> Result<Position> {
-        let mut c = self.client();
         let txn = Txn::new().and_then([
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
             TxnOp::get(
@@ -164,7 +170,12 @@ impl EtcdLock {
                 ),
             ),
         ]);
-        let resp = self.call(c.txn(txn)).await?;
+        let resp = self
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         let seen = resp.header().map_or(0, |h| h.revision());
         let ops = resp.op_responses();
         let mine = match ops.first() {
@@ -195,13 +206,16 @@ impl EtcdLock {
         lease: &mut WaitingLease,
         deadline: Option<Instant>,
     ) -> Result<Woken> {
-        let mut c = self.client();
         // From the revision just after the one observed: an older start revision makes etcd
         // 3.4 treat the watcher as unsynced and serve it only every 100 ms.
         let opts = WatchOptions::new()
             .with_start_revision(seen + 1)
             .with_filters([WatchFilterType::NoPut]);
-        let mut stream = match self.call(c.watch(pred, Some(opts))).await {
+        let watch = self.call(|mut c| {
+            let (pred, opts) = (pred.clone(), opts.clone());
+            async move { c.watch(pred, Some(opts)).await }
+        });
+        let mut stream = match watch.await {
             Ok(s) => s,
             Err(e) if e.is_retryable() => return Ok(Woken::Broken),
             Err(e) => return Err(e),
@@ -241,9 +255,10 @@ impl EtcdLock {
     ) -> Result<Option<Box<dyn Lease>>> {
         let ttl = opts.validate(&self.inner.caps)?;
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let mut c = self.client();
         let start = Instant::now();
-        let grant = self.call(c.lease_grant(secs, None)).await?;
+        let grant = self
+            .call(|mut c| async move { c.lease_grant(secs, None).await })
+            .await?;
         let id = grant.id();
         // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
         // also deletes its key: no ghost stays in the queue.
@@ -276,7 +291,12 @@ impl EtcdLock {
                     ),
                 ),
             ]);
-        let resp = self.call(c.txn(txn)).await?;
+        let resp = self
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         if !resp.succeeded() {
             return Err(Error::backend(
                 BACKEND,
@@ -467,8 +487,10 @@ struct RevokeGuard {
 impl RevokeGuard {
     async fn revoke_now(&mut self, lock: &EtcdLock) {
         if let Some(id) = self.id.take() {
-            let mut c = self.client.clone();
-            if let Err(e) = lock.call(c.lease_revoke(id)).await {
+            if let Err(e) = lock
+                .call(|mut c| async move { c.lease_revoke(id).await })
+                .await
+            {
                 // It expires by itself after its TTL; nothing else depends on it.
                 tracing::debug!(error = %e, "revoking a waiter's lease failed");
             }
@@ -556,12 +578,10 @@ impl LeaseOps for EtcdLeaseOps {
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         let limit = self.config.request_timeout();
-        let mut c = self.client.clone();
-        let key_check = call(
-            &self.config,
-            limit,
-            c.get(self.key.as_str(), Some(GetOptions::new().with_keys_only())),
-        );
+        let key = self.key.as_str();
+        let key_check = call(&self.config, &self.client, limit, |mut c| async move {
+            c.get(key, Some(GetOptions::new().with_keys_only())).await
+        });
         let (alive, key) = tokio::join!(
             keep_alive(&self.client, &self.config, self.id, self.ttl, limit),
             key_check
@@ -578,7 +598,6 @@ impl LeaseOps for EtcdLeaseOps {
     }
 
     async fn release(&self) -> Result<()> {
-        let mut c = self.client.clone();
         // Delete the key only if it is still this grant's; then drop the lease.
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -587,7 +606,16 @@ impl LeaseOps for EtcdLeaseOps {
                 self.rev,
             )])
             .and_then([TxnOp::delete(self.key.as_str(), None)]);
-        let resp = call(&self.config, self.config.request_timeout(), c.txn(txn)).await?;
+        let resp = call(
+            &self.config,
+            &self.client,
+            self.config.request_timeout(),
+            |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            },
+        )
+        .await?;
         let (mut c, id) = (self.client.clone(), self.id);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -604,18 +632,48 @@ impl LeaseOps for EtcdLeaseOps {
     }
 }
 
-async fn call<T>(
+/// Runs one request within `limit`. A request that provably never left this process (the
+/// connection to a dead member was refused) is sent again, which the balanced channel routes
+/// to another member: it keeps a dead member's endpoint until a request fails on it.
+async fn call<T, Fut>(
     config: &EtcdConfig,
+    client: &Client,
     limit: Duration,
-    f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    match tokio::time::timeout(limit, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(map_error(e, config)),
-        Err(_) => Err(Error::unavailable(
-            BACKEND,
-            format!("no answer from {} within {limit:?}", config.redacted_url()),
-        )),
+    mut f: impl FnMut(Client) -> Fut,
+) -> Result<T>
+where
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, f(client.clone())).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e))
+                if never_sent(&e)
+                    && tokio::time::Instant::now() + Duration::from_millis(20) < deadline =>
+            {
+                tracing::debug!(error = %scrub(&e, config), "etcd request not sent; retrying");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(Err(e)) => return Err(map_error(e, config)),
+            Err(_) => {
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!("no answer from {} within {limit:?}", config.redacted_url()),
+                ))
+            }
+        }
+    }
+}
+
+/// The request failed before reaching any server (connection refused or not established).
+fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
     }
 }
 
@@ -646,6 +704,16 @@ fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
             | Code::Cancelled
             | Code::Unknown => {
                 Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
+            }
+            // etcd reports a wrong password, or none where auth is on, as InvalidArgument.
+            Code::InvalidArgument
+                if s.message().contains("authentication failed")
+                    || s.message().contains("user name is empty") =>
+            {
+                Error::Config(format!(
+                    "etcd rejected the credentials of user {:?}: {text}",
+                    config.user().unwrap_or("")
+                ))
             }
             Code::Unauthenticated | Code::PermissionDenied => Error::Config(format!(
                 "etcd refused access for user {:?}: {text}",

@@ -1,0 +1,267 @@
+//! etcd under failures: a holder's keep-alives blackholed past the TTL (through the suite's
+//! `FaultProxy` in front of the single member, 12379), a waiter whose lease expires while it
+//! waits, the cluster's leader killed while a lock is held and waited for, and a cancelled
+//! waiter in a queue of five. Run one at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conformance_tests::{fresh_name, FaultProxy};
+use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
+use lock_etcd::etcd_client::Client;
+use lock_etcd::{EtcdConfig, EtcdLock};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+const SINGLE: u16 = 12379;
+const CLUSTER: [(&str, u16); 3] = [("etcd-c1", 12479), ("etcd-c2", 12579), ("etcd-c3", 12679)];
+
+fn serial(test: impl std::future::Future<Output = ()>) {
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test);
+}
+
+async fn etcd(endpoints: &[String]) -> EtcdLock {
+    EtcdLock::connect(EtcdConfig::new(endpoints.to_vec()))
+        .await
+        .unwrap_or_else(|e| panic!("etcd at {endpoints:?} (scripts/services.sh up): {e}"))
+}
+
+fn local(port: u16) -> Vec<String> {
+    vec![format!("127.0.0.1:{port}")]
+}
+
+fn services(args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .expect("run services.sh");
+    assert!(
+        out.status.success(),
+        "services.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn holder_blackholed_past_the_ttl_knows_before_anyone_is_granted() {
+    serial(async {
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let holder = etcd(&[proxy.addr().to_string()]).await;
+        let other = etcd(&local(SINGLE)).await;
+        let ttl = holder.capabilities().min_ttl;
+        let name = fresh_name("etcd-partition");
+        let opts = LockOptions::new(ttl).auto_renew(None);
+        let lease = holder.acquire(&name, &opts).await.unwrap();
+        let lost = lease.lost();
+        let watcher = tokio::spawn(async move {
+            lost.wait().await;
+            Instant::now()
+        });
+        proxy.blackhole();
+        let next = other
+            .acquire(&name, &LockOptions::new(ttl).wait_for(ttl * 4))
+            .await
+            .expect("the server must expire the cut-off holder's lease and grant the lock");
+        let granted = Instant::now();
+        let lost_at = tokio::time::timeout(Duration::from_secs(1), watcher)
+            .await
+            .expect("the holder never learned it lost the lock")
+            .unwrap();
+        assert!(
+            lost_at <= granted,
+            "holder learned of the loss {:?} after another client was granted",
+            lost_at - granted
+        );
+        assert_eq!(lease.state(), LeaseState::Lost);
+        next.release().await.unwrap();
+        drop(proxy);
+    });
+}
+
+#[test]
+fn a_waiter_whose_lease_expires_while_waiting_is_never_granted() {
+    serial(async {
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let holder = etcd(&local(SINGLE)).await;
+        let waiter = etcd(&[proxy.addr().to_string()]).await;
+        let third = etcd(&local(SINGLE)).await;
+        let ttl = holder.capabilities().min_ttl;
+        let name = fresh_name("etcd-waiter-expires");
+        let hold = LockOptions::new(ttl).auto_renew(None);
+        let lease = holder.acquire(&name, &hold).await.unwrap();
+        let (n, o) = (name.clone(), LockOptions::new(ttl).wait_for(ttl * 10));
+        let waiting = tokio::spawn(async move { waiter.acquire(&n, &o).await });
+        tokio::time::sleep(Duration::from_millis(300)).await; // queued
+                                                              // A third contender queues behind the waiter.
+        let (n, o) = (name.clone(), LockOptions::new(ttl).wait_for(ttl * 10));
+        let behind = tokio::spawn(async move { third.acquire(&n, &o).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Cut the waiter off for longer than its lease lives (the server revokes expired
+        // leases on a 500 ms tick), then let it talk again and free the lock.
+        proxy.blackhole();
+        tokio::time::sleep(ttl * 2 + Duration::from_secs(1)).await;
+        proxy.heal();
+        lease.release().await.unwrap();
+        match tokio::time::timeout(ttl * 4, waiting)
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Ok(l) => panic!(
+                "a waiter whose lease expired was granted (state {:?})",
+                l.state()
+            ),
+            Err(Error::Lost { .. } | Error::Unavailable { .. }) => {}
+            Err(e) => panic!("expected Lost (or Unavailable), got {e:?}"),
+        }
+        // The queue moved on past the expired waiter.
+        let l = tokio::time::timeout(ttl * 4, behind)
+            .await
+            .expect("the contender behind the expired waiter was never granted")
+            .unwrap()
+            .unwrap();
+        l.release().await.unwrap();
+        drop(proxy);
+    });
+}
+
+/// Which member of the cluster leads now, by its `services.sh` name.
+async fn leader() -> Option<&'static str> {
+    for (svc, port) in CLUSTER {
+        let Ok(mut c) = Client::connect([format!("127.0.0.1:{port}")], None).await else {
+            continue;
+        };
+        if let Ok(s) = c.status().await {
+            if s.header().is_some_and(|h| h.member_id() == s.leader()) {
+                return Some(svc);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn lock_and_queue_survive_the_cluster_leader_being_killed() {
+    serial(async {
+        let eps: Vec<String> = CLUSTER
+            .iter()
+            .map(|(_, p)| format!("127.0.0.1:{p}"))
+            .collect();
+        let (holder, w1, w2) = (etcd(&eps).await, etcd(&eps).await, etcd(&eps).await);
+        let ttl = holder.capabilities().min_ttl * 2;
+        let name = fresh_name("etcd-leader-kill");
+        let auto = LockOptions::new(ttl).auto_renew(None);
+        let lease = holder.acquire(&name, &auto).await.unwrap();
+        let token = lease.fencing_token().unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for (i, w) in [(1, w1), (2, w2)] {
+            let (n, o, order) = (name.clone(), auto.clone().wait_for(ttl * 15), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let l = w.acquire(&n, &o).await?;
+                order.lock().unwrap().push(i);
+                let t = l.fencing_token();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                l.release().await?;
+                Ok::<_, Error>(t)
+            }));
+            tokio::time::sleep(Duration::from_millis(300)).await; // queue in order
+        }
+
+        let victim = leader().await.expect("the cluster has a leader");
+        let _restart = Restart(victim); // even if an assertion below fails
+        let pid = services(&["pid", victim]);
+        Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+        // A new leader is elected in ~2 s; the holder keeps renewing through it.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(
+            lease.state(),
+            LeaseState::Held,
+            "the holder lost its lock to a leader election"
+        );
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "a waiter finished while the lock was held"
+        );
+        lease.release().await.unwrap();
+        let mut tokens = vec![token];
+        for w in waiters {
+            let t = tokio::time::timeout(ttl * 10, w)
+                .await
+                .expect("a waiter was stranded by the election")
+                .unwrap()
+                .unwrap();
+            tokens.push(t.unwrap());
+        }
+        assert_eq!(*order.lock().unwrap(), [1, 2], "FIFO order broken");
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "tokens not increasing: {tokens:?}"
+        );
+    });
+}
+
+/// Brings a killed member back (from its own data, so it rejoins) when dropped.
+struct Restart(&'static str);
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+        let _ = Command::new(script).args(["up", self.0]).status();
+    }
+}
+
+#[test]
+fn a_cancelled_waiter_does_not_hold_up_the_queue() {
+    serial(async {
+        let long = Duration::from_secs(30); // far longer than the test may take
+        let holder = etcd(&local(SINGLE)).await;
+        let name = fresh_name("etcd-cancel");
+        let lease = holder
+            .acquire(&name, &LockOptions::new(long))
+            .await
+            .unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 1..=5 {
+            let w = etcd(&local(SINGLE)).await;
+            let (n, order) = (name.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let l = w
+                    .acquire(&n, &LockOptions::new(long).wait_for(long))
+                    .await?;
+                order.lock().unwrap().push(i);
+                l.release().await?;
+                Ok::<_, Error>(())
+            }));
+            tokio::time::sleep(Duration::from_millis(200)).await; // queue in order
+        }
+        tasks[1].abort(); // the second waiter gives up
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let start = Instant::now();
+        lease.release().await.unwrap();
+        for (i, t) in tasks.into_iter().enumerate() {
+            if i == 1 {
+                continue;
+            }
+            tokio::time::timeout(Duration::from_secs(10), t)
+                .await
+                .unwrap_or_else(|_| panic!("waiter {} stuck behind the cancelled one", i + 1))
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [1, 3, 4, 5]);
+        // Bounded by the 30 s lease of the cancelled waiter, had its key stayed behind.
+        assert!(start.elapsed() < Duration::from_secs(10));
+    });
+}
