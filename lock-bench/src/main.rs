@@ -23,6 +23,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+mod etcd_baselines;
 mod redis_baselines;
 mod subject;
 mod zk_baselines;
@@ -33,7 +34,7 @@ use subject::{baselines_for, driver_subject, Endpoints, Subject};
 #[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
 struct Args {
     /// Backends to measure (comma separated). Available: memory, redis, redlock, zookeeper,
-    /// zookeeper-ensemble.
+    /// zookeeper-ensemble, etcd, etcd-cluster.
     #[arg(long, default_value = "memory", value_delimiter = ',')]
     backend: Vec<String>,
     /// Scenarios to run (comma separated): uncontended, throughput, handoff, idle.
@@ -61,6 +62,15 @@ struct Args {
         default_value = "127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283"
     )]
     zk_ensemble_hosts: String,
+    /// etcd single member for the `etcd` backend.
+    #[arg(long, default_value = "127.0.0.1:12379")]
+    etcd_endpoints: String,
+    /// etcd 3-member cluster for the `etcd-cluster` backend.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679"
+    )]
+    etcd_cluster_endpoints: String,
     /// Acquire+release cycles per uncontended run.
     #[arg(long, default_value_t = 2000)]
     iterations: u64,
@@ -330,6 +340,8 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
         redlock_url: args.redlock_url.clone(),
         zk_hosts: args.zk_hosts.clone(),
         zk_ensemble_hosts: args.zk_ensemble_hosts.clone(),
+        etcd_endpoints: args.etcd_endpoints.clone(),
+        etcd_cluster_endpoints: args.etcd_cluster_endpoints.clone(),
     };
     for b in baselines_for(backend, &ep).await? {
         subjects.push((b, true));
@@ -416,6 +428,10 @@ async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
         }
         "zookeeper" => subject::zk_packets_received(&ep.zk_hosts).await,
         "zookeeper-ensemble" => subject::zk_packets_received(&ep.zk_ensemble_hosts).await,
+        b if ep.etcd(b).is_some() => {
+            let (eps, _) = ep.etcd(b)?;
+            etcd_baselines::grpc_messages_received(&eps).await
+        }
         _ => None,
     }
 }

@@ -106,6 +106,8 @@ pub(crate) struct Endpoints {
     pub(crate) redlock_url: String,
     pub(crate) zk_hosts: String,
     pub(crate) zk_ensemble_hosts: String,
+    pub(crate) etcd_endpoints: String,
+    pub(crate) etcd_cluster_endpoints: String,
 }
 
 impl Endpoints {
@@ -115,6 +117,16 @@ impl Endpoints {
             "zookeeper-ensemble" => Some((&self.zk_ensemble_hosts, "3-node ensemble")),
             _ => None,
         }
+    }
+
+    /// The members and row label of an etcd backend.
+    pub(crate) fn etcd(&self, backend: &str) -> Option<(Vec<String>, &'static str)> {
+        let (eps, label) = match backend {
+            "etcd" => (&self.etcd_endpoints, "single member"),
+            "etcd-cluster" => (&self.etcd_cluster_endpoints, "3-member cluster"),
+            _ => return None,
+        };
+        Some((eps.split(',').map(str::to_string).collect(), label))
     }
 }
 
@@ -156,8 +168,15 @@ pub(crate) async fn baselines_for(
             let (hosts, label) = ep.zk(b).unwrap_or_default();
             Ok(vec![Arc::new(crate::zk_baselines::ZkRecipe::connect(hosts, label).await?)])
         }
+        b if ep.etcd(b).is_some() => {
+            let (eps, label) = ep.etcd(b).unwrap_or_default();
+            Ok(vec![
+                Arc::new(crate::etcd_baselines::TxnFloor::connect(&eps, label).await?),
+                Arc::new(crate::etcd_baselines::LockRpc::connect(&eps, label).await?),
+            ])
+        }
         other => Err(format!(
-            "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble)"
+            "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
         )),
     }
 }
@@ -187,9 +206,17 @@ pub(crate) async fn driver_subject(
                     .map_err(|e| e.to_string())?,
             )
         }
+        b if ep.etcd(b).is_some() => {
+            let (eps, _) = ep.etcd(b).unwrap_or_default();
+            Arc::new(
+                lock_etcd::EtcdLock::connect(lock_etcd::EtcdConfig::new(eps))
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
         other => {
             return Err(format!(
-                "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble)"
+                "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
             ))
         }
     };

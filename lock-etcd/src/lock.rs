@@ -40,8 +40,14 @@ fn drift(ttl: Duration) -> Duration {
 /// **Renew** sends a keep-alive and reads the lock key in parallel (one round trip): a lock key
 /// deleted behind the holder's back (an operator, a `break`) is `NotHeld`, not a silent renewal
 /// of a lease that guards nothing. **Release** deletes the key only if it is still this
-/// lease's (compare on `create_revision`), then revokes the lease in the background; that is
-/// why release is not a bare `LeaseRevoke`, which succeeds even when the key is gone.
+/// grant's (compare on `create_revision`); a bare `LeaseRevoke` could not say `NotHeld`, as it
+/// succeeds even when the key is gone.
+///
+/// **Lease reuse**: a released lease guards nothing; instead of revoking it, the client keeps
+/// it (up to 64) for its next acquisition with the same TTL, which sends the keep-alive and
+/// the put in parallel. That saves a grant and a revoke — two consensus writes — per lock; a
+/// lease still serves one lock at a time, and a spare that expired is simply replaced by a
+/// new grant. Leases of failed releases and of cancelled acquisitions are revoked.
 ///
 /// **Fencing**: the key's `create_revision`, strictly increasing across the whole cluster.
 #[derive(Clone)]
@@ -51,6 +57,7 @@ pub struct EtcdLock {
 
 struct Inner {
     client: Client,
+    spares: Arc<Spares>,
     config: EtcdConfig,
     caps: Capabilities,
 }
@@ -112,6 +119,7 @@ impl EtcdLock {
         Ok(EtcdLock {
             inner: Arc::new(Inner {
                 client,
+                spares: Arc::default(),
                 caps: Capabilities::new()
                     .with_fencing(Fencing::Strict)
                     .with_fifo(true)
@@ -189,7 +197,7 @@ impl EtcdLock {
             Some(TxnOpResponse::Get(g)) => Ok(match g.kvs().first() {
                 None => Position::Head,
                 Some(kv) => Position::Behind {
-                    pred: kv.key().to_vec(),
+                    pred: (kv.key().to_vec(), kv.create_revision()),
                     seen,
                 },
             }),
@@ -201,16 +209,16 @@ impl EtcdLock {
     /// re-checks either way), keeping the waiter's lease alive meanwhile.
     async fn wait_for_delete(
         &self,
-        pred: Vec<u8>,
+        (pred, pred_rev): (Vec<u8>, i64),
         seen: i64,
         lease: &mut WaitingLease,
         deadline: Option<Instant>,
     ) -> Result<Woken> {
-        // From the revision just after the one observed: an older start revision makes etcd
-        // 3.4 treat the watcher as unsynced and serve it only every 100 ms.
-        let opts = WatchOptions::new()
-            .with_start_revision(seen + 1)
-            .with_filters([WatchFilterType::NoPut]);
+        // No start revision: the watch starts at the server's current one. Any start revision
+        // in the past (even `seen + 1` once other keys changed) puts the watcher in etcd 3.4's
+        // unsynced group, served only every 100 ms. A deletion between the check and the
+        // watch's creation is caught below by looking at the predecessor once more.
+        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let watch = self.call(|mut c| {
             let (pred, opts) = (pred.clone(), opts.clone());
             async move { c.watch(pred, Some(opts)).await }
@@ -229,6 +237,12 @@ impl EtcdLock {
             };
             tokio::select! {
                 msg = stream.message() => match msg {
+                    Ok(Some(resp)) if resp.created() => {
+                        let at = resp.header().map_or(i64::MAX, |h| h.revision());
+                        if at > seen && !self.still_there(&pred, pred_rev).await? {
+                            return Ok(Woken::Deleted);
+                        }
+                    }
                     Ok(Some(resp)) => {
                         if resp.canceled()
                             || resp.events().iter().any(|e| e.event_type() == EventType::Delete)
@@ -246,40 +260,26 @@ impl EtcdLock {
         }
     }
 
-    async fn contend(
-        &self,
-        name: &LockName,
-        opts: &LockOptions,
-        deadline: Option<Instant>,
-        no_wait: bool,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        let ttl = opts.validate(&self.inner.caps)?;
-        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let start = Instant::now();
-        let grant = self
-            .call(|mut c| async move { c.lease_grant(secs, None).await })
-            .await?;
-        let id = grant.id();
-        // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
-        // also deletes its key: no ghost stays in the queue.
-        let mut guard = RevokeGuard {
-            client: self.client(),
-            id: Some(id),
-        };
-        let granted_ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
-        let mut lease = WaitingLease {
-            id,
-            ttl: granted_ttl,
-            valid_until: start + granted_ttl.saturating_sub(drift(granted_ttl)),
-            next_keep_alive: start + granted_ttl / 3,
-            name: name.clone(),
-        };
-        let key = self.key(name, id);
-        // Put-if-absent and read the queue's head in one round trip.
+    /// Whether this incarnation of `key` still exists (a transient error counts as "yes":
+    /// the watch decides).
+    async fn still_there(&self, key: &[u8], rev: i64) -> Result<bool> {
+        let r = self
+            .call(|mut c| async move { c.get(key, Some(GetOptions::new().with_keys_only())).await })
+            .await;
+        match r {
+            Ok(r) => Ok(r.kvs().first().map(|kv| kv.create_revision()) == Some(rev)),
+            Err(e) if e.is_retryable() => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Puts `key` with lease `id` if absent and reads the queue's head, in one round trip:
+    /// `(create_revision, whether the key is the head)`.
+    async fn put_key(&self, name: &LockName, key: &str, id: i64) -> Result<(i64, bool)> {
         let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(id))),
+                TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
                 TxnOp::get(
                     self.dir(name),
                     Some(
@@ -300,15 +300,103 @@ impl EtcdLock {
         if !resp.succeeded() {
             return Err(Error::backend(
                 BACKEND,
-                format!("key {key} already existed for a lease granted just now"),
+                format!("key {key} already existed for a lease no lock uses"),
             ));
         }
         let rev = resp.header().map_or(0, |h| h.revision());
-        let head_is_me = match resp.op_responses().get(1) {
-            Some(TxnOpResponse::Get(g)) => {
-                g.kvs().first().map(|kv| kv.key()) == Some(key.as_bytes())
+        match resp.op_responses().get(1) {
+            Some(TxnOpResponse::Get(g)) => Ok((
+                rev,
+                g.kvs().first().map(|kv| kv.key()) == Some(key.as_bytes()),
+            )),
+            _ => Err(malformed("acquire")),
+        }
+    }
+
+    /// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
+    /// lock of this client, kept alive in the same round trip as the put) or a new grant.
+    async fn enqueue(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
+        let config = &self.inner.config;
+        if let Some(id) = self.inner.spares.take(ttl) {
+            let start = Instant::now();
+            let guard = RevokeGuard {
+                client: self.client(),
+                id: Some(id),
+            };
+            let key = self.key(name, id);
+            let (alive, put) = tokio::join!(
+                keep_alive(
+                    &self.inner.client,
+                    config,
+                    id,
+                    ttl,
+                    config.request_timeout()
+                ),
+                self.put_key(name, &key, id)
+            );
+            if let (Ok(Some(ttl)), Ok((rev, head))) = (alive, put) {
+                return Ok(Enqueued {
+                    id,
+                    ttl,
+                    start,
+                    key,
+                    rev,
+                    head,
+                    guard,
+                });
             }
-            _ => return Err(malformed("acquire")),
+            // The spare had expired (or a request failed): the guard revokes it, which also
+            // deletes a key put meanwhile; start over with a new lease.
+        }
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let start = Instant::now();
+        let grant = self
+            .call(|mut c| async move { c.lease_grant(secs, None).await })
+            .await?;
+        let id = grant.id();
+        // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
+        // also deletes its key: no ghost stays in the queue.
+        let guard = RevokeGuard {
+            client: self.client(),
+            id: Some(id),
+        };
+        let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
+        let key = self.key(name, id);
+        let (rev, head) = self.put_key(name, &key, id).await?;
+        Ok(Enqueued {
+            id,
+            ttl,
+            start,
+            key,
+            rev,
+            head,
+            guard,
+        })
+    }
+
+    async fn contend(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        deadline: Option<Instant>,
+        no_wait: bool,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let ttl = opts.validate(&self.inner.caps)?;
+        let Enqueued {
+            id,
+            ttl: granted_ttl,
+            start,
+            key,
+            rev,
+            head: head_is_me,
+            mut guard,
+        } = self.enqueue(name, ttl).await?;
+        let mut lease = WaitingLease {
+            id,
+            ttl: granted_ttl,
+            valid_until: start + granted_ttl.saturating_sub(drift(granted_ttl)),
+            next_keep_alive: start + granted_ttl / 3,
+            name: name.clone(),
         };
         if !head_is_me {
             if no_wait {
@@ -371,6 +459,8 @@ impl EtcdLock {
         let ops = EtcdLeaseOps {
             client: self.client(),
             config: self.inner.config.clone(),
+            spares: self.inner.spares.clone(),
+            valid_until: std::sync::Mutex::new(lease.valid_until),
             id,
             ttl: granted_ttl,
             key,
@@ -388,11 +478,57 @@ impl EtcdLock {
     }
 }
 
+/// A contender's key in the queue.
+struct Enqueued {
+    id: i64,
+    /// The lease's TTL.
+    ttl: Duration,
+    /// Sent before the request that last confirmed the lease.
+    start: Instant,
+    key: String,
+    /// The key's `create_revision`.
+    rev: i64,
+    /// Whether the key is the oldest (holds the lock).
+    head: bool,
+    guard: RevokeGuard,
+}
+
+/// Leases whose lock was released, for the next acquisition of the same TTL: reusing one
+/// saves a grant and a revoke (two consensus writes) per lock. A spare has no key; one that
+/// expires in the pool costs nothing.
+#[derive(Default)]
+struct Spares(std::sync::Mutex<Vec<(i64, Duration, Instant)>>);
+
+impl Spares {
+    const MAX: usize = 64;
+
+    /// A spare of this TTL that should still be alive, if any.
+    fn take(&self, ttl: Duration) -> Option<i64> {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let soon = Instant::now() + Duration::from_millis(200);
+        v.retain(|(_, _, fresh_until)| *fresh_until > soon);
+        let i = v.iter().rposition(|(_, t, _)| *t == ttl)?;
+        Some(v.swap_remove(i).0)
+    }
+
+    /// Keeps `id` for reuse; `false` if the pool is full (the caller revokes it).
+    fn put(&self, id: i64, ttl: Duration, fresh_until: Instant) -> bool {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() >= Self::MAX {
+            return false;
+        }
+        v.push((id, ttl, fresh_until));
+        true
+    }
+}
+
 enum Position {
     /// The contender's key is the oldest: it holds the lock.
     Head,
     /// Another key is older; `seen` is the revision the answer was read at.
-    Behind { pred: Vec<u8>, seen: i64 },
+    /// `pred` is the key just before (name and `create_revision`: a client that reuses a
+    /// lease for the same name puts a key of the same name again, a different incarnation).
+    Behind { pred: (Vec<u8>, i64), seen: i64 },
     /// The contender's key is gone (its lease expired or was revoked).
     Gone,
 }
@@ -557,6 +693,9 @@ impl fmt::Debug for EtcdLock {
 struct EtcdLeaseOps {
     client: Client,
     config: EtcdConfig,
+    spares: Arc<Spares>,
+    /// End of the lease's validity as last confirmed (for reuse as a spare after release).
+    valid_until: std::sync::Mutex<Instant>,
     id: i64,
     ttl: Duration,
     key: String,
@@ -594,7 +733,9 @@ impl LeaseOps for EtcdLeaseOps {
                 name: self.name.clone(),
             });
         }
-        Ok(start + ttl.saturating_sub(drift(ttl)))
+        let until = start + ttl.saturating_sub(drift(ttl));
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        Ok(until)
     }
 
     async fn release(&self) -> Result<()> {
@@ -616,11 +757,15 @@ impl LeaseOps for EtcdLeaseOps {
             },
         )
         .await?;
-        let (mut c, id) = (self.client.clone(), self.id);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = c.lease_revoke(id).await;
-            });
+        let valid_until = *self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
+        // The lease now guards nothing: keep it for the next lock, or drop it.
+        if !(resp.succeeded() && self.spares.put(self.id, self.ttl, valid_until)) {
+            let (mut c, id) = (self.client.clone(), self.id);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = c.lease_revoke(id).await;
+                });
+            }
         }
         if resp.succeeded() {
             Ok(())

@@ -158,7 +158,9 @@ fn lock_and_queue_survive_the_cluster_leader_being_killed() {
             .map(|(_, p)| format!("127.0.0.1:{p}"))
             .collect();
         let (holder, w1, w2) = (etcd(&eps).await, etcd(&eps).await, etcd(&eps).await);
-        let ttl = holder.capabilities().min_ttl * 2;
+        // Comfortably above an election (~2 s here): the holder must be able to confirm its
+        // lease once the new leader is up, before its own validity runs out.
+        let ttl = (holder.capabilities().min_ttl * 4).max(Duration::from_secs(8));
         let name = fresh_name("etcd-leader-kill");
         let auto = LockOptions::new(ttl).auto_renew(None);
         let lease = holder.acquire(&name, &auto).await.unwrap();
