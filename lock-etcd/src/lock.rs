@@ -44,10 +44,12 @@ fn drift(ttl: Duration) -> Duration {
 /// succeeds even when the key is gone.
 ///
 /// **Lease reuse**: a released lease guards nothing; instead of revoking it, the client keeps
-/// it (up to 64) for its next acquisition with the same TTL, which sends the keep-alive and
-/// the put in parallel. That saves a grant and a revoke — two consensus writes — per lock; a
-/// lease still serves one lock at a time, and a spare that expired is simply replaced by a
-/// new grant. Leases of failed releases and of cancelled acquisitions are revoked.
+/// it (up to 64) for its next acquisition with the same TTL. That saves a grant and a revoke
+/// — two consensus writes — per lock; a lease still serves one lock at a time, and a spare
+/// that expired is replaced by a new grant. A spare with ≥ 90 % of its TTL still ahead is used
+/// as it is (the new lock's `valid_until` is what is left of it, never more); an older one is
+/// kept alive in parallel with the put. Leases of failed releases and of cancelled
+/// acquisitions are revoked.
 ///
 /// **Fencing**: the key's `create_revision`, strictly increasing across the whole cluster.
 #[derive(Clone)]
@@ -317,13 +319,33 @@ impl EtcdLock {
     /// lock of this client, kept alive in the same round trip as the put) or a new grant.
     async fn enqueue(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
         let config = &self.inner.config;
-        if let Some(id) = self.inner.spares.take(ttl) {
+        if let Some((id, fresh_until)) = self.inner.spares.take(ttl) {
             let start = Instant::now();
             let guard = RevokeGuard {
                 client: self.client(),
                 id: Some(id),
             };
             let key = self.key(name, id);
+            // Confirmed so recently that ≥ 90 % of its TTL is still ahead: put the key
+            // without a keep-alive. The lock is then valid for what is left of the lease,
+            // which `valid_until` reports exactly.
+            let full = ttl.saturating_sub(drift(ttl));
+            if fresh_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
+                if let Ok((rev, head)) = self.put_key(name, &key, id).await {
+                    return Ok(Enqueued {
+                        id,
+                        ttl,
+                        valid_until: fresh_until,
+                        key,
+                        rev,
+                        head,
+                        guard,
+                    });
+                }
+                // Not what it seemed (it expired, or a request failed): start over below.
+                drop(guard);
+                return self.enqueue_new(name, ttl).await;
+            }
             let (alive, put) = tokio::join!(
                 keep_alive(
                     &self.inner.client,
@@ -338,7 +360,7 @@ impl EtcdLock {
                 return Ok(Enqueued {
                     id,
                     ttl,
-                    start,
+                    valid_until: start + ttl.saturating_sub(drift(ttl)),
                     key,
                     rev,
                     head,
@@ -348,6 +370,11 @@ impl EtcdLock {
             // The spare had expired (or a request failed): the guard revokes it, which also
             // deletes a key put meanwhile; start over with a new lease.
         }
+        self.enqueue_new(name, ttl).await
+    }
+
+    /// Enqueues a key for `name` under a newly granted lease.
+    async fn enqueue_new(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let start = Instant::now();
         let grant = self
@@ -366,7 +393,7 @@ impl EtcdLock {
         Ok(Enqueued {
             id,
             ttl,
-            start,
+            valid_until: start + ttl.saturating_sub(drift(ttl)),
             key,
             rev,
             head,
@@ -385,7 +412,7 @@ impl EtcdLock {
         let Enqueued {
             id,
             ttl: granted_ttl,
-            start,
+            valid_until,
             key,
             rev,
             head: head_is_me,
@@ -394,8 +421,11 @@ impl EtcdLock {
         let mut lease = WaitingLease {
             id,
             ttl: granted_ttl,
-            valid_until: start + granted_ttl.saturating_sub(drift(granted_ttl)),
-            next_keep_alive: start + granted_ttl / 3,
+            valid_until,
+            // A third of the TTL after the lease was last confirmed.
+            next_keep_alive: valid_until
+                .checked_sub(granted_ttl.saturating_sub(drift(granted_ttl)) * 2 / 3)
+                .unwrap_or_else(Instant::now),
             name: name.clone(),
         };
         if !head_is_me {
@@ -483,8 +513,8 @@ struct Enqueued {
     id: i64,
     /// The lease's TTL.
     ttl: Duration,
-    /// Sent before the request that last confirmed the lease.
-    start: Instant,
+    /// End of the lease's validity as last confirmed.
+    valid_until: Instant,
     key: String,
     /// The key's `create_revision`.
     rev: i64,
@@ -502,13 +532,14 @@ struct Spares(std::sync::Mutex<Vec<(i64, Duration, Instant)>>);
 impl Spares {
     const MAX: usize = 64;
 
-    /// A spare of this TTL that should still be alive, if any.
-    fn take(&self, ttl: Duration) -> Option<i64> {
+    /// A spare of this TTL that should still be alive, if any, and its validity.
+    fn take(&self, ttl: Duration) -> Option<(i64, Instant)> {
         let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let soon = Instant::now() + Duration::from_millis(200);
         v.retain(|(_, _, fresh_until)| *fresh_until > soon);
         let i = v.iter().rposition(|(_, t, _)| *t == ttl)?;
-        Some(v.swap_remove(i).0)
+        let (id, _, fresh_until) = v.swap_remove(i);
+        Some((id, fresh_until))
     }
 
     /// Keeps `id` for reuse; `false` if the pool is full (the caller revokes it).
