@@ -49,7 +49,7 @@ pub use async_trait::async_trait;
 pub use caps::{Capabilities, Fencing};
 pub use endpoint::{redacted_url, MultiHostUrl};
 pub use error::{BoxError, Error, Result};
-pub use managed::{LeaseOps, ManagedLease};
+pub use managed::{drift, LeaseOps, ManagedLease};
 pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
 pub use options::{LockOptions, Renewal, Wait, MAX_TTL};
 pub use state::{LeaseState, LeaseTracker, LostSignal};

@@ -319,3 +319,14 @@ impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
             .finish()
     }
 }
+
+/// Clock-drift allowance every driver subtracts from a lease's validity: 1 % of the TTL plus
+/// 2 ms (the Redlock paper's figure; it also covers servers' own 1 ms expiry precision).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(lock_core::drift(Duration::from_secs(10)), Duration::from_millis(102));
+/// ```
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}

@@ -11,18 +11,13 @@ use etcd_client::{
     SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use lock_core::{
-    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
+    drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
     LockOptions, ManagedLease, Result, Wait,
 };
 
 use crate::EtcdConfig;
 
 const BACKEND: &str = "etcd";
-
-/// Clock drift allowance: 1 % of the TTL plus 2 ms.
-fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
 
 /// An etcd lock client. Cheap to clone (one gRPC channel, shared).
 ///

@@ -16,11 +16,8 @@ use crate::{RedisConfig, RedisNode};
 
 const BACKEND: &str = "redis";
 
-/// Clock drift allowance subtracted from every validity: 1 % of the TTL plus 2 ms (the
-/// Redlock paper's figure; it also covers Redis's own expiry precision of 1 ms).
-pub fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
+/// Clock drift allowance subtracted from every validity (re-exported from `lock-core`).
+pub use lock_core::drift;
 
 /// A distributed lock on one Redis server (or one Redis Cluster slot owner).
 ///

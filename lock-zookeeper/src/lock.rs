@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
+    drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
     LockOptions, ManagedLease, Renewal, Result, Wait,
 };
 use zookeeper_client::{Acls, Client, CreateMode, Stat};
@@ -16,11 +16,6 @@ use crate::ZkConfig;
 
 const BACKEND: &str = "zookeeper";
 const MARK: &str = "-lock-";
-
-/// Clock drift allowance: 1 % of the session timeout plus 2 ms.
-fn drift(timeout: Duration) -> Duration {
-    timeout / 100 + Duration::from_millis(2)
-}
 
 /// A ZooKeeper lock client: one session, shared by all its locks.
 ///
