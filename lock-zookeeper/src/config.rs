@@ -133,6 +133,12 @@ impl ZkConfig {
     pub(crate) fn secret(&self) -> Option<&str> {
         self.password.as_deref()
     }
+    pub(crate) fn without_chroot(&self) -> ZkConfig {
+        ZkConfig {
+            chroot: None,
+            ..self.clone()
+        }
+    }
     pub(crate) fn connect_string(&self) -> String {
         format!("{}{}", self.hosts, self.chroot.as_deref().unwrap_or(""))
     }

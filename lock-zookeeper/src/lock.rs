@@ -80,11 +80,19 @@ impl ZkLock {
                 wakeups: AtomicU64::new(0),
             }),
         };
-        let base = lock.inner.config.base_path().to_string();
-        match client
-            .mkdir(&base, &CreateMode::Persistent.with_acls(lock.acls()))
-            .await
-        {
+        let config = &lock.inner.config;
+        let opts = CreateMode::Persistent.with_acls(lock.acls());
+        let mut made = client.mkdir(config.base_path(), &opts).await;
+        if let (Err(zookeeper_client::Error::NoNode), Some(chroot)) = (&made, config.chroot()) {
+            // The chroot itself is missing: create it from a session without one.
+            let root = open_session(&config.without_chroot()).await?;
+            match root.mkdir(chroot, &opts).await {
+                Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+                Err(e) => return Err(lock.error(e)),
+            }
+            made = client.mkdir(config.base_path(), &opts).await;
+        }
+        match made {
             Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
             Err(e) => return Err(lock.error(e)),
         }

@@ -1,0 +1,132 @@
+//! Every scheme parses and connects against the servers of `scripts/services.sh up`, and
+//! wrong schemes or disabled features give errors that say what to do. Run with
+//! `--features full` to reach every driver (scripts/test.sh does).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::time::Duration;
+
+use distlock::{Error, LockName, LockOptions};
+
+/// Acquire and release once through the facade: the URL reached a working driver.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // every driver test is feature-gated
+async fn round_trip(url: &str, backend: &str) {
+    let locks = distlock::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/services.sh up)", distlock::redact(url)));
+    assert_eq!(locks.backend(), backend);
+    let ttl = locks.capabilities().min_ttl.max(Duration::from_secs(2));
+    let name = LockName::new(format!("facade-{backend}-{}", std::process::id())).unwrap();
+    let lease = locks
+        .try_acquire(&name, &LockOptions::new(ttl))
+        .await
+        .unwrap()
+        .expect("a fresh name is free");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn memory_stores_are_shared_by_name() {
+    let a = distlock::connect("memory://shared").await.unwrap();
+    let b = distlock::connect("memory://shared").await.unwrap();
+    let c = distlock::connect("memory://other").await.unwrap();
+    let name = LockName::new("facade-memory").unwrap();
+    let opts = LockOptions::new(Duration::from_secs(5));
+    let lease = a.try_acquire(&name, &opts).await.unwrap().unwrap();
+    assert!(b.try_acquire(&name, &opts).await.unwrap().is_none());
+    let other = c.try_acquire(&name, &opts).await.unwrap();
+    assert!(other.is_some(), "memory://other must be a different store");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_urls_are_config_errors_that_never_echo_the_password() {
+    for bad in [
+        "no-scheme-here",
+        "Redis://u:secretpw@h:1",
+        "://u:secretpw@h",
+        "nosuch://u:secretpw@h:1",
+        "memory://a/b",
+    ] {
+        match distlock::connect(bad).await {
+            Err(Error::Config(msg)) => assert!(!msg.contains("secretpw"), "{bad}: {msg}"),
+            Err(e) => panic!("{bad}: expected Config, got {e:?}"),
+            Ok(_) => panic!("{bad}: connected"),
+        }
+    }
+    let Err(Error::Config(msg)) = distlock::connect("nosuch://h").await else {
+        panic!("nosuch:// accepted")
+    };
+    assert!(msg.contains("memory"), "the error lists the schemes: {msg}");
+}
+
+#[tokio::test]
+async fn from_env_reads_distlock_url() {
+    // The only test that touches DISTLOCK_URL.
+    std::env::remove_var("DISTLOCK_URL");
+    assert!(matches!(distlock::from_env().await, Err(Error::Config(_))));
+    std::env::set_var("DISTLOCK_URL", "memory://env");
+    assert_eq!(distlock::from_env().await.unwrap().backend(), "memory");
+    std::env::remove_var("DISTLOCK_URL");
+}
+
+#[cfg(not(feature = "zookeeper"))]
+#[tokio::test]
+async fn a_disabled_driver_names_its_feature() {
+    let Err(Error::Config(msg)) = distlock::connect("zk://127.0.0.1:12181").await else {
+        panic!("zk:// connected without the zookeeper feature")
+    };
+    assert!(msg.contains("`zookeeper`"), "{msg}");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_urls_connect() {
+    round_trip("redis://127.0.0.1:16379", "redis").await;
+    round_trip("redis://locker:locker-pw@127.0.0.1:16390", "redis").await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_wrong_redis_password_is_not_echoed() {
+    let Err(e) = distlock::connect("redis://locker:wrong-secret-pw@127.0.0.1:16390").await else {
+        panic!("connected with a wrong password")
+    };
+    assert!(!format!("{e} {e:?}").contains("wrong-secret-pw"), "{e:?}");
+}
+
+#[cfg(feature = "redlock")]
+#[tokio::test]
+async fn redlock_urls_connect() {
+    round_trip(
+        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384",
+        "redlock",
+    )
+    .await;
+}
+
+#[cfg(feature = "zookeeper")]
+#[tokio::test]
+async fn zookeeper_urls_connect() {
+    round_trip("zk://127.0.0.1:12181?session_timeout_ms=2000", "zookeeper").await;
+    round_trip(
+        "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283/facade?session_timeout_ms=2000",
+        "zookeeper",
+    )
+    .await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn etcd_urls_connect() {
+    round_trip("etcd://127.0.0.1:12379", "etcd").await;
+    round_trip(
+        "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679/facade",
+        "etcd",
+    )
+    .await;
+    round_trip(
+        "etcd://locker:locker-pw@127.0.0.1:12779/distlock-auth",
+        "etcd",
+    )
+    .await;
+}
