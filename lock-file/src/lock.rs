@@ -1,0 +1,394 @@
+//! `FileLock`: one advisory-locked file per name.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
+    LockOptions, ManagedLease, Renewal, Result, Wait,
+};
+use tokio::sync::Notify;
+
+const BACKEND: &str = "file";
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Locks for the processes of one machine: `<dir>/<name>.lock`, held with an OS advisory lock.
+///
+/// Cheap to clone; clones share the in-process wake-ups. Two `FileLock`s (in one process or
+/// in several) on the same directory exclude each other.
+#[derive(Clone)]
+pub struct FileLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    /// Wakes this process's waiters on a name when a lease of this process releases it.
+    wakers: Mutex<HashMap<LockName, Arc<Notify>>>,
+}
+
+impl FileLock {
+    /// Uses `dir` (created if missing) for the lock files.
+    pub async fn open(dir: impl Into<PathBuf>) -> Result<Self> {
+        let dir = dir.into();
+        let d = dir.clone();
+        blocking(move || std::fs::create_dir_all(&d))
+            .await?
+            .map_err(|e| {
+                Error::Config(format!(
+                    "cannot use {} as the lock directory: {e}",
+                    dir.display()
+                ))
+            })?;
+        Ok(FileLock {
+            inner: Arc::new(Inner {
+                dir,
+                wakers: Mutex::default(),
+            }),
+        })
+    }
+
+    /// [`open`](Self::open) from a `file:///absolute/dir` URL.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// let dir = std::env::temp_dir().join("lock-file-url-doc");
+    /// let locks = lock_file::FileLock::from_url(&format!("file://{}", dir.display())).await?;
+    /// assert_eq!(locks.dir(), dir);
+    /// assert!(lock_file::FileLock::from_url("file://elsewhere/x").await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_url(url: &str) -> Result<Self> {
+        let u = url::Url::parse(url)
+            .map_err(|e| Error::Config(format!("file URL: {e} (expected file:///dir)")))?;
+        let local = matches!(u.host_str(), None | Some("") | Some("localhost"));
+        if u.scheme() != "file" || !local || u.query().is_some() || u.fragment().is_some() {
+            return Err(Error::Config(
+                "a file URL is file:///absolute/dir (a local directory, no query)".into(),
+            ));
+        }
+        let dir = u.to_file_path().map_err(|()| {
+            Error::Config("file URL: not an absolute local path (file:///dir)".into())
+        })?;
+        Self::open(dir).await
+    }
+
+    /// The lock directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The file that holds `name`'s lock and fencing counter.
+    pub fn path_of(&self, name: &LockName) -> PathBuf {
+        self.inner.dir.join(format!("{name}.lock"))
+    }
+
+    fn waker(&self, name: &LockName) -> Arc<Notify> {
+        let mut w = self.inner.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        w.entry(name.clone()).or_default().clone()
+    }
+
+    /// One attempt, off the runtime's threads. Cancel-safe: if this future is dropped, the
+    /// blocking attempt still finishes and its file (and lock) is dropped with its result.
+    async fn try_once(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let path = self.path_of(name);
+        let p = path.clone();
+        let got = blocking(move || lock_file(&p))
+            .await?
+            .map_err(|e| io_error(&path, e))?;
+        let Some((file, token, id)) = got else {
+            return Ok(None);
+        };
+        let ttl = opts.ttl;
+        // The lock lasts while this process holds the file; the watchdog re-checks that the
+        // path still names it (a deleted file is a broken lock), and honours max_hold.
+        let renewal = match opts.renewal {
+            Renewal::Manual => Renewal::Auto { max_hold: None },
+            auto => auto,
+        };
+        let ops = FileLeaseOps {
+            file: Arc::new(Mutex::new(Some(file))),
+            path,
+            id,
+            ttl,
+            name: name.clone(),
+            waker: self.waker(name),
+        };
+        Ok(Some(Box::new(ManagedLease::new(
+            name.clone(),
+            Some(FencingToken::new(token)),
+            ttl,
+            Instant::now() + ttl,
+            renewal,
+            ops,
+        ))))
+    }
+
+    async fn contend(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        deadline: Option<Instant>,
+        no_wait: bool,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        opts.validate(&self.capabilities())?;
+        let waker = self.waker(name);
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            // Registered before the attempt, so a release right after it is not missed.
+            let released = waker.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if let Some(lease) = self.try_once(name, opts).await? {
+                return Ok(Some(lease));
+            }
+            let now = Instant::now();
+            if no_wait || deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let mut pause = jitter(backoff);
+            if let Some(d) = deadline {
+                pause = pause.min(d - now);
+            }
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// Between half and all of `d`, so pollers in several processes do not march in step.
+fn jitter(d: Duration) -> Duration {
+    let r = RandomState::new().build_hasher().finish();
+    d / 2 + d.mul_f64((r % 1000) as f64 / 2000.0)
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::backend(BACKEND, format!("file task failed: {e}")))
+}
+
+fn io_error(path: &Path, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound => {
+            Error::Config(format!("lock file {}: {e}", path.display()))
+        }
+        _ => Error::backend(BACKEND, format!("lock file {}: {e}", path.display())),
+    }
+}
+
+/// Which file a handle or a path names (device and inode).
+type FileId = (u64, u64);
+
+#[cfg(unix)]
+fn file_id(m: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
+#[cfg(not(unix))]
+fn file_id(_m: &std::fs::Metadata) -> FileId {
+    (0, 0) // no cheap identity: deletion of a held file goes undetected here
+}
+
+/// The identity of what `path` names now, `None` if nothing.
+fn path_id(path: &Path) -> io::Result<Option<FileId>> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(Some(file_id(&m))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes the lock on `path` if free: the locked file, its new fencing token, its identity.
+fn lock_file(path: &Path) -> io::Result<Option<(File, u64, FileId)>> {
+    loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        match fs4::FileExt::try_lock(&file) {
+            Ok(()) => {}
+            Err(fs4::TryLockError::WouldBlock) => return Ok(None),
+            Err(fs4::TryLockError::Error(e)) => return Err(e),
+        }
+        let id = file_id(&file.metadata()?);
+        // Deleted (or replaced) between our open and our lock: we hold an orphan that nobody
+        // else will ever look at. Let it go and open what the path names now.
+        if path_id(path)? != Some(id) {
+            continue;
+        }
+        let token = bump(&file)?;
+        return Ok(Some((file, token, id)));
+    }
+}
+
+/// Increments the counter stored in the locked file and flushes it before the grant.
+fn bump(mut file: &File) -> io::Result<u64> {
+    let mut text = String::new();
+    file.seek(SeekFrom::Start(0))?;
+    file.read_to_string(&mut text)?;
+    let last: u64 = match text.trim() {
+        "" => 0,
+        t => t.parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "holds {:?}, not a fencing counter",
+                    t.chars().take(40).collect::<String>()
+                ),
+            )
+        })?,
+    };
+    let next = last
+        .checked_add(1)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "fencing counter exhausted"))?;
+    file.set_len(0)?;
+    file.seek(SeekFrom::Start(0))?;
+    file.write_all(format!("{next}\n").as_bytes())?;
+    file.sync_data()?;
+    Ok(next)
+}
+
+#[async_trait]
+impl DistributedLock for FileLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .with_fencing(Fencing::Strict)
+            .with_per_lock_ttl(false)
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(name, opts, None, true).await
+    }
+
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        let start = Instant::now();
+        let deadline = opts.wait.deadline(start);
+        match self
+            .contend(name, opts, deadline, opts.wait == Wait::No)
+            .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(Error::Timeout {
+                name: name.clone(),
+                waited: start.elapsed(),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for FileLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileLock")
+            .field("dir", &self.inner.dir)
+            .finish()
+    }
+}
+
+struct FileLeaseOps {
+    /// The locked file; `None` once released (closing it releases the OS lock).
+    file: Arc<Mutex<Option<File>>>,
+    path: PathBuf,
+    id: FileId,
+    ttl: Duration,
+    name: LockName,
+    waker: Arc<Notify>,
+}
+
+impl fmt::Debug for FileLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileLease")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl FileLeaseOps {
+    fn not_held(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.clone(),
+        }
+    }
+
+    /// Takes the file out (the caller closes it, which releases the OS lock, then wakes a
+    /// local waiter).
+    fn let_go(&self) -> Option<File> {
+        self.file.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+#[async_trait]
+impl LeaseOps for FileLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        let (file, path, id) = (self.file.clone(), self.path.clone(), self.id);
+        let held = blocking(move || {
+            let open = file.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            Ok::<_, io::Error>(open && path_id(&path)? == Some(id))
+        })
+        .await?
+        .map_err(|e| io_error(&self.path, e))?;
+        if held {
+            Ok(start + self.ttl)
+        } else {
+            Err(self.not_held())
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let Some(file) = self.let_go() else {
+            return Err(self.not_held());
+        };
+        let (path, id) = (self.path.clone(), self.id);
+        let still_ours = blocking(move || {
+            let ours = path_id(&path);
+            drop(file); // closing releases the lock
+            ours
+        })
+        .await;
+        self.waker.notify_one();
+        let still_ours = still_ours?.map_err(|e| io_error(&self.path, e))?;
+        if still_ours == Some(id) {
+            Ok(())
+        } else {
+            Err(self.not_held())
+        }
+    }
+
+    fn lapses_without_renewal(&self) -> bool {
+        false
+    }
+
+    /// A crashed holder's lock is released by the kernel at once; so is an abandoned one.
+    fn abandon(&self) {
+        drop(self.let_go());
+        self.waker.notify_one();
+    }
+}

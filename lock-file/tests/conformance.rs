@@ -1,0 +1,48 @@
+//! The shared conformance suite against the file driver, on a fresh temporary directory (or
+//! `LOCK_FILE_DIR`). No server: the OS's advisory locks are the backend.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use libtest_mimic::Arguments;
+use lock_core::{DistributedLock, LockName};
+use lock_file::FileLock;
+
+struct Files {
+    dir: PathBuf,
+}
+
+#[async_trait]
+impl Harness for Files {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        Ok(Arc::new(FileLock::open(&self.dir).await?))
+    }
+    fn timing(&self) -> Timing {
+        // No TTL on this backend; this paces the cases' waits (polling backs off to 100 ms).
+        Timing::for_ttl(Duration::from_millis(1000))
+    }
+    async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
+        let path = self.dir.join(format!("{name}.lock"));
+        Some(std::fs::remove_file(path).map_err(Into::into))
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let dir = std::env::var_os("LOCK_FILE_DIR").map_or_else(
+        || std::env::temp_dir().join(format!("lock-file-conformance-{}", std::process::id())),
+        PathBuf::from,
+    );
+    let trials = conformance_tests::trials(Arc::new(Files { dir: dir.clone() }));
+    let mut args = args;
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    let code = libtest_mimic::run(&args, trials).exit_code();
+    let _ = std::fs::remove_dir_all(&dir);
+    code
+}
