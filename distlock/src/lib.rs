@@ -1,7 +1,8 @@
 //! distlock: one distributed-lock contract, many backends.
 //!
-//! Depend on this crate, enable the drivers you want as cargo features (`redis`, `redlock`,
-//! `zookeeper`, `etcd`, or `full`), and pick the backend at run time from a URL:
+//! Depend on this crate, enable the drivers you want as cargo features (`file` — the default —
+//! `redis`, `redlock`, `zookeeper`, `etcd`, or `full`), and pick the backend at run time from a
+//! URL:
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> distlock::Result<()> {
@@ -20,6 +21,7 @@
 //! | scheme | feature | driver |
 //! |---|---|---|
 //! | `memory://[store]` | always | [`MemoryLock`]: one in-process store per name |
+//! | `file:///dir` | `file` (default) | `lock_file::FileLock`: processes of one machine |
 //! | `redis://`, `rediss://` | `redis` | `lock_redis::RedisLock` |
 //! | `redlock://h1,h2,h3` | `redlock` | `lock_redlock::RedlockLock` |
 //! | `zk://h1,h2[/chroot]` | `zookeeper` | `lock_zookeeper::ZkLock` |
@@ -42,6 +44,8 @@ pub use lock_core::{
 };
 #[cfg(feature = "etcd")]
 pub use lock_etcd;
+#[cfg(feature = "file")]
+pub use lock_file;
 #[cfg(feature = "redis")]
 pub use lock_redis;
 #[cfg(feature = "redlock")]
@@ -58,6 +62,7 @@ type Connector = Arc<dyn Fn(String) -> ConnectFuture + Send + Sync>;
 /// one line here, one arm in [`builtin`].
 const BUILTIN: &[(&str, &str)] = &[
     ("memory", "(always on)"),
+    ("file", "file"),
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redlock", "redlock"),
@@ -80,6 +85,8 @@ fn builtin(scheme: &str) -> Option<Connector> {
     }
     match scheme {
         "memory" => boxed(|url: String| async move { memory_store(&url) }),
+        #[cfg(feature = "file")]
+        "file" => boxed(|url: String| async move { lock_file::FileLock::from_url(&url).await }),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => {
             boxed(|url: String| async move { lock_redis::RedisLock::from_url(&url).await })

@@ -8,7 +8,7 @@ use std::time::Duration;
 use distlock::{Error, LockName, LockOptions};
 
 /// Acquire and release once through the facade: the URL reached a working driver.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))] // every driver test is feature-gated
+#[cfg_attr(not(feature = "file"), allow(dead_code))] // every driver test is feature-gated
 async fn round_trip(url: &str, backend: &str) {
     let locks = distlock::connect(url)
         .await
@@ -67,6 +67,14 @@ async fn from_env_reads_distlock_url() {
     std::env::set_var("DISTLOCK_URL", "memory://env");
     assert_eq!(distlock::from_env().await.unwrap().backend(), "memory");
     std::env::remove_var("DISTLOCK_URL");
+}
+
+#[cfg(feature = "file")]
+#[tokio::test]
+async fn file_urls_connect() {
+    let dir = std::env::temp_dir().join(format!("distlock-facade-{}", std::process::id()));
+    round_trip(&format!("file://{}", dir.display()), "file").await;
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[cfg(not(feature = "zookeeper"))]
