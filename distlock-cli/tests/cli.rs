@@ -1,0 +1,303 @@
+//! End to end: the real `distlock` binary, run as separate processes, on every backend of
+//! `scripts/services.sh up` and on files.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("distlock-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn file_url(dir: &Path) -> String {
+    format!("file://{}", dir.join("locks").display())
+}
+
+fn distlock(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DISTLOCK_URL", url)
+        .env("RUST_LOG", "error")
+        .args(args);
+    c
+}
+
+fn output(mut c: Command) -> Output {
+    c.stdin(Stdio::null()).output().unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn wait_for(path: &Path, limit: Duration) {
+    let end = Instant::now() + limit;
+    while !path.exists() {
+        assert!(Instant::now() < end, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(mut c: Command) -> Child {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn bad_arguments_urls_and_names_exit_64_with_one_line() {
+    let dir = tmp("usage");
+    let url = file_url(&dir);
+    for args in [
+        vec!["run", "--name", "x"],
+        vec!["run", "--name", "bad name", "--", "true"],
+        vec!["run", "--name", "x", "--ttl", "soon", "--", "true"],
+        vec![
+            "run",
+            "--name",
+            "x",
+            "--url",
+            "nosuch://u:secretpw@h",
+            "--",
+            "true",
+        ],
+        vec!["run", "--name", "x", "--url", "not a url", "--", "true"],
+        vec![
+            "run",
+            "--name",
+            "x",
+            "--wait",
+            "1s",
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    ] {
+        let o = output(distlock(&url, &args));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 64, "{args:?}: {err}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: not one line: {err}"
+        );
+        assert!(!err.contains("secretpw"), "{err}");
+    }
+}
+
+#[test]
+fn an_unreachable_backend_exits_69() {
+    let o = output(distlock(
+        "redis://127.0.0.1:1",
+        &["run", "--name", "x", "--", "true"],
+    ));
+    assert_eq!(code(&o), 69, "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn exit_status_environment_and_signals_pass_through() {
+    let dir = tmp("status");
+    let url = file_url(&dir);
+    let env_file = dir.join("env");
+    let script = format!(
+        "echo \"$DISTLOCK_NAME $DISTLOCK_BACKEND $DISTLOCK_FENCING_TOKEN\" > {}; exit 3",
+        env_file.display()
+    );
+    let o = output(distlock(
+        &url,
+        &["run", "--name", "pass", "--", "sh", "-c", &script],
+    ));
+    assert_eq!(code(&o), 3);
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    assert_eq!(env.trim(), "pass file 1", "environment of the command");
+
+    // SIGTERM to distlock reaches the command, which dies of it; distlock reports 128+15 and
+    // releases the lock.
+    let started = dir.join("started");
+    let script = format!("touch {}; exec sleep 30", started.display());
+    let mut holder = spawn(distlock(
+        &url,
+        &["run", "--name", "sig", "--", "sh", "-c", &script],
+    ));
+    wait_for(&started, Duration::from_secs(10));
+    nix_kill(holder.id(), "TERM");
+    let st = holder.wait().unwrap();
+    assert_eq!(st.code(), Some(143));
+    let o = output(distlock(
+        &url,
+        &["run", "--name", "sig", "--no-wait", "--", "true"],
+    ));
+    assert_eq!(code(&o), 0, "lock not released after the signal");
+}
+
+fn nix_kill(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+#[test]
+fn no_wait_on_a_held_lock_exits_75_within_a_second() {
+    let dir = tmp("nowait");
+    let url = file_url(&dir);
+    let started = dir.join("started");
+    let script = format!("touch {}; sleep 3", started.display());
+    let mut holder = spawn(distlock(
+        &url,
+        &["run", "--name", "busy", "--", "sh", "-c", &script],
+    ));
+    wait_for(&started, Duration::from_secs(10));
+    let t = Instant::now();
+    let o = output(distlock(
+        &url,
+        &["run", "--name", "busy", "--no-wait", "--", "true"],
+    ));
+    assert_eq!(code(&o), 75, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t.elapsed()
+    );
+    let o = output(distlock(&url, &["status", "--name", "busy", "--json"]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"held\""));
+    let o = output(distlock(
+        &url,
+        &["run", "--name", "busy", "--wait", "200ms", "--", "true"],
+    ));
+    assert_eq!(code(&o), 75);
+    assert!(holder.wait().unwrap().success());
+}
+
+#[test]
+fn a_lost_lock_stops_the_command_and_exits_70() {
+    let dir = tmp("lost");
+    let url = file_url(&dir);
+    let started = dir.join("started");
+    let script = format!("touch {}; exec sleep 30", started.display());
+    let t = Instant::now();
+    let holder = spawn(distlock(
+        &url,
+        &[
+            "run", "--name", "lost", "--ttl", "1s", "--grace", "1s", "--", "sh", "-c", &script,
+        ],
+    ));
+    wait_for(&started, Duration::from_secs(10));
+    // An operator breaks the lock: the holder's next check finds its file gone.
+    std::fs::remove_file(dir.join("locks").join("lost.lock")).unwrap();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(70),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("was lost"));
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the command ran on for {:?}",
+        t.elapsed()
+    );
+}
+
+/// Two `run`s on one name at once: each command records its start and end; no overlap.
+fn never_overlap(url: &str, tag: &str) {
+    let dir = tmp(tag);
+    let log = dir.join("log");
+    let name = format!("overlap-{tag}-{}", std::process::id());
+    let script = format!(
+        "echo start $(date +%s%N) >> {log}; sleep 0.3; echo end $(date +%s%N) >> {log}",
+        log = log.display()
+    );
+    let runs: Vec<Child> = (0..2)
+        .map(|_| {
+            spawn(distlock(
+                url,
+                &[
+                    "run", "--name", &name, "--ttl", "3s", "--wait", "30s", "--", "sh", "-c",
+                    &script,
+                ],
+            ))
+        })
+        .collect();
+    for r in runs {
+        let out = r.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{tag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let events: Vec<(&str, u128)> = text
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k, v.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(events.len(), 4, "{tag}: {text}");
+    let kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
+    assert_eq!(
+        kinds,
+        ["start", "end", "start", "end"],
+        "{tag}: overlap: {text}"
+    );
+}
+
+#[test]
+fn two_runs_never_overlap_on_every_backend() {
+    let dir = tmp("overlap-file");
+    never_overlap(&file_url(&dir), "file");
+    never_overlap("redis://127.0.0.1:16379", "redis");
+    never_overlap(
+        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384",
+        "redlock",
+    );
+    never_overlap("zk://127.0.0.1:12181?session_timeout_ms=2000", "zookeeper");
+    never_overlap("etcd://127.0.0.1:12379", "etcd");
+}
+
+/// A holder killed with SIGKILL: the next `run` gets the lock once the backend lets go.
+fn killed_holder_frees(url: &str, tag: &str, within: Duration) {
+    let dir = tmp(tag);
+    let name = format!("killed-{tag}-{}", std::process::id());
+    let started = dir.join("started");
+    let script = format!("touch {}; sleep 5", started.display());
+    let mut holder = spawn(distlock(
+        url,
+        &[
+            "run", "--name", &name, "--ttl", "2s", "--", "sh", "-c", &script,
+        ],
+    ));
+    wait_for(&started, Duration::from_secs(10));
+    nix_kill(holder.id(), "KILL");
+    let _ = holder.wait();
+    let t = Instant::now();
+    let o = output(distlock(
+        url,
+        &[
+            "run", "--name", &name, "--ttl", "2s", "--wait", "20s", "--", "true",
+        ],
+    ));
+    assert_eq!(code(&o), 0, "{tag}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(t.elapsed() < within, "{tag}: freed after {:?}", t.elapsed());
+}
+
+#[test]
+fn a_killed_holder_frees_the_lock() {
+    let dir = tmp("killed-file");
+    // The kernel releases a dead process's flock at once.
+    killed_holder_frees(&file_url(&dir), "file", Duration::from_secs(1));
+    // Servers: within the TTL (2 s) plus a margin.
+    killed_holder_frees("redis://127.0.0.1:16379", "redis", Duration::from_secs(4));
+    killed_holder_frees("etcd://127.0.0.1:12379", "etcd", Duration::from_secs(5));
+}
