@@ -1,0 +1,42 @@
+//! Two workers share one lock through the facade; the second waits for the first.
+//!
+//! `cargo run -p distlock --example quickstart`
+
+use std::time::{Duration, Instant};
+
+use distlock::{LockName, LockOptions};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> distlock::Result<()> {
+    // Any URL works here; memory:// needs no server.
+    let locks = distlock::connect("memory://quickstart").await?;
+    let name = LockName::new("nightly-report")?;
+    let opts = LockOptions::new(Duration::from_secs(5))
+        .auto_renew(Some(Duration::from_secs(60)))
+        .wait_for(Duration::from_secs(10));
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for worker in 1..=2 {
+        let (locks, name, opts) = (locks.clone(), name.clone(), opts.clone());
+        workers.push(tokio::spawn(async move {
+            let lease = locks.acquire(&name, &opts).await?;
+            println!(
+                "{:>5} ms  worker {worker} holds {name}, fencing token {:?}",
+                start.elapsed().as_millis(),
+                lease.fencing_token().map(|t| t.get())
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await; // the protected work
+            println!(
+                "{:>5} ms  worker {worker} releases",
+                start.elapsed().as_millis()
+            );
+            lease.release().await
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for w in workers {
+        w.await
+            .map_err(|e| distlock::Error::Config(format!("worker panicked: {e}")))??;
+    }
+    Ok(())
+}
