@@ -47,6 +47,8 @@ pub enum Flaw {
     IgnoresWaitTimeout,
     /// A cancelled waiting `acquire` leaves a ghost holder behind for many TTLs.
     CancelLeavesGhost,
+    /// `inspect` says every lock is free.
+    InspectBlind,
 }
 
 impl Flaw {
@@ -64,6 +66,7 @@ impl Flaw {
         Flaw::SpinningWaiter,
         Flaw::IgnoresWaitTimeout,
         Flaw::CancelLeavesGhost,
+        Flaw::InspectBlind,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -94,6 +97,7 @@ impl Flaw {
             Flaw::SpinningWaiter => &["waiting::waiting_is_idle"],
             Flaw::IgnoresWaitTimeout => &["waiting::wait_timeout_is_respected"],
             Flaw::CancelLeavesGhost => &["waiting::cancelled_waiter_does_not_block_others"],
+            Flaw::InspectBlind => &["inspect::inspect_reports_the_holder"],
         }
     }
 }
@@ -194,6 +198,12 @@ impl DistributedLock for FlawedLock {
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        match self.flaw {
+            Flaw::InspectBlind => Ok(None),
+            _ => self.inner.inspect(name).await,
+        }
     }
     async fn try_acquire(
         &self,

@@ -54,6 +54,9 @@ pub struct Capabilities {
     /// The driver signals loss through [`Lease::lost`](crate::Lease::lost) before another
     /// client can be granted the lock.
     pub lost_notification: bool,
+    /// [`DistributedLock::inspect`](crate::DistributedLock::inspect) answers (who holds a lock,
+    /// without acquiring it).
+    pub inspect: bool,
 }
 
 impl Capabilities {
@@ -68,6 +71,7 @@ impl Capabilities {
             max_ttl: MAX_TTL,
             ttl_granularity: Duration::from_millis(1),
             lost_notification: true,
+            inspect: false,
         }
     }
     /// Sets [`Capabilities::fencing`].
@@ -103,6 +107,11 @@ impl Capabilities {
     /// Sets [`Capabilities::lost_notification`].
     pub const fn with_lost_notification(mut self, lost_notification: bool) -> Self {
         self.lost_notification = lost_notification;
+        self
+    }
+    /// Sets [`Capabilities::inspect`].
+    pub const fn with_inspect(mut self, inspect: bool) -> Self {
+        self.inspect = inspect;
         self
     }
 }

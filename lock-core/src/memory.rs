@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::{
-    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Result,
+    Capabilities, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease, LeaseOps,
+    LockName, LockOptions, ManagedLease, Result,
 };
 
 /// An in-process lock service. Cheap to clone; clones share the same locks.
@@ -209,7 +209,8 @@ impl fmt::Debug for MemoryLock {
 
 const CAPS: Capabilities = Capabilities::new()
     .with_fencing(Fencing::Strict)
-    .with_fifo(true);
+    .with_fifo(true)
+    .with_inspect(true);
 
 #[async_trait]
 impl DistributedLock for MemoryLock {
@@ -231,6 +232,22 @@ impl DistributedLock for MemoryLock {
             Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
             Attempt::Busy { .. } => None,
         })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let now = Instant::now();
+        let mut slots = self.store.slots();
+        let Some(slot) = slots.get_mut(name) else {
+            return Ok(None);
+        };
+        slot.expire(now);
+        // The last token handed out is the holder's: a later grant would have replaced it.
+        Ok(slot.holder.as_ref().map(|h| {
+            HolderInfo::new(
+                Some(FencingToken::new(slot.fence)),
+                Some(h.expires_at - now),
+            )
+        }))
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {

@@ -54,6 +54,47 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// Cancel-safe: dropping the future leaves no waiter record behind and no held lock (at worst
     /// a lock granted at the very moment of cancellation stays until its TTL).
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>>;
+
+    /// Who holds `name` now, read without acquiring it: `Ok(None)` if it is free. For
+    /// operators and status commands; by the time the answer arrives it may be stale.
+    ///
+    /// The default is [`Error::Unsupported`](crate::Error::Unsupported): drivers that can
+    /// tell override it.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            backend: self.backend(),
+            operation: "inspect",
+        })
+    }
+}
+
+/// What [`DistributedLock::inspect`] can tell about a lock's current holder.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{FencingToken, HolderInfo};
+/// let h = HolderInfo::new(Some(FencingToken::new(7)), Some(Duration::from_secs(3)));
+/// assert_eq!(h.fencing_token.map(|t| t.get()), Some(7));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// The holder's fencing token, where the backend records it.
+    pub fencing_token: Option<FencingToken>,
+    /// How long the lock lasts if its holder stops renewing, where the backend can tell
+    /// (`None` for session- or process-scoped locks).
+    pub remaining: Option<Duration>,
+}
+
+impl HolderInfo {
+    /// A holder description.
+    pub const fn new(fencing_token: Option<FencingToken>, remaining: Option<Duration>) -> Self {
+        HolderInfo {
+            fencing_token,
+            remaining,
+        }
+    }
 }
 
 /// A held lock. A lease is a value (name + owner token), not a thread: any task may renew or
@@ -118,6 +159,9 @@ impl<T: DistributedLock + ?Sized> DistributedLock for Arc<T> {
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
         (**self).acquire(name, opts).await
     }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        (**self).inspect(name).await
+    }
 }
 
 #[async_trait]
@@ -137,5 +181,8 @@ impl<T: DistributedLock + ?Sized> DistributedLock for Box<T> {
     }
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
         (**self).acquire(name, opts).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        (**self).inspect(name).await
     }
 }

@@ -14,6 +14,7 @@ pub mod exclusion;
 pub mod expiry;
 pub mod fencing;
 pub mod input;
+pub mod inspect;
 pub mod lost;
 pub mod ownership;
 pub mod renewal;
@@ -95,6 +96,13 @@ fn lost_ttl(f: &Facts) -> Result<(), &'static str> {
         Err("lost_notification = false")
     }
 }
+fn inspects(f: &Facts) -> Result<(), &'static str> {
+    if f.caps.inspect {
+        Ok(())
+    } else {
+        Err("inspect = false")
+    }
+}
 fn breakable(f: &Facts) -> Result<(), &'static str> {
     if !f.caps.lost_notification {
         return Err("lost_notification = false");
@@ -123,6 +131,7 @@ pub static CASES: &[Case] = &[
     case!(exclusion::counter_loses_no_update, always),
     case!(exclusion::names_are_independent, always),
     case!(exclusion::release_frees_at_once, always),
+    case!(inspect::inspect_reports_the_holder, inspects),
     case!(expiry::abandoned_lease_frees_after_ttl, ttl),
     case!(expiry::valid_until_is_within_ttl, always),
     case!(expiry::unrenewed_lease_turns_lost_at_valid_until, ttl),
