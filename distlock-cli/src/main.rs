@@ -51,7 +51,8 @@ struct Cli {
 enum Cmd {
     /// Acquire the lock, run the command while renewing it, release it when the command exits.
     Run(RunArgs),
-    /// Tell whether the lock is held (probes with a non-waiting acquire, released at once).
+    /// Tell whether the lock is held, with the holder's fencing token and remaining time where
+    /// the backend records them (Redlock: held/free only, by a probe acquisition).
     Status(StatusArgs),
 }
 
@@ -195,27 +196,59 @@ async fn status(a: StatusArgs) -> u8 {
         Ok(x) => x,
         Err(code) => return code,
     };
-    let ttl = locks.capabilities().min_ttl.max(Duration::from_secs(1));
-    let held = match locks.try_acquire(&name, &LockOptions::new(ttl)).await {
-        Ok(Some(probe)) => {
-            if let Err(e) = probe.release().await {
-                tracing::warn!(error = %e, "releasing the status probe failed");
-            }
-            false
-        }
-        Ok(None) => true,
+    let info = match locks.inspect(&name).await {
+        Ok(info) => info.map(|h| (h.fencing_token.map(|t| t.get()), h.remaining)),
+        // Backends that cannot inspect (Redlock): probe with a non-waiting acquisition.
+        Err(Error::Unsupported { .. }) => match probe(locks.as_ref(), &name).await {
+            Ok(true) => Some((None, None)),
+            Ok(false) => None,
+            Err(e) => return fail("cannot query the lock", &e),
+        },
         Err(e) => return fail("cannot query the lock", &e),
     };
-    let state = if held { "held" } else { "free" };
+    let state = if info.is_some() { "held" } else { "free" };
+    let (token, remaining) = info.unwrap_or((None, None));
     if a.json {
         println!(
             "{}",
-            serde_json::json!({ "name": name.as_str(), "backend": locks.backend(), "state": state })
+            serde_json::json!({
+                "name": name.as_str(),
+                "backend": locks.backend(),
+                "state": state,
+                "fencing_token": token,
+                "remaining_ms": remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            })
         );
     } else {
-        println!("{name}: {state} ({} backend)", locks.backend());
+        let mut details = Vec::new();
+        if let Some(t) = token {
+            details.push(format!("fencing token {t}"));
+        }
+        if let Some(r) = remaining {
+            details.push(format!("{} left", humantime::format_duration(round_ms(r))));
+        }
+        let details = if details.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", details.join(", "))
+        };
+        println!("{name}: {state} ({} backend{details})", locks.backend());
     }
     0
+}
+
+/// Held (`true`) or free, by trying to take the lock without waiting and letting go at once.
+async fn probe(locks: &dyn DistributedLock, name: &LockName) -> distlock::Result<bool> {
+    let ttl = locks.capabilities().min_ttl.max(Duration::from_secs(1));
+    match locks.try_acquire(name, &LockOptions::new(ttl)).await? {
+        Some(lease) => {
+            if let Err(e) = lease.release().await {
+                tracing::warn!(error = %e, "releasing the status probe failed");
+            }
+            Ok(false)
+        }
+        None => Ok(true),
+    }
 }
 
 async fn run(a: RunArgs) -> u8 {

@@ -168,7 +168,9 @@ fn no_wait_on_a_held_lock_exits_75_within_a_second() {
         t.elapsed()
     );
     let o = output(distlock(&url, &["status", "--name", "busy", "--json"]));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("\"held\""));
+    let status = String::from_utf8_lossy(&o.stdout);
+    assert!(status.contains("\"held\""), "{status}");
+    assert!(status.contains("\"fencing_token\":1"), "{status}");
     let o = output(distlock(
         &url,
         &["run", "--name", "busy", "--wait", "200ms", "--", "true"],

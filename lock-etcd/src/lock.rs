@@ -119,6 +119,7 @@ impl EtcdLock {
                 spares: Arc::default(),
                 caps: Capabilities::new()
                     .with_fencing(Fencing::Strict)
+                    .with_inspect(true)
                     .with_fifo(true)
                     .with_ttl_granularity(Duration::from_secs(1))
                     .with_min_ttl(min_ttl),
@@ -689,6 +690,44 @@ impl DistributedLock for EtcdLock {
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
         self.contend(name, opts, None, true).await
+    }
+
+    /// The oldest key under the name (the holder): its `create_revision`, and its lease's
+    /// remaining TTL.
+    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        let dir = self.dir(name);
+        let head = self
+            .call(|mut c| {
+                let dir = dir.clone();
+                async move {
+                    c.get(
+                        dir,
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_keys_only()
+                                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                .with_limit(1),
+                        ),
+                    )
+                    .await
+                }
+            })
+            .await?;
+        let Some(kv) = head.kvs().first() else {
+            return Ok(None);
+        };
+        let (rev, lease) = (kv.create_revision(), kv.lease());
+        let ttl = self
+            .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await
+            .ok()
+            .and_then(|r| u64::try_from(r.ttl()).ok())
+            .map(Duration::from_secs);
+        Ok(Some(lock_core::HolderInfo::new(
+            u64::try_from(rev).ok().map(FencingToken::new),
+            ttl,
+        )))
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {

@@ -241,6 +241,25 @@ fn lock_file(path: &Path) -> io::Result<Option<(File, u64, FileId)>> {
     }
 }
 
+/// Whether someone holds `path`'s lock, and the counter it stores (a free lock is taken for
+/// an instant, without touching the counter, and let go).
+fn peek(path: &Path) -> io::Result<Option<lock_core::HolderInfo>> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => return Ok(None), // free; dropping the file lets go at once
+        Err(fs4::TryLockError::WouldBlock) => {}
+        Err(fs4::TryLockError::Error(e)) => return Err(e),
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let token = text.trim().parse().ok().map(FencingToken::new);
+    Ok(Some(lock_core::HolderInfo::new(token, None)))
+}
+
 /// Increments the counter stored in the locked file and flushes it before the grant.
 fn bump(mut file: &File) -> io::Result<u64> {
     let mut text = String::new();
@@ -277,6 +296,7 @@ impl DistributedLock for FileLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .with_fencing(Fencing::Strict)
+            .with_inspect(true)
             .with_per_lock_ttl(false)
     }
 
@@ -286,6 +306,16 @@ impl DistributedLock for FileLock {
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
         self.contend(name, opts, None, true).await
+    }
+
+    /// Held if the file's advisory lock cannot be taken; the token is the counter in the file.
+    /// The lock lives as long as its process, so there is no remaining time to report.
+    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        let path = self.path_of(name);
+        let p = path.clone();
+        blocking(move || peek(&p))
+            .await?
+            .map_err(|e| io_error(&path, e))
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {

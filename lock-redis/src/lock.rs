@@ -59,6 +59,7 @@ impl RedisLock {
         let fencing = durable_fencing(&node.connection()).await;
         let caps = Capabilities::new()
             .with_fencing(fencing)
+            .with_inspect(true)
             .with_min_ttl(Duration::from_millis(10));
         Ok(RedisLock {
             inner: Arc::new(Inner { node, caps }),
@@ -146,6 +147,28 @@ impl RedisLock {
 impl DistributedLock for RedisLock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    /// `PTTL` of the lock key and the fence counter (the last token handed out, which is the
+    /// holder's), in one pipelined round trip.
+    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        let keys = self.keys(name);
+        let mut conn = self.inner.node.connection();
+        let (pttl, fence): (i64, Option<u64>) = redis::pipe()
+            .cmd("PTTL")
+            .arg(&keys.lock)
+            .cmd("GET")
+            .arg(&keys.fence)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.inner.node.error(&e))?;
+        Ok(match pttl {
+            -2 => None, // no such key: free
+            ms => Some(lock_core::HolderInfo::new(
+                fence.map(FencingToken::new),
+                u64::try_from(ms).ok().map(Duration::from_millis),
+            )),
+        })
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -69,6 +69,7 @@ impl ZkLock {
             inner: Arc::new(Inner {
                 caps: Capabilities::new()
                     .with_fencing(Fencing::Strict)
+                    .with_inspect(true)
                     .with_fifo(true)
                     .with_per_lock_ttl(false)
                     .with_min_ttl(session_timeout),
@@ -437,6 +438,36 @@ impl DistributedLock for ZkLock {
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
         self.contend(name, opts, None, true).await
+    }
+
+    /// The lowest sequence node (the holder) and its `czxid`; the lock lives as long as its
+    /// holder's session, so there is no remaining time to report.
+    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        let client = self.live_session().await?;
+        let parent = self.parent(name);
+        let children = match client.list_children(&parent).await {
+            Ok(c) => c,
+            Err(zookeeper_client::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(self.error(e)),
+        };
+        let mut queue: Vec<(i64, String)> = children
+            .into_iter()
+            .filter_map(|c| Some((c.rsplit_once(MARK)?.1.parse::<i64>().ok()?, c)))
+            .collect();
+        queue.sort();
+        for (_, head) in queue {
+            match client.check_stat(&format!("{parent}/{head}")).await {
+                Ok(Some(stat)) => {
+                    return Ok(Some(lock_core::HolderInfo::new(
+                        u64::try_from(stat.czxid).ok().map(FencingToken::new),
+                        None,
+                    )))
+                }
+                Ok(None) => continue, // released meanwhile: the next one holds
+                Err(e) => return Err(self.error(e)),
+            }
+        }
+        Ok(None)
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
