@@ -210,6 +210,38 @@ fn a_lost_lock_stops_the_command_and_exits_70() {
     );
 }
 
+#[test]
+fn a_lock_deleted_on_the_server_stops_the_command_and_exits_70() {
+    let dir = tmp("lost-redis");
+    let name = format!("lost-redis-{}", std::process::id());
+    let started = dir.join("started");
+    let script = format!("touch {}; exec sleep 30", started.display());
+    let holder = spawn(distlock(
+        "redis://127.0.0.1:16379",
+        &[
+            "run", "--name", &name, "--ttl", "1s", "--grace", "1s", "--", "sh", "-c", &script,
+        ],
+    ));
+    wait_for(&started, Duration::from_secs(10));
+    // An operator deletes the lock key: the next renewal is refused.
+    let del = Command::new("redis-cli")
+        .args(["-p", "16379", "DEL", &format!("distlock:{{{name}}}")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&del.stdout).trim(),
+        "1",
+        "key not found"
+    );
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(70),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Two `run`s on one name at once: each command records its start and end; no overlap.
 fn never_overlap(url: &str, tag: &str) {
     let dir = tmp(tag);
