@@ -54,4 +54,4 @@ pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
 pub use options::{LockOptions, Renewal, Wait, MAX_TTL};
 pub use state::{LeaseState, LeaseTracker, LostSignal};
 pub use token::FencingToken;
-pub use traits::{DistributedLock, HolderInfo, Lease};
+pub use traits::{acquire_with, DistributedLock, HolderInfo, Lease};

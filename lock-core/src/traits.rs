@@ -69,6 +69,41 @@ pub trait DistributedLock: Send + Sync + Debug {
     }
 }
 
+/// The `acquire` of a driver whose waiting loop is `contend(deadline, no_wait)`: derives the
+/// deadline from `opts.wait` (measured from now) and turns "not granted in time" (`Ok(None)`)
+/// into [`Error::Timeout`](crate::Error::Timeout).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// use lock_core::{acquire_with, Error, LockName, LockOptions};
+/// let name = LockName::new("busy").unwrap();
+/// let opts = LockOptions::new(Duration::from_secs(1)).wait_for(Duration::from_millis(10));
+/// // A backend where the lock is always held: the wait runs out.
+/// let r = acquire_with(&name, &opts, |_deadline, _no_wait| async { Ok(None) }).await;
+/// assert!(matches!(r, Err(Error::Timeout { .. })));
+/// # }
+/// ```
+pub async fn acquire_with<F, Fut>(
+    name: &LockName,
+    opts: &LockOptions,
+    contend: F,
+) -> Result<Box<dyn Lease>>
+where
+    F: FnOnce(Option<Instant>, bool) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Box<dyn Lease>>>>,
+{
+    let start = Instant::now();
+    let deadline = opts.wait.deadline(start);
+    match contend(deadline, opts.wait == crate::Wait::No).await? {
+        Some(lease) => Ok(lease),
+        None => Err(crate::Error::Timeout {
+            name: name.clone(),
+            waited: start.elapsed(),
+        }),
+    }
+}
+
 /// What [`DistributedLock::inspect`] can tell about a lock's current holder.
 ///
 /// ```

@@ -12,7 +12,7 @@ use etcd_client::{
 };
 use lock_core::{
     drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Result, Wait,
+    LockOptions, ManagedLease, Result,
 };
 
 use crate::EtcdConfig;
@@ -731,18 +731,10 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let start = Instant::now();
-        let deadline = opts.wait.deadline(start);
-        match self
-            .contend(name, opts, deadline, opts.wait == Wait::No)
-            .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(Error::Timeout {
-                name: name.clone(),
-                waited: start.elapsed(),
-            }),
-        }
+        lock_core::acquire_with(name, opts, |deadline, no_wait| {
+            self.contend(name, opts, deadline, no_wait)
+        })
+        .await
     }
 }
 

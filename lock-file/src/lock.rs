@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Renewal, Result, Wait,
+    LockOptions, ManagedLease, Renewal, Result,
 };
 use tokio::sync::Notify;
 
@@ -319,18 +319,10 @@ impl DistributedLock for FileLock {
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let start = Instant::now();
-        let deadline = opts.wait.deadline(start);
-        match self
-            .contend(name, opts, deadline, opts.wait == Wait::No)
-            .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(Error::Timeout {
-                name: name.clone(),
-                waited: start.elapsed(),
-            }),
-        }
+        lock_core::acquire_with(name, opts, |deadline, no_wait| {
+            self.contend(name, opts, deadline, no_wait)
+        })
+        .await
     }
 }
 

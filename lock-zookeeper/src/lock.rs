@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::{
     drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Renewal, Result, Wait,
+    LockOptions, ManagedLease, Renewal, Result,
 };
 use zookeeper_client::{Acls, Client, CreateMode, Stat};
 
@@ -471,18 +471,10 @@ impl DistributedLock for ZkLock {
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let start = Instant::now();
-        let deadline = opts.wait.deadline(start);
-        match self
-            .contend(name, opts, deadline, opts.wait == Wait::No)
-            .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(Error::Timeout {
-                name: name.clone(),
-                waited: start.elapsed(),
-            }),
-        }
+        lock_core::acquire_with(name, opts, |deadline, no_wait| {
+            self.contend(name, opts, deadline, no_wait)
+        })
+        .await
     }
 }
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::{
     drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Result, Wait,
+    LockOptions, ManagedLease, Result,
 };
 use tokio::sync::Notify;
 
@@ -195,15 +195,10 @@ impl DistributedLock for TableLock {
     }
 
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let start = Instant::now();
-        let deadline = opts.wait.deadline(start);
-        let got = self
-            .contend(name, opts, deadline, opts.wait == Wait::No)
-            .await?;
-        got.ok_or_else(|| Error::Timeout {
-            name: name.clone(),
-            waited: start.elapsed(),
+        lock_core::acquire_with(name, opts, |deadline, no_wait| {
+            self.contend(name, opts, deadline, no_wait)
         })
+        .await
     }
 }
 
