@@ -356,14 +356,16 @@ async fn run(a: RunArgs) -> u8 {
     let lost = lease.lost();
     let lost_wait = lost.wait();
     tokio::pin!(lost_wait);
-    let mut lost_at: Option<Instant> = None;
+    let mut lost_seen = false;
+    // When the command gets SIGKILL, once the lock was lost and it ignored SIGTERM.
+    let mut kill_at: Option<Instant> = None;
     let status = loop {
-        let kill_at = lost_at.map(|t| t + a.grace);
         tokio::select! {
             st = child.wait() => break st,
             _ = sigint.recv() => forward(Signal::SIGINT),
             _ = sigterm.recv() => forward(Signal::SIGTERM),
-            _ = &mut lost_wait, if lost_at.is_none() => {
+            _ = &mut lost_wait, if !lost_seen => {
+                lost_seen = true; // the signal also resolves on release; only Lost matters
                 if lease.state() == LeaseState::Lost {
                     eprintln!(
                         "distlock: lock {name} was lost while the command ran; sending it SIGTERM \
@@ -371,14 +373,12 @@ async fn run(a: RunArgs) -> u8 {
                         humantime::format_duration(a.grace)
                     );
                     forward(Signal::SIGTERM);
-                    lost_at = Some(Instant::now());
-                } else {
-                    lost_at = Some(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+                    kill_at = Some(Instant::now() + a.grace);
                 }
             }
             _ = sleep_until_opt(kill_at), if kill_at.is_some() => {
                 forward(Signal::SIGKILL);
-                lost_at = Some(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+                kill_at = None;
             }
         }
     };

@@ -176,12 +176,7 @@ impl EtcdLock {
                 ),
             ),
         ]);
-        let resp = self
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
         let seen = resp.header().map_or(0, |h| h.revision());
         let ops = resp.op_responses();
         let mine = match ops.first() {
@@ -289,12 +284,7 @@ impl EtcdLock {
                     ),
                 ),
             ]);
-        let resp = self
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
         if !resp.succeeded() {
             return Err(Error::backend(
                 BACKEND,
@@ -804,16 +794,7 @@ impl LeaseOps for EtcdLeaseOps {
                 self.rev,
             )])
             .and_then([TxnOp::delete(self.key.as_str(), None)]);
-        let resp = call(
-            &self.config,
-            &self.client,
-            self.config.request_timeout(),
-            |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            },
-        )
-        .await?;
+        let resp = txn_call(&self.config, &self.client, txn).await?;
         let valid_until = *self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
         // The lease now guards nothing: keep it for the next lock, or drop it.
         if !(resp.succeeded() && self.spares.put(self.id, self.ttl, valid_until)) {
@@ -866,6 +847,19 @@ where
             }
         }
     }
+}
+
+/// One `Txn` through [`call`], within the request timeout.
+async fn txn_call(
+    config: &EtcdConfig,
+    client: &Client,
+    txn: Txn,
+) -> Result<etcd_client::TxnResponse> {
+    call(config, client, config.request_timeout(), |mut c| {
+        let txn = txn.clone(); // a re-sent request needs its own copy
+        async move { c.txn(txn).await }
+    })
+    .await
 }
 
 /// The request failed before reaching any server (connection refused or not established).
