@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use test_support::kill;
+
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
 fn tmp(tag: &str) -> PathBuf {
@@ -126,7 +128,7 @@ fn exit_status_environment_and_signals_pass_through() {
         &["run", "--name", "sig", "--", "sh", "-c", &script],
     ));
     wait_for(&started, Duration::from_secs(10));
-    nix_kill(holder.id(), "TERM");
+    kill("TERM", holder.id());
     let st = holder.wait().unwrap();
     assert_eq!(st.code(), Some(143));
     let o = output(distlock(
@@ -134,15 +136,6 @@ fn exit_status_environment_and_signals_pass_through() {
         &["run", "--name", "sig", "--no-wait", "--", "true"],
     ));
     assert_eq!(code(&o), 0, "lock not released after the signal");
-}
-
-fn nix_kill(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{sig} {pid}");
 }
 
 #[test]
@@ -313,7 +306,7 @@ fn killed_holder_frees(url: &str, tag: &str, within: Duration) {
         ],
     ));
     wait_for(&started, Duration::from_secs(10));
-    nix_kill(holder.id(), "KILL");
+    kill("KILL", holder.id());
     let _ = holder.wait();
     let t = Instant::now();
     let o = output(distlock(

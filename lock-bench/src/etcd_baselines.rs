@@ -203,24 +203,3 @@ impl Subject for TxnFloor {
         Ok(Box::new(FloorGuard { client: c, key }))
     }
 }
-
-/// Every gRPC message the members received (unary requests and stream messages, keep-alives
-/// included), from their Prometheus `/metrics` on the client port.
-pub(crate) async fn grpc_messages_received(endpoints: &[String]) -> Option<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut total = 0.0;
-    for ep in endpoints {
-        let mut s = tokio::net::TcpStream::connect(ep.trim_start_matches("http://"))
-            .await
-            .ok()?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        total += out
-            .lines()
-            .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
-    }
-    Some(total as u64)
-}

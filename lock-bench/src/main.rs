@@ -418,19 +418,19 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
 /// The server's own count of processed requests, where the backend has one.
 async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
     match backend {
-        "redis" => subject::redis_commands_processed(&ep.redis_url).await,
+        "redis" => test_support::redis_commands_processed(&ep.redis_url).await,
         "redlock" => {
             let mut total = 0;
             for url in ep.redlock_url.trim_start_matches("redlock://").split(',') {
-                total += subject::redis_commands_processed(&format!("redis://{url}")).await?;
+                total += test_support::redis_commands_processed(&format!("redis://{url}")).await?;
             }
             Some(total)
         }
-        "zookeeper" => subject::zk_packets_received(&ep.zk_hosts).await,
-        "zookeeper-ensemble" => subject::zk_packets_received(&ep.zk_ensemble_hosts).await,
+        "zookeeper" => test_support::zk_packets_received(&ep.zk_hosts).await,
+        "zookeeper-ensemble" => test_support::zk_packets_received(&ep.zk_ensemble_hosts).await,
         b if ep.etcd(b).is_some() => {
             let (eps, _) = ep.etcd(b)?;
-            etcd_baselines::grpc_messages_received(&eps).await
+            test_support::etcd_grpc_messages_received(&eps).await
         }
         _ => None,
     }

@@ -225,38 +225,3 @@ pub(crate) async fn driver_subject(
         opts: LockOptions::new(Duration::from_secs(10)),
     }))
 }
-
-/// `total_commands_processed` from `INFO stats` (the INFO call itself counts as one).
-pub(crate) async fn redis_commands_processed(url: &str) -> Option<u64> {
-    let mut c = redis::Client::open(url)
-        .ok()?
-        .get_multiplexed_async_connection()
-        .await
-        .ok()?;
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut c)
-        .await
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// Client packets received by every ZooKeeper server in `hosts` (the `srvr` four-letter word;
-/// pings count too, which is what "no requests while waiting" must also hold against).
-pub(crate) async fn zk_packets_received(hosts: &str) -> Option<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut total = 0;
-    for host in hosts.split(',') {
-        let mut s = tokio::net::TcpStream::connect(host).await.ok()?;
-        s.write_all(b"srvr").await.ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        total += out
-            .lines()
-            .find_map(|l| l.strip_prefix("Received:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())?;
-    }
-    Some(total)
-}

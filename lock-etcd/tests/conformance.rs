@@ -48,29 +48,8 @@ impl Harness for Etcd {
         )
     }
     async fn backend_requests(&self) -> Option<u64> {
-        let mut total = 0;
-        for ep in self.config.endpoints() {
-            total += grpc_messages_received(ep)?;
-        }
-        Some(total)
+        test_support::etcd_grpc_messages_received(self.config.endpoints()).await
     }
-}
-
-/// Every gRPC message the member received (unary requests, watch and keep-alive stream
-/// messages), from its Prometheus `/metrics` on the client port.
-fn grpc_messages_received(endpoint: &str) -> Option<u64> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(endpoint.trim_start_matches("http://")).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let total: f64 = out
-        .lines()
-        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    Some(total as u64)
 }
 
 fn main() -> ExitCode {

@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,20 +12,10 @@ use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
 use lock_etcd::etcd_client::Client;
 use lock_etcd::{EtcdConfig, EtcdLock};
+use test_support::{kill, serial, services};
 
-static SERIAL: Mutex<()> = Mutex::new(());
 const SINGLE: u16 = 12379;
 const CLUSTER: [(&str, u16); 3] = [("etcd-c1", 12479), ("etcd-c2", 12579), ("etcd-c3", 12679)];
-
-fn serial(test: impl std::future::Future<Output = ()>) {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(test);
-}
 
 async fn etcd(endpoints: &[String]) -> EtcdLock {
     EtcdLock::connect(EtcdConfig::new(endpoints.to_vec()))
@@ -36,20 +25,6 @@ async fn etcd(endpoints: &[String]) -> EtcdLock {
 
 fn local(port: u16) -> Vec<String> {
     vec![format!("127.0.0.1:{port}")]
-}
-
-fn services(args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-    let out = Command::new(script)
-        .args(args)
-        .output()
-        .expect("run services.sh");
-    assert!(
-        out.status.success(),
-        "services.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[test]
@@ -183,7 +158,7 @@ fn lock_and_queue_survive_the_cluster_leader_being_killed() {
         let victim = leader().await.expect("the cluster has a leader");
         let _restart = Restart(victim); // even if an assertion below fails
         let pid = services(&["pid", victim]);
-        Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+        kill("KILL", pid);
         // A new leader is elected in ~2 s; the holder keeps renewing through it.
         tokio::time::sleep(Duration::from_secs(4)).await;
         assert_eq!(
@@ -218,8 +193,7 @@ struct Restart(&'static str);
 
 impl Drop for Restart {
     fn drop(&mut self) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-        let _ = Command::new(script).args(["up", self.0]).status();
+        services(&["up", self.0]);
     }
 }
 

@@ -42,14 +42,7 @@ impl Harness for Redis {
     }
     async fn backend_requests(&self) -> Option<u64> {
         let mut c = self.raw().await.ok()?;
-        let info: String = redis::cmd("INFO")
-            .arg("stats")
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .and_then(|v| v.trim().parse().ok())
+        test_support::commands_processed(&mut c).await
     }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let keys = LockKeys::new(self.config.prefix(), name);

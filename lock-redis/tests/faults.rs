@@ -7,15 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::net::SocketAddr;
-use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Error, Fencing, LeaseState, LockOptions};
 use lock_redis::{RedisConfig, RedisLock};
-
-static SERIAL: Mutex<()> = Mutex::new(());
+use test_support::{kill, serial, services};
 
 fn url() -> String {
     std::env::var("REDIS_FAULT_URL").unwrap_or_else(|_| "redis://127.0.0.1:16391".into())
@@ -33,17 +31,6 @@ fn server_addr() -> SocketAddr {
     format!("{}:{}", c.host(), c.port()).parse().unwrap()
 }
 
-/// Runs one fault test on its own runtime, never two at once.
-fn serial(test: impl std::future::Future<Output = ()>) {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(test);
-}
-
 async fn direct() -> RedisLock {
     RedisLock::connect(config())
         .await
@@ -59,29 +46,6 @@ async fn via(proxy: &FaultProxy) -> RedisLock {
     )
     .await
     .unwrap()
-}
-
-fn services(args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-    let out = Command::new(script)
-        .args(args)
-        .output()
-        .expect("run services.sh");
-    assert!(
-        out.status.success(),
-        "services.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn signal(sig: &str, pid: &str) {
-    let ok = Command::new("kill")
-        .args([sig, pid])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
 }
 
 /// Records every state the lease passes through, sampled every 10 ms, until it is Lost.
@@ -289,7 +253,7 @@ fn killed_and_restarted_server_loses_locks_and_counters_and_clients_recover() {
         };
         let (lease, token_before) = second_token;
         let lost = lease.lost();
-        signal("-KILL", &services(&["pid", "redis-fault"]));
+        kill("KILL", services(&["pid", "redis-fault"]));
         tokio::time::timeout(ttl * 2, lost.wait())
             .await
             .expect("lost signal after the server died");

@@ -52,15 +52,7 @@ impl Harness for Redlock {
     async fn backend_requests(&self) -> Option<u64> {
         let mut total = 0;
         for mut c in self.raw().await.ok()? {
-            let info: String = redis::cmd("INFO")
-                .arg("stats")
-                .query_async(&mut c)
-                .await
-                .ok()?;
-            total += info
-                .lines()
-                .find_map(|l| l.strip_prefix("total_commands_processed:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())?;
+            total += test_support::commands_processed(&mut c).await?;
         }
         let reads = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
         Some(total.saturating_sub(reads * self.config.masters().len() as u64))

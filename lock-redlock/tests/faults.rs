@@ -5,9 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
@@ -15,19 +14,9 @@ use lock_core::{DistributedLock, Error, LockName, LockOptions};
 use lock_redis::scripts::LockKeys;
 use lock_redis::{RedisConfig, DEFAULT_PREFIX};
 use lock_redlock::{RedlockConfig, RedlockLock};
+use test_support::{kill, serial, services};
 
-static SERIAL: Mutex<()> = Mutex::new(());
 const PORTS: [u16; 5] = [16380, 16381, 16382, 16383, 16384];
-
-fn serial(test: impl std::future::Future<Output = ()>) {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(test);
-}
 
 fn master(port: u16) -> RedisConfig {
     RedisConfig::new("127.0.0.1", port)
@@ -72,20 +61,6 @@ async fn keys_present(name: &LockName) -> usize {
         n += exists as usize;
     }
     n
-}
-
-fn services(args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-    let out = Command::new(script)
-        .args(args)
-        .output()
-        .expect("run services.sh");
-    assert!(
-        out.status.success(),
-        "services.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[test]
@@ -278,11 +253,7 @@ fn master_restarted_after_the_ttl_does_not_let_a_second_client_in() {
             .await
             .unwrap();
         let pid = services(&["pid", "redlock5"]);
-        assert!(Command::new("kill")
-            .args(["-KILL", &pid])
-            .status()
-            .unwrap()
-            .success());
+        kill("KILL", pid);
         // The rule: stay down longer than the TTL (no persistence on these masters).
         tokio::time::sleep(ttl + Duration::from_millis(200)).await;
         services(&["up", "redlock5"]);

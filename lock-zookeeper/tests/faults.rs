@@ -5,58 +5,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::net::SocketAddr;
-use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Lease, LeaseState, LockOptions};
 use lock_zookeeper::{ZkConfig, ZkLock};
+use test_support::{kill, serial, services, zk_mode};
 
-static SERIAL: Mutex<()> = Mutex::new(());
 const SINGLE: u16 = 12181;
 const ENSEMBLE: [u16; 3] = [12281, 12282, 12283];
-
-fn serial(test: impl std::future::Future<Output = ()>) {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(test);
-}
 
 async fn zk(hosts: &str, session: Duration) -> ZkLock {
     ZkLock::connect(ZkConfig::new(hosts).with_session_timeout(session))
         .await
         .unwrap_or_else(|e| panic!("ZooKeeper at {hosts} (scripts/services.sh up): {e}"))
-}
-
-fn services(args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-    let out = Command::new(script)
-        .args(args)
-        .output()
-        .expect("run services.sh");
-    assert!(
-        out.status.success(),
-        "services.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// `srvr` on a port: the server's mode (`leader`, `follower`, `standalone`), if it answers.
-fn mode(port: u16) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"srvr").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.lines()
-        .find_map(|l| l.strip_prefix("Mode: ").map(str::to_string))
 }
 
 /// Records every state the lease passes through (sampled every 10 ms) for `for_how_long`.
@@ -204,18 +167,16 @@ fn lock_and_queue_survive_the_ensemble_leader_being_killed() {
         let (n, w) = (name.clone(), waiter.clone());
         let waiting = tokio::spawn(async move { w.acquire(&n, &LockOptions::new(session)).await });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let (idx, _) = ENSEMBLE
-            .iter()
-            .enumerate()
-            .find(|(_, p)| mode(**p).as_deref() == Some("leader"))
-            .expect("the ensemble has a leader");
+        let mut leader = None;
+        for (i, port) in ENSEMBLE.iter().enumerate() {
+            if zk_mode(&format!("127.0.0.1:{port}")).await.as_deref() == Some("leader") {
+                leader = Some(i);
+            }
+        }
+        let idx = leader.expect("the ensemble has a leader");
         let node = format!("zk-ens{}", idx + 1);
         let pid = services(&["pid", &node]);
-        assert!(Command::new("kill")
-            .args(["-KILL", &pid])
-            .status()
-            .unwrap()
-            .success());
+        kill("KILL", pid);
         // Election and reconnects take a few seconds, well inside the session timeout.
         tokio::time::sleep(Duration::from_secs(4)).await;
         assert!(

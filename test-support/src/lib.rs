@@ -1,0 +1,141 @@
+//! Helpers shared by this repository's fault tests and `lock-bench` (not published: the parts
+//! a third-party driver needs live in `conformance-tests`).
+//!
+//! - [`serial`]: run a test on its own runtime, never two at once (fault tests stop and kill
+//!   shared servers).
+//! - [`services`], [`kill`]: drive `scripts/services.sh` and the server processes it started.
+//! - The servers' own request counters: [`redis_commands_processed`] / [`commands_processed`],
+//!   [`zk_packets_received`] / [`zk_mode`], [`etcd_grpc_messages_received`].
+
+use std::future::Future;
+use std::process::Command;
+use std::sync::Mutex;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs one test on a fresh 2-thread runtime, never two at once in this test binary.
+///
+/// # Panics
+/// If the runtime cannot be built (test code: a panic is the failure report).
+#[allow(clippy::expect_used)]
+pub fn serial(test: impl Future<Output = ()>) {
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(test);
+}
+
+/// Runs `scripts/services.sh ARGS` and returns its trimmed stdout.
+///
+/// # Panics
+/// If the script cannot run or fails (its stderr is in the message).
+#[allow(clippy::expect_used)]
+pub fn services(args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .expect("run scripts/services.sh");
+    assert!(
+        out.status.success(),
+        "services.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `kill -SIG PID` (`sig` without the dash: `KILL`, `TERM`, `STOP`, `CONT`).
+///
+/// # Panics
+/// If `kill` fails (no such process).
+#[allow(clippy::expect_used)]
+pub fn kill(sig: &str, pid: impl std::fmt::Display) {
+    let ok = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// The server's `total_commands_processed` (Redis counts each command a Lua script runs).
+pub async fn redis_commands_processed(url: &str) -> Option<u64> {
+    let mut c = redis::Client::open(url)
+        .ok()?
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    commands_processed(&mut c).await
+}
+
+/// [`redis_commands_processed`] on a connection the caller has (authenticated) already.
+pub async fn commands_processed(c: &mut (impl redis::aio::ConnectionLike + Send)) -> Option<u64> {
+    let info: String = redis::cmd("INFO").arg("stats").query_async(c).await.ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// One request over a fresh TCP connection, the whole answer (four-letter words, HTTP/1.0).
+async fn ask(addr: &str, request: &[u8]) -> Option<String> {
+    let talk = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(request).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), talk)
+        .await
+        .ok()?
+}
+
+/// A ZooKeeper server's `srvr` line `KEY: value`.
+async fn zk_srvr(host: &str, key: &str) -> Option<String> {
+    let out = ask(host, b"srvr").await?;
+    out.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(": ").map(str::to_string))
+}
+
+/// Client packets received by every ZooKeeper server in `hosts` (`h1:p1,h2:p2`); session
+/// pings and the `srvr` reads themselves count too.
+pub async fn zk_packets_received(hosts: &str) -> Option<u64> {
+    let mut total = 0;
+    for host in hosts.split(',') {
+        total += zk_srvr(host, "Received")
+            .await?
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+    }
+    Some(total)
+}
+
+/// A ZooKeeper server's mode (`leader`, `follower`, `standalone`), if it answers.
+pub async fn zk_mode(host: &str) -> Option<String> {
+    zk_srvr(host, "Mode").await
+}
+
+/// Every gRPC message the etcd members received (unary requests and stream messages,
+/// keep-alives included), from their Prometheus `/metrics` on the client port.
+pub async fn etcd_grpc_messages_received(endpoints: &[String]) -> Option<u64> {
+    let mut total = 0.0;
+    for ep in endpoints {
+        let out = ask(
+            ep.trim_start_matches("http://"),
+            b"GET /metrics HTTP/1.0\r\n\r\n",
+        )
+        .await?;
+        total += out
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    Some(total as u64)
+}
