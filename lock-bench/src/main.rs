@@ -7,6 +7,7 @@
 //!
 //! Scenarios (each row reports median-of-runs figures, never a single sample):
 //! - `uncontended`: one task, acquire + release on one name; p50/p99 latency and ops/s.
+//! - `acquire`: the same loop, timing only the acquire (the release is done, not timed).
 //! - `throughput`: K tasks on K distinct names for a fixed time; ops/s.
 //! - `handoff`: K tasks contend for one name; latency from the holder starting its release to
 //!   the next holder's acquire returning; p50/p99.
@@ -37,10 +38,10 @@ struct Args {
     /// zookeeper-ensemble, etcd, etcd-cluster.
     #[arg(long, default_value = "memory", value_delimiter = ',')]
     backend: Vec<String>,
-    /// Scenarios to run (comma separated): uncontended, throughput, handoff, idle.
+    /// Scenarios to run (comma separated): uncontended, acquire, throughput, handoff, idle.
     #[arg(
         long,
-        default_value = "uncontended,throughput,handoff,idle",
+        default_value = "uncontended,acquire,throughput,handoff,idle",
         value_delimiter = ','
     )]
     scenarios: Vec<String>,
@@ -146,7 +147,16 @@ struct Sample {
     requests_per_op: Option<f64>,
 }
 
-async fn uncontended(s: &dyn Subject, iterations: u64) -> Result<Sample, String> {
+/// What the one-task loop times: the whole acquire + release cycle, or only the acquire (the
+/// latency a caller waits for a free lock; the release still runs, untimed, so every acquire
+/// finds the lock free).
+#[derive(Clone, Copy)]
+enum Timed {
+    Cycle,
+    Acquire,
+}
+
+async fn uncontended(s: &dyn Subject, iterations: u64, timed: Timed) -> Result<Sample, String> {
     let name = fresh("unc");
     let mut h = new_hist();
     for _ in 0..iterations / 10 {
@@ -155,8 +165,17 @@ async fn uncontended(s: &dyn Subject, iterations: u64) -> Result<Sample, String>
     let start = Instant::now();
     for _ in 0..iterations {
         let t = Instant::now();
-        s.cycle(&name).await?;
-        h.saturating_record(ns(t.elapsed()));
+        match timed {
+            Timed::Cycle => {
+                s.cycle(&name).await?;
+                h.saturating_record(ns(t.elapsed()));
+            }
+            Timed::Acquire => {
+                let guard = s.lock(&name).await?;
+                h.saturating_record(ns(t.elapsed()));
+                guard.unlock().await?;
+            }
+        }
     }
     let total = start.elapsed().as_secs_f64();
     Ok(Sample {
@@ -348,7 +367,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
     }
     subjects.push((driver_subject(backend, &ep).await?, false));
     let mut rows = Vec::new();
-    for scenario in ["uncontended", "throughput", "handoff", "idle"] {
+    for scenario in ["uncontended", "acquire", "throughput", "handoff", "idle"] {
         if !args.scenarios.iter().any(|s| s == scenario) {
             continue;
         }
@@ -370,12 +389,13 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
                 }
                 let before = server_requests(backend, &ep).await;
                 let mut sample = match scenario {
-                    "uncontended" => uncontended(s.as_ref(), args.iterations).await?,
+                    "uncontended" => uncontended(s.as_ref(), args.iterations, Timed::Cycle).await?,
+                    "acquire" => uncontended(s.as_ref(), args.iterations, Timed::Acquire).await?,
                     "throughput" => throughput(s.clone(), args.concurrency, args.duration).await?,
                     _ => handoff(s.clone(), args.waiters, args.handoffs).await?,
                 };
                 if let (Some(b), Some(a)) = (before, server_requests(backend, &ep).await) {
-                    // The warm-up of `uncontended` is counted too: a small overestimate.
+                    // The warm-up of `uncontended`/`acquire` is counted too: a small overestimate.
                     sample.requests_per_op =
                         Some(a.saturating_sub(b) as f64 / sample.ops.max(1) as f64);
                 }

@@ -3,13 +3,18 @@
 //! [`RedlockLock`] implements the Redlock algorithm with the corrections its critics ask for:
 //!
 //! - every request goes to all masters **in parallel**, each with a per-node timeout far below
-//!   the TTL (default 50 ms, never more than TTL/4);
+//!   the TTL (default 50 ms, never more than TTL/4), and the answer is taken **as soon as a
+//!   majority agrees**: a grant costs the round trip of the median master, not the slowest;
+//! - the grant is a plain `SET key token NX PX ttl` (pipelined with a `PTTL` a waiter sleeps
+//!   by), not a script: the cheapest write Redis has, paid N times per lock;
 //! - a grant needs **N/2 + 1** masters **and** positive validity = TTL − elapsed − drift
 //!   (drift = TTL·1 % + 2 ms), measured on the monotonic clock from before the first send;
 //! - a failed acquisition is **released on every master**, including the ones that timed out or
 //!   errored (they may have granted after all);
 //! - renew extends on all masters and needs a quorum; a failed renew does not release the
-//!   masters it did extend; release is complete once a majority released;
+//!   masters it did extend; release is complete once a majority released. Renewals and
+//!   releases still in flight to slower masters finish in a background task (bounded by the
+//!   per-node timeout), so every master that answers gets them;
 //! - waiters wake on release announcements from any master (pub/sub, reusing lock-redis's
 //!   connections and scripts), with a random pause as the fallback — never a fixed-interval spin;
 //! - `QuorumNotReached { granted, needed }` (too few masters answered) is reported apart from

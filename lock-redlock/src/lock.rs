@@ -1,17 +1,20 @@
 //! `RedlockLock`: quorum acquire, renew and release over independent masters.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lock_core::{
     Capabilities, DistributedLock, Error, Fencing, Lease, LeaseOps, LockName, LockOptions,
     ManagedLease, Result, Wait,
 };
 use lock_redis::scripts::{self, Acquired, LockKeys};
 use lock_redis::{drift, RedisNode};
+use redis::aio::ConnectionManager;
 
 use crate::RedlockConfig;
 
@@ -25,8 +28,9 @@ const CAPS: Capabilities = Capabilities::new()
 ///
 /// A lock is held when a majority (N/2 + 1) of masters granted it within a validity of
 /// TTL − elapsed − drift, measured on the monotonic clock from before the first request. Every
-/// request goes to all masters in parallel, each with its own timeout; a failed acquisition is
-/// released on every master, including those that did not answer.
+/// request goes to all masters in parallel, each with its own timeout, and is decided as soon
+/// as a majority agrees (slower masters still get it); a failed acquisition is released on
+/// every master that may hold it, including those that did not answer.
 ///
 /// **No fencing tokens**: independent masters cannot agree on a monotonic counter without
 /// consensus, so [`Capabilities::fencing`] is `Fencing::None` and
@@ -144,14 +148,14 @@ impl RedlockLock {
         &self.inner.config
     }
 
-    fn keys(&self, name: &LockName) -> LockKeys {
-        LockKeys::new(self.inner.config.masters()[0].prefix(), name)
+    fn keys(&self, name: &LockName) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new(self.inner.config.masters()[0].prefix(), name))
     }
 
     async fn attempt(
         &self,
         name: &LockName,
-        keys: &LockKeys,
+        keys: &Arc<LockKeys>,
         ttl: Duration,
         opts: &LockOptions,
     ) -> Result<Attempt> {
@@ -159,34 +163,37 @@ impl RedlockLock {
         let nodes = &self.inner.nodes;
         let quorum = cfg.quorum();
         let node_timeout = cfg.node_timeout_for(ttl);
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
         let start = Instant::now();
-        let replies = join_all(nodes.iter().map(|n| {
-            let mut c = n.connection();
-            let token = &token;
-            async move {
-                tokio::time::timeout(
-                    node_timeout,
-                    scripts::acquire_unfenced(&mut c, keys, token, ttl),
-                )
-                .await
-            }
-        }))
-        .await;
+        let mut round = Round::new(nodes, node_timeout, |mut c| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await }
+        });
         let (mut granted, mut busy) = (0, 0);
         let mut remaining: Option<Duration> = None;
-        for r in &replies {
+        // Masters that answered "held by someone else" store nothing of ours: no cleanup there.
+        let mut refused = vec![false; nodes.len()];
+        while let Some((i, r)) = round.next().await {
             match r {
                 Ok(Ok(Acquired::Granted { .. })) => granted += 1,
                 Ok(Ok(Acquired::Busy { remaining: r })) => {
                     busy += 1;
+                    refused[i] = true;
                     if let Some(r) = r {
-                        remaining = Some(remaining.map_or(*r, |m| m.min(*r)));
+                        remaining = Some(remaining.map_or(r, |m: Duration| m.min(r)));
                     }
                 }
                 _ => {}
             }
+            // The outcome is decided once a majority agrees: waiting for the slowest masters
+            // would only add their latency. A request still in flight is dropped; if it grants
+            // later, the release of this token (same connection, so ordered after it) or the
+            // TTL removes it.
+            if granted >= quorum || busy >= quorum {
+                break;
+            }
         }
+        drop(round);
         let validity = ttl
             .checked_sub(start.elapsed() + drift(ttl))
             .unwrap_or_default();
@@ -208,8 +215,11 @@ impl RedlockLock {
                 ops,
             ))));
         }
-        // Failed: undo every grant, on every master (one that timed out may have granted).
-        release_everywhere(nodes, keys, &token, node_timeout).await;
+        // Failed: undo every grant, on every master that may hold one (one that timed out or
+        // has not answered yet may have granted). Awaited, so the next attempt is not refused
+        // by this one's leftovers.
+        let mut cleanup = Round::on(nodes, &refused, node_timeout, release_request(keys, &token));
+        while cleanup.next().await.is_some() {}
         if granted >= quorum {
             return Err(Error::unavailable(
                 BACKEND,
@@ -237,36 +247,90 @@ impl RedlockLock {
     }
 }
 
-/// Runs the release script on every master in parallel; returns (released, not held, failed).
-async fn release_everywhere(
-    nodes: &[RedisNode],
-    keys: &LockKeys,
-    token: &str,
-    node_timeout: Duration,
-) -> (usize, usize, usize) {
-    let replies =
-        join_all(nodes.iter().map(|n| {
-            let mut c = n.connection();
-            async move {
-                tokio::time::timeout(node_timeout, scripts::release(&mut c, keys, token)).await
-            }
-        }))
-        .await;
-    count(&replies)
+/// One master's answer: the request's result, or the per-node timeout elapsed.
+type NodeReply<T> = std::result::Result<redis::RedisResult<T>, tokio::time::error::Elapsed>;
+
+/// One request to each of several masters, all in flight at once, each bounded by the per-node
+/// timeout; answers are taken as they arrive, so a caller can stop at a majority.
+struct Round<T> {
+    pending: FuturesUnordered<BoxFuture<'static, (usize, NodeReply<T>)>>,
 }
 
-fn count(
-    replies: &[std::result::Result<redis::RedisResult<bool>, tokio::time::error::Elapsed>],
-) -> (usize, usize, usize) {
+impl<T: Send + 'static> Round<T> {
+    /// Sends `request` to every master.
+    fn new<F, Fut>(nodes: &[RedisNode], node_timeout: Duration, request: F) -> Self
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+    {
+        Self::on(nodes, &vec![false; nodes.len()], node_timeout, request)
+    }
+
+    /// Sends `request` to every master whose `skip` entry is false.
+    fn on<F, Fut>(nodes: &[RedisNode], skip: &[bool], node_timeout: Duration, request: F) -> Self
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+    {
+        let pending = nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !skip.get(*i).copied().unwrap_or(false))
+            .map(|(i, n)| {
+                let reply = tokio::time::timeout(node_timeout, request(n.connection()));
+                Box::pin(async move { (i, reply.await) }) as BoxFuture<'static, _>
+            })
+            .collect();
+        Round { pending }
+    }
+
+    /// The next answer (master index, reply); `None` once every master answered.
+    async fn next(&mut self) -> Option<(usize, NodeReply<T>)> {
+        self.pending.next().await
+    }
+
+    /// Lets the requests still in flight run to their answer or timeout in a background task,
+    /// so a release or renewal reaches every master that answers even after the caller moved
+    /// on. The task lives at most one per-node timeout.
+    fn finish_in_background(self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut pending = self.pending;
+        tokio::spawn(async move { while pending.next().await.is_some() {} });
+    }
+}
+
+/// The release script for one master, owning what it needs (for [`Round`]).
+fn release_request(
+    keys: &Arc<LockKeys>,
+    token: &Arc<str>,
+) -> impl Fn(ConnectionManager) -> BoxFuture<'static, redis::RedisResult<bool>> {
+    let (keys, token) = (keys.clone(), token.clone());
+    move |mut c| {
+        let (keys, token) = (keys.clone(), token.clone());
+        Box::pin(async move { scripts::release(&mut c, &keys, &token).await })
+    }
+}
+
+/// Counts a compare-and-act round (release, renew) until `quorum` masters said yes or every
+/// master answered; returns (yes, no, failed) and the requests still in flight.
+async fn until_quorum(
+    mut round: Round<bool>,
+    quorum: usize,
+) -> ((usize, usize, usize), Round<bool>) {
     let (mut yes, mut no, mut failed) = (0, 0, 0);
-    for r in replies {
+    while let Some((_, r)) = round.next().await {
         match r {
             Ok(Ok(true)) => yes += 1,
             Ok(Ok(false)) => no += 1,
             _ => failed += 1,
         }
+        if yes >= quorum {
+            break;
+        }
     }
-    (yes, no, failed)
+    ((yes, no, failed), round)
 }
 
 #[async_trait]
@@ -386,8 +450,8 @@ impl fmt::Debug for RedlockLock {
 
 struct RedlockLeaseOps {
     nodes: Arc<[RedisNode]>,
-    keys: LockKeys,
-    token: String,
+    keys: Arc<LockKeys>,
+    token: Arc<str>,
     ttl: Duration,
     node_timeout: Duration,
     quorum: usize,
@@ -419,18 +483,14 @@ impl RedlockLeaseOps {
 impl LeaseOps for RedlockLeaseOps {
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
-        let replies = join_all(self.nodes.iter().map(|n| {
-            let mut c = n.connection();
-            async move {
-                tokio::time::timeout(
-                    self.node_timeout,
-                    scripts::renew(&mut c, &self.keys, &self.token, self.ttl),
-                )
-                .await
-            }
-        }))
-        .await;
-        let (extended, not_held, _) = count(&replies);
+        let (keys, token, ttl) = (self.keys.clone(), self.token.clone(), self.ttl);
+        let round = Round::new(&self.nodes, self.node_timeout, move |mut c| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { scripts::renew(&mut c, &keys, &token, ttl).await }
+        });
+        let ((extended, not_held, _), rest) = until_quorum(round, self.quorum).await;
+        // Slower masters are extended too, in the background: a majority is enough to hold.
+        rest.finish_in_background();
         let validity = self
             .ttl
             .checked_sub(start.elapsed() + drift(self.ttl))
@@ -450,8 +510,15 @@ impl LeaseOps for RedlockLeaseOps {
     }
 
     async fn release(&self) -> Result<()> {
-        let (released, not_held, _) =
-            release_everywhere(&self.nodes, &self.keys, &self.token, self.node_timeout).await;
+        let round = Round::new(
+            &self.nodes,
+            self.node_timeout,
+            release_request(&self.keys, &self.token),
+        );
+        let ((released, not_held, _), rest) = until_quorum(round, self.quorum).await;
+        // The lock is free once a majority released it; the slower masters are released in
+        // the background (or their keys expire).
+        rest.finish_in_background();
         if released >= self.quorum {
             Ok(())
         } else if not_held > self.nodes.len() - self.quorum || released + not_held >= self.quorum {

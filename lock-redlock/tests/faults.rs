@@ -285,3 +285,51 @@ fn master_restarted_after_the_ttl_does_not_let_a_second_client_in() {
         l.release().await.unwrap();
     });
 }
+
+#[test]
+fn slow_minority_does_not_hold_up_a_grant_and_still_gets_every_request() {
+    serial(async {
+        // Two masters answer 300 ms late (150 ms each way), well inside the node timeout.
+        let (a, proxies) = proxied(Duration::from_secs(2)).await;
+        for p in &proxies[3..] {
+            p.delay(Duration::from_millis(150));
+        }
+        let name = fresh_name("slow-minority");
+        let opts = LockOptions::new(Duration::from_secs(10));
+        let lease = a.try_acquire(&name, &opts).await.unwrap().expect("granted");
+        // Decided on the three fast masters: the slow ones have not even seen the request.
+        assert_eq!(
+            keys_present(&name).await,
+            3,
+            "the grant waited for the slow minority"
+        );
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            keys_present(&name).await,
+            5,
+            "the acquire request never reached the slow masters"
+        );
+        lease.renew().await.expect("renewed on the fast majority");
+        lease.release().await.unwrap();
+        assert_eq!(
+            keys_present(&name).await,
+            2,
+            "release did not return once the fast majority had released"
+        );
+        // The slow masters are released in the background, not left to expire.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            keys_present(&name).await,
+            0,
+            "the release never reached the slow masters"
+        );
+        let b = direct().await;
+        b.try_acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("free everywhere")
+            .release()
+            .await
+            .unwrap();
+    });
+}
