@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, Result};
+use lock_core::{Error, MultiHostUrl, Result};
 use lock_redis::RedisConfig;
 
 /// Masters and timings for [`RedlockLock`](crate::RedlockLock).
@@ -23,12 +23,13 @@ pub struct RedlockConfig {
     retry_delay: Duration,
     retry_count: u32,
     min_validity: Duration,
+    drift_factor: f64,
 }
 
 impl RedlockConfig {
     /// Independent masters (not replicas of each other). Per-node timeout 50 ms (never more than
     /// a quarter of the TTL), 3 attempts on a split vote with a random pause of up to 200 ms,
-    /// minimum validity 1 ms.
+    /// minimum validity 1 ms, drift allowance TTL × 0.01 + 2 ms.
     pub fn new(masters: Vec<RedisConfig>) -> Result<Self> {
         if masters.is_empty() {
             return Err(Error::Config("Redlock needs at least one master".into()));
@@ -49,76 +50,65 @@ impl RedlockConfig {
             retry_delay: Duration::from_millis(200),
             retry_count: 3,
             min_validity: Duration::from_millis(1),
+            drift_factor: 0.01,
         })
     }
 
-    /// Parses `redlock://[user[:password]@]h1:p1,h2:p2,...[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&min_validity_ms=N]`.
+    /// Parses `redlock://[user[:password]@]h1:p1,h2:p2,...[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&retry_count=N&min_validity_ms=N&drift_factor=F]`.
     /// Credentials, database and prefix apply to every master. Errors never echo the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let rest = url.strip_prefix("redlock://").ok_or_else(|| {
-            Error::Config("a Redlock URL starts with redlock://h1:p1,h2:p2,...".into())
-        })?;
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let mut redis_query = Vec::new();
-        let mut knobs = Vec::new();
-        let mut retry_count = None;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
-                "prefix" => redis_query.push(format!("prefix={v}")),
-                "retry_count" => {
-                    retry_count = Some(v.parse::<u32>().map_err(|_| {
-                        Error::Config(format!("Redlock URL: retry_count={v:?} is not a number"))
-                    })?);
-                }
-                "node_timeout_ms" | "retry_delay_ms" | "min_validity_ms" => {
-                    let ms: u64 = v.parse().map_err(|_| {
-                        Error::Config(format!("Redlock URL: {k}={v:?} is not a number of milliseconds"))
-                    })?;
-                    knobs.push((k, Duration::from_millis(ms)));
-                }
-                other => {
-                    return Err(Error::Config(format!(
-                        "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms)"
-                    )))
+        let u = MultiHostUrl::parse(url, "redlock", "Redlock")?;
+        let mut masters = Vec::with_capacity(u.hosts.len());
+        for host in &u.hosts {
+            // Host, port and database go through the Redis driver's own parser; the credentials
+            // (already percent-decoded) are set directly, never re-encoded into a URL.
+            let mut m = RedisConfig::from_url(&format!(
+                "redis://{host}{}",
+                u.path.as_deref().unwrap_or("")
+            ))
+            .map_err(|e| Error::Config(format!("Redlock URL: {e}")))?;
+            if let Some(user) = &u.user {
+                if !user.is_empty() {
+                    m = m.with_username(user.clone());
                 }
             }
-        }
-        let mut masters = Vec::new();
-        for host in hosts.split(',') {
-            if host.is_empty() {
-                return Err(Error::Config("Redlock URL: empty master address".into()));
+            if let Some(pw) = &u.password {
+                m = m.with_password(pw.clone());
             }
-            let mut u = String::from("redis://");
-            if let Some(ui) = userinfo {
-                u.push_str(ui);
-                u.push('@');
-            }
-            u.push_str(host);
-            if !path.is_empty() {
-                u.push('/');
-                u.push_str(path);
-            }
-            if !redis_query.is_empty() {
-                u.push('?');
-                u.push_str(&redis_query.join("&"));
-            }
-            masters.push(RedisConfig::from_url(&u)?);
+            masters.push(m);
         }
         let mut cfg = RedlockConfig::new(masters)?;
-        if let Some(n) = retry_count {
-            cfg = cfg.with_retry_count(n);
-        }
-        for (k, d) in knobs {
-            cfg = match k {
-                "node_timeout_ms" => cfg.with_node_timeout(d),
-                "retry_delay_ms" => cfg.with_retry_delay(d),
-                _ => cfg.with_min_validity(d),
+        let ms = |k: &str, v: &str| {
+            v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
+                Error::Config(format!(
+                    "Redlock URL: {k}={v:?} is not a number of milliseconds"
+                ))
+            })
+        };
+        for (k, v) in &u.query {
+            cfg = match k.as_str() {
+                "prefix" => {
+                    cfg.masters = cfg
+                        .masters
+                        .into_iter()
+                        .map(|m| m.with_prefix(v.clone()))
+                        .collect::<Result<_>>()?;
+                    cfg
+                }
+                "retry_count" => cfg.with_retry_count(v.parse().map_err(|_| {
+                    Error::Config(format!("Redlock URL: retry_count={v:?} is not a number"))
+                })?),
+                "drift_factor" => cfg.with_drift_factor(v.parse().map_err(|_| {
+                    Error::Config(format!("Redlock URL: drift_factor={v:?} is not a number"))
+                })?)?,
+                "node_timeout_ms" => cfg.with_node_timeout(ms(k, v)?),
+                "retry_delay_ms" => cfg.with_retry_delay(ms(k, v)?),
+                "min_validity_ms" => cfg.with_min_validity(ms(k, v)?),
+                other => {
+                    return Err(Error::Config(format!(
+                        "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms, drift_factor)"
+                    )))
+                }
             };
         }
         Ok(cfg)
@@ -140,6 +130,27 @@ impl RedlockConfig {
     pub fn with_retry_count(mut self, n: u32) -> Self {
         self.retry_count = n.max(1);
         self
+    }
+    /// The clock-drift allowance as a fraction of the TTL (default 0.01): a grant's validity is
+    /// TTL − elapsed − (TTL × factor + 2 ms). Raise it when the masters' clocks may run fast
+    /// (Redis expires keys by its own clock). A factor outside `0.0..0.5` is a
+    /// [`Error::Config`]: beyond half the TTL a lease would be mostly allowance.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let cfg = lock_redlock::RedlockConfig::from_url("redlock://a:1,b:2,c:3")?.with_drift_factor(0.05)?;
+    /// assert_eq!(cfg.drift(Duration::from_secs(10)), Duration::from_millis(502));
+    /// assert!(cfg.with_drift_factor(f64::NAN).is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn with_drift_factor(mut self, factor: f64) -> Result<Self> {
+        if !(0.0..0.5).contains(&factor) {
+            return Err(Error::Config(format!(
+                "Redlock drift factor {factor} is outside 0.0..0.5"
+            )));
+        }
+        self.drift_factor = factor;
+        Ok(self)
     }
     /// A grant whose remaining validity is not above this is refused (and released).
     pub fn with_min_validity(mut self, d: Duration) -> Self {
@@ -167,6 +178,10 @@ impl RedlockConfig {
     pub fn retry_count(&self) -> u32 {
         self.retry_count
     }
+    /// The clock-drift allowance for a lock of this TTL: TTL × drift factor + 2 ms.
+    pub fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
+    }
     /// Minimum validity of a grant.
     pub fn min_validity(&self) -> Duration {
         self.min_validity
@@ -191,6 +206,7 @@ impl fmt::Debug for RedlockConfig {
             .field("retry_delay", &self.retry_delay)
             .field("retry_count", &self.retry_count)
             .field("min_validity", &self.min_validity)
+            .field("drift_factor", &self.drift_factor)
             .finish()
     }
 }
@@ -225,11 +241,27 @@ mod tests {
             c.node_timeout_for(Duration::from_millis(40)),
             Duration::from_millis(10)
         );
+        assert_eq!(c.drift(Duration::from_secs(1)), Duration::from_millis(12));
         let shown = format!("{c:?} {c}");
         assert!(
             !shown.contains("p%40ss") && !shown.contains("p@ss"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn credentials_apply_to_every_master() {
+        let c = RedlockConfig::from_url("redlock://locker:p%40ss%2Fw@a:1,b:2?drift_factor=0.02")
+            .unwrap();
+        for m in c.masters() {
+            assert_eq!(m.user(), Some("locker"));
+        }
+        let shown = format!("{c:?} {c}");
+        assert!(
+            !shown.contains("p@ss") && !shown.contains("p%40ss"),
+            "{shown}"
+        );
+        assert_eq!(c.drift(Duration::from_secs(1)), Duration::from_millis(22));
     }
 
     #[test]
@@ -241,6 +273,9 @@ mod tests {
             "redlock://:secretpw@a:1?node_timeout_ms=fast",
             "redlock://:secretpw@a:1?what=1",
             "redlock://:secretpw@a:x",
+            "redlock://:secretpw@a:1?drift_factor=0.7",
+            "redlock://:secretpw@a:1?drift_factor=much",
+            "redlock://:secretpw@a:1/x",
         ] {
             let e = RedlockConfig::from_url(bad).unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");

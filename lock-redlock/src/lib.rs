@@ -8,7 +8,8 @@
 //! - the grant is a plain `SET key token NX PX ttl` (pipelined with a `PTTL` a waiter sleeps
 //!   by), not a script: the cheapest write Redis has, paid N times per lock;
 //! - a grant needs **N/2 + 1** masters **and** positive validity = TTL − elapsed − drift
-//!   (drift = TTL·1 % + 2 ms), measured on the monotonic clock from before the first send;
+//!   (drift = TTL × factor + 2 ms, factor 0.01 unless set), measured on the monotonic clock
+//!   from before the first send;
 //! - a failed acquisition is **released on every master**, including the ones that timed out or
 //!   errored (they may have granted after all);
 //! - renew extends on all masters and needs a quorum; a failed renew does not release the
@@ -36,7 +37,7 @@
 //!
 //! ## URL
 //!
-//! `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&min_validity_ms=N]`
+//! `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&retry_count=N&min_validity_ms=N&drift_factor=F]`
 
 mod config;
 mod lock;

@@ -13,7 +13,7 @@ use lock_core::{
     ManagedLease, Result, Wait,
 };
 use lock_redis::scripts::{self, Acquired, LockKeys};
-use lock_redis::{drift, RedisNode};
+use lock_redis::RedisNode;
 use redis::aio::ConnectionManager;
 
 use crate::RedlockConfig;
@@ -185,24 +185,25 @@ impl RedlockLock {
                 }
                 _ => {}
             }
-            // The outcome is decided once a majority agrees: waiting for the slowest masters
-            // would only add their latency. A request still in flight is dropped; if it grants
-            // later, the release of this token (same connection, so ordered after it) or the
-            // TTL removes it.
-            if granted >= quorum || busy >= quorum {
+            // A grant is decided once a majority granted: waiting for the slowest masters would
+            // only add their latency. A request still in flight is dropped; if it grants later,
+            // the release of this token (same connection, so ordered after it) or the TTL
+            // removes it. A refusal waits for every answer instead: each master that refused
+            // needs no cleanup, which is cheaper than cleaning up after the unanswered ones.
+            if granted >= quorum {
                 break;
             }
         }
         drop(round);
-        let validity = ttl
-            .checked_sub(start.elapsed() + drift(ttl))
-            .unwrap_or_default();
+        let drift = cfg.drift(ttl);
+        let validity = ttl.checked_sub(start.elapsed() + drift).unwrap_or_default();
         if granted >= quorum && validity > cfg.min_validity() {
             let ops = RedlockLeaseOps {
                 nodes: nodes.clone(),
                 keys: keys.clone(),
                 token,
                 ttl,
+                drift,
                 node_timeout,
                 quorum,
             };
@@ -210,7 +211,7 @@ impl RedlockLock {
                 name.clone(),
                 None,
                 ttl,
-                start + ttl.saturating_sub(drift(ttl)),
+                start + ttl.saturating_sub(drift),
                 opts.renewal,
                 ops,
             ))));
@@ -453,6 +454,8 @@ struct RedlockLeaseOps {
     keys: Arc<LockKeys>,
     token: Arc<str>,
     ttl: Duration,
+    /// The clock-drift allowance for `ttl` (see [`RedlockConfig::drift`]).
+    drift: Duration,
     node_timeout: Duration,
     quorum: usize,
 }
@@ -493,10 +496,10 @@ impl LeaseOps for RedlockLeaseOps {
         rest.finish_in_background();
         let validity = self
             .ttl
-            .checked_sub(start.elapsed() + drift(self.ttl))
+            .checked_sub(start.elapsed() + self.drift)
             .unwrap_or_default();
         if extended >= self.quorum && !validity.is_zero() {
-            return Ok(start + self.ttl.saturating_sub(drift(self.ttl)));
+            return Ok(start + self.ttl.saturating_sub(self.drift));
         }
         // Masters that were extended stay extended: undoing them would only shorten a lease
         // that a later renewal may still save.
