@@ -16,6 +16,8 @@
 //!   masters it did extend; release is complete once a majority released. Renewals and
 //!   releases still in flight to slower masters finish in a background task (bounded by the
 //!   per-node timeout), so every master that answers gets them;
+//! - an `acquire` dropped (cancelled, timed out by the caller) after its requests went out
+//!   releases its token on every master in the background, so it leaves no ghost holder;
 //! - waiters wake on release announcements from any master (pub/sub, reusing lock-redis's
 //!   connections and scripts), with a random pause as the fallback — never a fixed-interval spin;
 //! - `QuorumNotReached { granted, needed }` (too few masters answered) is reported apart from

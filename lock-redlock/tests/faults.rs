@@ -333,3 +333,36 @@ fn slow_minority_does_not_hold_up_a_grant_and_still_gets_every_request() {
             .unwrap();
     });
 }
+
+#[test]
+fn acquire_cancelled_mid_request_leaves_no_key() {
+    serial(async {
+        // Every master answers 200 ms late; the caller gives up after 50 ms, while its requests
+        // are on their way. Those requests still grant, so the client must undo them.
+        let (a, proxies) = proxied(Duration::from_secs(2)).await;
+        for p in &proxies {
+            p.delay(Duration::from_millis(100));
+        }
+        let name = fresh_name("cancelled");
+        let opts = LockOptions::new(Duration::from_secs(10));
+        let r = tokio::time::timeout(Duration::from_millis(50), a.try_acquire(&name, &opts)).await;
+        assert!(r.is_err(), "the attempt finished before it was cancelled");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(
+            keys_present(&name).await,
+            0,
+            "a cancelled acquire left a ghost holder"
+        );
+        for p in &proxies {
+            p.heal();
+        }
+        let b = direct().await;
+        b.try_acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("free after the cancelled attempt")
+            .release()
+            .await
+            .unwrap();
+    });
+}
