@@ -5,7 +5,9 @@
 //! - **Acquire** is one Lua script: `SET key token NX PX ttl` plus `INCR` of the lock's fencing
 //!   counter, returning the token — or the holder's `PTTL` when busy. An error or timeout during
 //!   acquire is ambiguous (the script may have run): the driver deletes the key if it holds its
-//!   own token before returning the error.
+//!   own token before returning the error. An `acquire` future dropped while its request is on
+//!   its way (the caller's own timeout, a `select!`) does the same in the background: a grant
+//!   that nobody will use does not hold the lock until its TTL.
 //! - **Release** compares the token, deletes, and `PUBLISH`es on the lock's channel, atomically.
 //!   **Renew** compares the token and `PEXPIRE`s; it never recreates a missing key.
 //! - **Waiting** never polls: the one multiplexed RESP3 connection of a `RedisLock` subscribes to
@@ -50,6 +52,6 @@ mod wakeup;
 pub use config::{RedisConfig, DEFAULT_PREFIX};
 pub use lock::{drift, RedisLock};
 pub use lock_core;
-pub use node::{RedisNode, ReleaseWatch};
+pub use node::{RedisNode, ReleaseOnDrop, ReleaseWatch};
 pub use redis;
 pub use wakeup::ReleaseDedup;

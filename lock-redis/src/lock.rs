@@ -12,7 +12,7 @@ use lock_core::{
 use redis::aio::ConnectionManager;
 
 use crate::scripts::{self, Acquired, LockKeys};
-use crate::{RedisConfig, RedisNode};
+use crate::{RedisConfig, RedisNode, ReleaseOnDrop};
 
 const BACKEND: &str = "redis";
 
@@ -48,6 +48,8 @@ pub struct RedisLock {
 
 struct Inner {
     node: RedisNode,
+    /// `node` again, as the slice [`ReleaseOnDrop`] takes.
+    nodes: Arc<[RedisNode]>,
     caps: Capabilities,
 }
 
@@ -62,7 +64,11 @@ impl RedisLock {
             .with_inspect(true)
             .with_min_ttl(Duration::from_millis(10));
         Ok(RedisLock {
-            inner: Arc::new(Inner { node, caps }),
+            inner: Arc::new(Inner {
+                nodes: Arc::from([node.clone()]),
+                node,
+                caps,
+            }),
         })
     }
 
@@ -81,21 +87,28 @@ impl RedisLock {
         self.inner.node.connection()
     }
 
-    fn keys(&self, name: &LockName) -> LockKeys {
-        LockKeys::new(self.config().prefix(), name)
+    fn keys(&self, name: &LockName) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new(self.config().prefix(), name))
     }
 
     /// One attempt: granted lease, or the holder's remaining TTL.
     async fn attempt(
         &self,
         name: &LockName,
-        keys: &LockKeys,
+        keys: &Arc<LockKeys>,
         ttl: Duration,
         opts: &LockOptions,
     ) -> Result<std::result::Result<Box<dyn Lease>, Option<Duration>>> {
         let node = &self.inner.node;
         let cfg = node.config();
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        // Cancelled between sending and settling: release in the background (no ghost holder).
+        let mut undo = ReleaseOnDrop::new(
+            self.inner.nodes.clone(),
+            keys.clone(),
+            token.clone(),
+            cfg.response_timeout(),
+        );
         let start = Instant::now();
         let mut conn = node.connection();
         let reply = tokio::time::timeout(
@@ -105,8 +118,12 @@ impl RedisLock {
         .await;
         let valid_until = start + ttl.saturating_sub(drift(ttl));
         let failure = match reply {
-            Ok(Ok(Acquired::Busy { remaining })) => return Ok(Err(remaining)),
+            Ok(Ok(Acquired::Busy { remaining })) => {
+                undo.disarm(); // refused: nothing of ours is stored
+                return Ok(Err(remaining));
+            }
             Ok(Ok(Acquired::Granted { fence })) if Instant::now() < valid_until => {
+                undo.disarm(); // the lease owns the token from here
                 let ops = RedisLeaseOps {
                     conn,
                     keys: keys.clone(),
@@ -136,6 +153,7 @@ impl RedisLock {
             scripts::release(&mut conn, keys, &token),
         )
         .await;
+        undo.disarm();
         if !matches!(cleanup, Ok(Ok(_))) {
             tracing::warn!(lock = %name, "could not clean up after an ambiguous acquire; the key expires after its TTL");
         }
@@ -279,8 +297,8 @@ impl fmt::Debug for RedisLock {
 
 struct RedisLeaseOps {
     conn: ConnectionManager,
-    keys: LockKeys,
-    token: String,
+    keys: Arc<LockKeys>,
+    token: Arc<str>,
     ttl: Duration,
     timeout: Duration,
     node: RedisNode,

@@ -216,3 +216,75 @@ fn scrub(e: &dyn fmt::Display, config: &RedisConfig) -> String {
         _ => text,
     }
 }
+
+/// An acquisition whose request is on its way: if it is dropped before
+/// [`disarm`](Self::disarm) — the caller's future was cancelled after the request went out —
+/// it releases `token` on every node in background tasks (each bounded by `timeout`), so a
+/// grant nobody will ever use does not hold the lock until its TTL.
+///
+/// The release goes out on the same connection as the acquire, after it, so it finds the grant
+/// if there was one; a release of a token that was never granted does nothing.
+pub struct ReleaseOnDrop {
+    nodes: Arc<[RedisNode]>,
+    keys: Arc<LockKeys>,
+    token: Arc<str>,
+    timeout: Duration,
+    armed: bool,
+}
+
+impl ReleaseOnDrop {
+    /// Armed: dropping it releases `token` on `nodes`.
+    pub fn new(
+        nodes: Arc<[RedisNode]>,
+        keys: Arc<LockKeys>,
+        token: Arc<str>,
+        timeout: Duration,
+    ) -> Self {
+        ReleaseOnDrop {
+            nodes,
+            keys,
+            token,
+            timeout,
+            armed: true,
+        }
+    }
+
+    /// The outcome is settled (granted and owned by a lease, refused, or cleaned up): dropping
+    /// it does nothing.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime to send it on: the key expires by its TTL
+        };
+        for node in self.nodes.iter() {
+            let (mut conn, keys, token) =
+                (node.connection(), self.keys.clone(), self.token.clone());
+            let timeout = self.timeout;
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(
+                    timeout,
+                    crate::scripts::release(&mut conn, &keys, &token),
+                )
+                .await;
+            });
+        }
+    }
+}
+
+impl fmt::Debug for ReleaseOnDrop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseOnDrop")
+            .field("key", &self.keys.lock)
+            .field("nodes", &self.nodes.len())
+            .field("armed", &self.armed)
+            .finish()
+    }
+}

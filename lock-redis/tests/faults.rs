@@ -171,6 +171,33 @@ fn cut_connection_is_survived_by_an_auto_renewed_lease() {
 }
 
 #[test]
+fn acquire_cancelled_mid_request_leaves_no_holder() {
+    serial(async {
+        // The server answers 200 ms late; the caller gives up after 50 ms, while its request is
+        // on its way. The request still grants, so the client must undo it.
+        let proxy = FaultProxy::start(server_addr()).unwrap();
+        let client = via(&proxy).await;
+        let other = direct().await;
+        let name = fresh_name("cancelled");
+        let opts = LockOptions::new(Duration::from_secs(10));
+        proxy.delay(Duration::from_millis(100));
+        let r = tokio::time::timeout(
+            Duration::from_millis(50),
+            client.acquire(&name, &opts.clone().no_wait()),
+        )
+        .await;
+        assert!(r.is_err(), "the attempt finished before it was cancelled");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let l = other
+            .try_acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("a cancelled acquire left a ghost holder");
+        l.release().await.unwrap();
+    });
+}
+
+#[test]
 fn frozen_server_past_the_ttl_loses_the_lease_and_never_resurrects_it() {
     serial(async {
         let holder = direct().await;

@@ -13,7 +13,7 @@ use lock_core::{
     ManagedLease, Result, Wait,
 };
 use lock_redis::scripts::{self, Acquired, LockKeys};
-use lock_redis::RedisNode;
+use lock_redis::{RedisNode, ReleaseOnDrop};
 use redis::aio::ConnectionManager;
 
 use crate::RedlockConfig;
@@ -166,13 +166,7 @@ impl RedlockLock {
         let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
         // If this future is dropped between sending and deciding, the guard releases the token
         // everywhere in the background: a cancelled acquire leaves no ghost holder.
-        let mut undo = UndoOnDrop {
-            nodes: nodes.clone(),
-            keys: keys.clone(),
-            token: token.clone(),
-            node_timeout,
-            armed: true,
-        };
+        let mut undo = ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout);
         let start = Instant::now();
         let mut round = Round::new(nodes, node_timeout, |mut c| {
             let (keys, token) = (keys.clone(), token.clone());
@@ -207,7 +201,7 @@ impl RedlockLock {
         let drift = cfg.drift(ttl);
         let validity = ttl.checked_sub(start.elapsed() + drift).unwrap_or_default();
         if granted >= quorum && validity > cfg.min_validity() {
-            undo.armed = false; // the lease owns the token from here
+            undo.disarm(); // the lease owns the token from here
             let ops = RedlockLeaseOps {
                 nodes: nodes.clone(),
                 keys: keys.clone(),
@@ -231,7 +225,7 @@ impl RedlockLock {
         // by this one's leftovers.
         let mut cleanup = Round::on(nodes, &refused, node_timeout, release_request(keys, &token));
         while cleanup.next().await.is_some() {}
-        undo.armed = false;
+        undo.disarm();
         if granted >= quorum {
             return Err(Error::unavailable(
                 BACKEND,
@@ -310,30 +304,6 @@ impl<T: Send + 'static> Round<T> {
         }
         let mut pending = self.pending;
         tokio::spawn(async move { while pending.next().await.is_some() {} });
-    }
-}
-
-/// Releases an attempt's token on every master when dropped while armed: the attempt was
-/// cancelled after its requests went out, and some masters may have granted.
-struct UndoOnDrop {
-    nodes: Arc<[RedisNode]>,
-    keys: Arc<LockKeys>,
-    token: Arc<str>,
-    node_timeout: Duration,
-    armed: bool,
-}
-
-impl Drop for UndoOnDrop {
-    fn drop(&mut self) {
-        if !self.armed || tokio::runtime::Handle::try_current().is_err() {
-            return; // without a runtime the keys expire by their TTL
-        }
-        Round::new(
-            &self.nodes,
-            self.node_timeout,
-            release_request(&self.keys, &self.token),
-        )
-        .finish_in_background();
     }
 }
 
