@@ -17,7 +17,7 @@ use lock_core::{
     LockOptions, LostSignal, Renewal, Result, MAX_TTL,
 };
 
-use crate::{BoxError, Harness, Timing};
+use crate::{BoxError, Delayed, Harness, Timing};
 
 /// One broken promise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,6 +49,9 @@ pub enum Flaw {
     CancelLeavesGhost,
     /// `inspect` says every lock is free.
     InspectBlind,
+    /// A `try_acquire` cancelled while its request is in flight leaves the grant that request
+    /// still gets to a ghost, until the TTL.
+    CancelInFlightLeavesGhost,
 }
 
 impl Flaw {
@@ -67,6 +70,7 @@ impl Flaw {
         Flaw::IgnoresWaitTimeout,
         Flaw::CancelLeavesGhost,
         Flaw::InspectBlind,
+        Flaw::CancelInFlightLeavesGhost,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -98,6 +102,7 @@ impl Flaw {
             Flaw::IgnoresWaitTimeout => &["waiting::wait_timeout_is_respected"],
             Flaw::CancelLeavesGhost => &["waiting::cancelled_waiter_does_not_block_others"],
             Flaw::InspectBlind => &["inspect::inspect_reports_the_holder"],
+            Flaw::CancelInFlightLeavesGhost => &["waiting::cancelled_in_flight_leaves_no_holder"],
         }
     }
 }
@@ -138,6 +143,23 @@ impl Harness for FlawedHarness {
             inner,
             flaw: self.flaw,
             ghosts: self.ghosts.clone(),
+            delay: None,
+        }))
+    }
+    /// The same store, with every `try_acquire` landing `delay` after it was made, whether or
+    /// not its caller still waits — like a request on the wire.
+    async fn delayed_client(
+        &self,
+        delay: Duration,
+    ) -> Option<std::result::Result<Delayed, BoxError>> {
+        Some(Ok(Delayed {
+            lock: Arc::new(FlawedLock {
+                inner: self.store.clone(),
+                flaw: self.flaw,
+                ghosts: self.ghosts.clone(),
+                delay: Some(delay),
+            }),
+            keep: Vec::new(),
         }))
     }
     fn timing(&self) -> Timing {
@@ -158,6 +180,8 @@ pub struct FlawedLock {
     inner: MemoryLock,
     flaw: Flaw,
     ghosts: Ghosts,
+    /// For delayed clients: how long a `try_acquire` takes to reach the store.
+    delay: Option<Duration>,
 }
 
 impl FlawedLock {
@@ -175,6 +199,36 @@ impl FlawedLock {
                 .ttl((opts.ttl / 2).max(Duration::from_millis(1))),
             _ => opts.clone(),
         }
+    }
+
+    /// A `try_acquire` sent over a slow wire: it lands after `delay` even if the caller has
+    /// gone. A correct client then releases the grant nobody waits for; the flawed one leaves it.
+    async fn in_flight(
+        &self,
+        delay: Duration,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (inner, name, opts, flaw) = (
+            self.inner.clone(),
+            name.clone(),
+            self.inner_opts(opts),
+            self.flaw,
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let r = inner.try_acquire(&name, &opts).await;
+            if let Err(Ok(Some(orphan))) = tx.send(r) {
+                if flaw == Flaw::CancelInFlightLeavesGhost {
+                    orphan.abandon();
+                } else {
+                    let _ = orphan.release().await;
+                }
+            }
+        });
+        rx.await
+            .map_err(|_| Error::unavailable("flawed-memory", "the in-flight request vanished"))?
     }
 
     fn wrap(&self, lease: Box<dyn Lease>, opts: &LockOptions, started: Instant) -> Box<dyn Lease> {
@@ -215,7 +269,10 @@ impl DistributedLock for FlawedLock {
             return Ok(None);
         }
         let started = Instant::now();
-        let lease = self.inner.try_acquire(name, &self.inner_opts(opts)).await?;
+        let lease = match self.delay {
+            None => self.inner.try_acquire(name, &self.inner_opts(opts)).await?,
+            Some(delay) => self.in_flight(delay, name, opts).await?,
+        };
         Ok(lease.map(|l| self.wrap(l, opts, started)))
     }
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {

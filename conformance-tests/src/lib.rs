@@ -76,6 +76,33 @@ pub trait Harness: Send + Sync + 'static {
         let _ = name;
         None
     }
+
+    /// A new client whose traffic to the backend travels `delay` late in each direction —
+    /// typically through a [`FaultProxy`] per server, set to [`FaultProxy::delay`]. Lets the suite
+    /// cancel an `acquire` while its request is on the way. `None`: not supported (an
+    /// in-process or local backend), and that case is skipped.
+    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+        let _ = delay;
+        None
+    }
+}
+
+/// A client behind delaying proxies, from [`Harness::delayed_client`]. The proxies (or whatever
+/// else `keep` holds) live as long as this value.
+pub struct Delayed {
+    /// The client.
+    pub lock: Arc<dyn DistributedLock>,
+    /// Kept alive with the client: its proxies.
+    pub keep: Vec<FaultProxy>,
+}
+
+impl fmt::Debug for Delayed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delayed")
+            .field("backend", &self.lock.backend())
+            .field("proxies", &self.keep.len())
+            .finish()
+    }
 }
 
 /// Timings for one driver's run of the suite.
@@ -161,10 +188,12 @@ pub(crate) async fn gather_facts(h: &dyn Harness) -> Result<Facts, BoxError> {
     let caps: Capabilities = client.capabilities();
     let counts_requests = h.backend_requests().await.is_some();
     let can_break = h.break_lock(&fresh_name("probe")).await.is_some();
+    let can_delay = h.delayed_client(Duration::ZERO).await.is_some();
     Ok(Facts {
         caps,
         counts_requests,
         can_break,
+        can_delay,
         backend: client.backend(),
     })
 }

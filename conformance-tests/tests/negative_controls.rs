@@ -64,9 +64,13 @@ control!(catches_spinning_waiter, Flaw::SpinningWaiter);
 control!(catches_ignored_wait_timeout, Flaw::IgnoresWaitTimeout);
 control!(catches_cancel_that_leaves_a_ghost, Flaw::CancelLeavesGhost);
 control!(catches_inspect_that_sees_nothing, Flaw::InspectBlind);
+control!(
+    catches_cancel_in_flight_that_leaves_a_ghost,
+    Flaw::CancelInFlightLeavesGhost
+);
 
 #[test]
 fn every_flaw_has_a_control_test() {
     // Keeps this file in step with Flaw::ALL.
-    assert_eq!(Flaw::ALL.len(), 13);
+    assert_eq!(Flaw::ALL.len(), 14);
 }

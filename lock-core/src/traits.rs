@@ -51,8 +51,11 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// Waits for the lock as long as `opts.wait` allows, then [`Error::Timeout`](crate::Error::Timeout).
     ///
     /// Waiting never polls: drivers wake on the backend's notification (or the holder's expiry).
-    /// Cancel-safe: dropping the future leaves no waiter record behind and no held lock (at worst
-    /// a lock granted at the very moment of cancellation stays until its TTL).
+    /// Cancel-safe: dropping the future leaves no waiter record behind and no held lock — also
+    /// when a request already on its way still gets the lock after the caller left: the driver
+    /// undoes that grant in the background (conformance case
+    /// `waiting::cancelled_in_flight_leaves_no_holder`). Only where no runtime is left to send
+    /// the undo does such a grant stay until its TTL.
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>>;
 
     /// Who holds `name` now, read without acquiring it: `Ok(None)` if it is free. For

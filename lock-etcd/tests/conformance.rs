@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
 use libtest_mimic::Arguments;
 use lock_core::{DistributedLock, LockName};
 use lock_etcd::{EtcdConfig, EtcdLock};
@@ -49,6 +49,26 @@ impl Harness for Etcd {
     }
     async fn backend_requests(&self) -> Option<u64> {
         test_support::etcd_grpc_messages_received(self.config.endpoints()).await
+    }
+    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+        Some(
+            async {
+                let mut keep = Vec::new();
+                for ep in self.config.endpoints() {
+                    let proxy = FaultProxy::start(ep.trim_start_matches("http://").parse()?)?;
+                    proxy.delay(delay);
+                    keep.push(proxy);
+                }
+                let config = EtcdConfig::new(keep.iter().map(|p| p.addr().to_string()))
+                    .with_prefix(self.config.prefix())?
+                    .with_request_timeout(delay * 4 + Duration::from_secs(2));
+                Ok(Delayed {
+                    lock: Arc::new(EtcdLock::connect(config).await?),
+                    keep,
+                })
+            }
+            .await,
+        )
     }
 }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
 use lock_core::{DistributedLock, LockName};
 use lock_redis::{scripts::LockKeys, RedisConfig, RedisLock};
 
@@ -54,6 +54,25 @@ impl Harness for Redis {
                     .query_async(&mut c)
                     .await?;
                 Ok(())
+            }
+            .await,
+        )
+    }
+    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+        Some(
+            async {
+                let proxy = FaultProxy::start(
+                    format!("{}:{}", self.config.host(), self.config.port()).parse()?,
+                )?;
+                proxy.delay(delay);
+                let a = proxy.addr();
+                let config = RedisConfig::new(a.ip().to_string(), a.port())
+                    .with_database(self.config.db())
+                    .with_prefix(self.config.prefix())?;
+                Ok(Delayed {
+                    lock: Arc::new(RedisLock::connect(config).await?),
+                    keep: vec![proxy],
+                })
             }
             .await,
         )

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
 use lock_core::{DistributedLock, LockName};
 use lock_redis::scripts::LockKeys;
 use lock_redlock::{RedlockConfig, RedlockLock};
@@ -68,6 +68,33 @@ impl Harness for Redlock {
                         .await?;
                 }
                 Ok(())
+            }
+            .await,
+        )
+    }
+    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+        Some(
+            async {
+                let mut keep = Vec::new();
+                let mut masters = Vec::new();
+                for m in self.config.masters() {
+                    let proxy = FaultProxy::start(format!("{}:{}", m.host(), m.port()).parse()?)?;
+                    proxy.delay(delay);
+                    let a = proxy.addr();
+                    masters.push(
+                        lock_redis::RedisConfig::new(a.ip().to_string(), a.port())
+                            .with_database(m.db())
+                            .with_prefix(m.prefix())?,
+                    );
+                    keep.push(proxy);
+                }
+                // The per-node timeout must outlast the delay, or every master counts as down.
+                let config = RedlockConfig::new(masters)?
+                    .with_node_timeout(delay * 4 + Duration::from_millis(50));
+                Ok(Delayed {
+                    lock: Arc::new(RedlockLock::connect(config).await?),
+                    keep,
+                })
             }
             .await,
         )

@@ -177,6 +177,16 @@ impl ZkLock {
     /// instead of creating a second one.
     async fn enqueue(&self, client: &Client, parent: &str) -> Result<(String, Stat)> {
         let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
+        // Dropped while a create is in flight, the server may still create the node — an
+        // ephemeral that would head the queue for as long as this session lives. The guard then
+        // finds it by its unique prefix (same session: the listing is served after the create)
+        // and deletes it in the background.
+        let mut pending = PendingNode {
+            client: client.clone(),
+            parent: parent.to_string(),
+            prefix: prefix.clone(),
+            armed: true,
+        };
         let node_opts = CreateMode::EphemeralSequential.with_acls(self.acls());
         let parent_opts = CreateMode::Container.with_acls(self.acls());
         let mut last = None;
@@ -185,7 +195,10 @@ impl ZkLock {
                 .create(&format!("{parent}/{prefix}"), b"", &node_opts)
                 .await
             {
-                Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat)),
+                Ok((stat, seq)) => {
+                    pending.armed = false; // the caller's NodeGuard takes over
+                    return Ok((format!("{prefix}{seq}"), stat));
+                }
                 Err(zookeeper_client::Error::NoNode) => {
                     // The container is created on demand and removed by the server when empty.
                     match client.create(parent, b"", &parent_opts).await {
@@ -210,6 +223,7 @@ impl ZkLock {
                                 client.check_stat(&format!("{parent}/{mine}")).await
                             {
                                 if stat.ephemeral_owner == client.session_id().0 {
+                                    pending.armed = false;
                                     return Ok((mine, stat));
                                 }
                             }
@@ -396,6 +410,38 @@ async fn open_session(config: &ZkConfig) -> Result<Client> {
             ),
         })?;
     Ok(client)
+}
+
+/// Deletes the node created under `parent` with `prefix`, if any, when dropped while armed:
+/// the acquisition was cancelled (or failed) with its create request possibly applied.
+struct PendingNode {
+    client: Client,
+    parent: String,
+    prefix: String,
+    armed: bool,
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // the node goes with the session
+        };
+        let (client, parent, prefix) = (
+            self.client.clone(),
+            std::mem::take(&mut self.parent),
+            std::mem::take(&mut self.prefix),
+        );
+        rt.spawn(async move {
+            if let Ok(children) = client.list_children(&parent).await {
+                for child in children.iter().filter(|c| c.starts_with(&prefix)) {
+                    let _ = client.delete(&format!("{parent}/{child}"), None).await;
+                }
+            }
+        });
+    }
 }
 
 /// Deletes a contender's node if the acquisition is dropped before it is granted.

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, BoxError, Harness, Timing};
+use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
 use libtest_mimic::Arguments;
 use lock_core::{DistributedLock, LockName};
 use lock_zookeeper::{ZkConfig, ZkLock};
@@ -40,6 +40,27 @@ impl Harness for Zk {
                     admin.delete(&format!("{parent}/{child}"), None).await?;
                 }
                 Ok(())
+            }
+            .await,
+        )
+    }
+    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+        Some(
+            async {
+                let mut keep = Vec::new();
+                for host in self.config.hosts().split(',') {
+                    let proxy = FaultProxy::start(host.parse()?)?;
+                    proxy.delay(delay);
+                    keep.push(proxy);
+                }
+                let hosts: Vec<String> = keep.iter().map(|p| p.addr().to_string()).collect();
+                let config = ZkConfig::new(hosts.join(","))
+                    .with_session_timeout(SESSION)
+                    .with_base_path(self.config.base_path())?;
+                Ok(Delayed {
+                    lock: Arc::new(ZkLock::connect(config).await?),
+                    keep,
+                })
             }
             .await,
         )

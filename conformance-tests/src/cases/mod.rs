@@ -30,6 +30,8 @@ pub struct Facts {
     pub counts_requests: bool,
     /// [`Harness::break_lock`] works.
     pub can_break: bool,
+    /// [`Harness::delayed_client`] is supported.
+    pub can_delay: bool,
     /// The driver's backend name.
     pub backend: &'static str,
 }
@@ -96,6 +98,13 @@ fn lost_ttl(f: &Facts) -> Result<(), &'static str> {
         Err("lost_notification = false")
     }
 }
+fn delays(f: &Facts) -> Result<(), &'static str> {
+    if f.can_delay {
+        Ok(())
+    } else {
+        Err("harness cannot delay a client's traffic")
+    }
+}
 fn inspects(f: &Facts) -> Result<(), &'static str> {
     if f.caps.inspect {
         Ok(())
@@ -156,6 +165,7 @@ pub static CASES: &[Case] = &[
     case!(waiting::no_wait_fails_fast, always),
     case!(waiting::timed_out_waiter_leaves_no_record, always),
     case!(waiting::cancelled_waiter_does_not_block_others, always),
+    case!(waiting::cancelled_in_flight_leaves_no_holder, delays),
     case!(waiting::waiters_served_fifo, fifo),
     case!(waiting::every_waiter_gets_one_turn, always),
     case!(lost::lost_fires_before_successor_is_granted, lost_ttl),

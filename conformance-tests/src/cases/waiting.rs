@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::Error;
 
-use super::{client, held, long_opts, sleep, within};
+use super::{client, held, long_opts, opts, sleep, within};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// A waiter is granted within the slack after the holder releases, long before the holder's
@@ -199,6 +199,49 @@ pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(
         "next waiter granted {delay:?} after release: the cancelled waiter held it up"
     );
     lease.release().await?;
+    Ok(())
+}
+
+/// An acquisition cancelled while its request is on the way to the server leaves no holder
+/// behind. The request still arrives and may be granted, so the driver must undo that grant
+/// (in the background: the caller is gone); otherwise nobody holds the lock until its TTL — or,
+/// where the lock lives as long as the client's session, until the client goes away. Needs
+/// [`Harness::delayed_client`](crate::Harness::delayed_client).
+pub async fn cancelled_in_flight_leaves_no_holder(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
+    let slow = match h.delayed_client(delay).await {
+        Some(r) => r.map_err(|e| Failure(format!("could not create a delayed client: {e}")))?,
+        None => return Err(Failure("the harness gave no delayed client".into())),
+    };
+    let other = client(h).await?;
+    let name = fresh_name("in-flight");
+    // A name in use before (backends may keep per-name state, such as a parent node, that
+    // changes which request is the one in flight).
+    held(other.try_acquire(&name, &opts(h)).await?, "warm-up")?
+        .release()
+        .await?;
+    // Cancelled halfway to the server; a grant would hold for 40 TTLs.
+    let r = tokio::time::timeout(delay / 2, slow.lock.try_acquire(&name, &long_opts(h))).await;
+    ensure!(
+        r.is_err(),
+        "try_acquire through a {delay:?} delay returned before it could be cancelled: {:?}",
+        r.map(|r| r.map(|l| l.is_some()))
+    );
+    // Contend only once the cancelled request has surely landed (it arrives `delay` after it
+    // was sent); contending earlier would simply win the race against it.
+    sleep(delay * 2).await;
+    let limit = delay * 4 + t.slack;
+    let lease = other
+        .acquire(&name, &long_opts(h).wait_for(limit))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "a try_acquire cancelled in flight left a holder behind for over {limit:?}: {e}"
+            ))
+        })?;
+    lease.release().await?;
+    drop(slow); // only now: the undo travels through its proxies
     Ok(())
 }
 
