@@ -206,7 +206,7 @@ pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(
 /// behind. The request still arrives and may be granted, so the driver must undo that grant
 /// (in the background: the caller is gone); otherwise nobody holds the lock until its TTL — or,
 /// where the lock lives as long as the client's session, until the client goes away. Needs
-/// [`Harness::delayed_client`](crate::Harness::delayed_client).
+/// [`Harness::delayed_client`].
 pub async fn cancelled_in_flight_leaves_no_holder(h: &dyn Harness) -> Result<(), Failure> {
     let t = h.timing();
     let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
