@@ -18,8 +18,9 @@ READY_TIMEOUT=${DISTLOCK_READY_TIMEOUT:-60}
 ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
 
 # name:port. Redis: single, five Redlock masters, one with a password and an ACL user, one for
-# destructive fault tests (frozen, killed, restarted) so they never disturb the others.
-REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391)
+# destructive fault tests (frozen, killed, restarted) so they never disturb the others, one that
+# speaks only TLS (certificates from a test CA made at start: $STATE/redis-tls/ca.crt).
+REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391 redis-tls:16392)
 # ZooKeeper: single, a 3-node ensemble, one that enforces digest auth.
 ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
 # etcd: single, a 3-member cluster, one with auth enabled.
@@ -78,6 +79,7 @@ cmd_install() {
   local missing=()
   command -v redis-server >/dev/null || missing+=(redis-server)
   command -v redis-cli >/dev/null || missing+=(redis-tools)
+  command -v openssl >/dev/null || missing+=(openssl)
   [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
   [ -f /usr/share/java/slf4j-log4j12.jar ] || missing+=(libslf4j-java)
   [ -f /usr/share/java/log4j-1.2.jar ] || missing+=(liblog4j1.2-java)
@@ -119,6 +121,20 @@ cmd_install() {
 
 # ---------------------------------------------------------------- start
 
+# A throw-away CA and a server certificate for 127.0.0.1 / localhost, valid for 30 days.
+make_test_certs() {
+  local dir=$1
+  [ -f "$dir/server.crt" ] && return 0
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=distlock test CA" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+    -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$dir/server.ext"
+  openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+    -CAcreateserial -days 30 -extfile "$dir/server.ext" -out "$dir/server.crt" 2>/dev/null
+}
+
 start_redis() {
   local name=$1 port=$2 dir=$STATE/$1
   local args=(--port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no
@@ -126,6 +142,12 @@ start_redis() {
   if [ "$name" = redis-auth ]; then
     args+=(--requirepass "$REDIS_PASSWORD"
       --user "$REDIS_ACL_USER" on ">$REDIS_ACL_PASSWORD" '~*' '&*' '+@all' '-@dangerous' '+info')
+  fi
+  if [ "$name" = redis-tls ]; then
+    make_test_certs "$dir"
+    args=(--port 0 --tls-port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no
+      --dir "$dir" --protected-mode no --tls-cert-file "$dir/server.crt"
+      --tls-key-file "$dir/server.key" --tls-ca-cert-file "$dir/ca.crt" --tls-auth-clients no)
   fi
   nohup redis-server "${args[@]}" >"$dir/log" 2>&1 &
   echo $! >"$(pidfile "$name")"
@@ -135,6 +157,7 @@ redis_ready() {
   local name=$1 port=$2
   local auth=()
   [ "$name" = redis-auth ] && auth=(--user "$REDIS_ACL_USER" --pass "$REDIS_ACL_PASSWORD" --no-auth-warning)
+  [ "$name" = redis-tls ] && auth=(--tls --cacert "$STATE/$name/ca.crt")
   [ "$(timeout 2 redis-cli -h 127.0.0.1 -p "$port" "${auth[@]}" ping 2>/dev/null)" = PONG ]
 }
 

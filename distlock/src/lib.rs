@@ -22,7 +22,8 @@
 //! |---|---|---|
 //! | `memory://[store]` | always | [`MemoryLock`]: one in-process store per name |
 //! | `file:///dir` | `file` (default) | `lock_file::FileLock`: processes of one machine |
-//! | `redis://`, `rediss://` | `redis` | `lock_redis::RedisLock` |
+//! | `redis://` | `redis` | `lock_redis::RedisLock` |
+//! | `rediss://…[?tls_ca_file=/ca.pem]` | `redis-tls` | `lock_redis::RedisLock` over TLS |
 //! | `redlock://h1,h2,h3` | `redlock` | `lock_redlock::RedlockLock` |
 //! | `zk://h1,h2[/chroot]` | `zookeeper` | `lock_zookeeper::ZkLock` |
 //! | `etcd://h1,h2[/prefix]` | `etcd` | `lock_etcd::EtcdLock` |
@@ -64,7 +65,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("memory", "(always on)"),
     ("file", "file"),
     ("redis", "redis"),
-    ("rediss", "redis"),
+    ("rediss", "redis-tls"),
     ("redlock", "redlock"),
     ("zk", "zookeeper"),
     ("etcd", "etcd"),
@@ -88,9 +89,9 @@ fn builtin(scheme: &str) -> Option<Connector> {
         #[cfg(feature = "file")]
         "file" => boxed(|url: String| async move { lock_file::FileLock::from_url(&url).await }),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => {
-            boxed(|url: String| async move { lock_redis::RedisLock::from_url(&url).await })
-        }
+        "redis" => boxed(|url: String| async move { lock_redis::RedisLock::from_url(&url).await }),
+        #[cfg(feature = "redis-tls")]
+        "rediss" => boxed(|url: String| async move { lock_redis::RedisLock::from_url(&url).await }),
         #[cfg(feature = "redlock")]
         "redlock" => {
             boxed(|url: String| async move { lock_redlock::RedlockLock::from_url(&url).await })

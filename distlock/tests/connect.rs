@@ -93,6 +93,18 @@ async fn redis_urls_connect() {
     round_trip("redis://locker:locker-pw@127.0.0.1:16390", "redis").await;
 }
 
+#[cfg(feature = "redis-tls")]
+#[tokio::test]
+async fn rediss_urls_connect() {
+    let dir =
+        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
+    round_trip(
+        &format!("rediss://127.0.0.1:16392?tls_ca_file={dir}/redis-tls/ca.crt"),
+        "redis",
+    )
+    .await;
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_wrong_redis_password_is_not_echoed() {

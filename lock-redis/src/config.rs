@@ -33,9 +33,17 @@ pub struct RedisConfig {
     username: Option<String>,
     password: Option<String>,
     tls: bool,
+    tls_ca: Option<TlsCa>,
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+}
+
+/// Where the certificate authority that signs the server's TLS certificate comes from.
+#[derive(Clone, Debug)]
+enum TlsCa {
+    Pem(std::sync::Arc<[u8]>),
+    File(std::path::PathBuf),
 }
 
 impl RedisConfig {
@@ -49,6 +57,7 @@ impl RedisConfig {
             username: None,
             password: None,
             tls: false,
+            tls_ca: None,
             prefix: DEFAULT_PREFIX.to_string(),
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
@@ -56,8 +65,9 @@ impl RedisConfig {
     }
 
     /// Parses `redis://[user[:password]@]host[:port][/db][?prefix=P]` (port 6379 by default)
-    /// or `rediss://...` (TLS; needs this crate's `tls` feature). User and password are
-    /// percent-decoded. Errors are [`Error::Config`] and never echo the password.
+    /// or `rediss://...[?tls_ca_file=/path/ca.pem]` (TLS; needs this crate's `tls` feature;
+    /// without `tls_ca_file` the server's certificate must chain to a public root). User and
+    /// password are percent-decoded. Errors are [`Error::Config`] and never echo the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let parsed = url::Url::parse(url)
             .map_err(|e| Error::Config(format!("invalid Redis URL {}: {e}", redact_raw(url))))?;
@@ -102,9 +112,15 @@ impl RedisConfig {
         for (k, v) in parsed.query_pairs() {
             match &*k {
                 "prefix" => cfg = cfg.with_prefix(v.into_owned())?,
+                "tls_ca_file" if tls => cfg = cfg.with_tls_ca_file(&*v),
+                "tls_ca_file" => {
+                    return Err(Error::Config(
+                        "Redis URL: tls_ca_file needs a rediss:// URL".into(),
+                    ))
+                }
                 other => {
                     return Err(Error::Config(format!(
-                        "Redis URL {}: unknown parameter {other:?} (known: prefix)",
+                        "Redis URL {}: unknown parameter {other:?} (known: prefix, tls_ca_file)",
                         redact(&parsed)
                     )))
                 }
@@ -137,6 +153,31 @@ impl RedisConfig {
     pub fn with_tls(mut self, on: bool) -> Self {
         self.tls = on;
         self
+    }
+    /// Trusts the certificate authority in this PEM (instead of the public roots) to sign the
+    /// server's certificate: a private CA, a managed service's own. Implies nothing without
+    /// [`with_tls`](Self::with_tls).
+    pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca = Some(TlsCa::Pem(pem.into().into()));
+        self
+    }
+    /// Like [`with_tls_ca_pem`](Self::with_tls_ca_pem), read from this file when connecting
+    /// (an unreadable file is an [`Error::Config`] then).
+    pub fn with_tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_ca = Some(TlsCa::File(path.into()));
+        self
+    }
+    /// The PEM of the configured TLS certificate authority, if any, read from its file off the
+    /// runtime's threads.
+    pub(crate) async fn tls_ca_pem(&self) -> Result<Option<Vec<u8>>> {
+        match &self.tls_ca {
+            None => Ok(None),
+            Some(TlsCa::Pem(p)) => Ok(Some(p.to_vec())),
+            Some(TlsCa::File(path)) => tokio::fs::read(path)
+                .await
+                .map(Some)
+                .map_err(|e| Error::Config(format!("TLS CA file {}: {e}", path.display()))),
+        }
     }
     /// Sets the key prefix. It may not contain `{`, `}`, whitespace or control characters
     /// (they would break the Cluster hash tag or the key's meaning).

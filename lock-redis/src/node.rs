@@ -45,13 +45,18 @@ impl fmt::Debug for ReleaseWatch {
 }
 
 impl RedisNode {
-    fn build(
+    async fn build(
         config: RedisConfig,
         backend: &'static str,
         dedup: Option<ReleaseDedup>,
     ) -> Result<(Self, redis::Client, ConnectionManagerConfig)> {
         let info = config.connection_info()?;
-        let client = redis::Client::open(info).map_err(|e| {
+        let ca = if config.is_tls() {
+            config.tls_ca_pem().await?
+        } else {
+            None
+        };
+        let client = open_client(info, ca).map_err(|e| {
             Error::Config(format!(
                 "Redis {}: {}",
                 config.redacted_url(),
@@ -98,7 +103,7 @@ impl RedisNode {
 
     /// [`connect`](Self::connect), naming `backend` in errors (`"redlock"` for its masters).
     pub async fn connect_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
-        let (mut node, client, manager_config) = Self::build(config, backend, None)?;
+        let (mut node, client, manager_config) = Self::build(config, backend, None).await?;
         let conn = tokio::time::timeout(
             node.config.connect_timeout() + node.config.response_timeout(),
             ConnectionManager::new_with_config(client, manager_config),
@@ -110,20 +115,16 @@ impl RedisNode {
         Ok(node)
     }
 
-    /// A node that connects on first use and reconnects by itself: for masters that may be
-    /// down when the client starts (Redlock tolerates a minority of them).
-    pub fn lazy_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
-        Ok(Self::build(config, backend, None)?.0)
-    }
-
-    /// [`lazy_as`](Self::lazy_as) for one of several nodes that announce the same releases:
-    /// nodes sharing `dedup` wake a local waiter once per release, not once per node.
-    pub fn lazy_shared(
+    /// A node that connects on first use and reconnects by itself, one of several that announce
+    /// the same releases (Redlock's masters, which tolerate a minority of them being down when
+    /// the client starts): nodes sharing `dedup` wake a local waiter once per release, not once
+    /// per node.
+    pub async fn lazy_shared(
         config: RedisConfig,
         backend: &'static str,
         dedup: ReleaseDedup,
     ) -> Result<Self> {
-        Ok(Self::build(config, backend, Some(dedup))?.0)
+        Ok(Self::build(config, backend, Some(dedup)).await?.0)
     }
 
     /// The node's configuration.
@@ -206,6 +207,31 @@ impl fmt::Debug for RedisNode {
             .field("config", &self.config)
             .finish()
     }
+}
+
+/// A client for `info`, trusting `ca` (PEM) for TLS if given.
+fn open_client(
+    info: redis::ConnectionInfo,
+    ca: Option<Vec<u8>>,
+) -> redis::RedisResult<redis::Client> {
+    #[cfg(feature = "tls")]
+    {
+        // redis-rs brings rustls without a crypto provider; rustls panics at the first TLS
+        // handshake unless one is installed. Ours only if the application installed none.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        if let Some(pem) = ca {
+            return redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            );
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = ca; // a CA without TLS support: connection_info() already refused TLS
+    redis::Client::open(info)
 }
 
 /// Error text without the password, whatever the client library put in it.

@@ -78,11 +78,10 @@ impl RedlockLock {
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
         // One release is announced by every master that held it; count it once.
         let dedup = lock_redis::ReleaseDedup::default();
-        let nodes: Vec<RedisNode> = config
-            .masters()
-            .iter()
-            .map(|m| RedisNode::lazy_shared(m.clone(), BACKEND, dedup.clone()))
-            .collect::<Result<_>>()?;
+        let mut nodes: Vec<RedisNode> = Vec::with_capacity(config.masters().len());
+        for m in config.masters() {
+            nodes.push(RedisNode::lazy_shared(m.clone(), BACKEND, dedup.clone()).await?);
+        }
         let pings = join_all(nodes.iter().map(|n| {
             let mut c = n.connection();
             let limit = n.config().connect_timeout() + n.config().response_timeout();
