@@ -54,19 +54,44 @@ impl RedlockConfig {
         })
     }
 
-    /// Parses `redlock://[user[:password]@]h1:p1,h2:p2,...[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&retry_count=N&min_validity_ms=N&drift_factor=F]`.
-    /// Credentials, database and prefix apply to every master. Errors never echo the password.
+    /// Parses `redlock://[user[:password]@]h1:p1,h2:p2,...[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&retry_count=N&min_validity_ms=N&drift_factor=F&tls=true&tls_ca_file=PATH]`.
+    /// Credentials, database, prefix and TLS apply to every master (TLS needs the `tls`
+    /// feature). Errors never echo the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let u = MultiHostUrl::parse(url, "redlock", "Redlock")?;
+        let query = |k: &str| {
+            u.query
+                .iter()
+                .find(|(q, _)| q == k)
+                .map(|(_, v)| v.as_str())
+        };
+        let tls = match query("tls") {
+            None | Some("false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(v) => {
+                return Err(Error::Config(format!(
+                    "Redlock URL: tls={v:?} is not true or false"
+                )))
+            }
+        };
+        let scheme = if tls { "rediss" } else { "redis" };
         let mut masters = Vec::with_capacity(u.hosts.len());
         for host in &u.hosts {
-            // Host, port and database go through the Redis driver's own parser; the credentials
-            // (already percent-decoded) are set directly, never re-encoded into a URL.
+            // Host, port, database and TLS go through the Redis driver's own parser; the
+            // credentials (already percent-decoded) are set directly, never re-encoded.
             let mut m = RedisConfig::from_url(&format!(
-                "redis://{host}{}",
+                "{scheme}://{host}{}",
                 u.path.as_deref().unwrap_or("")
             ))
             .map_err(|e| Error::Config(format!("Redlock URL: {e}")))?;
+            if let Some(ca) = query("tls_ca_file") {
+                if !tls {
+                    return Err(Error::Config(
+                        "Redlock URL: tls_ca_file needs tls=true".into(),
+                    ));
+                }
+                m = m.with_tls_ca_file(ca);
+            }
             if let Some(user) = &u.user {
                 if !user.is_empty() {
                     m = m.with_username(user.clone());
@@ -104,9 +129,10 @@ impl RedlockConfig {
                 "node_timeout_ms" => cfg.with_node_timeout(ms(k, v)?),
                 "retry_delay_ms" => cfg.with_retry_delay(ms(k, v)?),
                 "min_validity_ms" => cfg.with_min_validity(ms(k, v)?),
+                "tls" | "tls_ca_file" => cfg, // applied to each master above
                 other => {
                     return Err(Error::Config(format!(
-                        "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms, drift_factor)"
+                        "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms, drift_factor, tls, tls_ca_file)"
                     )))
                 }
             };
@@ -192,9 +218,18 @@ impl RedlockConfig {
         let hosts: Vec<String> = self
             .masters
             .iter()
-            .map(|m| m.redacted_url().trim_start_matches("redis://").to_string())
+            .map(|m| {
+                let u = m.redacted_url();
+                u.split_once("://")
+                    .map_or(u.clone(), |(_, rest)| rest.to_string())
+            })
             .collect();
-        format!("redlock://{}", hosts.join(","))
+        let tls = if self.masters.iter().any(|m| m.is_tls()) {
+            "?tls=true"
+        } else {
+            ""
+        };
+        format!("redlock://{}{tls}", hosts.join(","))
     }
 }
 
@@ -250,6 +285,18 @@ mod tests {
     }
 
     #[test]
+    fn tls_applies_to_every_master_and_shows() {
+        let r = RedlockConfig::from_url("redlock://a:1,b:2?tls=true&tls_ca_file=/ca.pem");
+        if cfg!(feature = "tls") {
+            let c = r.unwrap();
+            assert!(c.masters().iter().all(|m| m.is_tls()));
+            assert_eq!(c.redacted_url(), "redlock://a:1,b:2?tls=true");
+        } else {
+            assert!(matches!(r, Err(Error::Config(_))));
+        }
+    }
+
+    #[test]
     fn credentials_apply_to_every_master() {
         let c = RedlockConfig::from_url("redlock://locker:p%40ss%2Fw@a:1,b:2?drift_factor=0.02")
             .unwrap();
@@ -276,6 +323,8 @@ mod tests {
             "redlock://:secretpw@a:1?drift_factor=0.7",
             "redlock://:secretpw@a:1?drift_factor=much",
             "redlock://:secretpw@a:1/x",
+            "redlock://:secretpw@a:1?tls=maybe",
+            "redlock://:secretpw@a:1?tls_ca_file=/ca.pem",
         ] {
             let e = RedlockConfig::from_url(bad).unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");

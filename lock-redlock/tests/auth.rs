@@ -41,3 +41,27 @@ async fn wrong_credentials_are_a_config_error_without_the_password() {
     assert!(matches!(e, Error::Config(_)), "{e:?}");
     assert!(!format!("{e} {e:?}").contains("WRONG-secret-9"), "{e}");
 }
+
+/// Masters over TLS: the TLS-only `redis-tls` server (16392) as a one-master Redlock.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn masters_over_tls_with_a_private_ca() {
+    let dir =
+        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
+    let url = format!("redlock://127.0.0.1:16392?tls=true&tls_ca_file={dir}/redis-tls/ca.crt");
+    let lock = RedlockLock::from_url(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect over TLS (scripts/services.sh up redis-tls): {e}"));
+    let lease = lock
+        .try_acquire(
+            &fresh_name("tls"),
+            &LockOptions::new(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .expect("free");
+    lease.release().await.unwrap();
+    // Without the CA, the test certificate is not trusted: no master answers.
+    let r = RedlockLock::from_url("redlock://127.0.0.1:16392?tls=true").await;
+    assert!(r.is_err(), "an untrusted certificate was accepted");
+}
