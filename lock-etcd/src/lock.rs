@@ -182,24 +182,13 @@ impl EtcdLock {
                 operation: "a guarded transaction for a lease without an etcd fencing token",
             })?;
         // The lock key of this grant: the key under the name created at revision `rev`.
-        let dir = self.dir(lease.name());
         let found = self
-            .call(|mut c| {
-                let dir = dir.clone();
-                async move {
-                    c.get(
-                        dir,
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_keys_only()
-                                .with_min_create_revision(rev)
-                                .with_max_create_revision(rev),
-                        ),
-                    )
-                    .await
-                }
-            })
+            .keys_of(
+                lease.name(),
+                GetOptions::new()
+                    .with_min_create_revision(rev)
+                    .with_max_create_revision(rev),
+            )
             .await?;
         let key = found
             .kvs()
@@ -239,6 +228,16 @@ impl EtcdLock {
 
     fn dir(&self, name: &LockName) -> String {
         format!("{}/{name}/", self.inner.config.prefix())
+    }
+
+    /// The keys (no values) under `name`, narrowed by `opts`.
+    async fn keys_of(&self, name: &LockName, opts: GetOptions) -> Result<etcd_client::GetResponse> {
+        let (dir, opts) = (self.dir(name), opts.with_prefix().with_keys_only());
+        self.call(|mut c| {
+            let (dir, opts) = (dir.clone(), opts.clone());
+            async move { c.get(dir, Some(opts)).await }
+        })
+        .await
     }
 
     async fn call<T, Fut>(&self, f: impl FnMut(Client) -> Fut) -> Result<T>
@@ -774,24 +773,13 @@ impl DistributedLock for EtcdLock {
     /// The oldest key under the name (the holder): its `create_revision`, and its lease's
     /// remaining TTL.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        let dir = self.dir(name);
         let head = self
-            .call(|mut c| {
-                let dir = dir.clone();
-                async move {
-                    c.get(
-                        dir,
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_keys_only()
-                                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                                .with_limit(1),
-                        ),
-                    )
-                    .await
-                }
-            })
+            .keys_of(
+                name,
+                GetOptions::new()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1),
+            )
             .await?;
         let Some(kv) = head.kvs().first() else {
             return Ok(None);
