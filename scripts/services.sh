@@ -23,8 +23,8 @@ ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/shar
 REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391 redis-tls:16392)
 # ZooKeeper: single, a 3-node ensemble, one that enforces digest auth.
 ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
-# etcd: single, a 3-member cluster, one with auth enabled.
-ETCD=(etcd:12379 etcd-c1:12479 etcd-c2:12579 etcd-c3:12679 etcd-auth:12779)
+# etcd: single, a 3-member cluster, one with auth enabled, one serving clients over TLS only.
+ETCD=(etcd:12379 etcd-c1:12479 etcd-c2:12579 etcd-c3:12679 etcd-auth:12779 etcd-tls:12879)
 
 # Credentials of the auth-enabled servers (test-only, loopback-only).
 REDIS_PASSWORD=distlock-test-pw
@@ -238,8 +238,14 @@ start_etcd() {
   local peer=$((port + 1))
   local token=distlock-$name
   [[ $name == etcd-c* ]] && token=distlock-cluster
-  nohup etcd --name "$name" --data-dir "$data" \
-    --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+  local client=http tls=()
+  if [ "$name" = etcd-tls ]; then
+    make_test_certs "$dir"
+    client=https
+    tls=(--cert-file "$dir/server.crt" --key-file "$dir/server.key")
+  fi
+  nohup etcd --name "$name" --data-dir "$data" "${tls[@]}" \
+    --listen-client-urls "$client://127.0.0.1:$port" --advertise-client-urls "$client://127.0.0.1:$port" \
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
     --initial-cluster "$(etcd_cluster_of "$name" "$port")" --initial-cluster-state new \
     --initial-cluster-token "$token" --bcrypt-cost 4 \
@@ -253,6 +259,7 @@ etcd_ready() {
   if [ "$name" = etcd-auth ] && [ -f "$STATE/$name/auth-enabled" ]; then
     auth=(--user "root:$ETCD_ROOT_PASSWORD")
   fi
+  [ "$name" = etcd-tls ] && auth=(--cacert "$STATE/$name/ca.crt")
   ETCDCTL_API=3 timeout 3 etcdctl --endpoints "127.0.0.1:$port" "${auth[@]}" \
     --command-timeout 2s endpoint health >/dev/null 2>&1
 }

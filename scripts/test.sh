@@ -27,13 +27,15 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p distlock --all-targets --features full -- -D warnings
 cargo clippy -p lock-redis --all-targets --features tls -- -D warnings
 cargo clippy -p lock-redlock --all-targets --features tls -- -D warnings
+cargo clippy -p lock-etcd --all-targets --features tls -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo test"
 cargo test --workspace
 step "cargo test -p distlock --features full (every scheme against its server)"
 cargo test -p distlock --features full
-step "TLS: rediss:// and redlock://...?tls=true against the TLS-only server"
+step "TLS: rediss://, redlock://...?tls=true, etcd://...?tls=true against the TLS-only servers"
 cargo test -p lock-redis --features tls --test tls
 cargo test -p lock-redlock --features tls --lib --test auth
+cargo test -p lock-etcd --features tls --lib --test tls
 step "all green"

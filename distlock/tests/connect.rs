@@ -105,6 +105,18 @@ async fn rediss_urls_connect() {
     .await;
 }
 
+#[cfg(feature = "etcd-tls")]
+#[tokio::test]
+async fn etcd_over_tls_connects() {
+    let dir =
+        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
+    round_trip(
+        &format!("etcd://127.0.0.1:12879?tls=true&tls_ca_file={dir}/etcd-tls/ca.crt"),
+        "etcd",
+    )
+    .await;
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_wrong_redis_password_is_not_echoed() {

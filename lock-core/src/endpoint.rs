@@ -177,3 +177,35 @@ mod tests {
         }
     }
 }
+
+/// The certificate authority a driver trusts for its server's TLS certificate, instead of the
+/// public roots: a private CA, a managed service's own. Shared by the TLS-capable drivers.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let ca = lock_core::TlsCa::Pem(b"-----BEGIN CERTIFICATE-----...".to_vec().into());
+/// assert!(ca.load().await.unwrap().starts_with(b"-----BEGIN"));
+/// let missing = lock_core::TlsCa::File("/nonexistent/ca.pem".into());
+/// assert!(matches!(missing.load().await, Err(lock_core::Error::Config(_))));
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsCa {
+    /// The CA certificate(s), PEM.
+    Pem(std::sync::Arc<[u8]>),
+    /// A PEM file, read when connecting.
+    File(std::path::PathBuf),
+}
+
+impl TlsCa {
+    /// The PEM bytes; a file is read off the runtime's threads. An unreadable file is an
+    /// [`Error::Config`] naming it.
+    pub async fn load(&self) -> Result<Vec<u8>> {
+        match self {
+            TlsCa::Pem(p) => Ok(p.to_vec()),
+            TlsCa::File(path) => tokio::fs::read(path)
+                .await
+                .map_err(|e| Error::Config(format!("TLS CA file {}: {e}", path.display()))),
+        }
+    }
+}

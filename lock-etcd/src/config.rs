@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{redacted_url, Error, MultiHostUrl, Result};
+use lock_core::{redacted_url, Error, MultiHostUrl, Result, TlsCa};
 
 /// Where the cluster is and how this client talks to it.
 ///
@@ -23,6 +23,8 @@ pub struct EtcdConfig {
     prefix: String,
     user: Option<String>,
     password: Option<String>,
+    tls: bool,
+    tls_ca: Option<TlsCa>,
     request_timeout: Duration,
     connect_timeout: Duration,
 }
@@ -36,12 +38,15 @@ impl EtcdConfig {
             prefix: "/distlock".into(),
             user: None,
             password: None,
+            tls: false,
+            tls_ca: None,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
         }
     }
 
-    /// Parses `etcd://[user:password@]h1:p1,h2:p2[/prefix][?timeout_ms=N&connect_timeout_ms=N]`.
+    /// Parses `etcd://[user:password@]h1:p1,h2:p2[/prefix][?timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
+    /// (`tls=true` needs this crate's `tls` feature).
     pub fn from_url(url: &str) -> Result<Self> {
         let u = MultiHostUrl::parse(url, "etcd", "etcd")?;
         let mut cfg = EtcdConfig::new(u.hosts);
@@ -57,6 +62,7 @@ impl EtcdConfig {
         if let Some(p) = u.path {
             cfg = cfg.with_prefix(&p)?;
         }
+        let mut tls_ca_file = None;
         for (k, v) in u.query {
             let ms = || {
                 v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
@@ -68,12 +74,35 @@ impl EtcdConfig {
             match k.as_str() {
                 "timeout_ms" => cfg = cfg.with_request_timeout(ms()?),
                 "connect_timeout_ms" => cfg = cfg.with_connect_timeout(ms()?),
+                "tls" => {
+                    cfg = cfg.with_tls(match v.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(Error::Config(format!(
+                                "etcd URL: tls={v:?} is not true or false"
+                            )))
+                        }
+                    })
+                }
+                "tls_ca_file" => tls_ca_file = Some(v),
                 other => {
                     return Err(Error::Config(format!(
-                    "etcd URL: unknown parameter {other:?} (known: timeout_ms, connect_timeout_ms)"
+                    "etcd URL: unknown parameter {other:?} (known: timeout_ms, connect_timeout_ms, tls, tls_ca_file)"
                 )))
                 }
             }
+        }
+        if let Some(path) = tls_ca_file {
+            if !cfg.tls {
+                return Err(Error::Config("etcd URL: tls_ca_file needs tls=true".into()));
+            }
+            cfg = cfg.with_tls_ca_file(path);
+        }
+        if cfg.tls && !cfg!(feature = "tls") {
+            return Err(Error::Config(
+                "etcd URL: tls=true needs the `tls` feature of lock-etcd".into(),
+            ));
         }
         Ok(cfg)
     }
@@ -99,6 +128,33 @@ impl EtcdConfig {
         }
         self.prefix = prefix.to_string();
         Ok(self)
+    }
+    /// Talks to the members over TLS (`https://`; needs this crate's `tls` feature). The
+    /// members' certificates must chain to a public root unless a CA is set.
+    pub fn with_tls(mut self, on: bool) -> Self {
+        self.tls = on;
+        self
+    }
+    /// Trusts the certificate authority in this PEM for the members' certificates (implies
+    /// TLS).
+    pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls = true;
+        self.tls_ca = Some(TlsCa::Pem(pem.into().into()));
+        self
+    }
+    /// Like [`with_tls_ca_pem`](Self::with_tls_ca_pem), read from this file when connecting.
+    pub fn with_tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls = true;
+        self.tls_ca = Some(TlsCa::File(path.into()));
+        self
+    }
+    /// Whether TLS is on.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) fn tls_ca(&self) -> Option<&TlsCa> {
+        self.tls_ca.as_ref()
     }
     /// Deadline of each request (the lock's own waiting is bounded by `LockOptions`, not this).
     pub fn with_request_timeout(mut self, d: Duration) -> Self {
@@ -141,7 +197,12 @@ impl EtcdConfig {
     /// The URL without the password.
     pub fn redacted_url(&self) -> String {
         let path = (self.prefix != "/distlock").then_some(self.prefix.as_str());
-        redacted_url("etcd", self.user.as_deref(), &self.endpoints, path)
+        let url = redacted_url("etcd", self.user.as_deref(), &self.endpoints, path);
+        if self.tls {
+            url + "?tls=true"
+        } else {
+            url
+        }
     }
 }
 
@@ -176,6 +237,8 @@ mod tests {
             "etcd://u:secretpw@a:1?what=1",
             "etcd://:secretpw@a:1",
             "etcd://u@a:1",
+            "etcd://u:secretpw@a:1?tls=maybe",
+            "etcd://u:secretpw@a:1?tls_ca_file=/ca.pem",
         ] {
             match EtcdConfig::from_url(bad) {
                 Err(e) => {

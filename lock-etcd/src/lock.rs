@@ -71,19 +71,27 @@ impl EtcdLock {
         if let Some((u, p)) = config.credentials() {
             opts = opts.with_user(u, p).with_auto_token_refresh(true);
         }
+        let mut endpoints = config.endpoints().to_vec();
+        if config.is_tls() {
+            opts = with_tls(opts, &config).await?;
+            endpoints = endpoints
+                .into_iter()
+                .map(|e| match e.split_once("://") {
+                    Some((_, rest)) => format!("https://{rest}"),
+                    None => format!("https://{e}"),
+                })
+                .collect();
+        }
         let limit = config.connect_timeout();
-        let client = tokio::time::timeout(
-            limit,
-            Client::connect(config.endpoints().to_vec(), Some(opts)),
-        )
-        .await
-        .map_err(|_| {
-            Error::unavailable(
-                BACKEND,
-                format!("no answer from {} within {limit:?}", config.redacted_url()),
-            )
-        })?
-        .map_err(|e| connect_error(e, &config))?;
+        let client = tokio::time::timeout(limit, Client::connect(endpoints, Some(opts)))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    BACKEND,
+                    format!("no answer from {} within {limit:?}", config.redacted_url()),
+                )
+            })?
+            .map_err(|e| connect_error(e, &config))?;
         // Health: a linearizable read needs a leader and a quorum.
         let prefix = config.prefix();
         call(&config, &client, limit, |mut c| async move {
@@ -890,6 +898,24 @@ impl LeaseOps for EtcdLeaseOps {
             })
         }
     }
+}
+
+/// TLS for every member: the configured CA, or the public roots.
+#[cfg(feature = "tls")]
+async fn with_tls(opts: ConnectOptions, config: &EtcdConfig) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, TlsOptions};
+    let tls = match config.tls_ca() {
+        Some(ca) => TlsOptions::new().ca_certificate(Certificate::from_pem(ca.load().await?)),
+        None => TlsOptions::new().with_enabled_roots(),
+    };
+    Ok(opts.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+async fn with_tls(_: ConnectOptions, _: &EtcdConfig) -> Result<ConnectOptions> {
+    Err(Error::Config(
+        "etcd over TLS needs the `tls` feature of lock-etcd".into(),
+    ))
 }
 
 /// Runs one request within `limit`. A request that provably never left this process (the

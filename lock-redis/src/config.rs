@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, Result};
+use lock_core::{Error, Result, TlsCa};
 
 /// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
 pub const DEFAULT_PREFIX: &str = "distlock:";
@@ -37,13 +37,6 @@ pub struct RedisConfig {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
-}
-
-/// Where the certificate authority that signs the server's TLS certificate comes from.
-#[derive(Clone, Debug)]
-enum TlsCa {
-    Pem(std::sync::Arc<[u8]>),
-    File(std::path::PathBuf),
 }
 
 impl RedisConfig {
@@ -155,15 +148,16 @@ impl RedisConfig {
         self
     }
     /// Trusts the certificate authority in this PEM (instead of the public roots) to sign the
-    /// server's certificate: a private CA, a managed service's own. Implies nothing without
-    /// [`with_tls`](Self::with_tls).
+    /// server's certificate: a private CA, a managed service's own. Implies TLS.
     pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls = true;
         self.tls_ca = Some(TlsCa::Pem(pem.into().into()));
         self
     }
     /// Like [`with_tls_ca_pem`](Self::with_tls_ca_pem), read from this file when connecting
     /// (an unreadable file is an [`Error::Config`] then).
     pub fn with_tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls = true;
         self.tls_ca = Some(TlsCa::File(path.into()));
         self
     }
@@ -172,11 +166,7 @@ impl RedisConfig {
     pub(crate) async fn tls_ca_pem(&self) -> Result<Option<Vec<u8>>> {
         match &self.tls_ca {
             None => Ok(None),
-            Some(TlsCa::Pem(p)) => Ok(Some(p.to_vec())),
-            Some(TlsCa::File(path)) => tokio::fs::read(path)
-                .await
-                .map(Some)
-                .map_err(|e| Error::Config(format!("TLS CA file {}: {e}", path.display()))),
+            Some(ca) => ca.load().await.map(Some),
         }
     }
     /// Sets the key prefix. It may not contain `{`, `}`, whitespace or control characters

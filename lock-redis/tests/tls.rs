@@ -43,9 +43,7 @@ async fn trusted_ca_from_the_url_locks_over_tls() {
 #[tokio::test]
 async fn ca_given_as_pem_works_too() {
     let pem = std::fs::read(ca_file()).expect("the test CA (scripts/services.sh up redis-tls)");
-    let config = RedisConfig::new("127.0.0.1", PORT)
-        .with_tls(true)
-        .with_tls_ca_pem(pem);
+    let config = RedisConfig::new("127.0.0.1", PORT).with_tls_ca_pem(pem);
     let lock = RedisLock::connect(config).await.unwrap();
     let lease = lock
         .try_acquire(
