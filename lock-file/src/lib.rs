@@ -21,9 +21,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! **Waiting**: a waiter in the same process is woken by the release itself; a waiter in
-//! another process polls the file with a jittered back-off from 5 ms up to 100 ms, as no
-//! portable notification exists for the release of an advisory lock.
+//! **Waiting**: a waiter in the same process is woken by the release itself. Across processes
+//! (and across `FileLock`s of one process), no portable notification exists for the release
+//! of an advisory lock, so the driver makes one: a holder keeps a writable handle on the file
+//! and closes it on release — and the kernel closes it when the holder dies — while attempts
+//! use read-only handles. On Linux a waiter watches the file with inotify for that close
+//! (`IN_CLOSE_WRITE`) and retries when it comes, with a jittered retry every 0.5–1 s as the
+//! safety net. Elsewhere, or when inotify is unavailable (its per-user instance limit, 128 by
+//! default, is one per waiting `acquire`), waiters poll with a jittered back-off from 5 ms up
+//! to 100 ms. [`attempts`] counts this process's lock attempts.
 //!
 //! **Deleting a held lock file** (an operator "breaking" the lock) is detected: the holder
 //! checks that the path still names the file it locked, on every renewal and on release, and
@@ -31,5 +37,5 @@
 
 mod lock;
 
-pub use lock::FileLock;
+pub use lock::{attempts, FileLock};
 pub use lock_core;

@@ -22,8 +22,13 @@ impl Harness for Files {
         Ok(Arc::new(FileLock::open(&self.dir).await?))
     }
     fn timing(&self) -> Timing {
-        // No TTL on this backend; this paces the cases' waits (polling backs off to 100 ms).
+        // No TTL on this backend; this paces the cases' waits.
         Timing::for_ttl(Duration::from_millis(1000))
+    }
+    /// Lock attempts of this process: every client here is its own `FileLock`, so a waiter
+    /// that polls shows up as dozens of attempts, one woken by inotify as one per release.
+    async fn backend_requests(&self) -> Option<u64> {
+        Some(lock_file::attempts())
     }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let path = self.dir.join(format!("{name}.lock"));
