@@ -302,7 +302,10 @@ impl<T: Send + 'static> Round<T> {
             return;
         }
         let mut pending = self.pending;
-        tokio::spawn(async move { while pending.next().await.is_some() {} });
+        // Always inside a runtime here (the requests use its timers); never panic if not.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { while pending.next().await.is_some() {} });
+        }
     }
 }
 
