@@ -52,7 +52,8 @@ enum Cmd {
     /// Acquire the lock, run the command while renewing it, release it when the command exits.
     Run(RunArgs),
     /// Tell whether the lock is held, with the holder's fencing token and remaining time where
-    /// the backend records them (Redlock: held/free only, by a probe acquisition).
+    /// the backend records them (Redlock: no token, by a quorum read; a backend that cannot
+    /// inspect at all is probed with a non-waiting acquisition).
     Status(StatusArgs),
 }
 
@@ -198,7 +199,8 @@ async fn status(a: StatusArgs) -> u8 {
     };
     let info = match locks.inspect(&name).await {
         Ok(info) => info.map(|h| (h.fencing_token.map(|t| t.get()), h.remaining)),
-        // Backends that cannot inspect (Redlock): probe with a non-waiting acquisition.
+        // Backends that cannot inspect (third-party drivers may not): probe with a non-waiting
+        // acquisition.
         Err(Error::Unsupported { .. }) => match probe(locks.as_ref(), &name).await {
             Ok(true) => Some((None, None)),
             Ok(false) => None,

@@ -22,6 +22,7 @@ const BACKEND: &str = "redlock";
 
 const CAPS: Capabilities = Capabilities::new()
     .with_fencing(Fencing::None)
+    .with_inspect(true)
     .with_min_ttl(Duration::from_millis(20));
 
 /// A Redlock client over N independent Redis masters.
@@ -349,6 +350,60 @@ impl DistributedLock for RedlockLock {
 
     fn capabilities(&self) -> Capabilities {
         CAPS
+    }
+
+    /// A quorum read: `GET` + `PTTL` on every master. Held when a majority store the same
+    /// owner token; the remaining time is how long until fewer than a majority still do. No
+    /// fencing token (Redlock has none). Free when no token has a majority (split leftovers of
+    /// failed attempts hold nothing); too few answers is `QuorumNotReached`.
+    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        let cfg = &self.inner.config;
+        let quorum = cfg.quorum();
+        let keys = self.keys(name);
+        let mut round = Round::new(
+            &self.inner.nodes,
+            cfg.node_timeout_for(Duration::MAX),
+            |mut c| {
+                let key = keys.lock.clone();
+                async move {
+                    redis::pipe()
+                        .cmd("GET")
+                        .arg(&key)
+                        .cmd("PTTL")
+                        .arg(&key)
+                        .query_async::<(Option<String>, i64)>(&mut c)
+                        .await
+                }
+            },
+        );
+        let mut answered = 0;
+        let mut owners: std::collections::HashMap<String, Vec<Duration>> = Default::default();
+        while let Some((_, r)) = round.next().await {
+            if let Ok(Ok((token, pttl))) = r {
+                answered += 1;
+                if let Some(t) = token {
+                    // -1: no expiry (not ours to judge); -2: expired between GET and PTTL.
+                    let left = u64::try_from(pttl).map_or(Duration::MAX, Duration::from_millis);
+                    if pttl != -2 {
+                        owners.entry(t).or_default().push(left);
+                    }
+                }
+            }
+        }
+        if answered < quorum {
+            return Err(Error::QuorumNotReached {
+                granted: answered,
+                needed: quorum,
+            });
+        }
+        Ok(owners
+            .into_values()
+            .find(|left| left.len() >= quorum)
+            .map(|mut left| {
+                left.sort_unstable_by(|a, b| b.cmp(a));
+                let until_minority = left.get(quorum - 1).copied();
+                lock_core::HolderInfo::new(None, until_minority.filter(|d| *d != Duration::MAX))
+            }))
     }
 
     async fn try_acquire(

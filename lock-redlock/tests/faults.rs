@@ -366,3 +366,48 @@ fn acquire_cancelled_mid_request_leaves_no_key() {
             .unwrap();
     });
 }
+
+#[test]
+fn inspect_reads_a_majority_and_needs_one() {
+    serial(async {
+        let (a, proxies) = proxied(Duration::from_millis(50)).await;
+        let b = direct().await;
+        let name = fresh_name("inspect");
+        let ttl = Duration::from_secs(5);
+        let lease = b
+            .try_acquire(&name, &LockOptions::new(ttl))
+            .await
+            .unwrap()
+            .expect("free");
+        proxies[1].blackhole();
+        proxies[4].blackhole();
+        let info = a
+            .inspect(&name)
+            .await
+            .unwrap()
+            .expect("3 of 5 masters show the holder");
+        assert!(info.fencing_token.is_none());
+        let left = info.remaining.expect("a TTL");
+        assert!(left <= ttl && left > ttl / 2, "{left:?} left of {ttl:?}");
+        proxies[2].blackhole();
+        let r = a.inspect(&name).await;
+        assert!(
+            matches!(
+                r,
+                Err(Error::QuorumNotReached {
+                    granted: 2,
+                    needed: 3
+                })
+            ),
+            "{r:?}"
+        );
+        for p in &proxies {
+            p.heal();
+        }
+        lease.release().await.unwrap();
+        assert!(
+            b.inspect(&name).await.unwrap().is_none(),
+            "free after release"
+        );
+    });
+}
