@@ -96,10 +96,11 @@ async fn redis_urls_connect() {
 #[cfg(feature = "redis-tls")]
 #[tokio::test]
 async fn rediss_urls_connect() {
-    let dir =
-        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
     round_trip(
-        &format!("rediss://127.0.0.1:16392?tls_ca_file={dir}/redis-tls/ca.crt"),
+        &format!(
+            "rediss://127.0.0.1:16392?tls_ca_file={}",
+            test_support::test_ca("redis-tls")
+        ),
         "redis",
     )
     .await;
@@ -108,10 +109,11 @@ async fn rediss_urls_connect() {
 #[cfg(feature = "etcd-tls")]
 #[tokio::test]
 async fn etcd_over_tls_connects() {
-    let dir =
-        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
     round_trip(
-        &format!("etcd://127.0.0.1:12879?tls=true&tls_ca_file={dir}/etcd-tls/ca.crt"),
+        &format!(
+            "etcd://127.0.0.1:12879?tls=true&tls_ca_file={}",
+            test_support::test_ca("etcd-tls")
+        ),
         "etcd",
     )
     .await;

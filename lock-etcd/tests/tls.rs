@@ -11,9 +11,7 @@ use lock_etcd::{EtcdConfig, EtcdLock};
 const PORT: u16 = 12879;
 
 fn ca_file() -> String {
-    let dir =
-        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
-    format!("{dir}/etcd-tls/ca.crt")
+    test_support::test_ca("etcd-tls")
 }
 
 #[tokio::test]

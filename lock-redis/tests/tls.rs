@@ -13,9 +13,7 @@ use lock_redis::{RedisConfig, RedisLock};
 const PORT: u16 = 16392;
 
 fn ca_file() -> String {
-    let dir =
-        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
-    format!("{dir}/redis-tls/ca.crt")
+    test_support::test_ca("redis-tls")
 }
 
 #[tokio::test]

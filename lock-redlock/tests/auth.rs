@@ -46,9 +46,10 @@ async fn wrong_credentials_are_a_config_error_without_the_password() {
 #[cfg(feature = "tls")]
 #[tokio::test]
 async fn masters_over_tls_with_a_private_ca() {
-    let dir =
-        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
-    let url = format!("redlock://127.0.0.1:16392?tls=true&tls_ca_file={dir}/redis-tls/ca.crt");
+    let url = format!(
+        "redlock://127.0.0.1:16392?tls=true&tls_ca_file={}",
+        test_support::test_ca("redis-tls")
+    );
     let lock = RedlockLock::from_url(&url)
         .await
         .unwrap_or_else(|e| panic!("connect over TLS (scripts/services.sh up redis-tls): {e}"));

@@ -3,7 +3,8 @@
 //!
 //! - [`serial`]: run a test on its own runtime, never two at once (fault tests stop and kill
 //!   shared servers).
-//! - [`services`], [`kill`]: drive `scripts/services.sh` and the server processes it started.
+//! - [`services`], [`kill`]: drive `scripts/services.sh` and the server processes it started;
+//!   [`test_ca`]: the CA certificate of its TLS-only servers.
 //! - The servers' own request counters: [`redis_commands_processed`] / [`commands_processed`],
 //!   [`zk_packets_received`] / [`zk_mode`], [`etcd_grpc_messages_received`].
 
@@ -28,6 +29,15 @@ pub fn serial(test: impl Future<Output = ()>) {
         .build()
         .expect("a tokio runtime")
         .block_on(test);
+}
+
+/// The CA certificate `scripts/services.sh` made for its TLS-only `server` (`redis-tls`,
+/// `etcd-tls`): `$DISTLOCK_SERVICES_DIR/<server>/ca.crt`, by default under
+/// `/tmp/distlock-services`.
+pub fn test_ca(server: &str) -> String {
+    let dir =
+        std::env::var("DISTLOCK_SERVICES_DIR").unwrap_or_else(|_| "/tmp/distlock-services".into());
+    format!("{dir}/{server}/ca.crt")
 }
 
 /// Runs `scripts/services.sh ARGS` and returns its trimmed stdout.
