@@ -1,0 +1,144 @@
+//! The command line: subcommands, options, help texts.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const EXAMPLES: &str = "\
+Examples:
+  # Nightly job that must not run twice at once, across all hosts sharing Redis:
+  distlock run --url redis://10.0.0.5:6379 --name nightly-report --no-wait -- ./report.sh
+
+  # Cron on several machines, run once per hour at most (hold the lock >= 10 minutes):
+  distlock run --url etcd://10.0.0.1:2379 --name hourly --no-wait --min-hold 10m -- ./hourly.sh
+
+  # Wait up to 10 minutes for the lock, hold it at most 2 hours:
+  DISTLOCK_URL=etcd://10.0.0.1:2379 distlock run --name migrate --wait 10m --max-hold 2h -- ./migrate
+
+  # On one machine, no server (the default when no URL is given):
+  distlock run --name backup -- rsync -a /data /backup
+
+  # Is it held?
+  distlock status --name nightly-report --url redis://10.0.0.5:6379 --json
+
+Supervision (`run`, Linux): the command runs in a process group of its own, under a small
+keeper process. Nothing of it runs without the lock:
+  - when the command's main process exits, whatever it left running (background jobs,
+    workers) gets SIGTERM, then SIGKILL after --grace; the lock is released only after that;
+  - if distlock itself dies (even by SIGKILL), the keeper kills the command's processes;
+  - if the lease is at risk (a renewal failed, the connection dropped) or its validity runs
+    low without a confirmed renewal, the command gets SIGTERM and, --grace later, SIGKILL, so
+    that it is dead before the lease can expire and the lock move to someone else.
+    There the grace is capped at a third of the lease's validity window: a --grace as long
+    as the TTL or longer is shortened to TTL/3 in that case. distlock then exits 70.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes.
+The command does not run in the terminal's foreground group: it cannot read from the terminal.
+
+Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy
+with --no-wait, or --wait elapsed); 69 backend unreachable; 64 bad arguments, URL, name or
+default directory; 70 lock lost or at risk while the command ran (it was stopped), or
+--max-hold reached; 71 distlock could not supervise (signals, keeper); 127/126 command not
+found / not runnable.
+URLs: memory://, file:///dir, redis://, rediss://, redlock://h1,h2,h3, zk://h1,h2, etcd://h1,h2
+(a password containing / ? # @ must be percent-encoded: %2F %3F %23 %40).";
+
+/// The longest duration any option accepts.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "distlock",
+    version,
+    about = "Run a command under a distributed lock (Redis, Redlock, ZooKeeper, etcd, or a local file)",
+    after_help = EXAMPLES
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Cmd {
+    /// Acquire the lock, run the command while renewing it, release it when nothing of the
+    /// command runs any more.
+    Run(RunArgs),
+    /// Tell whether the lock is held, with the holder's fencing token and remaining time where
+    /// the backend records them (Redlock: no token, by a quorum read; a backend that cannot
+    /// inspect at all is probed with a non-waiting acquisition).
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct Target {
+    /// Backend URL [default: $DISTLOCK_URL, else file://$XDG_RUNTIME_DIR/distlock, else
+    /// file://$TMPDIR/distlock-UID; that directory must be yours and not writable by others].
+    #[arg(long)]
+    pub(crate) url: Option<String>,
+    /// Lock name (letters, digits and - _ . : @ + =, at most 128 bytes).
+    #[arg(long)]
+    pub(crate) name: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// Lease TTL; renewed automatically while the command runs.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub(crate) ttl: Duration,
+    /// Wait at most this long for the lock [default: wait as long as it takes].
+    #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
+    pub(crate) wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock is held.
+    #[arg(long)]
+    pub(crate) no_wait: bool,
+    /// Stop the command after this long (SIGTERM, SIGKILL after --grace), so a hung command
+    /// cannot keep the lock forever; exit 70.
+    #[arg(long, value_parser = duration)]
+    pub(crate) max_hold: Option<Duration>,
+    /// Keep the lock (renewing it) at least this long after acquiring it, even if the command
+    /// ends sooner: a job started by cron on several machines runs once. A SIGINT/SIGTERM in
+    /// that time leaves the lock to expire by its TTL instead of releasing it.
+    #[arg(long, value_parser = duration)]
+    pub(crate) min_hold: Option<Duration>,
+    /// Time between SIGTERM and SIGKILL when the command is stopped (see Supervision below).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub(crate) grace: Duration,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// A duration as humans write it (`30s`, `1h 30m`, `250ms`), at most 100 years.
+fn duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d > MAX_DURATION {
+        return Err("longer than 100 years".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_bounded_and_never_panic() {
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(duration("101years").is_err());
+        assert!(duration("99999999999999999999999s").is_err());
+        assert!(duration("18446744073709551615s").is_err());
+        assert!(duration("").is_err());
+        assert!(duration("-1s").is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! The keeper: a small process between `distlock run` and the command, so that nothing the
+//! command starts can run without the lock.
+//!
+//! `distlock run` (the supervisor) holds the lease; it starts the keeper (this binary again,
+//! `/proc/self/exe`, with [`ARG`]) as the leader of a new process group, and the keeper starts
+//! the command in that group. The keeper
+//! - asks the kernel for `SIGUSR1` when the supervisor dies (`PR_SET_PDEATHSIG`), also by
+//!   SIGKILL or the OOM killer, and then kills every process of the command at once;
+//! - is a child subreaper (`PR_SET_CHILD_SUBREAPER`): whatever the command forks and orphans
+//!   (a `cmd &` in a script, a daemon that double-forks, even one that leaves the group with
+//!   `setsid`) is re-parented to the keeper, so "the keeper has no child left" means exactly
+//!   "nothing of the command runs";
+//! - when the command's main process exits, sends SIGTERM to what is left and SIGKILL after
+//!   the grace, and exits only once nothing is left, with the command's status (a signal `N`
+//!   as `128 + N`);
+//! - relays SIGINT, SIGTERM, SIGHUP and SIGQUIT from the supervisor to all of it, and on
+//!   `SIGUSR1` (the supervisor's "the lease is about to move", or its death) SIGKILLs all of it.
+//!
+//! The keeper never execs anything else and reads no input, so it cannot be confused by the
+//! command; signals are read from a signalfd with the sender's pid, so that the keeper relays
+//! only the supervisor's signals (and not its own group-wide ones back to the group).
+
+use std::ffi::OsString;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, killpg, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{getpid, getppid, Pid};
+
+/// The hidden first argument that makes this binary a keeper.
+pub(crate) const ARG: &str = "__distlock_keeper";
+
+/// Exit status of a keeper that could not start the command's supervision at all.
+const EX_OSERR: u8 = 71;
+
+/// How often the keeper looks again for processes to kill once it is killing (a process can
+/// fork between the look and the kill; its child is found on the next round).
+const KILL_ROUND: Duration = Duration::from_millis(10);
+
+/// Runs the keeper: `args` are what follows [`ARG`]: `PARENT_PID GRACE_MS -- COMMAND...`.
+/// Returns the exit status for the supervisor.
+pub(crate) fn main(args: &[OsString]) -> u8 {
+    let Some((parent, grace, command)) = parse(args) else {
+        eprintln!("distlock: the keeper is internal to `distlock run`");
+        return EX_OSERR;
+    };
+    // Blocked signals wait in the signalfd; std resets the mask in the command it spawns.
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGCHLD,
+    ] {
+        mask.add(s);
+    }
+    if let Err(e) = mask.thread_block() {
+        eprintln!("distlock: keeper: cannot block signals: {e}");
+        return EX_OSERR;
+    }
+    // The death signal must be armed before the parent check, or a parent dying in between
+    // would go unnoticed.
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGUSR1) {
+        eprintln!("distlock: keeper: cannot watch the supervisor: {e}");
+        return EX_OSERR;
+    }
+    if getppid() != parent {
+        return EX_OSERR; // the supervisor is already gone: start nothing
+    }
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("distlock: keeper: cannot become a subreaper: {e}");
+        return EX_OSERR;
+    }
+    let signals = match SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("distlock: keeper: signalfd: {e}");
+            return EX_OSERR;
+        }
+    };
+    let child = match std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("distlock: cannot run {}: {e}", command[0].to_string_lossy());
+            return if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+        }
+    };
+    let child = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    Keeper {
+        parent,
+        group: getpid(),
+        child,
+        grace,
+        status: None,
+        kill_at: None,
+        killing: false,
+    }
+    .supervise(&signals)
+}
+
+fn parse(args: &[OsString]) -> Option<(Pid, Duration, &[OsString])> {
+    let parent: i32 = args.first()?.to_str()?.parse().ok()?;
+    let grace: u64 = args.get(1)?.to_str()?.parse().ok()?;
+    if args.get(2)?.to_str()? != "--" || args.len() < 4 {
+        return None;
+    }
+    Some((
+        Pid::from_raw(parent),
+        Duration::from_millis(grace),
+        &args[3..],
+    ))
+}
+
+struct Keeper {
+    parent: Pid,
+    /// The process group the command runs in: the keeper's own.
+    group: Pid,
+    child: Pid,
+    grace: Duration,
+    /// The command's status, once its main process has ended.
+    status: Option<u8>,
+    /// When what is left of the command gets SIGKILL.
+    kill_at: Option<Instant>,
+    killing: bool,
+}
+
+impl Keeper {
+    fn supervise(mut self, signals: &SignalFd) -> u8 {
+        loop {
+            if let Some(done) = self.reap() {
+                return done;
+            }
+            if self.kill_at.is_some_and(|t| Instant::now() >= t) {
+                self.killing = true;
+            }
+            if self.killing {
+                self.signal_all(Signal::SIGKILL);
+            }
+            let timeout = if self.killing {
+                Some(KILL_ROUND)
+            } else {
+                self.kill_at
+                    .map(|t| t.saturating_duration_since(Instant::now()))
+            };
+            let timeout = match timeout {
+                None => PollTimeout::NONE,
+                // Rounded up, so a deadline is never polled a millisecond early in a loop.
+                Some(d) => PollTimeout::try_from(d + Duration::from_micros(999))
+                    .unwrap_or(PollTimeout::MAX),
+            };
+            let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, timeout) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => self.killing = true, // cannot wait for signals: end it all
+            }
+            while let Ok(Some(info)) = signals.read_signal() {
+                let Ok(sig) = Signal::try_from(i32::try_from(info.ssi_signo).unwrap_or(0)) else {
+                    continue;
+                };
+                let from_parent = i32::try_from(info.ssi_pid).ok() == Some(self.parent.as_raw());
+                match sig {
+                    Signal::SIGCHLD => {} // reaped at the top of the loop
+                    // The supervisor's "kill it all now", or the kernel's word that it died.
+                    Signal::SIGUSR1 => self.killing = true,
+                    // Only the supervisor's: the keeper's own group-wide signals come back to
+                    // it, and a terminal's reach the whole group by themselves.
+                    _ if from_parent => self.signal_all(sig),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Reaps every child that has ended; the command's status once nothing is left.
+    fn reap(&mut self) -> Option<u8> {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    if pid == self.child {
+                        self.child_ended(u8::try_from(code & 0xff).unwrap_or(1));
+                    }
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    if pid == self.child {
+                        self.child_ended(128u8.saturating_add(sig as u8));
+                    }
+                }
+                Ok(WaitStatus::StillAlive) => return None,
+                Ok(_) | Err(Errno::EINTR) => {}
+                // No child left, living or dead: nothing of the command runs any more.
+                Err(_) => return Some(self.status.unwrap_or(EX_OSERR)),
+            }
+        }
+    }
+
+    fn child_ended(&mut self, status: u8) {
+        self.status = Some(status);
+        // Whatever the command left behind would run on without the lock: stop it.
+        self.signal_all(Signal::SIGTERM);
+        let at = Instant::now().checked_add(self.grace);
+        self.kill_at = match (self.kill_at, at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Sends `sig` to every process of the command: its process group, and the processes
+    /// re-parented to the keeper that left the group.
+    fn signal_all(&self, sig: Signal) {
+        if sig != Signal::SIGKILL {
+            // Group-wide in one call: also reaches a process forked a moment ago. The keeper
+            // gets it too, blocked, and ignores it (it is not from the supervisor).
+            let _ = killpg(self.group, sig);
+        }
+        let me = getpid();
+        for (pid, ppid, pgrp) in processes() {
+            if pid != me && (pgrp == self.group || ppid == me) {
+                let _ = kill(pid, sig);
+            }
+        }
+    }
+}
+
+/// Every process on the machine as (pid, parent, process group), from `/proc`.
+fn processes() -> Vec<(Pid, Pid, Pid)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let (ppid, pgrp) = parse_stat(&stat)?;
+        Some((Pid::from_raw(pid), Pid::from_raw(ppid), Pid::from_raw(pgrp)))
+    })
+    .collect()
+}
+
+/// Parent and process group from a `/proc/PID/stat` line: `pid (comm) state ppid pgrp ...`.
+/// The command name may contain spaces and parentheses, so fields count from the last `)`.
+fn parse_stat(stat: &str) -> Option<(i32, i32)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(1);
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((ppid, pgrp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_count_from_the_last_parenthesis() {
+        assert_eq!(
+            parse_stat("42 (a (b) c) S 7 9 9 0 -1"),
+            Some((7, 9)),
+            "a command name with spaces and parentheses"
+        );
+        assert_eq!(parse_stat("42 (x) S"), None);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn arguments_are_checked() {
+        let a = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert!(parse(&a(&["1", "100", "--", "true"])).is_some());
+        assert!(parse(&a(&["1", "100", "--"])).is_none());
+        assert!(parse(&a(&["x", "100", "--", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "true"])).is_none());
+    }
+}

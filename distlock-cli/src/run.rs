@@ -1,0 +1,372 @@
+//! `distlock run`: acquire, run the command under the keeper, and keep every process of it
+//! inside the lease (see `keeper.rs` for the process side).
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use distlock::{Error, Lease, LeaseState, LockName, LockOptions, Wait};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::RunArgs;
+use crate::exit::{fail, say, EX_OSERR, EX_SOFTWARE, EX_TEMPFAIL};
+use crate::target::Secrets;
+
+pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
+    if !cfg!(target_os = "linux") {
+        say(
+            secrets,
+            "run needs Linux: it relies on PR_SET_PDEATHSIG and PR_SET_CHILD_SUBREAPER to keep \
+             the command from outliving the lock (status works everywhere)",
+        );
+        return EX_OSERR;
+    }
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            say(secrets, &format!("cannot handle signals: {e}"));
+            return EX_OSERR;
+        }
+    };
+    let (locks, name) = match crate::connect(&a.target, secrets).await {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let wait = match (a.no_wait, a.wait) {
+        (true, _) => Wait::No,
+        (false, Some(d)) => Wait::For(d),
+        (false, None) => Wait::Forever,
+    };
+    // Renewal is never stopped by the watchdog: --max-hold stops the *command*, and the lock
+    // is released once it is dead, so no lease ends while a process of the command runs.
+    let opts = LockOptions::new(a.ttl).wait(wait).auto_renew(None);
+
+    // Acquire, showing what we wait for on a terminal; a signal while waiting gives up.
+    let start = Instant::now();
+    let show = std::io::stderr().is_terminal() && wait != Wait::No;
+    let backend = locks.backend();
+    let ticker = show.then(|| {
+        let name = name.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                eprint!(
+                    "\rdistlock: waiting for lock {name} on {backend} ({}s)",
+                    start.elapsed().as_secs()
+                );
+            }
+        })
+    });
+    let acquired = tokio::select! {
+        r = locks.acquire(&name, &opts) => Ok(r),
+        sig = signals.recv() => Err(sig),
+    };
+    if let Some(t) = ticker {
+        t.abort();
+        if start.elapsed() >= Duration::from_secs(1) {
+            eprintln!();
+        }
+    }
+    let lease = match acquired {
+        Ok(Ok(lease)) => lease,
+        Ok(Err(Error::Timeout { waited, .. })) => {
+            let how = if wait == Wait::No {
+                "--no-wait".to_string()
+            } else {
+                format!(
+                    "waited {}",
+                    humantime::format_duration(crate::round_ms(waited))
+                )
+            };
+            say(secrets, &format!("not acquired: {name} is held ({how})"));
+            return EX_TEMPFAIL;
+        }
+        Ok(Err(e)) => return fail(secrets, &format!("cannot acquire {name}"), &e),
+        Err(sig) => {
+            // The dropped acquisition cleans up in the background: give it a moment.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return 128 + sig as u8;
+        }
+    };
+    let granted = Instant::now();
+    tracing::info!(%name, backend, token = ?lease.fencing_token(), "acquired");
+
+    let mut keeper = match Keeper::spawn(&a, &name, backend, lease.as_ref()) {
+        Ok(k) => k,
+        Err(e) => {
+            say(secrets, &format!("cannot start the command's keeper: {e}"));
+            release(lease).await;
+            return EX_OSERR;
+        }
+    };
+    let (stop, status) = supervise(
+        &a,
+        &name,
+        lease.as_ref(),
+        &mut keeper,
+        &mut signals,
+        granted,
+        secrets,
+    )
+    .await;
+    let code = match status {
+        Ok(code) => code,
+        Err(why) => {
+            // The keeper itself was killed: its group may still run. Kill it from here.
+            say(
+                secrets,
+                &format!("the command's keeper died ({why}); killing its process group"),
+            );
+            if !keeper.kill_group_and_wait(lease.valid_until()).await {
+                say(
+                    secrets,
+                    "processes of the command may still run: the lock is left to expire, \
+                     not released",
+                );
+                lease.abandon();
+                return EX_OSERR;
+            }
+            release(lease).await;
+            return EX_OSERR;
+        }
+    };
+    if let Some(stop) = stop {
+        if lease.state() != LeaseState::Lost {
+            release(lease).await;
+        }
+        tracing::debug!(?stop, "command stopped");
+        return EX_SOFTWARE;
+    }
+    // Run-once across machines: keep the lock until --min-hold has passed.
+    if let Some(until) = a.min_hold.and_then(|d| granted.checked_add(d)) {
+        let lost = lease.lost();
+        tokio::select! {
+            _ = tokio::time::sleep_until(until.into()) => {}
+            _ = lost.wait() => {
+                say(secrets, &format!("lock {name} was lost during --min-hold (the command had ended)"));
+                return code;
+            }
+            _ = signals.recv() => {
+                // Leave it to expire: releasing now would let another run start at once.
+                lease.abandon();
+                return code;
+            }
+        }
+    }
+    release(lease).await;
+    code
+}
+
+/// Why the command was stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Lost,
+    AtRisk,
+    Unconfirmed,
+    MaxHold,
+}
+
+/// Runs until the keeper exits (nothing of the command is left): the reason the command was
+/// stopped, if it was, and the command's status (or why the keeper itself died).
+async fn supervise(
+    a: &RunArgs,
+    name: &LockName,
+    lease: &dyn Lease,
+    keeper: &mut Keeper,
+    signals: &mut Signals,
+    granted: Instant,
+    secrets: &Secrets,
+) -> (Option<Stop>, Result<u8, String>) {
+    // The validity window the backend gave (TTL minus drift; ZooKeeper: the session timeout),
+    // measured once: renewals keep `valid_until` between 2/3 of it and all of it ahead.
+    let span = lease.valid_until().saturating_duration_since(granted);
+    // SIGKILL this long before `valid_until`, for the timer's and the kernel's delays.
+    let margin = (span / 20).clamp(Duration::from_millis(5), Duration::from_millis(200));
+    // Inside the window the grace must leave room for healthy renewals: at most a third.
+    let lease_grace = a.grace.min(span / 3);
+    // How often the lease state is looked at (it is local: no request).
+    let tick = (span / 20).clamp(Duration::from_millis(5), Duration::from_millis(50));
+    let max_hold_at = a.max_hold.and_then(|d| granted.checked_add(d));
+
+    let mut stop: Option<(Stop, Option<Instant>)> = None;
+    let mut killed = false;
+    loop {
+        let now = Instant::now();
+        let lease_kill_at = lease.valid_until().checked_sub(margin).unwrap_or(now);
+        let term_at = lease_kill_at.checked_sub(lease_grace).unwrap_or(now);
+        if stop.is_none() {
+            let why = match lease.state() {
+                LeaseState::Lost => Some(Stop::Lost),
+                LeaseState::AtRisk => Some(Stop::AtRisk),
+                LeaseState::Held if now >= term_at => Some(Stop::Unconfirmed),
+                LeaseState::Held if max_hold_at.is_some_and(|t| now >= t) => Some(Stop::MaxHold),
+                LeaseState::Held => None,
+            };
+            if let Some(why) = why {
+                let grace = if why == Stop::MaxHold {
+                    a.grace
+                } else {
+                    lease_grace
+                };
+                let what = match why {
+                    Stop::Lost => format!("lock {name} was lost while the command ran"),
+                    Stop::AtRisk => {
+                        format!("lock {name} is at risk (a renewal or the connection failed)")
+                    }
+                    Stop::Unconfirmed => {
+                        format!("lock {name}: no renewal confirmed and its validity runs out")
+                    }
+                    Stop::MaxHold => format!("lock {name} was held for --max-hold"),
+                };
+                say(
+                    secrets,
+                    &format!(
+                        "{what}; stopping the command (SIGTERM now, SIGKILL in {})",
+                        humantime::format_duration(crate::round_ms(grace))
+                    ),
+                );
+                keeper.signal(Signal::SIGTERM);
+                stop = Some((why, now.checked_add(grace)));
+            }
+        }
+        // Whatever else happens, nothing of the command runs once the lease may move.
+        let kill_at = match stop {
+            Some((_, Some(t))) => t.min(lease_kill_at),
+            _ => lease_kill_at,
+        };
+        if !killed && now >= kill_at {
+            keeper.signal(Signal::SIGUSR1);
+            killed = true;
+        }
+        let mut next = now + tick;
+        if stop.is_none() {
+            next = next.min(term_at.max(now));
+        }
+        if !killed {
+            next = next.min(kill_at.max(now));
+        }
+        tokio::select! {
+            st = keeper.child.wait() => {
+                let status = match st {
+                    Ok(st) => keeper_status(st),
+                    Err(e) => Err(e.to_string()),
+                };
+                return (stop.map(|s| s.0), status);
+            }
+            sig = signals.recv() => keeper.signal(sig),
+            _ = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}
+
+/// The command's status as the keeper reports it, or why the keeper itself died.
+fn keeper_status(st: std::process::ExitStatus) -> Result<u8, String> {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => Ok(u8::try_from(c & 0xff).unwrap_or(1)),
+        (None, Some(sig)) => Err(format!("signal {sig}")),
+        _ => Err(format!("{st}")),
+    }
+}
+
+/// The keeper process (this binary, in keeper mode) and the process group it leads.
+struct Keeper {
+    child: tokio::process::Child,
+    pid: Pid,
+}
+
+impl Keeper {
+    fn spawn(
+        a: &RunArgs,
+        name: &LockName,
+        backend: &str,
+        lease: &dyn Lease,
+    ) -> std::io::Result<Keeper> {
+        let grace_ms = u64::try_from(a.grace.as_millis()).unwrap_or(u64::MAX);
+        let mut cmd = tokio::process::Command::new(keeper_exe()?);
+        cmd.arg(crate::keeper::ARG)
+            .arg(std::process::id().to_string())
+            .arg(grace_ms.to_string())
+            .arg("--")
+            .args(&a.command)
+            .env("DISTLOCK_NAME", name.as_str())
+            .env("DISTLOCK_BACKEND", backend)
+            // A group of its own: the keeper leads it and the command runs in it.
+            .process_group(0);
+        match lease.fencing_token() {
+            Some(t) => cmd.env("DISTLOCK_FENCING_TOKEN", t.get().to_string()),
+            None => cmd.env_remove("DISTLOCK_FENCING_TOKEN"),
+        };
+        let child = cmd.spawn()?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .map(Pid::from_raw)
+            .ok_or_else(|| std::io::Error::other("the keeper has no pid"))?;
+        Ok(Keeper { child, pid })
+    }
+
+    /// Asks the keeper to relay `sig` (SIGUSR1: kill everything now).
+    fn signal(&self, sig: Signal) {
+        let _ = nix::sys::signal::kill(self.pid, sig);
+    }
+
+    /// After the keeper died: SIGKILL its group until it is empty, or `until` passes. True if
+    /// the group is gone.
+    async fn kill_group_and_wait(&self, until: Instant) -> bool {
+        let until = until.max(Instant::now() + Duration::from_secs(1));
+        loop {
+            match nix::sys::signal::killpg(self.pid, Signal::SIGKILL) {
+                Err(nix::errno::Errno::ESRCH) => return true,
+                _ if Instant::now() >= until => return false,
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+}
+
+/// This very binary, also when it was replaced on disk since it started.
+fn keeper_exe() -> std::io::Result<std::path::PathBuf> {
+    let proc = std::path::Path::new("/proc/self/exe");
+    if proc.exists() {
+        Ok(proc.to_path_buf())
+    } else {
+        std::env::current_exe()
+    }
+}
+
+async fn release(lease: Box<dyn Lease>) {
+    if let Err(e) = lease.release().await {
+        tracing::warn!(error = %e, "release failed (the lock frees itself when its lease ends)");
+    }
+}
+
+/// The signals `run` relays to the command: SIGINT, SIGTERM, SIGHUP, SIGQUIT.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+        })
+    }
+
+    /// The next of them to arrive.
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
+        }
+    }
+}

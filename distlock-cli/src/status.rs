@@ -1,0 +1,73 @@
+//! `distlock status`: is the lock held, by which token, for how long.
+
+use std::time::Duration;
+
+use distlock::{DistributedLock, Error, LockName, LockOptions};
+
+use crate::cli::StatusArgs;
+use crate::exit::fail;
+use crate::target::Secrets;
+
+pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
+    let (locks, name) = match crate::connect(&a.target, secrets).await {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let info = match locks.inspect(&name).await {
+        Ok(info) => info.map(|h| (h.fencing_token.map(|t| t.get()), h.remaining)),
+        // Backends that cannot inspect (third-party drivers may not): probe with a non-waiting
+        // acquisition.
+        Err(Error::Unsupported { .. }) => match probe(locks.as_ref(), &name).await {
+            Ok(true) => Some((None, None)),
+            Ok(false) => None,
+            Err(e) => return fail(secrets, "cannot query the lock", &e),
+        },
+        Err(e) => return fail(secrets, "cannot query the lock", &e),
+    };
+    let state = if info.is_some() { "held" } else { "free" };
+    let (token, remaining) = info.unwrap_or((None, None));
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "name": name.as_str(),
+                "backend": locks.backend(),
+                "state": state,
+                "fencing_token": token,
+                "remaining_ms": remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            })
+        );
+    } else {
+        let mut details = Vec::new();
+        if let Some(t) = token {
+            details.push(format!("fencing token {t}"));
+        }
+        if let Some(r) = remaining {
+            details.push(format!(
+                "{} left",
+                humantime::format_duration(crate::round_ms(r))
+            ));
+        }
+        let details = if details.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", details.join(", "))
+        };
+        println!("{name}: {state} ({} backend{details})", locks.backend());
+    }
+    0
+}
+
+/// Held (`true`) or free, by trying to take the lock without waiting and letting go at once.
+async fn probe(locks: &dyn DistributedLock, name: &LockName) -> distlock::Result<bool> {
+    let ttl = locks.capabilities().min_ttl.max(Duration::from_secs(1));
+    match locks.try_acquire(name, &LockOptions::new(ttl)).await? {
+        Some(lease) => {
+            if let Err(e) = lease.release().await {
+                tracing::warn!(error = %e, "releasing the status probe failed");
+            }
+            Ok(false)
+        }
+        None => Ok(true),
+    }
+}
