@@ -13,6 +13,8 @@
 //! - when the command's main process exits, sends SIGTERM to what is left and SIGKILL after
 //!   the grace, and exits only once nothing is left, with the command's status (a signal `N`
 //!   as `128 + N`);
+//! - tells the supervisor with SIGUSR2 once it has blocked its signals (before that, a signal
+//!   would end it with the default action, so the supervisor holds its signals back);
 //! - relays SIGINT, SIGTERM, SIGHUP and SIGQUIT from the supervisor to all of it, and on
 //!   `SIGUSR1` (the supervisor's "the lease is about to move", or its death) SIGKILLs all of it.
 //!
@@ -85,6 +87,8 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
             return EX_OSERR;
         }
     };
+    // Tell the supervisor that its signals are safe to send now.
+    let _ = kill(parent, Signal::SIGUSR2);
     let child = match std::process::Command::new(&command[0])
         .args(&command[1..])
         .spawn()

@@ -255,6 +255,7 @@ async fn supervise(
                 return (stop.map(|s| s.0), status);
             }
             sig = signals.recv() => keeper.signal(sig),
+            _ = keeper.ready.recv(), if !keeper.is_ready => keeper.now_ready(),
             _ = tokio::time::sleep_until(next.into()) => {}
         }
     }
@@ -274,6 +275,12 @@ fn keeper_status(st: std::process::ExitStatus) -> Result<u8, String> {
 struct Keeper {
     child: tokio::process::Child,
     pid: Pid,
+    /// SIGUSR2 from the keeper: it has blocked its signals and armed its death signal. A
+    /// signal sent before would kill it with the default action, so until then signals wait
+    /// in `pending` (and a kill goes to the whole group directly).
+    ready: tokio::signal::unix::Signal,
+    is_ready: bool,
+    pending: Vec<Signal>,
 }
 
 impl Keeper {
@@ -284,6 +291,8 @@ impl Keeper {
         lease: &dyn Lease,
     ) -> std::io::Result<Keeper> {
         let grace_ms = u64::try_from(a.grace.as_millis()).unwrap_or(u64::MAX);
+        // Before the spawn: SIGUSR2's default action would end distlock.
+        let ready = signal(SignalKind::user_defined2())?;
         let mut cmd = tokio::process::Command::new(keeper_exe()?);
         cmd.arg(crate::keeper::ARG)
             .arg(std::process::id().to_string())
@@ -304,12 +313,32 @@ impl Keeper {
             .and_then(|p| i32::try_from(p).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| std::io::Error::other("the keeper has no pid"))?;
-        Ok(Keeper { child, pid })
+        Ok(Keeper {
+            child,
+            pid,
+            ready,
+            is_ready: false,
+            pending: Vec::new(),
+        })
     }
 
     /// Asks the keeper to relay `sig` (SIGUSR1: kill everything now).
-    fn signal(&self, sig: Signal) {
-        let _ = nix::sys::signal::kill(self.pid, sig);
+    fn signal(&mut self, sig: Signal) {
+        if self.is_ready {
+            let _ = nix::sys::signal::kill(self.pid, sig);
+        } else if sig == Signal::SIGUSR1 {
+            // Not set up yet: what runs of the command is in its group.
+            let _ = nix::sys::signal::killpg(self.pid, Signal::SIGKILL);
+        } else {
+            self.pending.push(sig);
+        }
+    }
+
+    fn now_ready(&mut self) {
+        self.is_ready = true;
+        for sig in std::mem::take(&mut self.pending) {
+            self.signal(sig);
+        }
     }
 
     /// After the keeper died: SIGKILL its group until it is empty, or `until` passes. True if

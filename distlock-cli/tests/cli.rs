@@ -290,6 +290,7 @@ fn two_runs_never_overlap_on_every_backend() {
         "redlock",
     );
     never_overlap("zk://127.0.0.1:12181?session_timeout_ms=2000", "zookeeper");
+    #[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
     never_overlap("etcd://127.0.0.1:12379", "etcd");
 }
 
@@ -326,5 +327,6 @@ fn a_killed_holder_frees_the_lock() {
     killed_holder_frees(&file_url(&dir), "file", Duration::from_secs(1));
     // Servers: within the TTL (2 s) plus a margin.
     killed_holder_frees("redis://127.0.0.1:16379", "redis", Duration::from_secs(4));
+    #[cfg(feature = "etcd")]
     killed_holder_frees("etcd://127.0.0.1:12379", "etcd", Duration::from_secs(5));
 }

@@ -249,25 +249,30 @@ where
 
 /// `url` with the password (if any) replaced by `***`, for logs and messages.
 ///
+/// Everything between `scheme://` and the *last* `@` counts as credentials: a password may
+/// contain `/`, `?`, `#`, `@` or `:` unescaped, and then nobody can tell where it ends, so this
+/// hides too much rather than too little. The user name stays when it is plainly one.
+///
 /// ```
 /// assert_eq!(distlock::redact("redis://app:s3cret@h:6379/0"), "redis://app:***@h:6379/0");
+/// assert_eq!(distlock::redact("redis://app:p/w?x#y@z:q@h:1"), "redis://app:***@h:1");
+/// assert_eq!(distlock::redact("redis://p/w?x#y:q@h:1"), "redis://***@h:1");
 /// assert_eq!(distlock::redact("etcd://h1,h2"), "etcd://h1,h2");
 /// ```
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".into();
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
+    match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let hidden = if userinfo.contains(':') || !user.is_empty() {
-                format!("{user}:***")
+            let shown = if user.contains(['/', '?', '#']) {
+                "***".to_string()
             } else {
-                String::new()
+                format!("{user}:***")
             };
-            format!("{scheme}://{hidden}@{hosts}{tail}")
+            format!("{scheme}://{shown}@{}", &rest[at + 1..])
         }
         None => url.to_string(),
     }

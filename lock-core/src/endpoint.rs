@@ -47,11 +47,20 @@ impl MultiHostUrl {
                     "a {what} URL starts with {scheme}://host:port[,host:port...]"
                 ))
             })?;
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
-        };
+        // RFC 3986: the authority ends at the first `/`, `?` or `#`. A password containing
+        // one of them unescaped leaves an `@` behind that point; where that `@` belongs cannot
+        // be known (a path or query may hold one too), so it is refused, not guessed: a wrong
+        // guess would connect somewhere else or print a piece of the password.
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        if tail.contains(['@', '#']) {
+            return Err(Error::Config(format!(
+                "{what} URL: an '@' or '#' after the host list; percent-encode / ? # @ in a \
+                 password (%2F %3F %23 %40) and in paths and query values"
+            )));
+        }
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        let path = (!path.is_empty()).then_some(path);
         let (userinfo, hosts) = match authority.rsplit_once('@') {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
@@ -170,11 +179,32 @@ mod tests {
             "etcd://u:secretpw@",
             "etcd://u:secretpw@a 1",
             "zk://u:secretpw@a:1",
+            "etcd://u:secretpw/x@a:1",
+            "etcd://u:secretpw?x@a:1",
+            "etcd://u:secretpw#x@a:1",
+            "etcd://u:secret@pw/x@a:1",
+            "etcd://a:1/prefix@x",
+            "etcd://a:1#frag",
         ] {
             let e = MultiHostUrl::parse(bad, "etcd", "etcd").unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
-            assert!(!e.to_string().contains("secretpw"), "{e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+            assert!(!e.to_string().contains("pw"), "{e}");
         }
+    }
+
+    #[test]
+    fn encoded_delimiters_in_a_password_are_decoded() {
+        let u = MultiHostUrl::parse(
+            "etcd://u:a%2Fb%3Fc%23d%40e%3Af@h:1/p?k=v%40w",
+            "etcd",
+            "etcd",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.password.as_deref(), Some("a/b?c#d@e:f"));
+        assert_eq!(u.hosts, ["h:1"]);
+        assert_eq!(u.path.as_deref(), Some("/p"));
+        assert_eq!(u.query, [("k".to_string(), "v@w".to_string())]);
     }
 }
 

@@ -1,0 +1,617 @@
+//! `distlock run` never lets the command run without the lock: the real binary, as separate
+//! processes, against the servers of `scripts/services.sh up`. Commands append a timestamp to
+//! a file every 50 ms (a heartbeat), so an overlap with the next holder shows exactly.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use conformance_tests::FaultProxy;
+use test_support::kill;
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("distlock-sup-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn unique(tag: &str) -> String {
+    format!("sup-{tag}-{}", std::process::id())
+}
+
+fn distlock(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DISTLOCK_URL", url)
+        .env("RUST_LOG", "error")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// A shell loop that appends `date +%s%N` to `file` every 50 ms, ignoring SIGTERM (so only
+/// SIGKILL stops it), in the command's main process and in a background grandchild.
+fn heartbeat(file: &Path) -> String {
+    let f = file.display();
+    format!(
+        "trap '' TERM; (while :; do date +%s%N >> {f}; sleep 0.05; done) & \
+         while :; do date +%s%N >> {f}; sleep 0.05; done"
+    )
+}
+
+/// Records when the command started (`date +%s%N` into `file`), then sleeps `secs`.
+fn mark_start(file: &Path, secs: f64) -> String {
+    format!("date +%s%N > {}; sleep {secs}", file.display())
+}
+
+fn beats(file: &Path) -> Vec<u128> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn wait_beats(file: &Path, n: usize) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while beats(file).len() < n {
+        assert!(
+            Instant::now() < end,
+            "the command never started beating into {}",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for a process, killing it and failing with `promise` if it takes longer than `limit`.
+fn finish(mut child: Child, limit: Duration, promise: &str) -> Output {
+    let end = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{promise}: still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_stamp(file: &Path) -> u128 {
+    std::fs::read_to_string(file)
+        .unwrap_or_else(|e| panic!("{} not written: {e}", file.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// No heartbeat of the first command after the second command started; and none at all a
+/// while later (its processes are gone, not just quiet).
+fn assert_no_overlap(tag: &str, hb: &Path, start2: &Path) {
+    let second = read_stamp(start2);
+    let first = beats(hb);
+    let last = *first.iter().max().unwrap();
+    assert!(
+        last < second,
+        "{tag}: the first command wrote a heartbeat {} ms after the second command started \
+         (last beat {last}, second start {second})",
+        (last - second) / 1_000_000
+    );
+    let n = first.len();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        beats(hb).len(),
+        n,
+        "{tag}: processes of the first command still run"
+    );
+}
+
+fn code(o: &Output) -> Option<i32> {
+    o.status.code()
+}
+
+/// The holder's connections are blackholed; its command ignores SIGTERM. Another client gets
+/// the lock once the backend lets the lease expire. The first command (with its background
+/// grandchild) must be dead before the second starts, and distlock must exit 70.
+fn lost_lock_kills_before_the_next_holder(
+    tag: &str,
+    via_proxy: &str,
+    direct: &str,
+    proxies: &[FaultProxy],
+) {
+    let dir = tmp(tag);
+    let name = unique(tag);
+    let (hb, start2) = (dir.join("hb"), dir.join("start2"));
+    let holder = distlock(
+        via_proxy,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--ttl",
+            "2s",
+            "--grace",
+            "10s",
+            "--",
+            "sh",
+            "-c",
+            &heartbeat(&hb),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_beats(&hb, 4);
+    for p in proxies {
+        p.blackhole();
+    }
+    let second = distlock(
+        direct,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--ttl",
+            "2s",
+            "--wait",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            &mark_start(&start2, 0.3),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let out = finish(holder, Duration::from_secs(30), "holder cut off");
+    assert_eq!(
+        code(&out),
+        Some(70),
+        "{tag}: a lost lock exits 70: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out2 = finish(second, Duration::from_secs(60), "second client");
+    assert_eq!(
+        code(&out2),
+        Some(0),
+        "{tag}: {}",
+        String::from_utf8_lossy(&out2.stderr)
+    );
+    assert_no_overlap(tag, &hb, &start2);
+    for p in proxies {
+        p.heal();
+    }
+}
+
+fn proxy(port: u16) -> FaultProxy {
+    FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap()).unwrap()
+}
+
+#[test]
+fn lost_lock_redis() {
+    let p = proxy(16379);
+    lost_lock_kills_before_the_next_holder(
+        "lost-redis",
+        &format!("redis://{}", p.addr()),
+        "redis://127.0.0.1:16379",
+        &[p],
+    );
+}
+
+#[test]
+fn lost_lock_redlock() {
+    let ports = [16380, 16381, 16382, 16383, 16384];
+    let proxies: Vec<FaultProxy> = ports.iter().map(|p| proxy(*p)).collect();
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let direct: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    lost_lock_kills_before_the_next_holder(
+        "lost-redlock",
+        &format!("redlock://{}", hosts.join(",")),
+        &format!("redlock://{}", direct.join(",")),
+        &proxies,
+    );
+}
+
+#[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
+#[test]
+fn lost_lock_etcd() {
+    let p = proxy(12379);
+    lost_lock_kills_before_the_next_holder(
+        "lost-etcd",
+        &format!("etcd://{}", p.addr()),
+        "etcd://127.0.0.1:12379",
+        &[p],
+    );
+}
+
+#[test]
+fn lost_lock_zookeeper() {
+    let p = proxy(12181);
+    lost_lock_kills_before_the_next_holder(
+        "lost-zk",
+        &format!("zk://{}?session_timeout_ms=2000", p.addr()),
+        "zk://127.0.0.1:12181?session_timeout_ms=2000",
+        &[p],
+    );
+}
+
+/// distlock gets SIGKILL while its command runs: the command's processes die with it, before a
+/// second run can start its command.
+fn supervisor_killed(tag: &str, url: &str) {
+    let dir = tmp(tag);
+    let name = unique(tag);
+    let (hb, start2) = (dir.join("hb"), dir.join("start2"));
+    let mut holder = distlock(
+        url,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &heartbeat(&hb),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_beats(&hb, 4);
+    kill("KILL", holder.id());
+    let _ = holder.wait();
+    let second = distlock(
+        url,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--ttl",
+            "2s",
+            "--wait",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &mark_start(&start2, 0.3),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let out = finish(second, Duration::from_secs(40), "second run");
+    assert_eq!(
+        code(&out),
+        Some(0),
+        "{tag}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_no_overlap(tag, &hb, &start2);
+}
+
+#[test]
+fn supervisor_killed_file() {
+    let dir = tmp("killed-file-locks");
+    supervisor_killed("killed-file", &format!("file://{}", dir.display()));
+}
+
+#[test]
+fn supervisor_killed_redis() {
+    supervisor_killed("killed-redis", "redis://127.0.0.1:16379");
+}
+
+/// The command starts a background grandchild (ignoring SIGTERM) and `how` ends the command;
+/// a second run waits for the lock. The grandchild never beats after the second started.
+fn descendants(tag: &str, url: &str, how: &str) {
+    let dir = tmp(tag);
+    let name = unique(tag);
+    let (hb, start2) = (dir.join("hb"), dir.join("start2"));
+    let f = hb.display();
+    let main = if how == "exit" {
+        "sleep 0.3"
+    } else {
+        "sleep 30"
+    };
+    let script =
+        format!("(trap '' TERM; while :; do date +%s%N >> {f}; sleep 0.05; done) & {main}; exit 0");
+    let holder = distlock(
+        url,
+        &[
+            "run", "--name", &name, "--ttl", "2s", "--grace", "500ms", "--", "sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_beats(&hb, 2);
+    let second = distlock(
+        url,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--ttl",
+            "2s",
+            "--wait",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &mark_start(&start2, 0.3),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    if how == "sigterm" {
+        std::thread::sleep(Duration::from_millis(200));
+        kill("TERM", holder.id());
+    }
+    let out = finish(holder, Duration::from_secs(20), "holder");
+    let expected = if how == "sigterm" { 143 } else { 0 };
+    assert_eq!(
+        code(&out),
+        Some(expected),
+        "{tag}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out2 = finish(second, Duration::from_secs(30), "second run");
+    assert_eq!(
+        code(&out2),
+        Some(0),
+        "{tag}: {}",
+        String::from_utf8_lossy(&out2.stderr)
+    );
+    assert_no_overlap(tag, &hb, &start2);
+}
+
+#[test]
+fn descendants_after_the_command_exits() {
+    let dir = tmp("desc-exit-locks");
+    descendants(
+        "desc-exit-file",
+        &format!("file://{}", dir.display()),
+        "exit",
+    );
+    descendants("desc-exit-redis", "redis://127.0.0.1:16379", "exit");
+}
+
+#[test]
+fn descendants_after_sigterm_to_distlock() {
+    let dir = tmp("desc-term-locks");
+    descendants(
+        "desc-term-file",
+        &format!("file://{}", dir.display()),
+        "sigterm",
+    );
+    descendants("desc-term-redis", "redis://127.0.0.1:16379", "sigterm");
+}
+
+/// `--min-hold 2s` with a 0.1 s command: `--no-wait` runs in those 2 s exit 75, one after
+/// them exits 0.
+fn min_hold(tag: &str, url: &str) {
+    let name = unique(tag);
+    let t = Instant::now();
+    let holder = distlock(
+        url,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--min-hold",
+            "2s",
+            "--ttl",
+            "3s",
+            "--",
+            "sleep",
+            "0.1",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    for at in [500, 1500] {
+        std::thread::sleep(Duration::from_millis(at).saturating_sub(t.elapsed()));
+        let o = distlock(url, &["run", "--name", &name, "--no-wait", "--", "true"])
+            .output()
+            .unwrap();
+        assert!(
+            t.elapsed() < Duration::from_millis(1900),
+            "{tag}: machine too slow for the check"
+        );
+        assert_eq!(
+            code(&o),
+            Some(75),
+            "{tag}: a run {at} ms into --min-hold 2s got the lock: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let out = finish(holder, Duration::from_secs(10), "min-hold holder");
+    assert_eq!(code(&out), Some(0), "{tag}: the command's status");
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "{tag}: released after {:?}, before --min-hold",
+        t.elapsed()
+    );
+    let o = distlock(url, &["run", "--name", &name, "--no-wait", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        code(&o),
+        Some(0),
+        "{tag}: after --min-hold: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn min_hold_keeps_the_lock_after_a_short_command() {
+    let dir = tmp("minhold-locks");
+    min_hold("minhold-file", &format!("file://{}", dir.display()));
+    min_hold("minhold-redis", "redis://127.0.0.1:16379");
+}
+
+/// Pieces of a password that uses every URL delimiter; none may appear in any output.
+const PIECES: [&str; 6] = ["pwA1", "pwB2", "pwC3", "pwD4", "pwE5", "pwF6"];
+
+#[test]
+fn passwords_never_appear_in_any_output() {
+    let raw = "pwA1/pwB2?pwC3#pwD4@pwE5:pwF6";
+    let encoded = "pwA1%2FpwB2%3FpwC3%23pwD4%40pwE5%3ApwF6";
+    let dir = tmp("secrets");
+    let templates = [
+        "redis://locker:{pw}@127.0.0.1:16390",
+        "redis://:{pw}@127.0.0.1:16390/0?prefix=x",
+        "rediss://locker:{pw}@127.0.0.1:16392",
+        "redlock://locker:{pw}@127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382",
+        "zk://locker:{pw}@127.0.0.1:12191/chroot",
+        "etcd://locker:{pw}@127.0.0.1:12779/prefix",
+        "etcd://locker:{pw}@127.0.0.1:1",
+        "redis://locker:{pw}@127.0.0.1:1",
+        "memory://u:{pw}@store",
+        "file://u:{pw}@/tmp/x",
+        "nosuch://u:{pw}@h",
+        "u:{pw}@h",
+    ];
+    for t in templates {
+        for pw in [raw, encoded] {
+            let url = t.replace("{pw}", pw);
+            let runs: [(Vec<&str>, bool); 4] = [
+                (
+                    vec![
+                        "run",
+                        "--url",
+                        &url,
+                        "--name",
+                        "n",
+                        "--no-wait",
+                        "--",
+                        "true",
+                    ],
+                    false,
+                ),
+                (vec!["status", "--url", &url, "--name", "n"], false),
+                (vec!["status", "--name", "n", "--json"], true),
+                (
+                    vec!["run", "--url", &url, "--name", "bad name", "--", "true"],
+                    false,
+                ),
+            ];
+            for (args, env) in runs {
+                let mut c = Command::new(BIN);
+                c.args(&args)
+                    .env("RUST_LOG", "trace")
+                    .env("DISTLOCK_URL", if env { url.as_str() } else { "memory://" })
+                    .env("TMPDIR", &dir)
+                    .stdin(Stdio::null());
+                let o = c.output().unwrap();
+                let text = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                assert!(!text.contains("panicked"), "{args:?} panicked: {text}");
+                for p in PIECES {
+                    assert!(
+                        !text.contains(p),
+                        "password piece {p} printed for {t} ({args:?}): {text}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_default_directory_must_be_private() {
+    let base = tmp("defaultdir");
+    let uid = nix_uid();
+    let run = |tmpdir: &Path, xdg: Option<&Path>| {
+        let mut c = Command::new(BIN);
+        c.args(["run", "--name", "d", "--no-wait", "--", "true"])
+            .env_remove("DISTLOCK_URL")
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("TMPDIR", tmpdir)
+            .stdin(Stdio::null());
+        if let Some(x) = xdg {
+            c.env("XDG_RUNTIME_DIR", x);
+        }
+        c.output().unwrap()
+    };
+    // Fresh: created 0700 and used.
+    let fresh = base.join("fresh");
+    std::fs::create_dir_all(&fresh).unwrap();
+    let o = run(&fresh, None);
+    assert_eq!(code(&o), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let made = fresh.join(format!("distlock-{uid}"));
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&made).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700, "{}", made.display());
+    // Pre-created by another user: refused.
+    let foreign = base.join("foreign");
+    let planted = foreign.join(format!("distlock-{uid}"));
+    std::fs::create_dir_all(&planted).unwrap();
+    let chown = Command::new("chown")
+        .args(["nobody", planted.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(chown.success(), "chown nobody (the tests run as root)");
+    let o = run(&foreign, None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), Some(64), "{err}");
+    assert!(err.contains("another user"), "{err}");
+    // Writable by others: refused.
+    let open = base.join("open");
+    let dir = open.join(format!("distlock-{uid}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let o = run(&open, None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), Some(64), "{err}");
+    assert!(err.contains("writable by others"), "{err}");
+    // XDG_RUNTIME_DIR wins when set.
+    let xdg = base.join("xdg");
+    std::fs::create_dir_all(&xdg).unwrap();
+    let o = run(&open, Some(&xdg));
+    assert_eq!(code(&o), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(xdg.join("distlock").join("d.lock").exists());
+}
+
+fn nix_uid() -> u32 {
+    let o = Command::new("id").arg("-u").output().unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn any_duration_gives_a_working_run_or_a_usage_error() {
+    let dir = tmp("durations");
+    let url = format!("file://{}", dir.display());
+    for (args, want) in [
+        (vec!["--ttl", "0s"], 64),
+        (vec!["--ttl", "100years"], 64),
+        (vec!["--ttl", "18446744073709551615s"], 64),
+        (vec!["--ttl", "99999999999999999999999999h"], 64),
+        (vec!["--wait", "99years"], 0),
+        (vec!["--wait", "1000years"], 64),
+        (vec!["--grace", "99years"], 0),
+        (vec!["--grace", "0s"], 0),
+        (vec!["--max-hold", "99years"], 0),
+        (vec!["--max-hold", "0s"], 70),
+        (vec!["--min-hold", "0s"], 0),
+        (vec!["--min-hold", "1000years"], 64),
+    ] {
+        let mut all = vec!["run", "--name", "dur"];
+        all.extend(&args);
+        all.extend(["--", "sleep", "0.2"]);
+        let o = distlock(&url, &all).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(code(&o), Some(want), "{args:?}: {err}");
+    }
+}
