@@ -307,7 +307,18 @@ impl Keeper {
             Some(t) => cmd.env("DISTLOCK_FENCING_TOKEN", t.get().to_string()),
             None => cmd.env_remove("DISTLOCK_FENCING_TOKEN"),
         };
-        let child = cmd.spawn()?;
+        // A lock held by open files (file://) is handed to the keeper too, so that it stays
+        // held until the keeper has killed the command even if distlock dies first (the
+        // kernel would otherwise free it with distlock's descriptors, a moment before the
+        // keeper hears of the death). Inheritable for this one spawn only.
+        let fds = lease.inheritable_fds();
+        for fd in &fds {
+            use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+            fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(std::io::Error::from)?;
+        }
+        let child = cmd.spawn();
+        drop(fds);
+        let child = child?;
         let pid = child
             .id()
             .and_then(|p| i32::try_from(p).ok())

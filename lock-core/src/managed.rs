@@ -64,6 +64,12 @@ pub trait LeaseOps: Send + Sync + fmt::Debug + 'static {
     /// Called by [`Lease::abandon`]. The default does nothing: the lock expires.
     fn abandon(&self) {}
 
+    /// What [`Lease::inheritable_fds`] returns; the default: none.
+    #[cfg(unix)]
+    fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
+        Vec::new()
+    }
+
     /// Whether the lock ends by itself once renewals stop (a TTL). Backends where it lives as
     /// long as the client's session (ZooKeeper) return `false`; the watchdog then releases
     /// actively at `max_hold` instead of just ceasing to renew.
@@ -285,6 +291,11 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         self.finished = true;
         self.shared.tracker.mark_released();
         result
+    }
+
+    #[cfg(unix)]
+    fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
+        self.shared.ops.inheritable_fds()
     }
 
     fn abandon(mut self: Box<Self>) {

@@ -177,6 +177,16 @@ pub trait Lease: Send + Sync + Debug {
     /// crashed: the lock frees however the backend frees a dead holder's lock (TTL or session
     /// expiry; at once for file locks, which the kernel drops with the file handle).
     fn abandon(self: Box<Self>);
+
+    /// Duplicates of the descriptors whose open files hold this lock, for a supervisor that
+    /// starts processes (`distlock run`): a child that inherits them keeps the lock held until
+    /// it exits, even if this process dies first — `flock(1)`'s way. Empty (the default) where
+    /// the lock lives on a server, whose TTL or session already outlasts a dead holder. The
+    /// duplicates are close-on-exec; dropping them does not release the lock.
+    #[cfg(unix)]
+    fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
+        Vec::new()
+    }
 }
 
 #[async_trait]

@@ -536,6 +536,17 @@ impl LeaseOps for FileLeaseOps {
         false
     }
 
+    /// Both handles: the locked one keeps the lock; the writable one, closed last, is what
+    /// wakes waiters in other processes.
+    #[cfg(unix)]
+    fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
+        let held = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter()
+            .flat_map(|h| [&h._lock, &h._writer])
+            .filter_map(|f| f.try_clone().ok().map(std::os::fd::OwnedFd::from))
+            .collect()
+    }
+
     /// A crashed holder's lock is released by the kernel at once; so is an abandoned one.
     fn abandon(&self) {
         drop(self.let_go());
