@@ -99,7 +99,7 @@ impl Secrets {
         let userinfo = &rest[..at];
         let password = userinfo.split_once(':').map_or("", |(_, p)| p);
         let mut found = vec![userinfo.to_string(), password.to_string()];
-        found.push(percent_decode(password));
+        found.push(distlock::lock_core::percent_decode(password));
         found.extend(
             password
                 .split(['/', '?', '#', '@', ':', '%'])
@@ -124,26 +124,6 @@ impl Secrets {
         }
         out
     }
-}
-
-/// `%XX` decoding of what a driver may have decoded; malformed escapes stay.
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |j: usize| b.get(j).and_then(|c| (*c as char).to_digit(16));
-        if b[i] == b'%' {
-            if let (Some(h), Some(l)) = (hex(i + 1), hex(i + 2)) {
-                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

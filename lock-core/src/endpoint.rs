@@ -142,7 +142,11 @@ impl fmt::Debug for MultiHostUrl {
 }
 
 /// `%XX` decoding; malformed escapes stay as they are (a password may contain `%`).
-fn percent_decode(s: &str) -> String {
+///
+/// ```
+/// assert_eq!(lock_core::percent_decode("p%40ss%2F100%"), "p@ss/100%");
+/// ```
+pub fn percent_decode(s: &str) -> String {
     let hex = |b: u8| (b as char).to_digit(16);
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
