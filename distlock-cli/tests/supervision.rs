@@ -49,6 +49,28 @@ fn mark_start(file: &Path, secs: f64) -> String {
     format!("date +%s%N > {}; sleep {secs}", file.display())
 }
 
+/// A second `run` on `name` that waits up to `wait` and records when its command started.
+fn second_run(url: &str, name: &str, start2: &Path, wait: &str) -> Child {
+    distlock(
+        url,
+        &[
+            "run",
+            "--name",
+            name,
+            "--ttl",
+            "2s",
+            "--wait",
+            wait,
+            "--",
+            "sh",
+            "-c",
+            &mark_start(start2, 0.3),
+        ],
+    )
+    .spawn()
+    .unwrap()
+}
+
 fn beats(file: &Path) -> Vec<u128> {
     std::fs::read_to_string(file)
         .unwrap_or_default()
@@ -155,24 +177,7 @@ fn lost_lock_kills_before_the_next_holder(
     for p in proxies {
         p.blackhole();
     }
-    let second = distlock(
-        direct,
-        &[
-            "run",
-            "--name",
-            &name,
-            "--ttl",
-            "2s",
-            "--wait",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            &mark_start(&start2, 0.3),
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let second = second_run(direct, &name, &start2, "60s");
     let out = finish(holder, Duration::from_secs(30), "holder cut off");
     assert_eq!(
         code(&out),
@@ -270,24 +275,7 @@ fn supervisor_killed(tag: &str, url: &str) {
     wait_beats(&hb, 4);
     kill("KILL", holder.id());
     let _ = holder.wait();
-    let second = distlock(
-        url,
-        &[
-            "run",
-            "--name",
-            &name,
-            "--ttl",
-            "2s",
-            "--wait",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            &mark_start(&start2, 0.3),
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let second = second_run(url, &name, &start2, "30s");
     let out = finish(second, Duration::from_secs(40), "second run");
     assert_eq!(
         code(&out),
@@ -332,24 +320,7 @@ fn descendants(tag: &str, url: &str, how: &str) {
     .spawn()
     .unwrap();
     wait_beats(&hb, 2);
-    let second = distlock(
-        url,
-        &[
-            "run",
-            "--name",
-            &name,
-            "--ttl",
-            "2s",
-            "--wait",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            &mark_start(&start2, 0.3),
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let second = second_run(url, &name, &start2, "30s");
     if how == "sigterm" {
         std::thread::sleep(Duration::from_millis(200));
         kill("TERM", holder.id());
