@@ -52,6 +52,9 @@ pub enum Flaw {
     /// A `try_acquire` cancelled while its request is in flight leaves the grant that request
     /// still gets to a ghost, until the TTL.
     CancelInFlightLeavesGhost,
+    /// At `max_hold` the lock is freed on the backend while the lease still says Held and its
+    /// lost signal fires only at `valid_until` (a watchdog that deletes, then marks Lost).
+    MaxHoldFreesBeforeLost,
 }
 
 impl Flaw {
@@ -71,6 +74,7 @@ impl Flaw {
         Flaw::CancelLeavesGhost,
         Flaw::InspectBlind,
         Flaw::CancelInFlightLeavesGhost,
+        Flaw::MaxHoldFreesBeforeLost,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -103,6 +107,7 @@ impl Flaw {
             Flaw::CancelLeavesGhost => &["waiting::cancelled_waiter_does_not_block_others"],
             Flaw::InspectBlind => &["inspect::inspect_reports_the_holder"],
             Flaw::CancelInFlightLeavesGhost => &["waiting::cancelled_in_flight_leaves_no_holder"],
+            Flaw::MaxHoldFreesBeforeLost => &["lost::lost_fires_before_max_hold_successor"],
         }
     }
 }
@@ -233,6 +238,15 @@ impl FlawedLock {
 
     fn wrap(&self, lease: Box<dyn Lease>, opts: &LockOptions, started: Instant) -> Box<dyn Lease> {
         let claimed_valid_until = started + opts.ttl;
+        if let (Flaw::MaxHoldFreesBeforeLost, Renewal::Auto { max_hold: Some(m) }) =
+            (self.flaw, opts.renewal)
+        {
+            let (inner, name) = (self.inner.clone(), lease.name().clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until((started + m).into()).await;
+                inner.break_lock(&name);
+            });
+        }
         Box::new(FlawedLease {
             never_lost: (self.flaw == Flaw::LostSignalNeverFires)
                 .then(|| LeaseTracker::new(Instant::now() + MAX_TTL)),

@@ -68,9 +68,13 @@ control!(
     catches_cancel_in_flight_that_leaves_a_ghost,
     Flaw::CancelInFlightLeavesGhost
 );
+control!(
+    catches_max_hold_that_frees_before_lost,
+    Flaw::MaxHoldFreesBeforeLost
+);
 
 #[test]
 fn every_flaw_has_a_control_test() {
     // Keeps this file in step with Flaw::ALL.
-    assert_eq!(Flaw::ALL.len(), 14);
+    assert_eq!(Flaw::ALL.len(), 15);
 }

@@ -178,13 +178,15 @@ async fn watchdog<O: LeaseOps>(
         if stop_at.is_some_and(|s| Instant::now() >= s) {
             tracing::debug!(lock = %name, "max_hold reached: watchdog stops renewing");
             if !shared.ops.lapses_without_renewal() {
+                // Lost first, then the delete: a successor can be granted as soon as the lock
+                // is freed, and by then the holder's signal must have fired.
+                shared.tracker.mark_lost();
                 let _gate = shared.gate.lock().await;
                 if !shared.released.swap(true, Ordering::SeqCst) {
                     if let Err(e) = shared.ops.release().await {
                         tracing::warn!(lock = %name, error = %e, "release at max_hold failed");
                     }
                 }
-                shared.tracker.mark_lost();
             }
             return;
         }
@@ -340,4 +342,73 @@ impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
 /// ```
 pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Ops of a session-style lease (no TTL of its own) whose release records whether the
+    /// lease was already Lost at the moment the lock was freed on the backend.
+    #[derive(Debug, Default)]
+    struct SessionOps {
+        signal: Mutex<Option<LostSignal>>,
+        lost_when_freed: Mutex<Option<bool>>,
+    }
+
+    #[async_trait]
+    impl LeaseOps for Arc<SessionOps> {
+        async fn renew(&self) -> Result<Instant> {
+            Ok(Instant::now() + Duration::from_millis(300))
+        }
+        async fn release(&self) -> Result<()> {
+            let lost = self
+                .signal
+                .lock()
+                .ok()
+                .and_then(|s| s.as_ref().map(LostSignal::is_lost));
+            if let Ok(mut slot) = self.lost_when_freed.lock() {
+                *slot = lost;
+            }
+            Ok(())
+        }
+        fn lapses_without_renewal(&self) -> bool {
+            false
+        }
+    }
+
+    /// The watchdog at `max_hold` must mark the lease Lost before it frees the lock: a
+    /// successor granted the instant the lock is freed must find the holder's signal fired.
+    #[tokio::test]
+    async fn max_hold_marks_lost_before_the_lock_is_freed() -> std::result::Result<(), String> {
+        let ops = Arc::new(SessionOps::default());
+        let name = LockName::new("max-hold-order").map_err(|e| e.to_string())?;
+        let lease = ManagedLease::new(
+            name,
+            None,
+            Duration::from_millis(300),
+            Instant::now() + Duration::from_millis(300),
+            Renewal::Auto {
+                max_hold: Some(Duration::from_millis(50)),
+            },
+            ops.clone(),
+        );
+        *ops.signal.lock().map_err(|e| e.to_string())? = Some(lease.lost());
+        let lost = lease.lost();
+        tokio::time::timeout(Duration::from_secs(5), lost.wait())
+            .await
+            .map_err(|_| "lease not lost within 5 s of max_hold 50 ms".to_string())?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let freed = *ops.lost_when_freed.lock().map_err(|e| e.to_string())?;
+        match freed {
+            Some(true) => Ok(()),
+            Some(false) => Err(
+                "the watchdog freed the lock while the lease was still Held: a \
+                 successor could be granted before the holder's lost signal fired"
+                    .into(),
+            ),
+            None => Err("the watchdog never freed the lock at max_hold".into()),
+        }
+    }
 }

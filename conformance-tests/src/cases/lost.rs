@@ -50,6 +50,60 @@ pub async fn lost_fires_before_successor_is_granted(h: &dyn Harness) -> Result<(
     Ok(())
 }
 
+/// At `max_hold` the watchdog gives the lock up, and the holder's lost signal has resolved
+/// before a waiting client is granted it — also where the lock does not lapse on its own (a
+/// session or a file), and the watchdog must delete it.
+pub async fn lost_fires_before_max_hold_successor(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("lost-max-hold");
+    let max_hold = t.ttl * 2;
+    let t0 = Instant::now();
+    let lease = held(
+        a.try_acquire(&name, &opts(h).auto_renew(Some(max_hold)))
+            .await?,
+        "holder",
+    )?;
+    let window = lease.valid_until().saturating_duration_since(t0);
+    let lost = lease.lost();
+    let watcher = tokio::spawn(async move {
+        lost.wait().await;
+        Instant::now()
+    });
+    let wait = max_hold + window.max(lease.ttl()) * 2 + t.slack;
+    let next = within(
+        wait * 2,
+        "waiter behind a max_hold lease",
+        b.acquire(&name, &opts(h).wait_for(wait)),
+    )
+    .await??;
+    let granted = Instant::now();
+    let resolved = lease.lost().is_lost();
+    let state = lease.state();
+    let fired = within(t.slack, "the old holder's lost signal", watcher)
+        .await?
+        .map_err(|e| Failure(format!("watcher panicked: {e}")))?;
+    ensure!(
+        resolved,
+        "successor granted {:?} after the holder's grant (max_hold {max_hold:?}) while the \
+         holder's lost signal had not resolved; it resolved {:?} after that grant",
+        granted - t0,
+        fired.saturating_duration_since(granted)
+    );
+    ensure!(
+        state == LeaseState::Lost,
+        "old holder reports {state:?} while another client holds the lock"
+    );
+    ensure!(
+        granted >= t0 + max_hold,
+        "lock granted {:?} after the holder's grant, before max_hold {max_hold:?}",
+        granted - t0
+    );
+    next.release().await?;
+    drop(lease);
+    Ok(())
+}
+
 /// When the backend refuses a renewal (the lock was deleted behind the holder's back), an
 /// auto-renewed lease turns Lost and its signal fires well before its `valid_until`.
 pub async fn lost_fires_when_renewal_refused(h: &dyn Harness) -> Result<(), Failure> {

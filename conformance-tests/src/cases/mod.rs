@@ -92,6 +92,9 @@ fn counts(f: &Facts) -> Result<(), &'static str> {
 }
 fn lost_ttl(f: &Facts) -> Result<(), &'static str> {
     ttl(f)?;
+    lost_notification(f)
+}
+fn lost_notification(f: &Facts) -> Result<(), &'static str> {
     if f.caps.lost_notification {
         Ok(())
     } else {
@@ -113,9 +116,7 @@ fn inspects(f: &Facts) -> Result<(), &'static str> {
     }
 }
 fn breakable(f: &Facts) -> Result<(), &'static str> {
-    if !f.caps.lost_notification {
-        return Err("lost_notification = false");
-    }
+    lost_notification(f)?;
     if f.can_break {
         Ok(())
     } else {
@@ -169,6 +170,10 @@ pub static CASES: &[Case] = &[
     case!(waiting::waiters_served_fifo, fifo),
     case!(waiting::every_waiter_gets_one_turn, always),
     case!(lost::lost_fires_before_successor_is_granted, lost_ttl),
+    case!(
+        lost::lost_fires_before_max_hold_successor,
+        lost_notification
+    ),
     case!(lost::lost_fires_when_renewal_refused, breakable),
     case!(lost::lost_signal_resolves_on_release, always),
     case!(input::rejects_bad_names, always),
