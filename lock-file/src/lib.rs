@@ -8,6 +8,13 @@
 //! increase across processes and restarts (`Fencing::Strict` on this machine — unless someone
 //! deletes the lock files, which starts the count again).
 //!
+//! **The counter survives crashes.** It is written in place in one of two checksummed slots
+//! (never truncated), alternately, and flushed before the grant; a new lock file is written
+//! completely under a temporary name, hard-linked into place and the directory flushed. A
+//! crash at any point leaves the last granted value readable. A counter that is empty or not
+//! one of ours is an [`Error::Backend`](lock_core::Error::Backend) for `acquire` and `inspect`,
+//! never a restart at token 1; the file is left untouched for the operator.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
 //! use std::time::Duration;
@@ -35,6 +42,7 @@
 //! checks that the path still names the file it locked, on every renewal and on release, and
 //! reports `Lost` / `NotHeld`.
 
+mod counter;
 mod lock;
 
 pub use lock::{attempts, FileLock};

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,6 +16,8 @@ use lock_core::{
     LockOptions, ManagedLease, Renewal, Result,
 };
 use tokio::sync::Notify;
+
+use crate::counter;
 
 const BACKEND: &str = "file";
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -315,11 +317,7 @@ fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // First use of the name (or deleted): create it, then lock it read-only.
-                OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(path)?;
+                counter::create(path)?;
                 continue;
             }
             Err(e) => return Err(e),
@@ -341,7 +339,7 @@ fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        let token = bump(&writer)?;
+        let token = counter::bump(&writer)?;
         return Ok(Some((
             Held {
                 _lock: file,
@@ -370,49 +368,21 @@ pub fn attempts() -> u64 {
 }
 
 /// Whether someone holds `path`'s lock, and the counter it stores (a free lock is taken for
-/// an instant, without touching the counter, and let go).
+/// an instant, its counter read, and let go).
 fn peek(path: &Path) -> io::Result<Option<lock_core::HolderInfo>> {
-    let mut file = match File::open(path) {
+    let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    match fs4::FileExt::try_lock(&file) {
-        Ok(()) => return Ok(None), // free; dropping the file lets go at once
-        Err(fs4::TryLockError::WouldBlock) => {}
+    let free = match fs4::FileExt::try_lock(&file) {
+        Ok(()) => true, // dropping the file lets go at once
+        Err(fs4::TryLockError::WouldBlock) => false,
         Err(fs4::TryLockError::Error(e)) => return Err(e),
-    }
-    let mut text = String::new();
-    file.read_to_string(&mut text)?;
-    let token = text.trim().parse().ok().map(FencingToken::new);
-    Ok(Some(lock_core::HolderInfo::new(token, None)))
-}
-
-/// Increments the counter stored in the locked file and flushes it before the grant.
-fn bump(mut file: &File) -> io::Result<u64> {
-    let mut text = String::new();
-    file.seek(SeekFrom::Start(0))?;
-    file.read_to_string(&mut text)?;
-    let last: u64 = match text.trim() {
-        "" => 0,
-        t => t.parse().map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "holds {:?}, not a fencing counter",
-                    t.chars().take(40).collect::<String>()
-                ),
-            )
-        })?,
     };
-    let next = last
-        .checked_add(1)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "fencing counter exhausted"))?;
-    file.set_len(0)?;
-    file.seek(SeekFrom::Start(0))?;
-    file.write_all(format!("{next}\n").as_bytes())?;
-    file.sync_data()?;
-    Ok(next)
+    // Read even when free: a damaged counter is reported here, not only at the next grant.
+    let token = FencingToken::new(counter::read(&file)?);
+    Ok((!free).then(|| lock_core::HolderInfo::new(Some(token), None)))
 }
 
 #[async_trait]
