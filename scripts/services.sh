@@ -19,8 +19,10 @@ ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/shar
 
 # name:port. Redis: single, five Redlock masters, one with a password and an ACL user, one for
 # destructive fault tests (frozen, killed, restarted) so they never disturb the others, one that
-# speaks only TLS (certificates from a test CA made at start: $STATE/redis-tls/ca.crt).
-REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391 redis-tls:16392)
+# speaks only TLS (certificates from a test CA made at start: $STATE/redis-tls/ca.crt), one that
+# evicts keys under memory pressure (maxmemory + allkeys-lru, as managed services often run), which
+# the drivers must refuse.
+REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391 redis-tls:16392 redis-evict:16393)
 # ZooKeeper: single, a 3-node ensemble, one that enforces digest auth.
 ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
 # etcd: single, a 3-member cluster, one with auth enabled, one serving clients over TLS only.
@@ -142,6 +144,9 @@ start_redis() {
   if [ "$name" = redis-auth ]; then
     args+=(--requirepass "$REDIS_PASSWORD"
       --user "$REDIS_ACL_USER" on ">$REDIS_ACL_PASSWORD" '~*' '&*' '+@all' '-@dangerous' '+info')
+  fi
+  if [ "$name" = redis-evict ]; then
+    args+=(--maxmemory 64mb --maxmemory-policy allkeys-lru)
   fi
   if [ "$name" = redis-tls ]; then
     make_test_certs "$dir"

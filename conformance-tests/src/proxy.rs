@@ -19,6 +19,8 @@ enum Mode {
 }
 
 struct Shared {
+    /// Where new connections go (see [`FaultProxy::redirect`]).
+    upstream: watch::Sender<SocketAddr>,
     mode: watch::Sender<Mode>,
     cuts: watch::Sender<u64>,
     shutdown: watch::Sender<bool>,
@@ -45,7 +47,6 @@ struct Shared {
 /// ```
 pub struct FaultProxy {
     addr: SocketAddr,
-    upstream: SocketAddr,
     shared: Arc<Shared>,
 }
 
@@ -56,6 +57,7 @@ impl FaultProxy {
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let shared = Arc::new(Shared {
+            upstream: watch::channel(upstream).0,
             mode: watch::channel(Mode::Pass).0,
             cuts: watch::channel(0).0,
             shutdown: watch::channel(false).0,
@@ -74,16 +76,12 @@ impl FaultProxy {
             .spawn(move || {
                 rt.block_on(async move {
                     match TcpListener::from_std(std_listener) {
-                        Ok(listener) => accept_loop(listener, upstream, s, shutdown).await,
+                        Ok(listener) => accept_loop(listener, s, shutdown).await,
                         Err(e) => tracing::error!(error = %e, "fault proxy cannot listen"),
                     }
                 })
             })?;
-        Ok(FaultProxy {
-            addr,
-            upstream,
-            shared,
-        })
+        Ok(FaultProxy { addr, shared })
     }
 
     /// The address clients connect to.
@@ -91,9 +89,16 @@ impl FaultProxy {
         self.addr
     }
 
-    /// The server behind the proxy.
+    /// The server behind the proxy (for new connections).
     pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+        *self.shared.upstream.borrow()
+    }
+
+    /// Sends new connections to another server from now on; open ones stay where they are
+    /// (follow with [`cut`](Self::cut) to move every client). What a failover behind one
+    /// address, or a name that now resolves elsewhere, looks like to a client.
+    pub fn redirect(&self, upstream: SocketAddr) {
+        self.shared.upstream.send_replace(upstream);
     }
 
     /// Closes every open connection at once (clients see the connection drop); new connections
@@ -145,7 +150,7 @@ impl std::fmt::Debug for FaultProxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultProxy")
             .field("addr", &self.addr)
-            .field("upstream", &self.upstream)
+            .field("upstream", &self.upstream())
             .field("mode", &*self.shared.mode.borrow())
             .finish()
     }
@@ -153,7 +158,6 @@ impl std::fmt::Debug for FaultProxy {
 
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -168,6 +172,7 @@ async fn accept_loop(
                     // Subscribed before the task starts, so a cut right after accept counts.
                     let cuts = shared.cuts.subscribe();
                     let stop = shared.shutdown.subscribe();
+                    let upstream = *shared.upstream.borrow();
                     tokio::spawn(connection(client, upstream, shared.clone(), cuts, stop));
                 }
             }

@@ -37,6 +37,7 @@ pub struct RedisConfig {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    allow_eviction: bool,
 }
 
 impl RedisConfig {
@@ -54,6 +55,7 @@ impl RedisConfig {
             prefix: DEFAULT_PREFIX.to_string(),
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
+            allow_eviction: false,
         }
     }
 
@@ -105,6 +107,7 @@ impl RedisConfig {
         for (k, v) in parsed.query_pairs() {
             match &*k {
                 "prefix" => cfg = cfg.with_prefix(v.into_owned())?,
+                "allow_eviction" => cfg = cfg.with_allow_eviction(parse_bool(&k, &v)?),
                 "tls_ca_file" if tls => cfg = cfg.with_tls_ca_file(&*v),
                 "tls_ca_file" => {
                     return Err(Error::Config(
@@ -113,7 +116,7 @@ impl RedisConfig {
                 }
                 other => {
                     return Err(Error::Config(format!(
-                        "Redis URL {}: unknown parameter {other:?} (known: prefix, tls_ca_file)",
+                        "Redis URL {}: unknown parameter {other:?} (known: prefix, tls_ca_file, allow_eviction)",
                         redact(&parsed)
                     )))
                 }
@@ -184,6 +187,19 @@ impl RedisConfig {
         }
         self.prefix = p;
         Ok(self)
+    }
+    /// Accepts a server that may evict keys under memory pressure (`maxmemory` with a
+    /// `volatile-*` or `allkeys-*` policy), which the drivers refuse by default: a held lock's
+    /// key can then vanish and the lock be granted twice. With this on, `RedisLock` declares
+    /// `Fencing::None` (an evicted counter would restart tokens at 1). URL:
+    /// `allow_eviction=true`.
+    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
+        self
+    }
+    /// Whether [`with_allow_eviction`](Self::with_allow_eviction) is on.
+    pub fn allow_eviction(&self) -> bool {
+        self.allow_eviction
     }
     /// Timeout of each connection attempt.
     pub fn with_connect_timeout(mut self, d: Duration) -> Self {
@@ -295,6 +311,17 @@ impl RedisConfig {
     }
 }
 
+/// `true`/`1` or `false`/`0`, for a URL parameter.
+pub(crate) fn parse_bool(key: &str, value: &str) -> Result<bool> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        v => Err(Error::Config(format!(
+            "URL parameter {key}={v:?} is not true or false"
+        ))),
+    }
+}
+
 fn percent_decode(s: &str) -> String {
     let hex = |b: u8| (b as char).to_digit(16);
     let bytes = s.as_bytes();
@@ -338,6 +365,7 @@ impl fmt::Debug for RedisConfig {
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }

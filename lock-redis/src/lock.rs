@@ -58,7 +58,12 @@ impl RedisLock {
     /// credentials and [`Error::Unavailable`] when the server cannot be reached.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let node = RedisNode::connect(config).await?;
-        let fencing = durable_fencing(&node.connection()).await;
+        // An evicted counter restarts at 1: with eviction accepted, no tokens at all.
+        let fencing = if node.config().allow_eviction() {
+            Fencing::None
+        } else {
+            durable_fencing(&node.connection()).await
+        };
         let caps = Capabilities::new()
             .with_fencing(fencing)
             .with_inspect(true)
@@ -101,6 +106,9 @@ impl RedisLock {
     ) -> Result<std::result::Result<Box<dyn Lease>, Option<Duration>>> {
         let node = &self.inner.node;
         let cfg = node.config();
+        // After a reconnect the server may be another one (a failover, a restart with another
+        // configuration): check it before granting on it.
+        node.verify(cfg.response_timeout()).await?;
         let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
         // Cancelled between sending and settling: release in the background (no ghost holder).
         let mut undo = ReleaseOnDrop::new(
@@ -132,9 +140,10 @@ impl RedisLock {
                     timeout: cfg.response_timeout(),
                     node: node.clone(),
                 };
+                let fenced = self.inner.caps.fencing != Fencing::None;
                 return Ok(Ok(Box::new(ManagedLease::new(
                     name.clone(),
-                    Some(FencingToken::new(fence)),
+                    fenced.then(|| FencingToken::new(fence)),
                     ttl,
                     valid_until,
                     opts.renewal,
@@ -183,7 +192,9 @@ impl DistributedLock for RedisLock {
         Ok(match pttl {
             -2 => None, // no such key: free
             ms => Some(lock_core::HolderInfo::new(
-                fence.map(FencingToken::new),
+                fence
+                    .filter(|_| self.inner.caps.fencing != Fencing::None)
+                    .map(FencingToken::new),
                 u64::try_from(ms).ok().map(Duration::from_millis),
             )),
         })

@@ -3,8 +3,8 @@
 //! driver uses one per master.
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use lock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -23,6 +23,21 @@ pub struct RedisNode {
     conn: ConnectionManager,
     wakeups: Arc<Wakeups>,
     backend: &'static str,
+    check: Arc<Mutex<Check>>,
+}
+
+/// How often a connection that never dropped is checked again anyway: an operator's
+/// `CONFIG SET maxmemory-policy` reaches the driver within this long.
+const RECHECK_EVERY: Duration = Duration::from_secs(60);
+
+/// The last [`RedisNode::verify`] of this server, and whether the connection dropped since.
+#[derive(Debug, Default)]
+struct Check {
+    /// The connection dropped (or never was checked): the server behind it may be another.
+    stale: bool,
+    verified_at: Option<Instant>,
+    attempted_at: Option<Instant>,
+    run_id: Option<Arc<str>>,
 }
 
 /// A waiter's registration for one lock's release announcements on one node. Keep it while
@@ -65,13 +80,21 @@ impl RedisNode {
         })?;
         let wakeups = Arc::new(Wakeups::with_dedup(dedup));
         let w = wakeups.clone();
+        let check = Arc::new(Mutex::new(Check {
+            stale: true,
+            ..Check::default()
+        }));
+        let c = check.clone();
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
             .set_response_timeout(Some(config.response_timeout()))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
             .set_automatic_resubscription()
-            .set_push_sender(move |info| {
+            .set_push_sender(move |info: redis::PushInfo| {
+                if info.kind == redis::PushKind::Disconnection {
+                    lock(&c).stale = true; // the next connection is checked before any grant
+                }
                 w.on_push(info);
                 Ok::<(), std::convert::Infallible>(())
             });
@@ -89,6 +112,7 @@ impl RedisNode {
                 conn,
                 wakeups,
                 backend,
+                check,
             },
             client,
             manager_config,
@@ -112,7 +136,76 @@ impl RedisNode {
         .map_err(|_| node.unavailable("connection attempt timed out"))?
         .map_err(|e| node.connect_error(&e))?;
         node.conn = conn;
+        node.verify(node.config.response_timeout()).await?;
         Ok(node)
+    }
+
+    /// Whether [`verify`](Self::verify) has work to do: the connection dropped since the last
+    /// check (the server behind it may be another one now), or that check is a minute old.
+    pub fn needs_verify(&self) -> bool {
+        let c = lock(&self.check);
+        c.stale || c.verified_at.map_or(true, |t| t.elapsed() >= RECHECK_EVERY)
+    }
+
+    /// When the last [`verify`](Self::verify) of a node that needed one was attempted.
+    pub fn last_verify_attempt(&self) -> Option<Instant> {
+        lock(&self.check).attempted_at
+    }
+
+    /// Checks, if [`needs_verify`](Self::needs_verify), that this server cannot evict the
+    /// lock's keys, and learns its identity (`run_id`); one `INFO` request bounded by
+    /// `timeout`. The drivers call it at connect and before granting on a connection that
+    /// dropped since.
+    ///
+    /// [`Error::Config`] when `maxmemory` is set with an evicting `maxmemory-policy` (unless
+    /// [`RedisConfig::with_allow_eviction`]), or when the server rejects the credentials;
+    /// [`Error::Unavailable`] when it does not answer.
+    pub async fn verify(&self, timeout: Duration) -> Result<()> {
+        if !self.needs_verify() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        lock(&self.check).attempted_at = Some(started);
+        let reply = tokio::time::timeout(
+            timeout,
+            redis::cmd("INFO").query_async::<String>(&mut self.conn.clone()),
+        )
+        .await
+        .map_err(|_| self.unavailable("no answer to INFO within the timeout"))?
+        .map_err(|e| self.connect_error(&e))?;
+        let facts = ServerFacts::parse(&reply);
+        if let Some(risk) = facts.eviction_risk() {
+            if !self.config.allow_eviction() {
+                return Err(Error::Config(format!(
+                    "Redis at {} can evict {risk} (maxmemory {} bytes, maxmemory-policy {}): a \
+                     lock could vanish while held and be granted twice{}. Set \
+                     maxmemory-policy noeviction, or accept this with allow_eviction=true in \
+                     the URL (fencing tokens are then off)",
+                    self.config.endpoint(),
+                    facts.maxmemory,
+                    facts.policy,
+                    if risk.contains("counter") {
+                        ", and fencing tokens could restart at 1"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        }
+        let mut c = lock(&self.check);
+        // A drop while INFO was on its way leaves the node stale: the next call checks again.
+        if c.attempted_at == Some(started) {
+            c.stale = false;
+        }
+        c.verified_at = Some(started);
+        c.run_id = facts.run_id.map(Arc::from);
+        Ok(())
+    }
+
+    /// The server's `run_id` (unique per server process) as of the last
+    /// [`verify`](Self::verify): what tells two names of one server apart from two servers.
+    pub fn run_id(&self) -> Option<Arc<str>> {
+        lock(&self.check).run_id.clone()
     }
 
     /// A node that connects on first use and reconnects by itself, one of several that announce
@@ -197,6 +290,49 @@ impl RedisNode {
                 self.backend,
                 format!("cannot connect to {}: {text}", self.config.redacted_url()),
             )
+        }
+    }
+}
+
+fn lock(check: &Mutex<Check>) -> std::sync::MutexGuard<'_, Check> {
+    check.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What `INFO` says about a server that matters for locks.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ServerFacts {
+    run_id: Option<String>,
+    maxmemory: u64,
+    policy: String,
+}
+
+impl ServerFacts {
+    fn parse(info: &str) -> Self {
+        let mut f = ServerFacts {
+            policy: "noeviction".into(),
+            ..ServerFacts::default()
+        };
+        for line in info.lines() {
+            match line.trim_end().split_once(':') {
+                Some(("run_id", v)) => f.run_id = Some(v.to_string()),
+                Some(("maxmemory", v)) => f.maxmemory = v.parse().unwrap_or(u64::MAX),
+                Some(("maxmemory_policy", v)) => f.policy = v.to_string(),
+                _ => {}
+            }
+        }
+        f
+    }
+
+    /// Which of the lock's keys the server may evict, if any. No `maxmemory` means no eviction
+    /// whatever the policy; `volatile-*` evicts keys with a TTL (a held lock's), `allkeys-*`
+    /// any key (also the fencing counter); an unknown policy is assumed to evict anything.
+    fn eviction_risk(&self) -> Option<&'static str> {
+        if self.maxmemory == 0 || self.policy == "noeviction" {
+            None
+        } else if self.policy.starts_with("volatile-") {
+            Some("held locks' keys")
+        } else {
+            Some("held locks' keys and the fencing counter")
         }
     }
 }
@@ -312,5 +448,47 @@ impl fmt::Debug for ReleaseOnDrop {
             .field("nodes", &self.nodes.len())
             .field("armed", &self.armed)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(maxmemory: u64, policy: &str) -> ServerFacts {
+        ServerFacts::parse(&format!(
+            "# Server\r\nrun_id:abc\r\n# Memory\r\nmaxmemory:{maxmemory}\r\nmaxmemory_policy:{policy}\r\n"
+        ))
+    }
+
+    #[test]
+    fn reads_identity_and_memory_policy() {
+        let f = facts(67108864, "allkeys-lru");
+        assert_eq!(f.run_id.as_deref(), Some("abc"));
+        assert_eq!((f.maxmemory, f.policy.as_str()), (67108864, "allkeys-lru"));
+    }
+
+    #[test]
+    fn eviction_risk_follows_maxmemory_and_policy() {
+        assert_eq!(facts(0, "allkeys-lru").eviction_risk(), None);
+        assert_eq!(facts(1 << 20, "noeviction").eviction_risk(), None);
+        for p in [
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            let r = facts(1 << 20, p).eviction_risk();
+            assert!(r.is_some_and(|r| !r.contains("counter")), "{p}: {r:?}");
+        }
+        for p in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "something-new",
+        ] {
+            let r = facts(1 << 20, p).eviction_risk();
+            assert!(r.is_some_and(|r| r.contains("counter")), "{p}: {r:?}");
+        }
     }
 }
