@@ -141,6 +141,24 @@ impl fmt::Debug for MultiHostUrl {
     }
 }
 
+/// A URL parameter that is a switch: `true`/`1` or `false`/`0`; anything else is an
+/// [`Error::Config`] naming `what` (the URL kind), the key and the value.
+///
+/// ```
+/// assert!(lock_core::parse_bool_param("etcd URL", "tls", "1")?);
+/// assert!(lock_core::parse_bool_param("etcd URL", "tls", "yes").is_err());
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+pub fn parse_bool_param(what: &str, key: &str, value: &str) -> crate::Result<bool> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        v => Err(crate::Error::Config(format!(
+            "{what}: {key}={v:?} is not true or false"
+        ))),
+    }
+}
+
 /// `%XX` decoding; malformed escapes stay as they are (a password may contain `%`).
 ///
 /// ```

@@ -47,7 +47,7 @@ mod traits;
 
 pub use async_trait::async_trait;
 pub use caps::{Capabilities, Fencing};
-pub use endpoint::{percent_decode, redacted_url, MultiHostUrl, TlsCa};
+pub use endpoint::{parse_bool_param, percent_decode, redacted_url, MultiHostUrl, TlsCa};
 pub use error::{BoxError, Error, Result};
 pub use managed::{drift, LeaseOps, ManagedLease};
 pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};

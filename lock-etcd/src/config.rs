@@ -75,15 +75,7 @@ impl EtcdConfig {
                 "timeout_ms" => cfg = cfg.with_request_timeout(ms()?),
                 "connect_timeout_ms" => cfg = cfg.with_connect_timeout(ms()?),
                 "tls" => {
-                    cfg = cfg.with_tls(match v.as_str() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        _ => {
-                            return Err(Error::Config(format!(
-                                "etcd URL: tls={v:?} is not true or false"
-                            )))
-                        }
-                    })
+                    cfg = cfg.with_tls(lock_core::parse_bool_param("etcd URL", "tls", &v)?)
                 }
                 "tls_ca_file" => tls_ca_file = Some(v),
                 other => {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, Result, TlsCa};
+use lock_core::{percent_decode, Error, Result, TlsCa};
 
 /// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
 pub const DEFAULT_PREFIX: &str = "distlock:";
@@ -107,7 +107,9 @@ impl RedisConfig {
         for (k, v) in parsed.query_pairs() {
             match &*k {
                 "prefix" => cfg = cfg.with_prefix(v.into_owned())?,
-                "allow_eviction" => cfg = cfg.with_allow_eviction(parse_bool(&k, &v)?),
+                "allow_eviction" => {
+                    cfg = cfg.with_allow_eviction(lock_core::parse_bool_param("Redis URL", &k, &v)?)
+                }
                 "tls_ca_file" if tls => cfg = cfg.with_tls_ca_file(&*v),
                 "tls_ca_file" => {
                     return Err(Error::Config(
@@ -309,36 +311,6 @@ impl RedisConfig {
         }
         Ok(info.set_redis_settings(settings))
     }
-}
-
-/// `true`/`1` or `false`/`0`, for a URL parameter.
-pub(crate) fn parse_bool(key: &str, value: &str) -> Result<bool> {
-    match value {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        v => Err(Error::Config(format!(
-            "URL parameter {key}={v:?} is not true or false"
-        ))),
-    }
-}
-
-fn percent_decode(s: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16);
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn redact(u: &url::Url) -> String {

@@ -33,11 +33,21 @@ const RECHECK_EVERY: Duration = Duration::from_secs(60);
 /// The last [`RedisNode::verify`] of this server, and whether the connection dropped since.
 #[derive(Debug, Default)]
 struct Check {
-    /// The connection dropped (or never was checked): the server behind it may be another.
-    stale: bool,
+    /// Connection drops so far.
+    drops: u64,
+    /// `drops` when the last successful check started; `None`: never checked.
+    verified_drops: Option<u64>,
     verified_at: Option<Instant>,
     attempted_at: Option<Instant>,
     run_id: Option<Arc<str>>,
+}
+
+impl Check {
+    /// The connection dropped since the last successful check (or there was none): the server
+    /// behind it may be another one.
+    fn stale(&self) -> bool {
+        self.verified_drops != Some(self.drops)
+    }
 }
 
 /// A waiter's registration for one lock's release announcements on one node. Keep it while
@@ -80,10 +90,7 @@ impl RedisNode {
         })?;
         let wakeups = Arc::new(Wakeups::with_dedup(dedup));
         let w = wakeups.clone();
-        let check = Arc::new(Mutex::new(Check {
-            stale: true,
-            ..Check::default()
-        }));
+        let check = Arc::new(Mutex::new(Check::default()));
         let c = check.clone();
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
@@ -93,7 +100,7 @@ impl RedisNode {
             .set_automatic_resubscription()
             .set_push_sender(move |info: redis::PushInfo| {
                 if info.kind == redis::PushKind::Disconnection {
-                    lock(&c).stale = true; // the next connection is checked before any grant
+                    lock(&c).drops += 1; // the next connection is checked before any grant
                 }
                 w.on_push(info);
                 Ok::<(), std::convert::Infallible>(())
@@ -144,7 +151,13 @@ impl RedisNode {
     /// check (the server behind it may be another one now), or that check is a minute old.
     pub fn needs_verify(&self) -> bool {
         let c = lock(&self.check);
-        c.stale || c.verified_at.map_or(true, |t| t.elapsed() >= RECHECK_EVERY)
+        c.stale() || c.verified_at.map_or(true, |t| t.elapsed() >= RECHECK_EVERY)
+    }
+
+    /// Whether the connection dropped since the last successful [`verify`](Self::verify), or
+    /// there was none: until checked, the server behind it may be another one.
+    pub fn is_stale(&self) -> bool {
+        lock(&self.check).stale()
     }
 
     /// When the last [`verify`](Self::verify) of a node that needed one was attempted.
@@ -165,7 +178,11 @@ impl RedisNode {
             return Ok(());
         }
         let started = Instant::now();
-        lock(&self.check).attempted_at = Some(started);
+        let drops = {
+            let mut c = lock(&self.check);
+            c.attempted_at = Some(started);
+            c.drops
+        };
         let reply = tokio::time::timeout(
             timeout,
             redis::cmd("INFO").query_async::<String>(&mut self.conn.clone()),
@@ -194,9 +211,7 @@ impl RedisNode {
         }
         let mut c = lock(&self.check);
         // A drop while INFO was on its way leaves the node stale: the next call checks again.
-        if c.attempted_at == Some(started) {
-            c.stale = false;
-        }
+        c.verified_drops = Some(drops);
         c.verified_at = Some(started);
         c.run_id = facts.run_id.map(Arc::from);
         Ok(())

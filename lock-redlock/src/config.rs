@@ -34,9 +34,11 @@ impl RedlockConfig {
         if masters.is_empty() {
             return Err(Error::Config("Redlock needs at least one master".into()));
         }
+        // Same address = same server, whatever the database number. Two names of one server
+        // (`localhost` and `127.0.0.1`) are caught at connect, by the server's run_id.
         let mut seen = std::collections::HashSet::new();
         for m in &masters {
-            if !seen.insert((m.host().to_string(), m.port(), m.db())) {
+            if !seen.insert((m.host().to_ascii_lowercase(), m.port())) {
                 return Err(Error::Config(format!(
                     "master {}:{} is listed twice: a repeated master would count twice towards the quorum",
                     m.host(),
@@ -66,13 +68,8 @@ impl RedlockConfig {
                 .map(|(_, v)| v.as_str())
         };
         let tls = match query("tls") {
-            None | Some("false" | "0") => false,
-            Some("true" | "1") => true,
-            Some(v) => {
-                return Err(Error::Config(format!(
-                    "Redlock URL: tls={v:?} is not true or false"
-                )))
-            }
+            None => false,
+            Some(v) => lock_core::parse_bool_param("Redlock URL", "tls", v)?,
         };
         let scheme = if tls { "rediss" } else { "redis" };
         let mut masters = Vec::with_capacity(u.hosts.len());
@@ -129,10 +126,19 @@ impl RedlockConfig {
                 "node_timeout_ms" => cfg.with_node_timeout(ms(k, v)?),
                 "retry_delay_ms" => cfg.with_retry_delay(ms(k, v)?),
                 "min_validity_ms" => cfg.with_min_validity(ms(k, v)?),
+                "allow_eviction" => {
+                    let allow = lock_core::parse_bool_param("Redlock URL", k, v)?;
+                    cfg.masters = cfg
+                        .masters
+                        .into_iter()
+                        .map(|m| m.with_allow_eviction(allow))
+                        .collect();
+                    cfg
+                }
                 "tls" | "tls_ca_file" => cfg, // applied to each master above
                 other => {
                     return Err(Error::Config(format!(
-                        "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms, drift_factor, tls, tls_ca_file)"
+                        "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms, drift_factor, tls, tls_ca_file, allow_eviction)"
                     )))
                 }
             };

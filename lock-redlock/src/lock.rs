@@ -83,39 +83,23 @@ impl RedlockLock {
         for m in config.masters() {
             nodes.push(RedisNode::lazy_shared(m.clone(), BACKEND, dedup.clone()).await?);
         }
-        let pings = join_all(nodes.iter().map(|n| {
-            let mut c = n.connection();
-            let limit = n.config().connect_timeout() + n.config().response_timeout();
-            async move {
-                match tokio::time::timeout(limit, redis::cmd("PING").query_async::<String>(&mut c))
-                    .await
-                {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(Some(e)),
-                    Err(_) => Err(None),
-                }
-            }
-        }))
+        // One INFO per master: reachable, credentials accepted, no eviction, and its identity.
+        let checks = join_all(
+            nodes
+                .iter()
+                .map(|n| n.verify(n.config().connect_timeout() + n.config().response_timeout())),
+        )
         .await;
         let mut reachable = 0;
         let mut down = Vec::new();
-        for (node, r) in nodes.iter().zip(pings) {
+        for (node, r) in nodes.iter().zip(checks) {
             match r {
                 Ok(()) => reachable += 1,
-                Err(Some(e))
-                    if e.kind() == redis::ErrorKind::AuthenticationFailed
-                        || e.to_string().contains("WRONGPASS")
-                        || e.to_string().contains("NOAUTH") =>
-                {
-                    return Err(Error::Config(format!(
-                        "master {}:{} rejected the credentials",
-                        node.config().host(),
-                        node.config().port()
-                    )));
-                }
+                Err(e @ Error::Config(_)) => return Err(e),
                 Err(_) => down.push(node.config().redacted_url()),
             }
         }
+        same_server_twice(&nodes)?;
         if reachable < config.quorum() {
             return Err(Error::unavailable(
                 BACKEND,
@@ -163,19 +147,22 @@ impl RedlockLock {
         let nodes = &self.inner.nodes;
         let quorum = cfg.quorum();
         let node_timeout = cfg.node_timeout_for(ttl);
+        // Masters not checked since their connection dropped get no vote in this attempt.
+        let unchecked = self.verify_masters(node_timeout).await?;
         let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
         // If this future is dropped between sending and deciding, the guard releases the token
         // everywhere in the background: a cancelled acquire leaves no ghost holder.
         let mut undo = ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout);
         let start = Instant::now();
-        let mut round = Round::new(nodes, node_timeout, |mut c| {
+        let mut round = Round::on(nodes, &unchecked, node_timeout, |mut c| {
             let (keys, token) = (keys.clone(), token.clone());
             async move { scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await }
         });
         let (mut granted, mut busy) = (0, 0);
         let mut remaining: Option<Duration> = None;
-        // Masters that answered "held by someone else" store nothing of ours: no cleanup there.
-        let mut refused = vec![false; nodes.len()];
+        // Masters that answered "held by someone else", or were not asked, store nothing of
+        // ours: no cleanup there.
+        let mut refused = unchecked;
         while let Some((i, r)) = round.next().await {
             match r {
                 Ok(Ok(Acquired::Granted { .. })) => granted += 1,
@@ -245,12 +232,64 @@ impl RedlockLock {
         })
     }
 
+    /// Checks, in parallel and within `node_timeout`, every master whose connection dropped
+    /// since its last check (see [`RedisNode::verify`]): the server behind an address may be
+    /// another one now. Returns which masters are still unchecked (unreachable: no vote this
+    /// time). A master whose check failed less than `retry_delay` ago is not tried again yet,
+    /// so a master that is down costs an acquire at most one `node_timeout` per `retry_delay`.
+    /// [`Error::Config`] for a master that may evict keys, or one server listed twice.
+    async fn verify_masters(&self, node_timeout: Duration) -> Result<Vec<bool>> {
+        let nodes = &self.inner.nodes;
+        let pause = self.inner.config.retry_delay();
+        let due = |n: &RedisNode| {
+            n.needs_verify()
+                && n.last_verify_attempt()
+                    .map_or(true, |t| t.elapsed() >= pause)
+        };
+        let checks = join_all(nodes.iter().map(|n| async move {
+            if due(n) {
+                n.verify(node_timeout).await
+            } else {
+                Ok(())
+            }
+        }))
+        .await;
+        let mut unchecked = Vec::with_capacity(nodes.len());
+        for (n, r) in nodes.iter().zip(checks) {
+            match r {
+                Err(e @ Error::Config(_)) => return Err(e),
+                _ => unchecked.push(n.is_stale()),
+            }
+        }
+        same_server_twice(nodes)?;
+        Ok(unchecked)
+    }
+
     /// A random pause in `0..retry_delay`, so competing clients do not retry in lockstep.
     fn jitter(&self) -> Duration {
         let max = self.inner.config.retry_delay().as_millis().max(1);
         let r = uuid::Uuid::new_v4().as_u128() % max;
         Duration::from_millis(u64::try_from(r).unwrap_or(0))
     }
+}
+
+/// Refuses masters that are one server under two names (`localhost` and `127.0.0.1`, two
+/// addresses of one host): by `run_id`, which is unique per server process. It would count
+/// twice towards the majority, so one server could grant the lock alone.
+fn same_server_twice(nodes: &[RedisNode]) -> Result<()> {
+    let mut seen: std::collections::HashMap<Arc<str>, &RedisNode> = Default::default();
+    for n in nodes {
+        let Some(id) = n.run_id() else { continue };
+        if let Some(first) = seen.insert(id.clone(), n) {
+            return Err(Error::Config(format!(
+                "masters {} and {} are the same Redis server (run_id {id}): it would count twice \
+                 towards the majority",
+                first.config().redacted_url(),
+                n.config().redacted_url()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One master's answer: the request's result, or the per-node timeout elapsed.

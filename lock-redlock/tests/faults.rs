@@ -379,6 +379,17 @@ fn inspect_reads_a_majority_and_needs_one() {
             .await
             .unwrap()
             .expect("free");
+        // The grant returned at the first majority; the other masters' writes may still be on
+        // their way. Which three masters inspect reads must not depend on that race.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while keys_present(&name).await < PORTS.len() {
+            assert!(
+                Instant::now() < deadline,
+                "the holder's key reached only {} of 5 masters within 2 s of the grant",
+                keys_present(&name).await
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         proxies[1].blackhole();
         proxies[4].blackhole();
         let info = a

@@ -1,0 +1,108 @@
+//! Each master is one independent server: one server under two names or two database numbers
+//! is refused (it would count twice towards the majority), and so is a master that may evict
+//! keys. Masters: the `redlock1`..`redlock3` servers (16380–16382) and `redis-evict` (16393,
+//! `allkeys-lru`) of `scripts/services.sh`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use conformance_tests::{fresh_name, FaultProxy};
+use lock_core::{DistributedLock, Error, LockOptions};
+use lock_redis::RedisConfig;
+use lock_redlock::{RedlockConfig, RedlockLock};
+
+fn is_config(e: &Error, needle: &str) -> bool {
+    matches!(e, Error::Config(m) if m.contains(needle))
+}
+
+/// `localhost` and `127.0.0.1` are one server: with three "masters" of which two are the same,
+/// that server alone is a majority.
+#[tokio::test]
+async fn one_server_under_two_names_is_refused() {
+    let url = "redlock://127.0.0.1:16380,localhost:16380,127.0.0.1:16381";
+    match RedlockLock::from_url(url).await {
+        Err(e) => assert!(is_config(&e, "same Redis server"), "{e:?}"),
+        Ok(lock) => {
+            // Show what the duplicate allows: one real server grants a "majority".
+            let lease = lock
+                .try_acquire(
+                    &fresh_name("dup"),
+                    &LockOptions::new(Duration::from_secs(5)),
+                )
+                .await;
+            panic!("connected with one server listed twice; try_acquire: {lease:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_server_under_two_database_numbers_is_refused() {
+    let masters = vec![
+        RedisConfig::new("127.0.0.1", 16380),
+        RedisConfig::new("127.0.0.1", 16380).with_database(1),
+        RedisConfig::new("127.0.0.1", 16381),
+    ];
+    let e = RedlockConfig::new(masters).unwrap_err();
+    assert!(is_config(&e, "listed twice"), "{e:?}");
+}
+
+/// The server behind an address changes after connect (a proxy, a DNS name): the duplicate is
+/// caught before the next grant, not counted.
+#[tokio::test]
+async fn a_master_that_becomes_a_duplicate_is_refused_before_a_grant() {
+    let up: SocketAddr = "127.0.0.1:16382".parse().unwrap();
+    let proxy = FaultProxy::start(up).unwrap();
+    let p = proxy.addr();
+    let masters = vec![
+        RedisConfig::new("127.0.0.1", 16380),
+        RedisConfig::new("127.0.0.1", 16381),
+        RedisConfig::new(p.ip().to_string(), p.port()),
+    ];
+    let lock = RedlockLock::connect(RedlockConfig::new(masters).unwrap())
+        .await
+        .unwrap();
+    let name = fresh_name("dup-later");
+    let opts = LockOptions::new(Duration::from_secs(5));
+    lock.try_acquire(&name, &opts)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.redirect("127.0.0.1:16380".parse().unwrap());
+    proxy.cut();
+    let mut last = String::new();
+    for _ in 0..40 {
+        match lock.try_acquire(&name, &opts).await {
+            Err(e) if is_config(&e, "same Redis server") => return,
+            Ok(Some(l)) => {
+                last = "granted".into();
+                l.release().await.unwrap();
+            }
+            other => last = format!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the master that became a duplicate was never refused; last: {last}");
+}
+
+#[tokio::test]
+async fn a_master_that_may_evict_is_refused_unless_accepted() {
+    let url = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16393";
+    let e = RedlockLock::from_url(url).await.unwrap_err();
+    assert!(is_config(&e, "allkeys-lru"), "{e:?}");
+    let lock = RedlockLock::from_url(&format!("{url}?allow_eviction=true"))
+        .await
+        .unwrap();
+    let lease = lock
+        .try_acquire(
+            &fresh_name("evict-ok"),
+            &LockOptions::new(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    lease.release().await.unwrap();
+}
