@@ -33,6 +33,17 @@
 //! durable server; otherwise `Fencing::BestEffort`. Replication does not help: Redis replicates
 //! asynchronously, and a promoted replica may not have seen the last grant.
 //!
+//! ## Eviction: refused
+//!
+//! A server with `maxmemory` set and an evicting `maxmemory-policy` can drop a held lock's key
+//! (`volatile-*`: keys with a TTL) or also the fencing counter (`allkeys-*`), so a lock could be
+//! granted twice and tokens restart at 1. The driver reads `INFO` at connect, before the first
+//! grant after every reconnect (the server behind an address may have changed: a failover), and
+//! at least once a minute, and refuses such a server with an `Error::Config` that says why. Only
+//! `allow_eviction=true` in the URL ([`RedisConfig::with_allow_eviction`]) accepts it, and then
+//! `Capabilities::fencing` is `None`. A `CONFIG SET` between two checks goes unnoticed until the
+//! next one.
+//!
 //! ## Drop and abandon
 //!
 //! Dropping a lease releases it in the background on the current runtime; `abandon()` leaves the
@@ -40,7 +51,8 @@
 //!
 //! ## URL
 //!
-//! `redis://[user[:password]@]host[:port][/db][?prefix=P]`; `rediss://` with the `tls` feature.
+//! `redis://[user[:password]@]host[:port][/db][?prefix=P&allow_eviction=true]`; `rediss://` with the
+//! `tls` feature.
 //! Passwords never appear in `Debug`, `Display`, logs or errors.
 
 mod config;
