@@ -16,6 +16,8 @@ use crate::ZkConfig;
 
 const BACKEND: &str = "zookeeper";
 const MARK: &str = "-lock-";
+/// ZooKeeper's sequential suffix: the parent's counter, `%010d`.
+const SEQ_DIGITS: usize = 10;
 
 /// A ZooKeeper lock client: one session, shared by all its locks.
 ///
@@ -249,17 +251,12 @@ impl ZkLock {
     ) -> Result<Option<Instant>> {
         loop {
             let asked = Instant::now();
-            let mut children: Vec<(i64, String)> = client
-                .list_children(parent)
-                .await
-                .map_err(|e| self.error(e))?
-                .into_iter()
-                .filter_map(|c| {
-                    let seq = c.rsplit_once(MARK)?.1.parse::<i64>().ok()?;
-                    Some((seq, c))
-                })
-                .collect();
-            children.sort();
+            let children = contenders(
+                client
+                    .list_children(parent)
+                    .await
+                    .map_err(|e| self.error(e))?,
+            );
             let Some(idx) = children.iter().position(|(_, c)| c == me) else {
                 return Err(Error::Lost {
                     name: lock_name(parent),
@@ -463,6 +460,25 @@ impl Drop for NodeGuard {
     }
 }
 
+/// Every contender among a lock node's children, lowest sequence (the holder) first: any
+/// child whose name ends in a ZooKeeper sequence suffix (ten digits), whoever made it —
+/// distlock's `_c_<uuid>-lock-`, Curator's, kazoo's `<id>__lock__`, the WriteLock recipe's
+/// `x-<session>-`. Ignoring a foreign node would let two clients hold the lock at once.
+fn contenders(children: Vec<String>) -> Vec<(i64, String)> {
+    let mut queue: Vec<(i64, String)> = children
+        .into_iter()
+        .filter_map(|c| {
+            let suffix = c.get(c.len().checked_sub(SEQ_DIGITS)?..)?;
+            if !suffix.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some((suffix.parse().ok()?, c))
+        })
+        .collect();
+    queue.sort();
+    queue
+}
+
 fn lock_name(parent: &str) -> LockName {
     let n = parent.rsplit('/').next().unwrap_or("");
     LockName::new(n).unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
@@ -496,12 +512,7 @@ impl DistributedLock for ZkLock {
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
             Err(e) => return Err(self.error(e)),
         };
-        let mut queue: Vec<(i64, String)> = children
-            .into_iter()
-            .filter_map(|c| Some((c.rsplit_once(MARK)?.1.parse::<i64>().ok()?, c)))
-            .collect();
-        queue.sort();
-        for (_, head) in queue {
+        for (_, head) in contenders(children) {
             match client.check_stat(&format!("{parent}/{head}")).await {
                 Ok(Some(stat)) => {
                     return Ok(Some(lock_core::HolderInfo::new(
