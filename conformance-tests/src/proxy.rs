@@ -201,10 +201,13 @@ async fn connection(
         tokio::join!(up, down);
         Some(())
     };
+    // Biased: a cut that comes with a heal (held-back bytes released at the same moment) must
+    // drop those bytes, never let them through.
     tokio::select! {
-        _ = work => {}
+        biased;
         _ = cuts.changed() => {}
         _ = shutdown.changed() => {}
+        _ = work => {}
     }
 }
 

@@ -31,10 +31,13 @@ const SEQ_DIGITS: usize = 10;
 /// timeout. Each lease is confirmed in the background every third of the session timeout (an
 /// `exists` on its own node, which also proves the node is still this session's), whatever the
 /// [`Renewal`] option says; `valid_until` is the start of the last confirmed request plus the
-/// session timeout minus drift, so a disconnected holder turns AtRisk at once and Lost no later
-/// than the server can expire its session — without waiting for the client library to report
-/// `Expired` (it does so only after 1.4× the timeout). Once the session has ended, the next
-/// acquisition opens a new one; leases of the old session stay Lost.
+/// session timeout minus drift. A disconnected holder turns AtRisk at its next confirmation
+/// — at most a third of the session timeout after the connection drops, plus a sixth when the
+/// request hangs (a partition) — and Lost no later than the server can expire its session,
+/// without waiting for the client library to report `Expired` (it does so only after 1.4× the
+/// timeout). Once the session has ended, the next acquisition opens a new one, asking for the
+/// configured timeout again; its leases are paced on the timeout that session was granted.
+/// Leases of the old session stay Lost.
 ///
 /// **TTL option**: a lock cannot outlive or undercut the session, so the TTL must be at least
 /// the session timeout (shorter is rejected as `InvalidOptions`, never silently ignored); the
@@ -54,7 +57,6 @@ struct Inner {
     session: std::sync::Mutex<Client>,
     /// Serializes the re-creation of an ended session.
     reopen: tokio::sync::Mutex<()>,
-    session_timeout: Duration,
     secured: bool,
     wakeups: AtomicU64,
     caps: Capabilities,
@@ -78,7 +80,6 @@ impl ZkLock {
                 config,
                 session: std::sync::Mutex::new(client.clone()),
                 reopen: tokio::sync::Mutex::new(()),
-                session_timeout,
                 secured,
                 wakeups: AtomicU64::new(0),
             }),
@@ -112,9 +113,10 @@ impl ZkLock {
         &self.inner.config
     }
 
-    /// The session timeout the server granted: the lease of every lock of this client.
+    /// The session timeout the server granted the current session: the lease of every lock
+    /// acquired on it.
     pub fn session_timeout(&self) -> Duration {
-        self.inner.session_timeout
+        self.current().session_timeout()
     }
 
     /// How many times a waiter of this client was woken by its predecessor's watch (for tests
@@ -218,25 +220,49 @@ impl ZkLock {
                         Err(e) => return Err(self.error(e)),
                     }
                 }
-                Err(zookeeper_client::Error::ConnectionLoss) => {
-                    if let Ok(children) = client.list_children(parent).await {
-                        if let Some(mine) = children.into_iter().find(|c| c.starts_with(&prefix)) {
-                            if let Ok(Some(stat)) =
-                                client.check_stat(&format!("{parent}/{mine}")).await
-                            {
-                                if stat.ephemeral_owner == client.session_id().0 {
-                                    pending.armed = false;
-                                    return Ok((mine, stat));
-                                }
-                            }
+                Err(e) if transient(&e) => {
+                    // The create may have been applied. Create again only once the lookup says
+                    // for certain that it was not: a second node would queue behind the first,
+                    // an orphan of this session that nobody deletes.
+                    match self.find_own(client, parent, &prefix).await? {
+                        Some(found) => {
+                            pending.armed = false;
+                            return Ok(found);
                         }
+                        None => last = Some(e),
                     }
-                    last = Some(zookeeper_client::Error::ConnectionLoss);
                 }
                 Err(e) => return Err(self.error(e)),
             }
         }
         Err(self.error(last.unwrap_or(zookeeper_client::Error::ConnectionLoss)))
+    }
+
+    /// This session's node under `parent` whose name starts with `prefix`, if one exists — a
+    /// definite answer: a lookup that fails on a connection loss is repeated, while the
+    /// session lives.
+    async fn find_own(
+        &self,
+        client: &Client,
+        parent: &str,
+        prefix: &str,
+    ) -> Result<Option<(String, Stat)>> {
+        let children = match until_definite(client, || client.list_children(parent)).await {
+            Ok(c) => c,
+            Err(zookeeper_client::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(self.error(e)),
+        };
+        let Some(mine) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{parent}/{mine}");
+        match until_definite(client, || client.check_stat(&path)).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => {
+                Ok(Some((mine, stat)))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(self.error(e)),
+        }
     }
 
     /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, `t` = start of the request
@@ -338,7 +364,9 @@ impl ZkLock {
         {
             Ok(Some(confirmed)) => {
                 guard.path = None;
-                let st = self.inner.session_timeout;
+                // This session's own timeout: a re-opened session may have been granted
+                // another one than the first.
+                let st = client.session_timeout();
                 let renewal = match opts.renewal {
                     Renewal::Manual => Renewal::Auto { max_hold: None },
                     auto => auto,
@@ -360,12 +388,16 @@ impl ZkLock {
                 ))))
             }
             Ok(None) => {
-                // Not ours: leave no node behind for later waiters to queue behind.
+                // Not ours: leave no node behind for later waiters to queue behind (retried
+                // in the background if the connection drops under the delete).
                 guard.path = None;
-                match client.delete(&path, None).await {
-                    Ok(()) | Err(zookeeper_client::Error::NoNode) => Ok(None),
-                    Err(e) => Err(self.error(e)),
+                if let Some(deleting) = delete_in_background(client, &path) {
+                    match deleting.await {
+                        Ok(Err(e)) => return Err(self.error(e)),
+                        _ => {}
+                    }
                 }
+                Ok(None)
             }
             Err(e) => Err(e),
         }
@@ -432,9 +464,10 @@ impl Drop for PendingNode {
             std::mem::take(&mut self.prefix),
         );
         rt.spawn(async move {
-            if let Ok(children) = client.list_children(&parent).await {
+            if let Ok(children) = until_definite(&client, || client.list_children(&parent)).await {
                 for child in children.iter().filter(|c| c.starts_with(&prefix)) {
-                    let _ = client.delete(&format!("{parent}/{child}"), None).await;
+                    let path = format!("{parent}/{child}");
+                    let _ = until_definite(&client, || client.delete(&path, None)).await;
                 }
             }
         });
@@ -450,14 +483,66 @@ struct NodeGuard {
 impl Drop for NodeGuard {
     fn drop(&mut self) {
         if let Some(path) = self.path.take() {
-            let delete = self.client.delete(&path, None);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let _ = delete.await;
-                });
-            }
+            drop(delete_in_background(&self.client, &path));
         }
     }
+}
+
+/// Whether a failed request may succeed on the same session once the connection is back.
+fn transient(e: &zookeeper_client::Error) -> bool {
+    use zookeeper_client::Error as Z;
+    matches!(
+        e,
+        Z::ConnectionLoss | Z::Timeout | Z::Throttled | Z::SessionMoved | Z::Custom(_)
+    )
+}
+
+/// Repeats `request` while it fails transiently and `client`'s session lives, with a back-off
+/// from 20 ms to 1 s: a request that must have a definite answer (a delete that frees a lock,
+/// a lookup that decides whether to create) must not give up on a connection loss, because
+/// the session — and whatever it created — survives the reconnect.
+async fn until_definite<T, F, Fut>(
+    client: &Client,
+    mut request: F,
+) -> std::result::Result<T, zookeeper_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, zookeeper_client::Error>>,
+{
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match request().await {
+            Err(e) if transient(&e) && !client.state().is_terminated() => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Deletes this session's node at `path` in a task of its own, retrying until it is gone or
+/// the session has ended (which removes it too): a delete lost with the connection would
+/// otherwise leave the node — and the lock — held for the life of the session. The task
+/// outlives a cancelled caller; `Ok(true)`: deleted now, `Ok(false)`: already gone.
+fn delete_in_background(
+    client: &Client,
+    path: &str,
+) -> Option<tokio::task::JoinHandle<std::result::Result<bool, zookeeper_client::Error>>> {
+    let rt = tokio::runtime::Handle::try_current().ok()?; // none: the node goes with the session
+    let (client, path) = (client.clone(), path.to_string());
+    Some(rt.spawn(async move {
+        let r = until_definite(&client, || client.delete(&path, None)).await;
+        match r {
+            Ok(()) => Ok(true),
+            Err(zookeeper_client::Error::NoNode) => Ok(false),
+            Err(_) if client.state().is_terminated() => Ok(false),
+            Err(e) => {
+                tracing::warn!(node = %path, error = %e, "could not delete a lock node");
+                Err(e)
+            }
+        }
+    }))
 }
 
 /// Every contender among a lock node's children, lowest sequence (the holder) first: any
@@ -539,7 +624,7 @@ impl fmt::Debug for ZkLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLock")
             .field("config", &self.inner.config)
-            .field("session_timeout", &self.inner.session_timeout)
+            .field("session_timeout", &self.session_timeout())
             .finish()
     }
 }
@@ -579,11 +664,38 @@ impl LeaseOps for ZkLeaseOps {
         }
     }
 
+    /// Deletes the node; a delete lost with the connection is retried (in a task of its own,
+    /// which a cancelled `release` does not stop) until it succeeds or the session ends. Waits
+    /// for that at most one session timeout: then `Unavailable`, and the retries go on.
     async fn release(&self) -> Result<()> {
-        match self.client.delete(&self.path, None).await {
-            Ok(()) => Ok(()),
-            Err(zookeeper_client::Error::NoNode) => Err(Error::NotHeld { name: self.name() }),
-            Err(e) => Err(map_error(e, &self.config)),
+        let first = self.client.delete(&self.path, None).await;
+        match first {
+            Ok(()) => return Ok(()),
+            Err(zookeeper_client::Error::NoNode) => {
+                return Err(Error::NotHeld { name: self.name() })
+            }
+            Err(ref e) if !transient(e) => return Err(map_error(e.clone(), &self.config)),
+            Err(_) => {}
+        }
+        let Some(deleting) = delete_in_background(&self.client, &self.path) else {
+            return Err(Error::unavailable(
+                BACKEND,
+                "no runtime to retry the delete on",
+            ));
+        };
+        match tokio::time::timeout(self.session_timeout, deleting).await {
+            // After a lost request, "no node" is most likely that request having landed.
+            Ok(Ok(Ok(_))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(map_error(e, &self.config)),
+            Ok(Err(_)) => Err(Error::unavailable(BACKEND, "the delete task failed")),
+            Err(_) => Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "lock node {} not deleted within {:?} (connection lost); retrying until the \
+                     session ends",
+                    self.path, self.session_timeout
+                ),
+            )),
         }
     }
 
@@ -594,12 +706,7 @@ impl LeaseOps for ZkLeaseOps {
     /// The session is shared by every lock of the client, so it cannot be left to expire for
     /// one lock: abandoning deletes the node in the background, as dropping does.
     fn abandon(&self) {
-        let delete = self.client.delete(&self.path, None);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = delete.await;
-            });
-        }
+        drop(delete_in_background(&self.client, &self.path));
     }
 }
 

@@ -51,6 +51,7 @@ fn holder_blackholed_past_the_session_timeout_knows_before_anyone_is_granted() {
         let session = Duration::from_secs(2);
         let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
         let holder = zk(&proxy.addr().to_string(), session).await;
+        let first_timeout = holder.session_timeout();
         let other = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
         let name = fresh_name("zk-partition");
         let lease = Arc::new(
@@ -98,6 +99,16 @@ fn holder_blackholed_past_the_session_timeout_knows_before_anyone_is_granted() {
             }
         };
         assert_eq!(again.state(), LeaseState::Held);
+        // The new session has the configured timeout too, and the new lease is paced on it.
+        assert_eq!(
+            holder.session_timeout(),
+            first_timeout,
+            "re-opened session's timeout"
+        );
+        assert!(
+            again.valid_until() <= Instant::now() + holder.session_timeout(),
+            "the new lease's validity exceeds its session's timeout"
+        );
         assert_eq!(lease.state(), LeaseState::Lost, "the old lease stays lost");
         again.release().await.unwrap();
         drop(proxy);
@@ -123,6 +134,16 @@ fn short_blackhole_is_survived_and_nobody_else_gets_the_lock() {
         // the time after which an unconfirmed renewal counts as a risk.
         tokio::time::sleep(session / 3).await;
         proxy.blackhole();
+        let cut_at = Instant::now();
+        let at_risk = {
+            let lease = lease.clone();
+            tokio::spawn(async move {
+                while lease.state() == LeaseState::Held {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Instant::now()
+            })
+        };
         let end = Instant::now() + Duration::from_millis(2500);
         while Instant::now() < end {
             assert!(
@@ -136,6 +157,15 @@ fn short_blackhole_is_survived_and_nobody_else_gets_the_lock() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         proxy.heal();
+        // The documented bound: the next confirmation (every third of the session timeout)
+        // plus a sixth for a request that hangs.
+        let risk = at_risk.await.unwrap() - cut_at;
+        assert!(
+            risk <= session / 2 + Duration::from_millis(100),
+            "AtRisk only {risk:?} after the connection went dark (bound {:?})",
+            session / 2
+        );
+        eprintln!("AtRisk {risk:?} after the blackhole");
         let seen = states.await.unwrap();
         assert!(
             seen.contains(&LeaseState::AtRisk),
@@ -279,5 +309,54 @@ fn twenty_waiters_are_woken_once_each() {
             wakeups >= 15,
             "only {wakeups} wake-ups: were waiters granted without their predecessor's release?"
         );
+    });
+}
+
+/// A release whose delete is lost with the connection (the session survives the reconnect) is
+/// retried: the lock frees while the holder's session lives on, not when it ends.
+#[test]
+fn a_release_lost_with_the_connection_is_retried() {
+    serial(async {
+        let session = Duration::from_secs(6);
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let holder = zk(&proxy.addr().to_string(), session).await;
+        let other = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let name = fresh_name("zk-lost-delete");
+        let lease = holder
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let session_id = holder.client().session_id();
+        // The delete is held back in the proxy, then the connection is cut under it: it never
+        // reaches the server, and the client reconnects at once to the same session.
+        proxy.blackhole();
+        let release = tokio::spawn(lease.release());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        proxy.cut();
+        // The cut must take the held-back delete with it before anything flows again.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        proxy.heal();
+        let released = tokio::time::timeout(session, release).await;
+        eprintln!("release returned {released:?}");
+        let cut_at = Instant::now();
+        let next = other
+            .acquire(&name, &LockOptions::new(session).wait_for(session / 2))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "lock not freed within {:?} of a release lost with the connection (the \
+                     node stays while the session lives): {e}",
+                    session / 2
+                )
+            });
+        let client = holder.client();
+        assert_eq!(
+            client.session_id(),
+            session_id,
+            "the holder's session ended: the lock was freed by expiry, not by the delete"
+        );
+        assert!(!client.state().is_terminated(), "holder session ended");
+        eprintln!("freed {:?} after the cut", cut_at.elapsed());
+        next.release().await.unwrap();
     });
 }
