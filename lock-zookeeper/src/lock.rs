@@ -392,9 +392,8 @@ impl ZkLock {
                 // in the background if the connection drops under the delete).
                 guard.path = None;
                 if let Some(deleting) = delete_in_background(client, &path) {
-                    match deleting.await {
-                        Ok(Err(e)) => return Err(self.error(e)),
-                        _ => {}
+                    if let Ok(Err(e)) = deleting.await {
+                        return Err(self.error(e));
                     }
                 }
                 Ok(None)
