@@ -328,8 +328,15 @@ impl EtcdLock {
                 msg = stream.message() => match msg {
                     Ok(Some(resp)) if resp.created() => {
                         let at = resp.header().map_or(i64::MAX, |h| h.revision());
-                        if at > seen && !self.still_there(&pred, pred_rev).await? {
-                            return Ok(Woken::Deleted);
+                        if at > seen {
+                            // Deleted before the watch began? Only a definite answer counts:
+                            // an unanswered re-check sends the caller round again (it looks at
+                            // the whole queue), never to sleep until its deadline.
+                            match self.still_there(&pred, pred_rev).await? {
+                                Some(true) => {}
+                                Some(false) => return Ok(Woken::Deleted),
+                                None => return Ok(Woken::Broken),
+                            }
                         }
                     }
                     Ok(Some(resp)) => {
@@ -349,15 +356,17 @@ impl EtcdLock {
         }
     }
 
-    /// Whether this incarnation of `key` still exists (a transient error counts as "yes":
-    /// the watch decides).
-    async fn still_there(&self, key: &[u8], rev: i64) -> Result<bool> {
+    /// Whether this incarnation of `key` still exists; `None` when the server did not answer
+    /// (a transient error is no evidence either way).
+    async fn still_there(&self, key: &[u8], rev: i64) -> Result<Option<bool>> {
         let r = self
             .call(|mut c| async move { c.get(key, Some(GetOptions::new().with_keys_only())).await })
             .await;
         match r {
-            Ok(r) => Ok(r.kvs().first().map(|kv| kv.create_revision()) == Some(rev)),
-            Err(e) if e.is_retryable() => Ok(true),
+            Ok(r) => Ok(Some(
+                r.kvs().first().map(|kv| kv.create_revision()) == Some(rev),
+            )),
+            Err(e) if e.is_retryable() => Ok(None),
             Err(e) => Err(e),
         }
     }
