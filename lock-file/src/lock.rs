@@ -96,9 +96,30 @@ impl FileLock {
         self.inner.dir.join(format!("{name}.lock"))
     }
 
-    fn waker(&self, name: &LockName) -> Arc<Notify> {
+    /// How many names this `FileLock` (and its clones) keeps a wake-up entry for: one per
+    /// name with a waiter or a held lease, none for names merely used before. A diagnostic.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// let locks = lock_file::FileLock::open(std::env::temp_dir().join("lock-file-tracked")).await?;
+    /// assert_eq!(locks.tracked_names(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn tracked_names(&self) -> usize {
+        self.inner
+            .wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    fn waker(&self, name: &LockName) -> Waker {
         let mut w = self.inner.wakers.lock().unwrap_or_else(|p| p.into_inner());
-        w.entry(name.clone()).or_default().clone()
+        Waker {
+            notify: w.entry(name.clone()).or_default().clone(),
+            inner: self.inner.clone(),
+            name: name.clone(),
+        }
     }
 
     /// One attempt, off the runtime's threads. Cancel-safe: if this future is dropped, the
@@ -291,6 +312,34 @@ fn file_id(_m: &std::fs::Metadata) -> FileId {
     (0, 0) // no cheap identity: deletion of a held file goes undetected here
 }
 
+/// A waiter's or a lease's handle on a name's wake-up entry. The entry goes with the last
+/// handle, so the map holds only names somebody waits on or holds.
+struct Waker {
+    notify: Arc<Notify>,
+    inner: Arc<Inner>,
+    name: LockName,
+}
+
+impl std::ops::Deref for Waker {
+    type Target = Notify;
+    fn deref(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for Waker {
+    fn drop(&mut self) {
+        let mut w = self.inner.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        // Handles are only made under this lock, so the count cannot grow meanwhile: two is
+        // the map's and this one's.
+        if Arc::strong_count(&self.notify) == 2
+            && w.get(&self.name).is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+        {
+            w.remove(&self.name);
+        }
+    }
+}
+
 /// The identity of what `path` names now, `None` if nothing.
 fn path_id(path: &Path) -> io::Result<Option<FileId>> {
     match std::fs::metadata(path) {
@@ -439,7 +488,7 @@ struct FileLeaseOps {
     id: FileId,
     ttl: Duration,
     name: LockName,
-    waker: Arc<Notify>,
+    waker: Waker,
 }
 
 impl fmt::Debug for FileLeaseOps {
