@@ -333,7 +333,8 @@ impl Drop for Waker {
         // Handles are only made under this lock, so the count cannot grow meanwhile: two is
         // the map's and this one's.
         if Arc::strong_count(&self.notify) == 2
-            && w.get(&self.name).is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+            && w.get(&self.name)
+                .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
         {
             w.remove(&self.name);
         }
