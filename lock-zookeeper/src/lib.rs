@@ -4,8 +4,18 @@
 //! ephemeral-sequential recipe: a container node per lock name, one
 //! `_c_<uuid>-lock-<seq>` node per contender, the lowest sequence holds, each waiter watches
 //! only its predecessor (no herd, FIFO), a contender that loses the connection while creating
-//! its node finds it again by its uuid instead of leaving an orphan behind. See [`ZkLock`] for
-//! how the session serves as every lock's lease and what the TTL option means here.
+//! its node finds it again by its uuid instead of leaving an orphan behind (it creates again
+//! only once a lookup said for certain that the first create was not applied). See [`ZkLock`]
+//! for how the session serves as every lock's lease and what the TTL option means here.
+//!
+//! **Other clients' nodes count.** Every child of the lock node whose name ends in a ZooKeeper
+//! sequence suffix (ten digits) is a contender, ordered by that number, whoever made it:
+//! Curator's `_c_<uuid>-lock-`, kazoo's `<id>__lock__`, the WriteLock recipe's `x-<session>-`.
+//! A foreign holder therefore holds the lock for distlock too, in waiting and in `inspect`.
+//!
+//! **Deletes are retried.** A lock node whose delete is lost with the connection would stay
+//! for the life of the session (which survives the reconnect); the delete is repeated until it
+//! succeeds or the session ends. `release` waits for that at most one session timeout.
 //!
 //! Built on `zookeeper-client` with its `tokio` feature (without it the client panics with
 //! "no spawner"); the crate is re-exported.
