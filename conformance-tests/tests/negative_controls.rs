@@ -4,6 +4,16 @@
 use conformance_tests::controls::{Flaw, FlawedHarness};
 use conformance_tests::{run_case, CASES};
 
+/// The cases' timing margins (slack 150 ms on a 200 ms TTL) assume the runtime is not
+/// starved; sixteen controls at once on a two-core machine made a correct wrapper's wait end
+/// 200 ms late (`wait_timeout_is_respected`, seen once in a full scripts/test.sh run). One
+/// control at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn case(name: &str) -> &'static conformance_tests::Case {
     CASES
         .iter()
@@ -13,6 +23,7 @@ fn case(name: &str) -> &'static conformance_tests::Case {
 
 #[test]
 fn unbroken_wrapper_passes_every_case() {
+    let _serial = serial();
     let h = FlawedHarness::new(Flaw::None);
     let failures: Vec<String> = CASES
         .iter()
@@ -29,6 +40,7 @@ macro_rules! control {
     ($test:ident, $flaw:expr) => {
         #[test]
         fn $test() {
+            let _serial = serial();
             let flaw = $flaw;
             let h = FlawedHarness::new(flaw);
             let names = flaw.caught_by();

@@ -189,7 +189,18 @@ impl RedisNode {
         )
         .await
         .map_err(|_| self.unavailable("no answer to INFO within the timeout"))?
-        .map_err(|e| self.connect_error(&e))?;
+        .map_err(|e| {
+            if e.to_string().contains("NOPERM") {
+                Error::Config(format!(
+                    "Redis at {}: user {:?} may not run INFO, which the driver needs to check \
+                     that the server cannot evict lock keys; grant it +info",
+                    self.config.endpoint(),
+                    self.config.user().unwrap_or("default")
+                ))
+            } else {
+                self.connect_error(&e)
+            }
+        })?;
         let facts = ServerFacts::parse(&reply);
         if let Some(risk) = facts.eviction_risk() {
             if !self.config.allow_eviction() {
