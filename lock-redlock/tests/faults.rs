@@ -296,13 +296,22 @@ fn slow_minority_does_not_hold_up_a_grant_and_still_gets_every_request() {
         // Every master must have the scripts cached: after `redlock5` was restarted (another
         // test), its first EVALSHA answers NOSCRIPT, and the load-and-retry belongs to a request
         // future that the grant drops at the majority — that minority write never lands.
-        a.try_acquire(&name, &opts)
+        let warm = fresh_name("slow-minority-warm-up");
+        a.try_acquire(&warm, &opts)
             .await
             .unwrap()
             .expect("free")
             .release()
             .await
             .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while keys_present(&warm).await > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "warm-up release never reached every master"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         for p in &proxies[3..] {
             p.delay(Duration::from_millis(150));
         }
