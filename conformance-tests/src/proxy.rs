@@ -2,8 +2,8 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,7 +27,37 @@ struct Shared {
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
     accepted: AtomicU64,
+    /// See [`FaultProxy::lose_replies`]: the bytes to look for and how many more times.
+    trap: Mutex<Option<(Vec<u8>, u32)>>,
 }
+
+impl Shared {
+    /// Whether this client chunk springs the trap (and counts it down).
+    fn springs_trap(&self, chunk: &[u8]) -> bool {
+        let Ok(mut trap) = self.trap.lock() else {
+            return false;
+        };
+        let Some((pattern, left)) = trap.as_mut() else {
+            return false;
+        };
+        if pattern.is_empty()
+            || !chunk
+                .windows(pattern.len())
+                .any(|w| w == pattern.as_slice())
+        {
+            return false;
+        }
+        *left -= 1;
+        if *left == 0 {
+            *trap = None;
+        }
+        true
+    }
+}
+
+/// How long a trapped connection stays open after its request was forwarded: long enough for a
+/// loopback server to apply the request, so the client loses a reply to something that happened.
+const TRAP_LINGER: Duration = Duration::from_millis(100);
 
 /// A TCP proxy on `127.0.0.1` in front of one upstream server, with faults switched at run time.
 ///
@@ -64,6 +94,7 @@ impl FaultProxy {
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
+            trap: Mutex::new(None),
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -122,6 +153,30 @@ impl FaultProxy {
     /// Back to plain forwarding.
     pub fn heal(&self) {
         self.shared.mode.send_replace(Mode::Pass);
+    }
+
+    /// The next `times` client requests that contain `pattern` reach the server, but their
+    /// replies never come back: the proxy swallows everything the server sends on that
+    /// connection from then on and closes it shortly after (100 ms, so the server has applied
+    /// the request). What a connection lost between a request and its reply looks like — the
+    /// client cannot tell whether the request took effect. Matching is on the bytes of one
+    /// read, so pick a pattern that a single request carries whole (a path, a key).
+    ///
+    /// ```no_run
+    /// # use conformance_tests::FaultProxy;
+    /// # let proxy = FaultProxy::start("127.0.0.1:12181".parse()?)?;
+    /// proxy.lose_replies(b"/distlock/my-lock", 2); // e.g. a create, then the lookup after it
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn lose_replies(&self, pattern: &[u8], times: u32) {
+        if let Ok(mut trap) = self.shared.trap.lock() {
+            *trap = (times > 0).then(|| (pattern.to_vec(), times));
+        }
+    }
+
+    /// Whether requests armed by [`lose_replies`](Self::lose_replies) are still to come.
+    pub fn trap_armed(&self) -> bool {
+        self.shared.trap.lock().is_ok_and(|t| t.is_some())
     }
 
     /// Bytes forwarded from clients to the server so far.
@@ -188,6 +243,7 @@ async fn connection(
     mut cuts: watch::Receiver<u64>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let trapped = Trapped::default();
     let work = async {
         // A partitioned network does not let the connection reach the server either.
         wait_passable(&mut shared.mode.subscribe()).await?;
@@ -196,10 +252,26 @@ async fn connection(
         let _ = server.set_nodelay(true);
         let (cr, cw) = client.into_split();
         let (sr, sw) = server.into_split();
-        let up = pump(cr, sw, shared.mode.subscribe(), &shared.bytes_up);
-        let down = pump(sr, cw, shared.mode.subscribe(), &shared.bytes_down);
+        let up = pump(
+            cr,
+            sw,
+            shared.mode.subscribe(),
+            Direction::Up(&shared),
+            &trapped,
+        );
+        let down = pump(
+            sr,
+            cw,
+            shared.mode.subscribe(),
+            Direction::Down(&shared),
+            &trapped,
+        );
         tokio::join!(up, down);
         Some(())
+    };
+    let linger = async {
+        trapped.notified().await;
+        tokio::time::sleep(TRAP_LINGER).await;
     };
     // Biased: a cut that comes with a heal (held-back bytes released at the same moment) must
     // drop those bytes, never let them through.
@@ -207,8 +279,39 @@ async fn connection(
         biased;
         _ = cuts.changed() => {}
         _ = shutdown.changed() => {}
+        _ = linger => {}
         _ = work => {}
     }
+}
+
+/// One connection's trap state: once sprung, nothing more reaches the client.
+#[derive(Default)]
+struct Trapped {
+    sprung: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Trapped {
+    fn spring(&self) {
+        self.sprung.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    fn is_sprung(&self) -> bool {
+        self.sprung.load(Ordering::SeqCst)
+    }
+
+    async fn notified(&self) {
+        if !self.is_sprung() {
+            self.notify.notified().await;
+        }
+    }
+}
+
+/// Which way a pump forwards; the shared state counts its bytes.
+enum Direction<'a> {
+    Up(&'a Shared),
+    Down(&'a Shared),
 }
 
 /// Returns once data may flow, after the delay if one is set; `None` if the proxy is gone.
@@ -230,7 +333,8 @@ async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
-    counter: &AtomicU64,
+    direction: Direction<'_>,
+    trapped: &Trapped,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -241,6 +345,17 @@ async fn pump(
         if wait_passable(&mut mode).await.is_none() {
             break;
         }
+        let counter = match direction {
+            Direction::Up(shared) => {
+                // Sprung before the request is forwarded, so no part of its reply can slip by.
+                if !trapped.is_sprung() && shared.springs_trap(&buf[..n]) {
+                    trapped.spring();
+                }
+                &shared.bytes_up
+            }
+            Direction::Down(_) if trapped.is_sprung() => continue,
+            Direction::Down(shared) => &shared.bytes_down,
+        };
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }

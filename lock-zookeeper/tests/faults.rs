@@ -360,3 +360,64 @@ fn a_release_lost_with_the_connection_is_retried() {
         next.release().await.unwrap();
     });
 }
+
+/// A create whose reply is lost with the connection, then the lookup after it lost too: the
+/// client must not create a second node until it knows the first is absent. A second node
+/// would queue behind the first — an orphan of its own session that nobody deletes — and the
+/// client would wait behind itself until its deadline, long after the lock was free.
+#[test]
+fn a_create_lost_with_the_connection_is_found_not_repeated() {
+    serial(async {
+        let session = Duration::from_secs(6);
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let waiter = zk(&proxy.addr().to_string(), session).await;
+        let holder = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let name = fresh_name("zk-lost-create");
+        // Held by another client, so the lock's node exists and the waiter's create is the
+        // first request that names it.
+        let held = holder
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let parent = format!("{}/{}", holder.config().base_path(), name);
+        proxy.lose_replies(parent.as_bytes(), 2);
+        let w = waiter.clone();
+        let n = name.clone();
+        let waiting = tokio::spawn(async move {
+            w.acquire(
+                &n,
+                &LockOptions::new(session).wait_for(Duration::from_secs(8)),
+            )
+            .await
+        });
+        let start = Instant::now();
+        while proxy.trap_armed() && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !proxy.trap_armed(),
+            "the waiter sent fewer than 2 requests naming {parent} within 5 s (create, lookup)"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let lease = tokio::time::timeout(Duration::from_secs(3), waiting)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "waiter not granted within 3 s of the release: does it wait behind a \
+                     second node of its own session (a blind create after a lost reply)?"
+                )
+            })
+            .unwrap()
+            .unwrap_or_else(|e| panic!("waiter failed after the lost replies: {e}"));
+        eprintln!("granted {:?} after the release", released.elapsed());
+        let children = holder.client().list_children(&parent).await.unwrap();
+        assert_eq!(
+            children.len(),
+            1,
+            "the waiter's session has more than one node under {parent}: {children:?}"
+        );
+        lease.release().await.unwrap();
+    });
+}
