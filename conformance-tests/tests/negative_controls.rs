@@ -85,8 +85,47 @@ control!(
     Flaw::MaxHoldFreesBeforeLost
 );
 
+control!(
+    catches_expired_takeover_race,
+    Flaw::ExpiredTakeoverNotAtomic
+);
+control!(
+    catches_inspect_of_expired_holder,
+    Flaw::InspectShowsExpiredHolder
+);
+control!(
+    catches_inspect_frozen_remaining,
+    Flaw::InspectRemainingIsTheTtl
+);
+control!(catches_ttl_rounded_down, Flaw::TtlRoundedDown);
+control!(catches_valid_until_from_reply, Flaw::ValidUntilFromReply);
+control!(catches_bounded_wait_that_polls, Flaw::BoundedWaitPolls);
+control!(catches_try_acquire_that_waits, Flaw::TryAcquireWaits);
+control!(
+    catches_timed_out_waiter_left_queued,
+    Flaw::TimedOutWaiterStaysQueued
+);
+control!(catches_no_fifo_after_expiry, Flaw::NoFifoAfterExpiry);
+control!(
+    catches_stale_renew_extending_new_lease,
+    Flaw::StaleRenewExtendsSameClient
+);
+control!(catches_release_of_expired_ok, Flaw::ReleaseOfExpiredIsOk);
+control!(catches_drop_that_keeps_the_lock, Flaw::DropKeepsLock);
+control!(
+    catches_abandon_without_lost_signal,
+    Flaw::AbandonKeepsLostPending
+);
+control!(catches_max_ttl_not_enforced, Flaw::MaxTtlNotEnforced);
+control!(catches_truncated_names, Flaw::NameTruncated);
+control!(catches_escaping_that_collides, Flaw::EscapingNotInjective);
+control!(
+    catches_counter_forgetting_idle_names,
+    Flaw::CounterForgetsIdleNames
+);
+
 #[test]
 fn every_flaw_has_a_control_test() {
     // Keeps this file in step with Flaw::ALL.
-    assert_eq!(Flaw::ALL.len(), 15);
+    assert_eq!(Flaw::ALL.len(), 32);
 }

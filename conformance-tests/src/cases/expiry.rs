@@ -1,10 +1,11 @@
 //! Expiry: a vanished holder frees the lock after its TTL, never before its `valid_until`.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use lock_core::LeaseState;
+use lock_core::{Lease, LeaseState};
 
-use super::{client, held, opts, sleep, within};
+use super::{acquire_when_free, client, held, long_opts, opts, sleep, sleep_until, within};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// A holder that vanishes (abandons its lease) blocks others until its `valid_until` and no
@@ -108,5 +109,159 @@ pub async fn unrenewed_lease_turns_lost_at_valid_until(h: &dyn Harness) -> Resul
         lease.state()
     );
     let _ = lease.release().await;
+    Ok(())
+}
+
+/// Once a holder has expired, clients racing for the lock get it exactly once: taking over an
+/// expired lock is as atomic as taking a free one. Several rounds, six racers each, all
+/// trying from the holder's `valid_until` on.
+pub async fn expired_lock_goes_to_exactly_one_racer(h: &dyn Harness) -> Result<(), Failure> {
+    const RACERS: usize = 6;
+    const ROUNDS: usize = 3;
+    let t = h.timing();
+    let holder = client(h).await?;
+    let mut racers = Vec::new();
+    for _ in 0..RACERS {
+        racers.push(client(h).await?);
+    }
+    for round in 0..ROUNDS {
+        let name = fresh_name("expired-race");
+        let t0 = Instant::now();
+        let lease = held(holder.try_acquire(&name, &opts(h)).await?, "holder")?;
+        let (vu, ttl) = (lease.valid_until(), lease.ttl());
+        lease.abandon();
+        let give_up = t0 + ttl + t.slack * 2;
+        let start = Arc::new(tokio::sync::Barrier::new(RACERS));
+        let mut tasks = Vec::new();
+        for c in &racers {
+            let (c, name, o, start) = (c.clone(), name.clone(), long_opts(h), start.clone());
+            tasks.push(tokio::spawn(async move {
+                sleep_until(vu).await;
+                start.wait().await;
+                while Instant::now() < give_up {
+                    // Winners keep their lease to the end of the round: a second winner can
+                    // only be a second holder.
+                    if let Some(l) = c.try_acquire(&name, &o).await? {
+                        return Ok::<_, Failure>(Some((Instant::now(), l)));
+                    }
+                    sleep(Duration::from_millis(2)).await;
+                }
+                Ok(None)
+            }));
+        }
+        let mut winners = Vec::new();
+        for task in tasks {
+            if let Some(w) = within(ttl * 4 + t.slack * 4, "racer", task)
+                .await?
+                .map_err(|e| Failure(format!("racer panicked: {e}")))??
+            {
+                winners.push(w);
+            }
+        }
+        let count = winners.len();
+        let times: Vec<_> = winners
+            .iter()
+            .map(|(at, _)| at.saturating_duration_since(t0))
+            .collect();
+        for (_, l) in winners {
+            l.release().await?;
+        }
+        ensure!(
+            count <= 1,
+            "round {round}: {count} of {RACERS} clients racing for an expired lock were all \
+             granted it (at {times:?} after the first grant): taking over an expired lock is \
+             not atomic"
+        );
+        ensure!(
+            count == 1,
+            "round {round}: the expired lock was not taken over by any of {RACERS} racers \
+             within TTL {ttl:?} + 2 × slack of its grant"
+        );
+    }
+    Ok(())
+}
+
+/// A TTL that is no round number (here TTL × 4/3 + 7.777 ms) lasts on the backend at least
+/// until the lease's `valid_until`: probes by another client in the last stretch before it
+/// never get the lock. Catches a TTL truncated on its way to the server.
+pub async fn odd_ttl_holds_until_valid_until(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("odd-ttl");
+    let odd = t.ttl + t.ttl / 3 + Duration::from_micros(7_777);
+    let lease = held(a.try_acquire(&name, &opts(h).ttl(odd)).await?, "holder")?;
+    let (vu, granted) = (lease.valid_until(), lease.ttl());
+    lease.abandon();
+    sleep_until(vu - t.slack.min(odd / 2)).await;
+    let mut probes = 0;
+    while Instant::now() + Duration::from_millis(3) < vu {
+        probes += 1;
+        if let Some(l) = b.try_acquire(&name, &long_opts(h)).await? {
+            let early = vu.saturating_duration_since(Instant::now());
+            l.release().await?;
+            return Err(Failure(format!(
+                "a lease with TTL {odd:?} (granted {granted:?}) was taken over {early:?} \
+                 before its valid_until (probe {probes}): the backend kept it for less than \
+                 the lease claims — a TTL rounded down or cut on its way to the server?"
+            )));
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    let next = acquire_when_free(
+        b.as_ref(),
+        &name,
+        &long_opts(h),
+        granted + t.slack,
+        "taking over the odd-TTL lock after it expired",
+    )
+    .await?;
+    next.release().await?;
+    Ok(())
+}
+
+/// `valid_until` counts from before the request was sent, not from its reply: through a
+/// client whose traffic is delayed (the reply arrives long after the server started the TTL),
+/// `valid_until` is at most the start of the call plus the granted TTL (2 ms of tolerance for
+/// the driver's own clock reading) — for `try_acquire`,
+/// `acquire` and `renew`. Needs [`Harness::delayed_client`].
+pub async fn valid_until_counts_from_before_the_request(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
+    let slow = match h.delayed_client(delay).await {
+        Some(r) => r.map_err(|e| Failure(format!("could not create a delayed client: {e}")))?,
+        None => return Err(Failure("the harness gave no delayed client".into())),
+    };
+    let name = fresh_name("vu-before");
+    let check = |what: &str, lease: &dyn Lease, before: Instant, after: Instant| {
+        // The driver reads its clock a little after the call began; 2 ms covers that, while a
+        // reply-based validity is late by the whole round trip (2 × delay).
+        let limit = before + lease.ttl() + Duration::from_millis(2);
+        ensure!(
+            lease.valid_until() <= limit,
+            "after {what} through a client delayed {delay:?} each way, valid_until is {:?} \
+             past the call's start + TTL {:?} (the call took {:?}): validity is measured \
+             from the reply, not from before the request",
+            lease.valid_until() - limit,
+            lease.ttl(),
+            after - before
+        );
+        Ok(())
+    };
+    let o = opts(h).ttl(t.ttl * 4);
+    let before = Instant::now();
+    let lease = held(slow.lock.try_acquire(&name, &o).await?, "try_acquire")?;
+    check("try_acquire", lease.as_ref(), before, Instant::now())?;
+    let before = Instant::now();
+    lease.renew().await?;
+    check("renew", lease.as_ref(), before, Instant::now())?;
+    lease.release().await?;
+    let before = Instant::now();
+    let lease = slow
+        .lock
+        .acquire(&name, &o.clone().wait_for(t.ttl * 4))
+        .await?;
+    check("acquire", lease.as_ref(), before, Instant::now())?;
+    lease.release().await?;
+    drop(slow);
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use lock_core::{Fencing, FencingToken, Lease};
 
-use super::{client, held, long_opts, opts, sleep_until, within};
+use super::{acquire_when_free, client, held, long_opts, opts, sleep, sleep_until};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 fn token(lease: &dyn Lease) -> Result<FencingToken, Failure> {
@@ -43,7 +43,14 @@ pub async fn tokens_increase_across_holders(h: &dyn Harness) -> Result<(), Failu
     let name = fresh_name("token-seq");
     let mut last: Option<FencingToken> = None;
     for i in 0..6 {
-        let lease = clients[i % 2].acquire(&name, &long_opts(h)).await?;
+        let lease = acquire_when_free(
+            clients[i % 2].as_ref(),
+            &name,
+            &long_opts(h),
+            h.timing().slack * 4,
+            &format!("grant {i} of a lock released just before"),
+        )
+        .await?;
         let t = token(lease.as_ref())?;
         if let Some(prev) = last {
             ensure!(
@@ -63,12 +70,21 @@ pub async fn tokens_follow_grant_order_under_contention(h: &dyn Harness) -> Resu
     let name = fresh_name("token-race");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
+    // Twelve grants in all, each held for an instant: every waiter is served well within this.
+    let bound = h.timing().slack * 24;
     for _ in 0..4 {
         let c = client(h).await?;
         let (name, opts, seen) = (name.clone(), long_opts(h), seen.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..3 {
-                let lease = c.acquire(&name, &opts).await?;
+                let lease = acquire_when_free(
+                    c.as_ref(),
+                    &name,
+                    &opts,
+                    bound,
+                    "a contender among four taking turns",
+                )
+                .await?;
                 let t = lease.fencing_token();
                 seen.lock().map_err(|_| Failure("poisoned".into()))?.push(t);
                 lease.release().await?;
@@ -105,17 +121,46 @@ pub async fn token_increases_after_expiry(h: &dyn Harness) -> Result<(), Failure
     let ttl = first.ttl();
     first.abandon();
     sleep_until(vu).await;
-    let second = within(
-        ttl * 3,
-        "acquire after expiry",
-        b.acquire(&name, &opts(h).wait_for(ttl + t.slack)),
+    let second = acquire_when_free(
+        b.as_ref(),
+        &name,
+        &opts(h),
+        ttl + t.slack,
+        "acquire after the holder expired",
     )
-    .await??;
+    .await?;
     let t2 = token(second.as_ref())?;
     ensure!(
         t2 > t1,
         "token after expiry {t2} is not greater than the expired holder's {t1}"
     );
     second.release().await?;
+    Ok(())
+}
+
+/// The counter behind the tokens outlives an idle spell: a name released and left alone for
+/// three TTLs (and the slack) still gets a greater token on its next grant. Catches a counter
+/// that expires with the lock, or per-name state dropped once nobody holds or waits.
+pub async fn token_survives_idle_name(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("token-idle");
+    let first = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
+    let t1 = token(first.as_ref())?;
+    let ttl = first.ttl();
+    first.release().await?;
+    let idle = ttl * 3 + t.slack;
+    sleep(idle).await;
+    let second = held(
+        b.try_acquire(&name, &opts(h)).await?,
+        "after the idle spell",
+    )?;
+    let t2 = token(second.as_ref())?;
+    second.release().await?;
+    ensure!(
+        t2 > t1,
+        "token {t2} after the name sat idle for {idle:?} is not greater than the previous \
+         grant's {t1}: the fencing counter did not outlive the lock"
+    );
     Ok(())
 }

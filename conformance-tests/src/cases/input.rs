@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, LockName, LockOptions, MAX_NAME_LEN, MAX_TTL};
+use lock_core::{Error, LockName, LockOptions, MAX_NAME_LEN, MAX_TTL, NAME_PUNCTUATION};
 
 use super::{client, held, long_opts, opts};
 use crate::{ensure, fresh_name, Failure, Harness};
@@ -138,6 +138,146 @@ pub async fn effective_ttl_never_shorter(h: &dyn Harness) -> Result<(), Failure>
         granted.as_nanos() % g == 0,
         "granted TTL {granted:?} is not a multiple of the granularity {:?}",
         caps.ttl_granularity
+    );
+    l.release().await?;
+    Ok(())
+}
+
+/// Two names of the maximum length that differ only in their last byte are two locks: a
+/// driver that truncates, or hashes only a prefix, would make them one.
+pub async fn max_length_names_differing_at_the_end_are_independent(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let (a, b) = (client(h).await?, client(h).await?);
+    let base = fresh_name("maxlen");
+    let pad = MAX_NAME_LEN - base.as_str().len() - 1;
+    let names: Vec<LockName> = ['a', 'b', '_']
+        .into_iter()
+        .map(|last| LockName::new(format!("{base}{}{last}", "m".repeat(pad))))
+        .collect::<Result<_, _>>()?;
+    let first = held(a.try_acquire(&names[0], &long_opts(h)).await?, "first name")?;
+    for other in &names[1..] {
+        let l = b.try_acquire(other, &long_opts(h)).await?.ok_or_else(|| {
+            Failure(format!(
+                "two {MAX_NAME_LEN}-byte names that differ only in the last byte are one \
+                 lock: {} is held, so {} was refused",
+                names[0], other
+            ))
+        })?;
+        ensure!(
+            l.name() == other,
+            "lease reports name {} for {}",
+            l.name(),
+            other
+        );
+        l.release().await?;
+    }
+    first.release().await?;
+    Ok(())
+}
+
+/// Names that differ only in punctuation are independent locks, for every pair of such
+/// names up to two characters long over the allowed punctuation and a few letters and
+/// digits: however a driver escapes names for its backend, the mapping must be one-to-one.
+/// All are held at once by one client; a collision shows as a refused grant.
+pub async fn names_differing_in_punctuation_are_independent(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let a = client(h).await?;
+    let base = fresh_name("punct");
+    let alphabet: Vec<char> = NAME_PUNCTUATION
+        .chars()
+        .chain(['a', 'A', 'x', '0'])
+        .collect();
+    let mut tails: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
+    for x in &alphabet {
+        for y in &alphabet {
+            tails.push(format!("{x}{y}"));
+        }
+    }
+    let mut leases: Vec<Box<dyn lock_core::Lease>> = Vec::new();
+    let mut failure = None;
+    for tail in &tails {
+        let name = LockName::new(format!("{base}{tail}"))?;
+        match a.try_acquire(&name, &long_opts(h)).await? {
+            Some(l) => leases.push(l),
+            None => {
+                let held_now: Vec<String> = leases.iter().map(|l| l.name().to_string()).collect();
+                failure = Some(format!(
+                    "{name} was refused while one client holds {} other names that differ \
+                     from it only in punctuation (the last of them: {:?}): two names share \
+                     one backend key, so the name escaping is not one-to-one",
+                    held_now.len(),
+                    held_now.last()
+                ));
+                break;
+            }
+        }
+    }
+    for l in leases {
+        l.release().await?;
+    }
+    match failure {
+        Some(f) => Err(Failure(f)),
+        None => Ok(()),
+    }
+}
+
+/// The driver's declared `max_ttl` is what it accepts: a TTL of exactly `max_ttl` is
+/// granted, and where `max_ttl` is below the global [`MAX_TTL`], one step above it is
+/// `InvalidOptions` from `try_acquire` and `acquire`, with nothing acquired.
+pub async fn declared_max_ttl_is_enforced(h: &dyn Harness) -> Result<(), Failure> {
+    let a = client(h).await?;
+    let caps = a.capabilities();
+    let name = fresh_name("max-ttl");
+    if caps.max_ttl < MAX_TTL {
+        let over =
+            LockOptions::new(caps.max_ttl + caps.ttl_granularity.max(Duration::from_millis(1)));
+        match a.try_acquire(&name, &over).await {
+            Err(Error::InvalidOptions(_)) => {}
+            Ok(Some(l)) => {
+                l.release().await?;
+                return Err(Failure(format!(
+                    "try_acquire with TTL {:?}, above the declared max_ttl {:?}, was granted",
+                    over.ttl, caps.max_ttl
+                )));
+            }
+            other => {
+                return Err(Failure(format!(
+                    "try_acquire with TTL {:?} above max_ttl {:?} gave {other:?}, expected \
+                     InvalidOptions",
+                    over.ttl, caps.max_ttl
+                )))
+            }
+        }
+        match a.acquire(&name, &over.clone().no_wait()).await {
+            Err(Error::InvalidOptions(_)) => {}
+            Ok(l) => {
+                l.release().await?;
+                return Err(Failure(format!(
+                    "acquire with TTL {:?}, above the declared max_ttl {:?}, was granted",
+                    over.ttl, caps.max_ttl
+                )));
+            }
+            Err(e) => {
+                return Err(Failure(format!(
+                    "acquire with TTL {:?} above max_ttl {:?} gave {e:?}, expected \
+                     InvalidOptions",
+                    over.ttl, caps.max_ttl
+                )))
+            }
+        }
+    }
+    let l = held(
+        a.try_acquire(&name, &LockOptions::new(caps.max_ttl))
+            .await?,
+        &format!("a TTL of exactly the declared max_ttl {:?}", caps.max_ttl),
+    )?;
+    ensure!(
+        l.ttl() >= caps.max_ttl,
+        "granted TTL {:?} is shorter than the requested max_ttl {:?}",
+        l.ttl(),
+        caps.max_ttl
     );
     l.release().await?;
     Ok(())

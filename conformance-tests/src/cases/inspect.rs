@@ -1,6 +1,8 @@
 //! `inspect`: who holds a lock, read without acquiring it.
 
-use super::{client, held, long_opts};
+use std::time::{Duration, Instant};
+
+use super::{client, held, long_opts, opts, sleep_until};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// `inspect` says free before and after, and while held reports the holder's fencing token
@@ -40,5 +42,61 @@ pub async fn inspect_reports_the_holder(h: &dyn Harness) -> Result<(), Failure> 
         b.inspect(&name).await?.is_none(),
         "inspect reported a holder after the release"
     );
+    Ok(())
+}
+
+/// After a holder expired, `inspect` says free; once another client took over, it reports
+/// the new holder — its token, not the expired one's — with a remaining time that is within
+/// the new lease's TTL and goes down as time passes.
+pub async fn inspect_follows_expiry_and_takeover(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("inspect-expiry");
+    let t0 = Instant::now();
+    let first = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
+    let (old_token, ttl) = (first.fencing_token(), first.ttl());
+    first.abandon();
+    // By TTL + slack the backend has freed it (expiry::abandoned_lease_frees_after_ttl).
+    sleep_until(t0 + ttl + t.slack).await;
+    if let Some(info) = c.inspect(&name).await? {
+        return Err(Failure(format!(
+            "inspect reports a holder ({info:?}) {:?} after a {ttl:?} lease was abandoned, \
+             with nobody taking over: an expired holder is shown as holding",
+            t0.elapsed()
+        )));
+    }
+    let next = held(b.try_acquire(&name, &long_opts(h)).await?, "new holder")?;
+    let first_look = Instant::now();
+    let info = c.inspect(&name).await?.ok_or_else(|| {
+        Failure("inspect said free while a new holder holds the lock after a takeover".into())
+    })?;
+    if let (Some(seen), Some(mine)) = (info.fencing_token, next.fencing_token()) {
+        ensure!(
+            seen == mine,
+            "after a takeover inspect reports token {seen} (the expired holder had \
+             {old_token:?}), the new holder has {mine}"
+        );
+    }
+    if let Some(left) = info.remaining {
+        ensure!(
+            left <= next.ttl() + t.slack,
+            "inspect reports {left:?} remaining on the new holder's {:?} lease",
+            next.ttl()
+        );
+        let gap = (t.ttl / 4).max(c.capabilities().ttl_granularity + Duration::from_millis(50));
+        sleep_until(first_look + gap).await;
+        let later = c
+            .inspect(&name)
+            .await?
+            .ok_or_else(|| Failure("inspect said free while the new holder holds it".into()))?;
+        if let Some(later) = later.remaining {
+            ensure!(
+                later < left,
+                "inspect's remaining time did not go down: {left:?}, then {later:?} {gap:?} \
+                 later (is it the TTL rather than what is left of it?)"
+            );
+        }
+    }
+    next.release().await?;
     Ok(())
 }

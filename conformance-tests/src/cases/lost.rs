@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::LeaseState;
 
-use super::{client, held, opts, within};
+use super::{client, held, long_opts, opts, watch_lost, within};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// An unrenewed holder's `valid_until` is not after the moment a waiter is granted the lock,
@@ -156,5 +156,61 @@ pub async fn lost_signal_resolves_on_release(h: &dyn Harness) -> Result<(), Fail
     ensure!(!lost.is_lost(), "lost signal resolved on a fresh lease");
     lease.release().await?;
     within(t.slack, "lost signal after release", lost.wait()).await?;
+    Ok(())
+}
+
+/// Dropping a lease (without `release`) inside a Tokio runtime frees the lock promptly — in
+/// the background, within the slack — and resolves its lost signal; nobody has to wait for
+/// its TTL.
+pub async fn dropped_lease_frees_promptly(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("drop-frees");
+    let lease = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let lost = watch_lost(lease.as_ref());
+    let dropped = Instant::now();
+    drop(lease);
+    let next = b
+        .acquire(&name, &long_opts(h).wait_for(t.slack))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "the lock was still held {:?} after its lease was dropped (slack {:?}): a \
+                 dropped lease must free the lock in the background ({e})",
+                dropped.elapsed(),
+                t.slack
+            ))
+        })?;
+    let fired = within(t.slack, "the dropped lease's lost signal", lost)
+        .await
+        .map_err(|_| Failure("a dropped lease's lost signal did not resolve".into()))?
+        .map_err(|e| Failure(format!("watcher panicked: {e}")))?;
+    ensure!(
+        fired.saturating_duration_since(dropped) <= t.slack,
+        "a dropped lease's lost signal resolved {:?} after the drop",
+        fired - dropped
+    );
+    next.release().await?;
+    Ok(())
+}
+
+/// `abandon` resolves the lease's lost signal too (no task waits forever on a lease that is
+/// gone), while the lock itself stays held until the backend frees it.
+pub async fn lost_signal_resolves_on_abandon(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let a = client(h).await?;
+    let name = fresh_name("abandon-lost");
+    let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let lost = lease.lost();
+    ensure!(!lost.is_lost(), "lost signal resolved on a fresh lease");
+    lease.abandon();
+    within(t.slack, "lost signal after abandon", lost.wait())
+        .await
+        .map_err(|_| {
+            Failure(format!(
+                "an abandoned lease's lost signal did not resolve within {:?}",
+                t.slack
+            ))
+        })?;
     Ok(())
 }

@@ -83,6 +83,12 @@ fn fifo(f: &Facts) -> Result<(), &'static str> {
         Err("fifo = false")
     }
 }
+fn fifo_and_ttl(f: &Facts) -> Result<(), &'static str> {
+    fifo(f).and(ttl(f))
+}
+fn inspects_and_ttl(f: &Facts) -> Result<(), &'static str> {
+    inspects(f).and(ttl(f))
+}
 fn counts(f: &Facts) -> Result<(), &'static str> {
     if f.counts_requests {
         Ok(())
@@ -142,14 +148,23 @@ pub static CASES: &[Case] = &[
     case!(exclusion::names_are_independent, always),
     case!(exclusion::release_frees_at_once, always),
     case!(inspect::inspect_reports_the_holder, inspects),
+    case!(
+        inspect::inspect_follows_expiry_and_takeover,
+        inspects_and_ttl
+    ),
     case!(expiry::abandoned_lease_frees_after_ttl, ttl),
     case!(expiry::valid_until_is_within_ttl, always),
     case!(expiry::unrenewed_lease_turns_lost_at_valid_until, ttl),
+    case!(expiry::expired_lock_goes_to_exactly_one_racer, ttl),
+    case!(expiry::odd_ttl_holds_until_valid_until, ttl),
+    case!(expiry::valid_until_counts_from_before_the_request, delays),
     case!(ownership::stale_release_keeps_successor, ttl),
     case!(ownership::stale_renew_keeps_successor, ttl),
     case!(ownership::dropped_stale_lease_keeps_successor, ttl),
     case!(ownership::ownership_is_per_lease_not_per_client, ttl),
     case!(ownership::broken_lock_release_is_not_held, breakable),
+    case!(ownership::stale_renew_does_not_extend_new_lease, ttl),
+    case!(ownership::release_after_expiry_is_not_held, ttl),
     case!(renewal::manual_renew_extends, ttl),
     case!(renewal::renew_after_expiry_fails_and_does_not_recreate, ttl),
     case!(renewal::auto_renew_keeps_lock, ttl),
@@ -160,14 +175,19 @@ pub static CASES: &[Case] = &[
     case!(fencing::tokens_increase_across_holders, fencing),
     case!(fencing::tokens_follow_grant_order_under_contention, fencing),
     case!(fencing::token_increases_after_expiry, ttl_and_fencing),
+    case!(fencing::token_survives_idle_name, fencing),
     case!(waiting::waiter_wakes_promptly_after_release, always),
+    case!(waiting::bounded_waiter_wakes_promptly_after_release, always),
+    case!(waiting::try_acquire_does_not_wait, always),
     case!(waiting::waiting_is_idle, counts),
     case!(waiting::wait_timeout_is_respected, always),
     case!(waiting::no_wait_fails_fast, always),
     case!(waiting::timed_out_waiter_leaves_no_record, always),
+    case!(waiting::timed_out_waiter_does_not_block_waiters, always),
     case!(waiting::cancelled_waiter_does_not_block_others, always),
     case!(waiting::cancelled_in_flight_leaves_no_holder, delays),
     case!(waiting::waiters_served_fifo, fifo),
+    case!(waiting::waiters_served_fifo_after_expiry, fifo_and_ttl),
     case!(waiting::every_waiter_gets_one_turn, always),
     case!(lost::lost_fires_before_successor_is_granted, lost_ttl),
     case!(
@@ -176,10 +196,21 @@ pub static CASES: &[Case] = &[
     ),
     case!(lost::lost_fires_when_renewal_refused, breakable),
     case!(lost::lost_signal_resolves_on_release, always),
+    case!(lost::lost_signal_resolves_on_abandon, always),
+    case!(lost::dropped_lease_frees_promptly, always),
     case!(input::rejects_bad_names, always),
     case!(input::every_valid_name_is_its_own_key, always),
     case!(input::rejects_bad_options_without_side_effects, always),
     case!(input::effective_ttl_never_shorter, always),
+    case!(
+        input::max_length_names_differing_at_the_end_are_independent,
+        always
+    ),
+    case!(
+        input::names_differing_in_punctuation_are_independent,
+        always
+    ),
+    case!(input::declared_max_ttl_is_enforced, always),
 ];
 
 // ---- helpers shared by the cases ----
@@ -226,6 +257,46 @@ pub(crate) async fn within<T>(
     tokio::time::timeout(limit, fut)
         .await
         .map_err(|_| Failure(format!("{what}: did not finish within {limit:?}")))
+}
+
+/// A waiting `acquire` bounded by `bound`, for cases about something else: a `Timeout` here
+/// means the lock was not handed on although it was free to hand on, so the failure names
+/// that promise (and the case that checks it alone) instead of surfacing as a hang.
+pub(crate) async fn acquire_when_free(
+    c: &dyn DistributedLock,
+    name: &lock_core::LockName,
+    opts: &LockOptions,
+    bound: Duration,
+    what: &str,
+) -> Result<Box<dyn Lease>, Failure> {
+    let start = Instant::now();
+    match within(
+        bound + Duration::from_secs(5),
+        what,
+        c.acquire(name, &opts.clone().wait_for(bound)),
+    )
+    .await?
+    {
+        Ok(l) => Ok(l),
+        Err(lock_core::Error::Timeout { waited, .. }) => Err(Failure(format!(
+            "{what}: not granted within {bound:?} (Timeout after {waited:?}, {:?} after the \
+             call) although the lock was free to hand on by then — a missed wake-up or an \
+             early Timeout (see waiting::waiter_wakes_promptly_after_release, \
+             waiting::bounded_waiter_wakes_promptly_after_release, \
+             waiting::wait_timeout_is_respected)",
+            start.elapsed()
+        ))),
+        Err(e) => Err(Failure(format!("{what}: unexpected error {e} ({e:?})"))),
+    }
+}
+
+/// Spawns a task that records when `lease`'s lost signal resolves.
+pub(crate) fn watch_lost(lease: &dyn Lease) -> tokio::task::JoinHandle<Instant> {
+    let lost = lease.lost();
+    tokio::spawn(async move {
+        lost.wait().await;
+        Instant::now()
+    })
 }
 
 pub(crate) fn is_not_held(e: &lock_core::Error) -> bool {

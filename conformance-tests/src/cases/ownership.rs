@@ -1,10 +1,10 @@
 //! Ownership: release and renew compare the owner; a stale lease never touches a successor.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Lease, LeaseState};
 
-use super::{client, held, is_not_held, opts, sleep, sleep_until, within};
+use super::{acquire_when_free, client, held, is_not_held, opts, sleep, sleep_until, within};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Lets `lease` expire, then has `successor` acquire the lock.
@@ -17,12 +17,14 @@ async fn expire_and_take_over(
     sleep_until(lease.valid_until()).await;
     let name = lease.name().clone();
     let wait = lease.ttl() + t.slack;
-    let next = within(
-        wait * 2,
-        "successor acquiring an expired lock",
-        successor.acquire(&name, &opts(h).wait_for(wait)),
+    let next = acquire_when_free(
+        successor,
+        &name,
+        &opts(h),
+        wait,
+        "a successor taking over an expired lock (expiry::abandoned_lease_frees_after_ttl)",
     )
-    .await??;
+    .await?;
     Ok(next)
 }
 
@@ -142,4 +144,72 @@ pub async fn broken_lock_release_is_not_held(h: &dyn Harness) -> Result<(), Fail
     );
     successor.release().await?;
     Ok(())
+}
+
+/// A client whose lease expired and who then acquired the lock again: renewing the old lease
+/// fails and does not extend the new one, which still ends at its own `valid_until` (plus
+/// the slack) when abandoned.
+pub async fn stale_renew_does_not_extend_new_lease(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("stale-renew-own");
+    let old = held(a.try_acquire(&name, &opts(h)).await?, "first lease")?;
+    let new = expire_and_take_over(h, old.as_ref(), a.as_ref()).await?;
+    let new_t0 = Instant::now();
+    let (new_vu, new_ttl) = (new.valid_until(), new.ttl());
+    // Renew late in the new lease's life, so an extension would outlast it by far more than
+    // the slack.
+    sleep_until(new_t0 + new_ttl * 3 / 4).await;
+    let renewed = old.renew().await;
+    ensure!(
+        renewed.is_err(),
+        "renew of the client's expired lease succeeded while the same client holds a new lease"
+    );
+    new.abandon();
+    let limit = new_ttl + t.slack;
+    let next = within(
+        limit * 3,
+        "another client waiting for the abandoned new lease",
+        b.acquire(&name, &opts(h).wait_for(limit * 2)),
+    )
+    .await?
+    .map_err(|e| {
+        Failure(format!(
+            "the new lease was not free {:?} after it was granted: the expired lease's renew \
+             extended it ({e})",
+            new_t0.elapsed()
+        ))
+    })?;
+    let freed = Instant::now();
+    ensure!(
+        freed <= new_t0 + limit,
+        "the new lease (TTL {new_ttl:?}, valid until {:?} after its grant) freed only {:?} \
+         after its grant: the expired lease's renew extended it",
+        new_vu.saturating_duration_since(new_t0),
+        freed - new_t0
+    );
+    next.release().await?;
+    Ok(())
+}
+
+/// Releasing a lease that expired while nobody took the lock over is `NotHeld` (or `Lost`),
+/// not a success: the holder learns it had lost the lock.
+pub async fn release_after_expiry_is_not_held(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let a = client(h).await?;
+    let name = fresh_name("release-expired");
+    let t0 = Instant::now();
+    let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    sleep_until(t0 + lease.ttl() + t.slack).await;
+    match lease.release().await {
+        Err(e) if is_not_held(&e) => Ok(()),
+        Ok(()) => Err(Failure(
+            "release of a lease that had expired (nobody took over) returned Ok: it must say \
+             NotHeld"
+                .into(),
+        )),
+        Err(e) => Err(Failure(format!(
+            "release of an expired lease: expected NotHeld, got {e:?}"
+        ))),
+    }
 }

@@ -12,11 +12,29 @@ use crate::{ensure, fresh_name, Failure, Harness};
 /// A waiter is granted within the slack after the holder releases, long before the holder's
 /// TTL would have run out; it is not granted before the release.
 pub async fn waiter_wakes_promptly_after_release(h: &dyn Harness) -> Result<(), Failure> {
+    wakes_on_release(h, None).await
+}
+
+/// The same for a bounded wait (`wait_for`), which many drivers serve by another code path:
+/// a waiter with a long deadline wakes on the release, not at its deadline or on a poll.
+pub async fn bounded_waiter_wakes_promptly_after_release(h: &dyn Harness) -> Result<(), Failure> {
+    wakes_on_release(h, Some(h.timing().ttl * 30)).await
+}
+
+async fn wakes_on_release(h: &dyn Harness, bound: Option<Duration>) -> Result<(), Failure> {
     let t = h.timing();
     let (a, b) = (client(h).await?, client(h).await?);
     let name = fresh_name("wake");
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
-    let (n, o) = (name.clone(), long_opts(h));
+    let o = match bound {
+        Some(d) => long_opts(h).wait_for(d),
+        None => long_opts(h),
+    };
+    let kind = match bound {
+        Some(d) => format!("a waiter with wait_for({d:?})"),
+        None => "a waiter with no deadline".to_string(),
+    };
+    let n = name.clone();
     let waiter = tokio::spawn(async move {
         let l = b.acquire(&n, &o).await;
         (Instant::now(), l)
@@ -24,21 +42,69 @@ pub async fn waiter_wakes_promptly_after_release(h: &dyn Harness) -> Result<(), 
     sleep(t.ttl).await;
     ensure!(
         !waiter.is_finished(),
-        "waiter returned while the lock was held"
+        "{kind} returned while the lock was held"
     );
     let released = Instant::now();
     holder.release().await?;
-    let (granted, lease) = within(t.ttl * 10, "waiter after release", waiter)
-        .await?
-        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
-    let lease = lease?;
+    let (granted, lease) = match tokio::time::timeout(t.slack * 4, waiter).await {
+        Ok(r) => r.map_err(|e| Failure(format!("waiter panicked: {e}")))?,
+        Err(_) => {
+            return Err(Failure(format!(
+                "{kind} was not woken within {:?} of the release (slack {:?}): it does not \
+                 wake on a release",
+                t.slack * 4,
+                t.slack
+            )))
+        }
+    };
+    let lease = lease.map_err(|e| Failure(format!("{kind} failed after the release: {e:?}")))?;
     let delay = granted.saturating_duration_since(released);
     ensure!(
         delay <= t.slack,
-        "waiter granted {delay:?} after release (slack {:?})",
+        "{kind} granted {delay:?} after the release (slack {:?})",
         t.slack
     );
     lease.release().await?;
+    Ok(())
+}
+
+/// `try_acquire` on a held lock makes one attempt and returns `None` at once (within the
+/// slack): it never waits for the holder.
+pub async fn try_acquire_does_not_wait(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("try-fast");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    // Warm the client up first: a first request may set up a connection.
+    let warm = fresh_name("try-fast-warm");
+    if let Some(l) = b.try_acquire(&warm, &opts(h)).await? {
+        l.release().await?;
+    }
+    let start = Instant::now();
+    let r = match tokio::time::timeout(t.ttl * 4, b.try_acquire(&name, &long_opts(h))).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(Failure(format!(
+                "try_acquire on a held lock had not returned after {:?}: try_acquire must not \
+                 wait for the holder",
+                t.ttl * 4
+            )))
+        }
+    };
+    let took = start.elapsed();
+    if let Some(l) = r {
+        l.release().await?;
+        return Err(Failure(
+            "try_acquire got a lock that another client holds".into(),
+        ));
+    }
+    ensure!(
+        took <= t.slack,
+        "try_acquire on a held lock took {took:?} to say no (slack {:?}): it must make one \
+         attempt, not wait",
+        t.slack
+    );
+    holder.release().await?;
     Ok(())
 }
 
@@ -169,6 +235,52 @@ pub async fn timed_out_waiter_leaves_no_record(h: &dyn Harness) -> Result<(), Fa
     }
 }
 
+/// A waiter that timed out does not hold up later *waiting* acquires either: one that starts
+/// waiting after the timeout is granted within the slack of the release.
+pub async fn timed_out_waiter_does_not_block_waiters(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
+    let name = fresh_name("timeout-queue");
+    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let r = within(
+        t.ttl * 4,
+        "bounded acquire",
+        b.acquire(&name, &long_opts(h).wait_for(t.ttl / 2)),
+    )
+    .await?;
+    ensure!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "expected Timeout, got {r:?}"
+    );
+    let (n, o) = (name.clone(), long_opts(h).wait_for(t.ttl * 30));
+    let next = tokio::spawn(async move {
+        let l = c.acquire(&n, &o).await;
+        (Instant::now(), l)
+    });
+    sleep(t.ttl / 2).await;
+    let released = Instant::now();
+    holder.release().await?;
+    let (granted, lease) = match tokio::time::timeout(t.slack * 4, next).await {
+        Ok(r) => r.map_err(|e| Failure(format!("waiter panicked: {e}")))?,
+        Err(_) => {
+            return Err(Failure(format!(
+                "a waiter was not granted within {:?} of the release because an earlier \
+                 waiter had timed out: the timed-out waiter stayed in the queue",
+                t.slack * 4
+            )))
+        }
+    };
+    let lease = lease?;
+    let delay = granted.saturating_duration_since(released);
+    ensure!(
+        delay <= t.slack,
+        "waiter granted {delay:?} after release, behind a waiter that had timed out (slack {:?})",
+        t.slack
+    );
+    lease.release().await?;
+    Ok(())
+}
+
 /// A waiting `acquire` that is cancelled (its future dropped) does not delay the next waiter:
 /// after release the next waiter is granted within the slack.
 pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(), Failure> {
@@ -247,14 +359,31 @@ pub async fn cancelled_in_flight_leaves_no_holder(h: &dyn Harness) -> Result<(),
 
 /// Waiters that arrive one after another are granted in arrival order.
 pub async fn waiters_served_fifo(h: &dyn Harness) -> Result<(), Failure> {
+    fifo(h, false).await
+}
+
+/// Arrival order holds also when the holder expires instead of releasing: the first waiter
+/// gets the expired lock, the others follow in turn.
+pub async fn waiters_served_fifo_after_expiry(h: &dyn Harness) -> Result<(), Failure> {
+    fifo(h, true).await
+}
+
+async fn fifo(h: &dyn Harness, expire: bool) -> Result<(), Failure> {
     const W: usize = 4;
     let t = h.timing();
     let a = client(h).await?;
     let name = fresh_name("fifo");
-    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let gap = (t.slack / 4).max(Duration::from_millis(50));
+    // An expiring holder must outlast the waiters' arrival.
+    let holder_opts = if expire {
+        opts(h).ttl((gap * (W as u32 + 2)).max(t.ttl))
+    } else {
+        long_opts(h)
+    };
+    let holder = held(a.try_acquire(&name, &holder_opts).await?, "holder")?;
+    let holder_vu = holder.valid_until();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    let gap = (t.slack / 4).max(Duration::from_millis(50));
     for i in 0..W {
         let c = client(h).await?;
         let (n, o, order) = (name.clone(), long_opts(h), order.clone());
@@ -270,7 +399,17 @@ pub async fn waiters_served_fifo(h: &dyn Harness) -> Result<(), Failure> {
         }));
         sleep(gap).await;
     }
-    holder.release().await?;
+    let how = if expire {
+        ensure!(
+            Instant::now() < holder_vu,
+            "the holder expired before all waiters had arrived (arrivals took too long)"
+        );
+        holder.abandon();
+        "expired"
+    } else {
+        holder.release().await?;
+        "released"
+    };
     for task in tasks {
         within(t.ttl * 20, "FIFO waiter", task)
             .await?
@@ -282,7 +421,7 @@ pub async fn waiters_served_fifo(h: &dyn Harness) -> Result<(), Failure> {
         .clone();
     ensure!(
         order == (0..W).collect::<Vec<_>>(),
-        "waiters granted in order {order:?}, arrival order was 0..{W}"
+        "waiters granted in order {order:?} after the holder {how}, arrival order was 0..{W}"
     );
     Ok(())
 }
