@@ -4,6 +4,7 @@
 #   scripts/services.sh install        apt-get the server packages if missing (no daemons left running)
 #   scripts/services.sh up [NAME...]   start every server (or the named ones) not already running; wait until each answers
 #   scripts/services.sh down [NAME...] stop what this script started (by pid) and delete its data
+#   scripts/services.sh restart NAME... kill (SIGKILL) and start again on the same data, wait until each answers
 #   scripts/services.sh status         one line per server
 #   scripts/services.sh pid NAME       the pid of one server (for fault tests: SIGSTOP, SIGKILL)
 #   scripts/services.sh names          every server name
@@ -21,8 +22,9 @@ ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/shar
 # destructive fault tests (frozen, killed, restarted) so they never disturb the others, one that
 # speaks only TLS (certificates from a test CA made at start: $STATE/redis-tls/ca.crt), one that
 # evicts keys under memory pressure (maxmemory + allkeys-lru, as managed services often run), which
-# the drivers must refuse.
-REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391 redis-tls:16392 redis-evict:16393)
+# the drivers must refuse, and one that fsyncs every write to its append-only file (the only Redis
+# whose fencing is Strict; the conformance suite restarts it).
+REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391 redis-tls:16392 redis-evict:16393 redis-aof:16394)
 # ZooKeeper: single, a 3-node ensemble, one that enforces digest auth.
 ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
 # etcd: single, a 3-member cluster, one with auth enabled, one serving clients over TLS only.
@@ -148,6 +150,9 @@ start_redis() {
   if [ "$name" = redis-evict ]; then
     args+=(--maxmemory 64mb --maxmemory-policy allkeys-lru)
   fi
+  if [ "$name" = redis-aof ]; then
+    args+=(--appendonly yes --appendfsync always)
+  fi
   if [ "$name" = redis-tls ]; then
     make_test_certs "$dir"
     args=(--port 0 --tls-port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no
@@ -236,7 +241,7 @@ start_etcd() {
   local data=$SHM/$name
   # A killed cluster member rejoins from its own WAL (with an empty data dir it could not);
   # `down` removes the data, so a fresh `up` always starts a new cluster.
-  if ! [[ $name == etcd-c* && -d $data/member ]]; then
+  if ! [[ ($name == etcd-c* || -n ${KEEP_DATA:-}) && -d $data/member ]]; then
     rm -rf "$data"
     mkdir -p "$data"
   fi
@@ -361,6 +366,26 @@ stop_one() {
   rm -rf "${STATE:?}/$name" "${SHM:?}/$name"
 }
 
+# Kills each server (SIGKILL, as a crash would) and starts it again on the data it had: what a
+# backend restart looks like to the drivers (the conformance suite's restart hook).
+cmd_restart() {
+  local n pid i kind port
+  [ $# -gt 0 ] || die "restart needs server names"
+  for n in "$@"; do
+    port=$(port_of "$n")
+    kind=$(kind_of "$n")
+    pid=$(cat "$(pidfile "$n")" 2>/dev/null) || die "$n is not running"
+    kill -KILL "$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    KEEP_DATA=1 "start_$kind" "$n" "$port"
+  done
+  for n in "$@"; do wait_ready "$n"; done
+  log "restarted: $*"
+}
+
 cmd_down() {
   local names=("$@") n
   [ ${#names[@]} -gt 0 ] || mapfile -t names < <(all_names)
@@ -398,6 +423,7 @@ case "${1:-}" in
   install) shift; cmd_install "$@" ;;
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
+  restart) shift; cmd_restart "$@" ;;
   status) shift; cmd_status "$@" ;;
   pid) shift; cmd_pid "$@" ;;
   names) all_names ;;

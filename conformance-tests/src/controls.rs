@@ -98,6 +98,9 @@ pub enum Flaw {
     /// The fencing counter is forgotten once a name sits idle for two TTLs (a counter key with
     /// a TTL): tokens start again at 1.
     CounterForgetsIdleNames,
+    /// Declares `Strict` fencing, but a backend restart loses the counter (Redis without
+    /// `appendfsync always`): tokens start again at 1.
+    CounterLostOnRestart,
 }
 
 impl Flaw {
@@ -135,6 +138,7 @@ impl Flaw {
         Flaw::NameTruncated,
         Flaw::EscapingNotInjective,
         Flaw::CounterForgetsIdleNames,
+        Flaw::CounterLostOnRestart,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -194,6 +198,7 @@ impl Flaw {
                 &["input::names_differing_in_punctuation_are_independent"]
             }
             Flaw::CounterForgetsIdleNames => &["fencing::token_survives_idle_name"],
+            Flaw::CounterLostOnRestart => &["fencing::strict_tokens_survive_backend_restart"],
         }
     }
 }
@@ -224,6 +229,8 @@ struct Shared {
     /// Lost-signal senders kept alive on purpose ([`Flaw::AbandonKeepsLostPending`]).
     kept: Mutex<Vec<LeaseTracker>>,
     next_client: AtomicU64,
+    /// When [`Harness::restart_backend`] last ran.
+    restarted: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -291,6 +298,15 @@ impl Harness for FlawedHarness {
     async fn break_lock(&self, name: &LockName) -> Option<std::result::Result<(), BoxError>> {
         self.store.break_lock(name);
         Some(Ok(()))
+    }
+    fn can_restart_backend(&self) -> bool {
+        true
+    }
+    /// The store keeps its state (a durable backend); under
+    /// [`Flaw::CounterLostOnRestart`] its counters start again.
+    async fn restart_backend(&self) -> std::result::Result<(), BoxError> {
+        *locked(&self.shared.restarted) = Some(Instant::now());
+        Ok(())
     }
 }
 

@@ -85,6 +85,22 @@ pub trait Harness: Send + Sync + 'static {
         let _ = delay;
         None
     }
+
+    /// Whether [`restart_backend`](Harness::restart_backend) works. `false` (the default): the
+    /// cases that restart the backend are skipped.
+    fn can_restart_backend(&self) -> bool {
+        false
+    }
+
+    /// Crashes the backend's server (or servers) and starts it again on the data it had, as an
+    /// operator's restart or a host reboot would, and returns once it serves again — typically
+    /// `scripts/services.sh restart <name>`, which kills by pid with SIGKILL. Lets the suite
+    /// check that `Fencing::Strict` tokens survive a restart. Clients made before may have to
+    /// reconnect; the cases make new ones. For a backend with no server process (a directory
+    /// of lock files), a new client *is* a restart: return `Ok(())`.
+    async fn restart_backend(&self) -> Result<(), BoxError> {
+        Err("this harness cannot restart its backend".into())
+    }
 }
 
 /// A client behind delaying proxies, from [`Harness::delayed_client`]. The proxies (or whatever
@@ -194,6 +210,7 @@ pub(crate) async fn gather_facts(h: &dyn Harness) -> Result<Facts, BoxError> {
         counts_requests,
         can_break,
         can_delay,
+        can_restart: h.can_restart_backend(),
         backend: client.backend(),
     })
 }

@@ -17,6 +17,8 @@ struct Etcd {
     config: EtcdConfig,
     /// The server's minimum lease TTL, measured by a first connection.
     ttl: Duration,
+    /// The services.sh names of its servers, crashed and restarted together.
+    servers: &'static [&'static str],
 }
 
 #[async_trait]
@@ -50,6 +52,12 @@ impl Harness for Etcd {
     async fn backend_requests(&self) -> Option<u64> {
         test_support::etcd_grpc_messages_received(self.config.endpoints()).await
     }
+    fn can_restart_backend(&self) -> bool {
+        true
+    }
+    async fn restart_backend(&self) -> Result<(), BoxError> {
+        Ok(test_support::restart_servers(self.servers).await?)
+    }
     async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
         Some(
             async {
@@ -79,14 +87,22 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679".into());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut trials = Vec::new();
-    for (label, url) in [("single", single), ("cluster", cluster)] {
+    let cluster_servers: &'static [&'static str] = &["etcd-c1", "etcd-c2", "etcd-c3"];
+    for (label, url, servers) in [
+        ("single", single, &["etcd"][..]),
+        ("cluster", cluster, cluster_servers),
+    ] {
         let config = EtcdConfig::from_url(&url).expect("etcd URL");
         let ttl = rt
             .block_on(EtcdLock::connect(config.clone()))
             .map(|l| l.capabilities().min_ttl)
             .unwrap_or(Duration::from_secs(2));
         trials.extend(conformance_tests::trials_prefixed(
-            Arc::new(Etcd { config, ttl }),
+            Arc::new(Etcd {
+                config,
+                ttl,
+                servers,
+            }),
             label,
         ));
     }

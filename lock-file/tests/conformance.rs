@@ -30,6 +30,14 @@ impl Harness for Files {
     async fn backend_requests(&self) -> Option<u64> {
         Some(lock_file::attempts())
     }
+    /// No server: the counters live in the lock files, and every client is a new `FileLock`
+    /// reading them afresh — what a restarted process sees.
+    fn can_restart_backend(&self) -> bool {
+        true
+    }
+    async fn restart_backend(&self) -> Result<(), BoxError> {
+        Ok(())
+    }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let path = self.dir.join(format!("{name}.lock"));
         Some(std::fs::remove_file(path).map_err(Into::into))

@@ -7,12 +7,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use libtest_mimic::Arguments;
+
 use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
 use lock_core::{DistributedLock, LockName};
 use lock_redis::{scripts::LockKeys, RedisConfig, RedisLock};
 
 struct Redis {
     config: RedisConfig,
+    /// The services.sh name of a server the suite may crash and restart.
+    restartable: Option<&'static str>,
 }
 
 impl Redis {
@@ -58,6 +62,13 @@ impl Harness for Redis {
             .await,
         )
     }
+    fn can_restart_backend(&self) -> bool {
+        self.restartable.is_some()
+    }
+    async fn restart_backend(&self) -> Result<(), BoxError> {
+        let name = self.restartable.ok_or("not restartable")?;
+        Ok(test_support::restart_servers(&[name]).await?)
+    }
     async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
         Some(
             async {
@@ -82,5 +93,23 @@ impl Harness for Redis {
 fn main() -> ExitCode {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into());
     let config = RedisConfig::from_url(&url).expect("REDIS_URL");
-    conformance_tests::run(Redis { config })
+    let mut trials = conformance_tests::trials(Arc::new(Redis {
+        config,
+        restartable: None,
+    }));
+    // The server that fsyncs every write (appendfsync always): fencing is Strict, and the suite
+    // crashes and restarts it to prove it.
+    let aof = RedisConfig::from_url("redis://127.0.0.1:16394").expect("redis-aof URL");
+    trials.extend(conformance_tests::trials_prefixed(
+        Arc::new(Redis {
+            config: aof,
+            restartable: Some("redis-aof"),
+        }),
+        "aof",
+    ));
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    libtest_mimic::run(&args, trials).exit_code()
 }

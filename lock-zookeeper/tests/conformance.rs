@@ -17,6 +17,8 @@ const SESSION: Duration = Duration::from_millis(2000);
 
 struct Zk {
     config: ZkConfig,
+    /// The services.sh names of its servers, crashed and restarted together.
+    servers: &'static [&'static str],
 }
 
 #[async_trait]
@@ -43,6 +45,12 @@ impl Harness for Zk {
             }
             .await,
         )
+    }
+    fn can_restart_backend(&self) -> bool {
+        true
+    }
+    async fn restart_backend(&self) -> Result<(), BoxError> {
+        Ok(test_support::restart_servers(self.servers).await?)
     }
     async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
         Some(
@@ -73,12 +81,16 @@ fn main() -> ExitCode {
     let ensemble = std::env::var("ZK_ENSEMBLE_URL")
         .unwrap_or_else(|_| "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283".into());
     let mut trials = Vec::new();
-    for (label, url) in [("single", single), ("ensemble", ensemble)] {
+    let ensemble_servers: &'static [&'static str] = &["zk-ens1", "zk-ens2", "zk-ens3"];
+    for (label, url, servers) in [
+        ("single", single, &["zk"][..]),
+        ("ensemble", ensemble, ensemble_servers),
+    ] {
         let config = ZkConfig::from_url(&url)
             .expect("ZooKeeper URL")
             .with_session_timeout(SESSION);
         trials.extend(conformance_tests::trials_prefixed(
-            Arc::new(Zk { config }),
+            Arc::new(Zk { config, servers }),
             label,
         ));
     }

@@ -59,6 +59,28 @@ pub fn services(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// `scripts/services.sh restart NAMES` off the runtime's threads: crashes the servers (SIGKILL)
+/// and starts them again on their data, returning once each answers. For the conformance
+/// suite's `Harness::restart_backend`.
+pub async fn restart_servers(names: &[&'static str]) -> Result<(), String> {
+    let names = names.to_vec();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(script).arg("restart").args(&names).output()
+    })
+    .await
+    .map_err(|e| format!("services.sh restart: {e}"))?
+    .map_err(|e| format!("services.sh restart: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "services.sh restart: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
 /// `kill -SIG PID` (`sig` without the dash: `KILL`, `TERM`, `STOP`, `CONT`).
 ///
 /// # Panics

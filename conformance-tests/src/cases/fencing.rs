@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex};
 use lock_core::{Fencing, FencingToken, Lease};
 
 use super::{acquire_when_free, client, held, long_opts, opts, sleep, sleep_until};
+use std::time::{Duration, Instant};
+
 use crate::{ensure, fresh_name, Failure, Harness};
 
 fn token(lease: &dyn Lease) -> Result<FencingToken, Failure> {
@@ -161,6 +163,55 @@ pub async fn token_survives_idle_name(h: &dyn Harness) -> Result<(), Failure> {
         t2 > t1,
         "token {t2} after the name sat idle for {idle:?} is not greater than the previous \
          grant's {t1}: the fencing counter did not outlive the lock"
+    );
+    Ok(())
+}
+
+/// `Fencing::Strict` tokens survive a restart of the backend: the first grant after a crash
+/// and restart ([`Harness::restart_backend`]) gets a token greater than every grant before it.
+pub async fn strict_tokens_survive_backend_restart(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let a = client(h).await?;
+    let name = fresh_name("token-restart");
+    let mut last = None;
+    for _ in 0..3 {
+        let l = held(a.try_acquire(&name, &opts(h)).await?, "before the restart")?;
+        last = Some(token(l.as_ref())?);
+        l.release().await?;
+    }
+    let before = last.ok_or_else(|| Failure("no grant before the restart".into()))?;
+    drop(a);
+    h.restart_backend()
+        .await
+        .map_err(|e| Failure(format!("could not restart the backend: {e}")))?;
+    // The server is back; a new client may still need a moment to connect.
+    let deadline = Instant::now() + t.ttl * 20 + Duration::from_secs(10);
+    let after = loop {
+        let attempt = async {
+            let b = client(h).await?;
+            let l = held(b.try_acquire(&name, &opts(h)).await?, "after the restart")?;
+            let tk = token(l.as_ref())?;
+            l.release().await?;
+            Ok::<_, Failure>(tk)
+        };
+        match attempt.await {
+            Ok(tk) => break tk,
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, "backend not back yet");
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                return Err(Failure(format!(
+                    "no grant within {:?} after the backend restarted: {e}",
+                    t.ttl * 20 + Duration::from_secs(10)
+                )))
+            }
+        }
+    };
+    ensure!(
+        after > before,
+        "after a backend restart the first token is {after}, not greater than {before} before \
+         it: fencing is declared Strict but the counter did not survive the restart"
     );
     Ok(())
 }

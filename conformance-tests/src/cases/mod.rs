@@ -32,6 +32,8 @@ pub struct Facts {
     pub can_break: bool,
     /// [`Harness::delayed_client`] is supported.
     pub can_delay: bool,
+    /// [`Harness::restart_backend`] is supported.
+    pub can_restart: bool,
     /// The driver's backend name.
     pub backend: &'static str,
 }
@@ -81,6 +83,16 @@ fn fifo(f: &Facts) -> Result<(), &'static str> {
         Ok(())
     } else {
         Err("fifo = false")
+    }
+}
+fn strict_and_restart(f: &Facts) -> Result<(), &'static str> {
+    if f.caps.fencing != Fencing::Strict {
+        return Err("fencing is not Strict: tokens may repeat after a restart");
+    }
+    if f.can_restart {
+        Ok(())
+    } else {
+        Err("harness cannot restart the backend")
     }
 }
 fn fifo_and_ttl(f: &Facts) -> Result<(), &'static str> {
@@ -176,6 +188,10 @@ pub static CASES: &[Case] = &[
     case!(fencing::tokens_follow_grant_order_under_contention, fencing),
     case!(fencing::token_increases_after_expiry, ttl_and_fencing),
     case!(fencing::token_survives_idle_name, fencing),
+    case!(
+        fencing::strict_tokens_survive_backend_restart,
+        strict_and_restart
+    ),
     case!(waiting::waiter_wakes_promptly_after_release, always),
     case!(waiting::bounded_waiter_wakes_promptly_after_release, always),
     case!(waiting::try_acquire_does_not_wait, always),
