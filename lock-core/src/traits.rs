@@ -138,9 +138,10 @@ impl HolderInfo {
 /// A held lock. A lease is a value (name + owner token), not a thread: any task may renew or
 /// release it, and release takes it by value so it cannot be released twice.
 ///
-/// Dropping a lease without [`release`](Lease::release) frees the lock in the background where
-/// the driver can, otherwise by expiry; [`abandon`](Lease::abandon) deliberately leaves it to
-/// expire.
+/// Dropping a lease without [`release`](Lease::release) inside a Tokio runtime frees the lock
+/// promptly, in the background (conformance case `lost::dropped_lease_frees_promptly`); where no
+/// runtime is left to send the release, it frees by expiry. [`abandon`](Lease::abandon)
+/// deliberately leaves it to expire.
 #[async_trait]
 pub trait Lease: Send + Sync + Debug {
     /// The lock this lease holds.
@@ -161,7 +162,8 @@ pub trait Lease: Send + Sync + Debug {
     /// Held, AtRisk or Lost, right now.
     fn state(&self) -> LeaseState;
 
-    /// A signal that resolves when the lease is lost (or released/dropped).
+    /// A signal that resolves when the lease is lost, released, dropped or abandoned, so no task
+    /// waits on it forever.
     fn lost(&self) -> LostSignal;
 
     /// Extends the lease by its TTL. Owner-checked on the backend; never recreates a lock that
