@@ -12,7 +12,10 @@ const SOURCES: [(&str, &str); 3] = [
 
 /// Lines without surrounding whitespace, blank lines dropped: indentation may differ.
 fn lines(text: &str) -> Vec<&str> {
-    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect()
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 fn rust_snippets(markdown: &str) -> Vec<String> {
@@ -35,7 +38,11 @@ fn rust_snippets(markdown: &str) -> Vec<String> {
 #[test]
 fn every_rust_snippet_of_the_guide_is_in_the_example() {
     let snippets = rust_snippets(GUIDE);
-    assert!(snippets.len() >= 5, "found only {} Rust snippets", snippets.len());
+    assert!(
+        snippets.len() >= 5,
+        "found only {} Rust snippets",
+        snippets.len()
+    );
     for snippet in snippets {
         let want = lines(&snippet);
         let found = SOURCES.iter().any(|(_, src)| {
