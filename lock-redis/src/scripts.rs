@@ -5,52 +5,38 @@
 //! fencing counter (no expiry: a token must never repeat). Releases are announced on the
 //! channel `<prefix>{<name>}:released`.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use lock_core::LockName;
 use redis::aio::ConnectionLike;
-use redis::Script;
 
 /// `SET lock token NX PX ttl`, then `INCR fence` → `{1, token}`; busy → `{0, pttl}`.
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+const ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('INCR', KEYS[2])}
 end
 return {0, redis.call('PTTL', KEYS[1])}
-",
-    )
-});
+";
 
 /// Compare token, `DEL`, `PUBLISH` the token → 1; not the owner → 0. The token as payload
 /// lets a client that hears one release from several masters (Redlock) count it once; the
 /// token is worthless once its key is deleted.
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
 end
 return 0
-",
-    )
-});
+";
 
 /// Compare token, `PEXPIRE` → 1; not the owner (or gone: never recreated) → 0.
-static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-",
-    )
-});
+";
 
 /// The Redis names of one lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,19 +87,30 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Runs the acquire script (EVALSHA, falling back to EVAL after a server restart).
+/// `EVAL script numkeys keys...`, the script sent whole every time.
+///
+/// Not `EVALSHA`: a server that does not have the script cached (restarted, failed over,
+/// `SCRIPT FLUSH`) answers `NOSCRIPT`, and the load-and-retry costs two more round trips —
+/// enough, on a slow link, for a Redlock master to miss its per-node timeout on the first
+/// request after every restart. The scripts are under 200 bytes; the server caches them by
+/// digest either way.
+fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(keys.len()).arg(keys);
+    cmd
+}
+
+/// Runs the acquire script.
 pub async fn acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     token: &str,
     ttl: Duration,
 ) -> redis::RedisResult<Acquired> {
-    let (granted, value): (i64, i64) = ACQUIRE
-        .key(&keys.lock)
-        .key(&keys.fence)
+    let (granted, value): (i64, i64) = eval(ACQUIRE, &[&keys.lock, &keys.fence])
         .arg(token)
         .arg(ms(ttl))
-        .invoke_async(conn)
+        .query_async(conn)
         .await?;
     Ok(acquired(granted, value))
 }
@@ -166,11 +163,10 @@ pub async fn release<C: ConnectionLike + Send>(
     keys: &LockKeys,
     token: &str,
 ) -> redis::RedisResult<bool> {
-    let n: i64 = RELEASE
-        .key(&keys.lock)
+    let n: i64 = eval(RELEASE, &[&keys.lock])
         .arg(token)
         .arg(&keys.channel)
-        .invoke_async(conn)
+        .query_async(conn)
         .await?;
     Ok(n == 1)
 }
@@ -182,11 +178,10 @@ pub async fn renew<C: ConnectionLike + Send>(
     token: &str,
     ttl: Duration,
 ) -> redis::RedisResult<bool> {
-    let n: i64 = RENEW
-        .key(&keys.lock)
+    let n: i64 = eval(RENEW, &[&keys.lock])
         .arg(token)
         .arg(ms(ttl))
-        .invoke_async(conn)
+        .query_async(conn)
         .await?;
     Ok(n == 1)
 }

@@ -247,21 +247,34 @@ pub async fn valid_until_counts_from_before_the_request(h: &dyn Harness) -> Resu
         );
         Ok(())
     };
+    let failed = |what: &'static str| {
+        move |e: lock_core::Error| {
+            Failure(format!(
+                "{what} through a client delayed {delay:?} each way failed: {e}"
+            ))
+        }
+    };
     let o = opts(h).ttl(t.ttl * 4);
     let before = Instant::now();
-    let lease = held(slow.lock.try_acquire(&name, &o).await?, "try_acquire")?;
+    let got = slow
+        .lock
+        .try_acquire(&name, &o)
+        .await
+        .map_err(failed("try_acquire"))?;
+    let lease = held(got, "try_acquire")?;
     check("try_acquire", lease.as_ref(), before, Instant::now())?;
     let before = Instant::now();
-    lease.renew().await?;
+    lease.renew().await.map_err(failed("renew"))?;
     check("renew", lease.as_ref(), before, Instant::now())?;
-    lease.release().await?;
+    lease.release().await.map_err(failed("release"))?;
     let before = Instant::now();
     let lease = slow
         .lock
         .acquire(&name, &o.clone().wait_for(t.ttl * 4))
-        .await?;
+        .await
+        .map_err(failed("acquire"))?;
     check("acquire", lease.as_ref(), before, Instant::now())?;
-    lease.release().await?;
+    lease.release().await.map_err(failed("release"))?;
     drop(slow);
     Ok(())
 }
