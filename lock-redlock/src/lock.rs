@@ -176,15 +176,19 @@ impl RedlockLock {
                 _ => {}
             }
             // A grant is decided once a majority granted: waiting for the slowest masters would
-            // only add their latency. A request still in flight is dropped; if it grants later,
-            // the release of this token (same connection, so ordered after it) or the TTL
-            // removes it. A refusal waits for every answer instead: each master that refused
-            // needs no cleanup, which is cheaper than cleaning up after the unanswered ones.
+            // only add their latency. A refusal waits for every answer instead: each master
+            // that refused needs no cleanup, which is cheaper than cleaning up after the
+            // unanswered ones.
             if granted >= quorum {
                 break;
             }
         }
-        drop(round);
+        // The requests still in flight go on in the background rather than being dropped: a
+        // dropped request may never be written (the connection skips requests nobody awaits),
+        // and a lock held on a bare majority is lost when any one of those masters fails.
+        // Should one grant after a failed attempt, the cleanup below (same connection, so
+        // ordered after it) or the TTL removes it.
+        round.finish_in_background();
         let drift = cfg.drift(ttl);
         let validity = ttl.checked_sub(start.elapsed() + drift).unwrap_or_default();
         if granted >= quorum && validity > cfg.min_validity() {

@@ -45,8 +45,13 @@ async fn proxied(node_timeout: Duration) -> (RedlockLock, Vec<FaultProxy>) {
 
 /// On how many masters the lock key of `name` exists right now.
 async fn keys_present(name: &LockName) -> usize {
+    keys_on(name).await.len()
+}
+
+/// The ports of the masters on which the lock key of `name` exists right now.
+async fn keys_on(name: &LockName) -> Vec<u16> {
     let keys = LockKeys::new(DEFAULT_PREFIX, name);
-    let mut n = 0;
+    let mut on = Vec::new();
     for p in PORTS {
         let mut c = redis::Client::open(format!("redis://127.0.0.1:{p}"))
             .unwrap()
@@ -58,9 +63,11 @@ async fn keys_present(name: &LockName) -> usize {
             .query_async(&mut c)
             .await
             .unwrap();
-        n += exists as usize;
+        if exists == 1 {
+            on.push(p);
+        }
     }
-    n
+    on
 }
 
 #[test]
@@ -293,25 +300,6 @@ fn slow_minority_does_not_hold_up_a_grant_and_still_gets_every_request() {
         let (a, proxies) = proxied(Duration::from_secs(2)).await;
         let name = fresh_name("slow-minority");
         let opts = LockOptions::new(Duration::from_secs(10));
-        // Every master must have the scripts cached: after `redlock5` was restarted (another
-        // test), its first EVALSHA answers NOSCRIPT, and the load-and-retry belongs to a request
-        // future that the grant drops at the majority — that minority write never lands.
-        let warm = fresh_name("slow-minority-warm-up");
-        a.try_acquire(&warm, &opts)
-            .await
-            .unwrap()
-            .expect("free")
-            .release()
-            .await
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while keys_present(&warm).await > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "warm-up release never reached every master"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
         for p in &proxies[3..] {
             p.delay(Duration::from_millis(150));
         }
@@ -324,9 +312,10 @@ fn slow_minority_does_not_hold_up_a_grant_and_still_gets_every_request() {
         );
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(
-            keys_present(&name).await,
-            5,
-            "the acquire request never reached the slow masters"
+            keys_on(&name).await,
+            PORTS,
+            "600 ms after the grant, the acquire request had not reached every slow master \
+             (they answer in 300 ms)"
         );
         lease.renew().await.expect("renewed on the fast majority");
         lease.release().await.unwrap();
@@ -439,5 +428,85 @@ fn inspect_reads_a_majority_and_needs_one() {
             b.inspect(&name).await.unwrap().is_none(),
             "free after release"
         );
+    });
+}
+
+/// Flushes the script cache of every master, as a restart or failover would.
+async fn flush_scripts() {
+    for p in PORTS {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{p}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
+
+#[test]
+fn masters_without_the_scripts_cached_cost_no_extra_round_trips() {
+    serial(async {
+        // 60 ms each way: one round trip fits the 250 ms per-node timeout, the three of
+        // EVALSHA → NOSCRIPT → SCRIPT LOAD → EVALSHA do not, and every master would count as
+        // down on the first renew or release after a restart.
+        let (a, proxies) = proxied(Duration::from_millis(250)).await;
+        let name = fresh_name("no-scripts");
+        let opts = LockOptions::new(Duration::from_secs(10));
+        let lease = a.try_acquire(&name, &opts).await.unwrap().expect("free");
+        for p in &proxies {
+            p.delay(Duration::from_millis(60));
+        }
+        flush_scripts().await;
+        let started = Instant::now();
+        if let Err(e) = lease.renew().await {
+            panic!(
+                "renew on masters whose script cache was flushed failed after {:?} (one round \
+                 trip is 120 ms, the per-node timeout 250 ms): {e}",
+                started.elapsed()
+            );
+        }
+        flush_scripts().await;
+        let started = Instant::now();
+        if let Err(e) = lease.release().await {
+            panic!(
+                "release on masters whose script cache was flushed failed after {:?}: {e}",
+                started.elapsed()
+            );
+        }
+        assert_eq!(keys_present(&name).await, 0, "release left a key behind");
+    });
+}
+
+#[test]
+fn every_master_gets_the_acquire_request_not_just_the_first_majority() {
+    serial(async {
+        // A lock held on a bare majority is lost when any one of those masters fails; the
+        // grant returns at the majority, but the other requests must still be sent. A request
+        // future dropped too early is never written (the connection skips requests nobody
+        // awaits), so this races: many rounds, each must reach all five.
+        let a = direct().await;
+        let opts = LockOptions::new(Duration::from_secs(10));
+        for round in 0..100 {
+            let name = fresh_name("every-master");
+            let lease = a.try_acquire(&name, &opts).await.unwrap().expect("free");
+            let deadline = Instant::now() + Duration::from_secs(1);
+            loop {
+                let on = keys_on(&name).await;
+                if on == PORTS {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: 1 s after the grant the lock key is only on masters {on:?} \
+                     of {PORTS:?}: the acquire was not sent to every master"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            lease.release().await.unwrap();
+        }
     });
 }
