@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lock_core::driver::LeaseTracker;
 use lock_core::memory::MemoryLock;
 use lock_core::{
-    Capabilities, DistributedLock, Error, FencingToken, Lease, LeaseState, LeaseTracker, LockName,
+    Capabilities, Deadline, DistributedLock, Error, FencingToken, Lease, LeaseState, LockName,
     LockOptions, LostSignal, Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
 };
 
@@ -551,6 +552,28 @@ impl DistributedLock for FlawedLock {
                 )))
             }
             (_, None) => Ok(None),
+        }
+    }
+    /// The flawed paths live in `try_acquire` and `acquire` (overridden, so a flaw can skip the
+    /// TTL validation the provided ones do); this maps a deadline onto them.
+    async fn acquire_until(
+        &self,
+        name: &LockName,
+        _ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let opts = match deadline {
+            Deadline::Now => return self.try_acquire(name, opts).await,
+            Deadline::At(t) => opts
+                .clone()
+                .wait_for(t.saturating_duration_since(Instant::now())),
+            Deadline::Never => opts.clone().wait_forever(),
+        };
+        match self.acquire(name, &opts).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
         }
     }
     async fn try_acquire(

@@ -99,7 +99,7 @@ impl Secrets {
         let userinfo = &rest[..at];
         let password = userinfo.split_once(':').map_or("", |(_, p)| p);
         let mut found = vec![userinfo.to_string(), password.to_string()];
-        found.push(distlock::lock_core::percent_decode(password));
+        found.push(distlock::lock_core::driver::percent_decode(password));
         found.extend(
             password
                 .split(['/', '?', '#', '@', ':', '%'])

@@ -11,7 +11,7 @@ use crate::{Error, Result};
 /// The parts of a multi-host URL, with user and password percent-decoded.
 ///
 /// ```
-/// use lock_core::MultiHostUrl;
+/// use lock_core::driver::MultiHostUrl;
 /// let u = MultiHostUrl::parse("etcd://app:p%40ss@a:1,b:2/locks?timeout_ms=500", "etcd", "etcd")?;
 /// assert_eq!(u.hosts, ["a:1", "b:2"]);
 /// assert_eq!(u.user.as_deref(), Some("app"));
@@ -117,7 +117,7 @@ impl MultiHostUrl {
 ///
 /// ```
 /// let hosts = ["a:1".to_string(), "b:2".to_string()];
-/// assert_eq!(lock_core::redacted_url("etcd", Some("app"), &hosts, None), "etcd://app:***@a:1,b:2");
+/// assert_eq!(lock_core::driver::redacted_url("etcd", Some("app"), &hosts, None), "etcd://app:***@a:1,b:2");
 /// ```
 pub fn redacted_url(
     scheme: &str,
@@ -145,8 +145,8 @@ impl fmt::Debug for MultiHostUrl {
 /// [`Error::Config`] naming `what` (the URL kind), the key and the value.
 ///
 /// ```
-/// assert!(lock_core::parse_bool_param("etcd URL", "tls", "1")?);
-/// assert!(lock_core::parse_bool_param("etcd URL", "tls", "yes").is_err());
+/// assert!(lock_core::driver::parse_bool_param("etcd URL", "tls", "1")?);
+/// assert!(lock_core::driver::parse_bool_param("etcd URL", "tls", "yes").is_err());
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 pub fn parse_bool_param(what: &str, key: &str, value: &str) -> crate::Result<bool> {
@@ -162,7 +162,7 @@ pub fn parse_bool_param(what: &str, key: &str, value: &str) -> crate::Result<boo
 /// `%XX` decoding; malformed escapes stay as they are (a password may contain `%`).
 ///
 /// ```
-/// assert_eq!(lock_core::percent_decode("p%40ss%2F100%"), "p@ss/100%");
+/// assert_eq!(lock_core::driver::percent_decode("p%40ss%2F100%"), "p@ss/100%");
 /// ```
 pub fn percent_decode(s: &str) -> String {
     let hex = |b: u8| (b as char).to_digit(16);
@@ -235,9 +235,9 @@ mod tests {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let ca = lock_core::TlsCa::Pem(b"-----BEGIN CERTIFICATE-----...".to_vec().into());
+/// let ca = lock_core::driver::TlsCa::Pem(b"-----BEGIN CERTIFICATE-----...".to_vec().into());
 /// assert!(ca.load().await.unwrap().starts_with(b"-----BEGIN"));
-/// let missing = lock_core::TlsCa::File("/nonexistent/ca.pem".into());
+/// let missing = lock_core::driver::TlsCa::File("/nonexistent/ca.pem".into());
 /// assert!(matches!(missing.load().await, Err(lock_core::Error::Config(_))));
 /// # }
 /// ```

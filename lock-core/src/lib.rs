@@ -6,9 +6,11 @@
 //!   applications hold an `Arc<dyn DistributedLock>` and pick the backend from configuration;
 //! - validated [`LockName`]s, [`LockOptions`] (TTL, [`Wait`], [`Renewal`]), [`FencingToken`]s,
 //!   [`Capabilities`] and one [`Error`] enum;
-//! - the lease state machine ([`LeaseState`], [`LostSignal`], [`LeaseTracker`]) and the one
-//!   watchdog, packaged as [`ManagedLease`] around a driver's [`LeaseOps`];
-//! - [`memory::MemoryLock`], the in-memory reference driver.
+//! - the lease states a holder watches ([`LeaseState`], [`LostSignal`]);
+//! - [`memory::MemoryLock`], the in-memory reference driver;
+//! - [`driver`]: what only driver authors need — the one watchdog, packaged as
+//!   [`ManagedLease`](driver::ManagedLease) around a driver's [`LeaseOps`](driver::LeaseOps),
+//!   the lease state machine, multi-host URLs, TLS material.
 //!
 //! ```
 //! use std::time::Duration;
@@ -35,6 +37,7 @@
 //! [`FencingToken`] to storage that rejects stale tokens where correctness matters.
 
 mod caps;
+pub mod driver;
 mod endpoint;
 mod error;
 mod managed;
@@ -47,11 +50,9 @@ mod traits;
 
 pub use async_trait::async_trait;
 pub use caps::{Capabilities, Fencing};
-pub use endpoint::{parse_bool_param, percent_decode, redacted_url, MultiHostUrl, TlsCa};
 pub use error::{BoxError, Error, Result};
-pub use managed::{drift, LeaseOps, ManagedLease};
 pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
-pub use options::{LockOptions, Renewal, Wait, MAX_TTL};
-pub use state::{LeaseState, LeaseTracker, LostSignal};
+pub use options::{Deadline, LockOptions, Renewal, Wait, MAX_TTL};
+pub use state::{LeaseState, LostSignal};
 pub use token::FencingToken;
-pub use traits::{acquire_with, DistributedLock, HolderInfo, Lease};
+pub use traits::{DistributedLock, HolderInfo, Lease};

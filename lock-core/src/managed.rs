@@ -6,18 +6,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+
+use crate::state::LeaseTracker;
 use tokio::task::JoinHandle;
 
-use crate::{
-    Error, FencingToken, Lease, LeaseState, LeaseTracker, LockName, LostSignal, Renewal, Result,
-};
+use crate::{Error, FencingToken, Lease, LeaseState, LockName, LostSignal, Renewal, Result};
 
 /// The backend half of a lease: what a driver must do on the server. Everything else — state,
 /// lost signal, watchdog, the release/renew ordering, drop — is [`ManagedLease`]'s job.
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use lock_core::{async_trait, LeaseOps, Result};
+/// use lock_core::{async_trait, driver::LeaseOps, Result};
 ///
 /// #[derive(Debug)]
 /// struct MyOps { ttl: Duration }
@@ -90,7 +90,7 @@ struct Shared<O> {
 /// A [`Lease`] made from a driver's [`LeaseOps`]: tracks Held/AtRisk/Lost, runs the watchdog for
 /// [`Renewal::Auto`], serialises renewals against release, and releases in the background on drop.
 ///
-/// Drivers return `Box::new(ManagedLease::new(...))` from `try_acquire`/`acquire`.
+/// Drivers return `Box::new(ManagedLease::new(...))` from `acquire_until`.
 pub struct ManagedLease<O: LeaseOps> {
     name: LockName,
     token: Option<FencingToken>,
@@ -100,17 +100,39 @@ pub struct ManagedLease<O: LeaseOps> {
     finished: bool,
 }
 
+/// What the backend granted: the facts of a fresh lease, for [`ManagedLease::new`].
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use lock_core::{driver::{drift, Grant}, FencingToken};
+/// let ttl = Duration::from_secs(10);
+/// let sent = Instant::now(); // read before the request went out
+/// let grant = Grant {
+///     token: Some(FencingToken::new(42)),
+///     ttl,
+///     valid_until: sent + ttl - drift(ttl),
+/// };
+/// assert!(grant.valid_until < sent + ttl);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// This grant's fencing token; `None` only for a driver declaring `Fencing::None`.
+    pub token: Option<FencingToken>,
+    /// The TTL the backend granted (the validated one, rounded up to its granularity).
+    pub ttl: Duration,
+    /// The conservative end of validity: measured from before the request was sent, plus
+    /// `ttl`, minus [`drift`].
+    pub valid_until: Instant,
+}
+
 impl<O: LeaseOps> ManagedLease<O> {
-    /// Wraps a fresh grant. `valid_until` is the conservative end of validity (acquisition start
-    /// + `ttl` − drift). With [`Renewal::Auto`] the watchdog starts here.
-    pub fn new(
-        name: LockName,
-        token: Option<FencingToken>,
-        ttl: Duration,
-        valid_until: Instant,
-        renewal: Renewal,
-        ops: O,
-    ) -> Self {
+    /// Wraps a fresh grant. With [`Renewal::Auto`] the watchdog starts here.
+    pub fn new(name: LockName, grant: Grant, renewal: Renewal, ops: O) -> Self {
+        let Grant {
+            token,
+            ttl,
+            valid_until,
+        } = grant;
         let granted_at = Instant::now();
         let shared = Arc::new(Shared {
             ops: Arc::new(ops),
@@ -338,7 +360,7 @@ impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
 ///
 /// ```
 /// use std::time::Duration;
-/// assert_eq!(lock_core::drift(Duration::from_secs(10)), Duration::from_millis(102));
+/// assert_eq!(lock_core::driver::drift(Duration::from_secs(10)), Duration::from_millis(102));
 /// ```
 pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
@@ -386,9 +408,11 @@ mod tests {
         let name = LockName::new("max-hold-order").map_err(|e| e.to_string())?;
         let lease = ManagedLease::new(
             name,
-            None,
-            Duration::from_millis(300),
-            Instant::now() + Duration::from_millis(300),
+            Grant {
+                token: None,
+                ttl: Duration::from_millis(300),
+                valid_until: Instant::now() + Duration::from_millis(300),
+            },
             Renewal::Auto {
                 max_hold: Some(Duration::from_millis(50)),
             },

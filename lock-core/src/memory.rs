@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
+use crate::driver::{LeaseOps, ManagedLease};
 use crate::{
-    Capabilities, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease, LeaseOps,
-    LockName, LockOptions, ManagedLease, Result,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
+    LockName, LockOptions, Result,
 };
 
 /// An in-process lock service. Cheap to clone; clones share the same locks.
@@ -63,7 +64,7 @@ struct Holder {
 }
 
 enum Attempt {
-    Granted(Grant),
+    Granted(Granted),
     /// Busy until `expires_at` (`None`: free, but waiters queued ahead).
     Busy {
         expires_at: Option<Instant>,
@@ -117,7 +118,7 @@ impl Store {
         let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
         let expires_at = now + ttl;
         slot.holder = Some(Holder { owner, expires_at });
-        Attempt::Granted(Grant {
+        Attempt::Granted(Granted {
             owner,
             fence: slot.fence,
             expires_at,
@@ -176,14 +177,16 @@ impl MemoryLock {
         name: &LockName,
         ttl: Duration,
         opts: &LockOptions,
-        grant: Grant,
+        grant: Granted,
     ) -> Box<dyn Lease> {
         // Same clock as the store's expiry: valid_until is exactly the expiry, no drift.
         Box::new(ManagedLease::new(
             name.clone(),
-            Some(FencingToken::new(grant.fence)),
-            ttl,
-            grant.expires_at,
+            crate::driver::Grant {
+                token: Some(FencingToken::new(grant.fence)),
+                ttl,
+                valid_until: grant.expires_at,
+            },
             opts.renewal,
             MemoryLeaseOps {
                 store: self.store.clone(),
@@ -195,7 +198,7 @@ impl MemoryLock {
     }
 }
 
-struct Grant {
+struct Granted {
     owner: u64,
     fence: u64,
     expires_at: Instant,
@@ -222,18 +225,6 @@ impl DistributedLock for MemoryLock {
         CAPS
     }
 
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        let ttl = opts.validate(&CAPS)?;
-        Ok(match self.store.attempt(name, ttl, None) {
-            Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
-            Attempt::Busy { .. } => None,
-        })
-    }
-
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let now = Instant::now();
         let mut slots = self.store.slots();
@@ -250,10 +241,19 @@ impl DistributedLock for MemoryLock {
         }))
     }
 
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let ttl = opts.validate(&CAPS)?;
-        let start = Instant::now();
-        let deadline = opts.wait.deadline(start);
+    async fn acquire_until(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        if deadline == Deadline::Now {
+            return Ok(match self.store.attempt(name, ttl, None) {
+                Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
+                Attempt::Busy { .. } => None,
+            });
+        }
         let id = self.store.next_id.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
         // Join the queue (or take the lock) in one step, so no release can slip in between.
@@ -271,9 +271,11 @@ impl DistributedLock for MemoryLock {
         };
         let Some(mut expires_at) = expires_at else {
             return match self.store.attempt(name, ttl, None) {
-                Attempt::Granted(grant) => Ok(self.lease(name, ttl, opts, grant)),
+                Attempt::Granted(grant) => Ok(Some(self.lease(name, ttl, opts, grant))),
                 // Lost a race with another client between the two steps: wait like the rest.
-                Attempt::Busy { .. } => Box::pin(self.acquire(name, opts)).await,
+                Attempt::Busy { .. } => {
+                    Box::pin(self.acquire_until(name, ttl, opts, deadline)).await
+                }
             };
         };
         let _guard = QueueGuard {
@@ -282,12 +284,8 @@ impl DistributedLock for MemoryLock {
             id,
         };
         loop {
-            let timeout = || Error::Timeout {
-                name: name.clone(),
-                waited: start.elapsed(),
-            };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(timeout());
+            if deadline.passed() {
+                return Ok(None);
             }
             let expiry = async {
                 match expires_at {
@@ -295,19 +293,13 @@ impl DistributedLock for MemoryLock {
                     None => std::future::pending().await,
                 }
             };
-            let until_deadline = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 _ = notify.notified() => {}
                 _ = expiry => {}
-                _ = until_deadline => return Err(timeout()),
+                _ = deadline.sleep() => return Ok(None),
             }
             match self.store.attempt(name, ttl, Some(id)) {
-                Attempt::Granted(grant) => return Ok(self.lease(name, ttl, opts, grant)),
+                Attempt::Granted(grant) => return Ok(Some(self.lease(name, ttl, opts, grant))),
                 Attempt::Busy { expires_at: e } => expires_at = e,
             }
         }

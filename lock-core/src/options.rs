@@ -41,6 +41,71 @@ impl Wait {
     }
 }
 
+/// How long one acquisition may wait: what [`DistributedLock::acquire_until`] receives.
+///
+/// [`DistributedLock::acquire_until`]: crate::DistributedLock::acquire_until
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use lock_core::{Deadline, Wait};
+/// let now = Instant::now();
+/// assert_eq!(Deadline::from_wait(Wait::No, now), Deadline::Now);
+/// assert_eq!(Deadline::from_wait(Wait::Forever, now), Deadline::Never);
+/// let d = Deadline::from_wait(Wait::For(Duration::from_secs(1)), now);
+/// assert_eq!(d.at(), Some(now + Duration::from_secs(1)));
+/// assert!(!d.passed() && Deadline::Now.passed());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Deadline {
+    /// One attempt: if the lock is busy, give up at once and leave nothing behind (no queue
+    /// entry on FIFO backends).
+    Now,
+    /// Wait, in the queue where the backend has one, until this instant.
+    At(Instant),
+    /// Wait as long as it takes.
+    Never,
+}
+
+impl Deadline {
+    /// The deadline of a call that started at `start` and may wait as `wait` says.
+    pub fn from_wait(wait: Wait, start: Instant) -> Self {
+        match wait {
+            Wait::No => Deadline::Now,
+            Wait::For(d) => start.checked_add(d).map_or(Deadline::Never, Deadline::At),
+            Wait::Forever => Deadline::Never,
+        }
+    }
+
+    /// The instant to give up at; `None` for [`Now`](Self::Now) (no waiting at all) and
+    /// [`Never`](Self::Never).
+    pub fn at(self) -> Option<Instant> {
+        match self {
+            Deadline::At(t) => Some(t),
+            Deadline::Now | Deadline::Never => None,
+        }
+    }
+
+    /// Whether the caller must not wait (any more): [`Now`](Self::Now), or an instant that has
+    /// passed.
+    pub fn passed(self) -> bool {
+        match self {
+            Deadline::Now => true,
+            Deadline::At(t) => Instant::now() >= t,
+            Deadline::Never => false,
+        }
+    }
+
+    /// Sleeps until the deadline; never returns for [`Never`](Self::Never), at once for
+    /// [`Now`](Self::Now). For `tokio::select!` against the backend's notification.
+    pub async fn sleep(self) {
+        match self {
+            Deadline::Now => {}
+            Deadline::At(t) => tokio::time::sleep_until(t.into()).await,
+            Deadline::Never => std::future::pending().await,
+        }
+    }
+}
+
 /// Who keeps a lease alive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -53,7 +53,7 @@ impl Status {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use lock_core::{LeaseState, LeaseTracker};
+/// use lock_core::{driver::LeaseTracker, LeaseState};
 /// let tracker = LeaseTracker::new(Instant::now() + Duration::from_secs(5));
 /// assert_eq!(tracker.state(), LeaseState::Held);
 /// tracker.at_risk();

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::{Capabilities, FencingToken, LeaseState, LockName, LockOptions, LostSignal, Result};
+use crate::{
+    Capabilities, Deadline, FencingToken, LeaseState, LockName, LockOptions, LostSignal, Result,
+};
 
 /// A lock service: one backend, one client (connection, session) shared by all its leases.
 ///
@@ -40,23 +42,54 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// What this driver can promise.
     fn capabilities(&self) -> Capabilities;
 
+    /// The one acquisition a driver implements; applications call
+    /// [`try_acquire`](Self::try_acquire) or [`acquire`](Self::acquire), which validate the
+    /// options against [`capabilities`](Self::capabilities) and pass the effective `ttl` here.
+    ///
+    /// Returns the lease, or `Ok(None)` when the lock was not granted by `deadline`
+    /// ([`Deadline::Now`]: it is held, or on FIFO backends waiters are queued ahead). Nothing of
+    /// a losing or timed-out attempt stays behind on the backend.
+    ///
+    /// Waiting never polls: drivers wake on the backend's notification (or the holder's
+    /// expiry). Cancel-safe: dropping the future leaves no waiter record behind and no held
+    /// lock — also when a request already on its way still gets the lock after the caller
+    /// left: the driver undoes that grant in the background (conformance case
+    /// `waiting::cancelled_in_flight_leaves_no_holder`). Only where no runtime is left to send
+    /// the undo does such a grant stay until its TTL.
+    async fn acquire_until(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>>;
+
     /// One attempt. `Ok(None)` means someone else holds the lock (or, on FIFO backends, waiters
     /// are queued ahead). A losing attempt leaves nothing behind on the backend.
     async fn try_acquire(
         &self,
         name: &LockName,
         opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Lease>>>;
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let ttl = opts.validate(&self.capabilities())?;
+        self.acquire_until(name, ttl, opts, Deadline::Now).await
+    }
 
-    /// Waits for the lock as long as `opts.wait` allows, then [`Error::Timeout`](crate::Error::Timeout).
-    ///
-    /// Waiting never polls: drivers wake on the backend's notification (or the holder's expiry).
-    /// Cancel-safe: dropping the future leaves no waiter record behind and no held lock — also
-    /// when a request already on its way still gets the lock after the caller left: the driver
-    /// undoes that grant in the background (conformance case
-    /// `waiting::cancelled_in_flight_leaves_no_holder`). Only where no runtime is left to send
-    /// the undo does such a grant stay until its TTL.
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>>;
+    /// Waits for the lock as long as `opts.wait` allows, then
+    /// [`Error::Timeout`](crate::Error::Timeout). Cancel-safe, like
+    /// [`acquire_until`](Self::acquire_until).
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        let ttl = opts.validate(&self.capabilities())?;
+        let start = Instant::now();
+        let deadline = Deadline::from_wait(opts.wait, start);
+        match self.acquire_until(name, ttl, opts, deadline).await? {
+            Some(lease) => Ok(lease),
+            None => Err(crate::Error::Timeout {
+                name: name.clone(),
+                waited: start.elapsed(),
+            }),
+        }
+    }
 
     /// Who holds `name` now, read without acquiring it: `Ok(None)` if it is free. For
     /// operators and status commands; by the time the answer arrives it may be stale.
@@ -69,41 +102,6 @@ pub trait DistributedLock: Send + Sync + Debug {
             backend: self.backend(),
             operation: "inspect",
         })
-    }
-}
-
-/// The `acquire` of a driver whose waiting loop is `contend(deadline, no_wait)`: derives the
-/// deadline from `opts.wait` (measured from now) and turns "not granted in time" (`Ok(None)`)
-/// into [`Error::Timeout`](crate::Error::Timeout).
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use std::time::Duration;
-/// use lock_core::{acquire_with, Error, LockName, LockOptions};
-/// let name = LockName::new("busy").unwrap();
-/// let opts = LockOptions::new(Duration::from_secs(1)).wait_for(Duration::from_millis(10));
-/// // A backend where the lock is always held: the wait runs out.
-/// let r = acquire_with(&name, &opts, |_deadline, _no_wait| async { Ok(None) }).await;
-/// assert!(matches!(r, Err(Error::Timeout { .. })));
-/// # }
-/// ```
-pub async fn acquire_with<F, Fut>(
-    name: &LockName,
-    opts: &LockOptions,
-    contend: F,
-) -> Result<Box<dyn Lease>>
-where
-    F: FnOnce(Option<Instant>, bool) -> Fut,
-    Fut: std::future::Future<Output = Result<Option<Box<dyn Lease>>>>,
-{
-    let start = Instant::now();
-    let deadline = opts.wait.deadline(start);
-    match contend(deadline, opts.wait == crate::Wait::No).await? {
-        Some(lease) => Ok(lease),
-        None => Err(crate::Error::Timeout {
-            name: name.clone(),
-            waited: start.elapsed(),
-        }),
     }
 }
 
@@ -191,48 +189,45 @@ pub trait Lease: Send + Sync + Debug {
     }
 }
 
-#[async_trait]
-impl<T: DistributedLock + ?Sized> DistributedLock for Arc<T> {
-    fn backend(&self) -> &'static str {
-        (**self).backend()
-    }
-    fn capabilities(&self) -> Capabilities {
-        (**self).capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        (**self).try_acquire(name, opts).await
-    }
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        (**self).acquire(name, opts).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        (**self).inspect(name).await
-    }
+/// `Arc<T>` and `Box<T>` are locks too, forwarding every method (provided ones included, so a
+/// driver's own override is kept); clippy's `missing_trait_methods` catches a method added to
+/// the trait and not forwarded here.
+macro_rules! forward {
+    ($ptr:ident) => {
+        #[async_trait]
+        #[warn(clippy::missing_trait_methods)]
+        impl<T: DistributedLock + ?Sized> DistributedLock for $ptr<T> {
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            async fn acquire_until(
+                &self,
+                name: &LockName,
+                ttl: Duration,
+                opts: &LockOptions,
+                deadline: Deadline,
+            ) -> Result<Option<Box<dyn Lease>>> {
+                (**self).acquire_until(name, ttl, opts, deadline).await
+            }
+            async fn try_acquire(
+                &self,
+                name: &LockName,
+                opts: &LockOptions,
+            ) -> Result<Option<Box<dyn Lease>>> {
+                (**self).try_acquire(name, opts).await
+            }
+            async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+                (**self).acquire(name, opts).await
+            }
+            async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+                (**self).inspect(name).await
+            }
+        }
+    };
 }
 
-#[async_trait]
-impl<T: DistributedLock + ?Sized> DistributedLock for Box<T> {
-    fn backend(&self) -> &'static str {
-        (**self).backend()
-    }
-    fn capabilities(&self) -> Capabilities {
-        (**self).capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        (**self).try_acquire(name, opts).await
-    }
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        (**self).acquire(name, opts).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        (**self).inspect(name).await
-    }
-}
+forward!(Arc);
+forward!(Box);

@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use lock_core::{
-    Capabilities, Error, LockName, LockOptions, MultiHostUrl, MAX_NAME_LEN, NAME_PUNCTUATION,
-};
+use lock_core::driver::MultiHostUrl;
+use lock_core::{Capabilities, Error, LockName, LockOptions, MAX_NAME_LEN, NAME_PUNCTUATION};
 use proptest::prelude::*;
 
 fn valid_name() -> impl Strategy<Value = String> {
@@ -122,7 +121,7 @@ proptest! {
         prop_assert_eq!(u.user.as_deref(), Some("user"));
         prop_assert_eq!(u.password.as_deref(), Some(pw.as_str()));
         prop_assert_eq!(u.path.as_deref(), Some("/2"));
-        let shown = lock_core::redacted_url("redlock", u.user.as_deref(), &u.hosts, u.path.as_deref());
+        let shown = lock_core::driver::redacted_url("redlock", u.user.as_deref(), &u.hosts, u.path.as_deref());
         prop_assert!(!leaks(&shown, &pw), "{shown}");
     }
 }

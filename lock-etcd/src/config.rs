@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{redacted_url, Error, MultiHostUrl, Result, TlsCa};
+use lock_core::driver::{redacted_url, MultiHostUrl, TlsCa};
+use lock_core::{Error, Result};
 
 /// Where the cluster is and how this client talks to it.
 ///
@@ -75,7 +76,7 @@ impl EtcdConfig {
                 "timeout_ms" => cfg = cfg.with_request_timeout(ms()?),
                 "connect_timeout_ms" => cfg = cfg.with_connect_timeout(ms()?),
                 "tls" => {
-                    cfg = cfg.with_tls(lock_core::parse_bool_param("etcd URL", "tls", &v)?)
+                    cfg = cfg.with_tls(lock_core::driver::parse_bool_param("etcd URL", "tls", &v)?)
                 }
                 "tls_ca_file" => tls_ca_file = Some(v),
                 other => {

@@ -10,9 +10,10 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
     SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
+use lock_core::driver::{drift, Grant, LeaseOps, ManagedLease};
 use lock_core::{
-    drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Result,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
+    LockOptions, Result,
 };
 
 use crate::EtcdConfig;
@@ -163,7 +164,7 @@ impl EtcdLock {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use lock_core::{DistributedLock, LockName, LockOptions};
+    /// use lock_core::{DistributedLock, LockName, LockOptions, Deadline};
     /// use lock_etcd::{etcd_client::TxnOp, EtcdLock};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> lock_core::Result<()> {
@@ -301,7 +302,7 @@ impl EtcdLock {
         (pred, pred_rev): (Vec<u8>, i64),
         seen: i64,
         lease: &mut WaitingLease,
-        deadline: Option<Instant>,
+        deadline: Deadline,
     ) -> Result<Woken> {
         // No start revision: the watch starts at the server's current one. Any start revision
         // in the past (even `seen + 1` once other keys changed) puts the watcher in etcd 3.4's
@@ -318,12 +319,7 @@ impl EtcdLock {
             Err(e) => return Err(e),
         };
         loop {
-            let until_deadline = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let until_deadline = deadline.sleep();
             tokio::select! {
                 msg = stream.message() => match msg {
                     Ok(Some(resp)) if resp.created() => {
@@ -495,11 +491,10 @@ impl EtcdLock {
     async fn contend(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
-        deadline: Option<Instant>,
-        no_wait: bool,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let ttl = opts.validate(&self.inner.caps)?;
         let Enqueued {
             id,
             ttl: granted_ttl,
@@ -520,7 +515,7 @@ impl EtcdLock {
             name: name.clone(),
         };
         if !head_is_me {
-            if no_wait {
+            if deadline == Deadline::Now {
                 guard.revoke_now(self).await;
                 return Ok(None);
             }
@@ -556,7 +551,7 @@ impl EtcdLock {
                     }
                     Err(e) => return Err(e),
                 };
-                if deadline.is_some_and(|d| Instant::now() >= d) {
+                if deadline.passed() {
                     guard.revoke_now(self).await;
                     return Ok(None);
                 }
@@ -590,9 +585,11 @@ impl EtcdLock {
         };
         Ok(Some(Box::new(ManagedLease::new(
             name.clone(),
-            Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
-            granted_ttl,
-            lease.valid_until,
+            Grant {
+                token: Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
+                ttl: granted_ttl,
+                valid_until: lease.valid_until,
+            },
             opts.renewal,
             ops,
         ))))
@@ -779,12 +776,14 @@ impl DistributedLock for EtcdLock {
         self.inner.caps
     }
 
-    async fn try_acquire(
+    async fn acquire_until(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, opts, None, true).await
+        self.contend(name, ttl, opts, deadline).await
     }
 
     /// The oldest key under the name (the holder): its `create_revision`, and its lease's
@@ -812,13 +811,6 @@ impl DistributedLock for EtcdLock {
             u64::try_from(rev).ok().map(FencingToken::new),
             ttl,
         )))
-    }
-
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        lock_core::acquire_with(name, opts, |deadline, no_wait| {
-            self.contend(name, opts, deadline, no_wait)
-        })
-        .await
     }
 }
 

@@ -127,7 +127,7 @@ impl lock_core::Lease for ShadowLease {
         lock_core::LeaseState::Lost
     }
     fn lost(&self) -> lock_core::LostSignal {
-        lock_core::LeaseTracker::new(std::time::Instant::now()).signal()
+        lock_core::driver::LeaseTracker::new(std::time::Instant::now()).signal()
     }
     async fn renew(&self) -> lock_core::Result<()> {
         Err(Error::NotHeld {

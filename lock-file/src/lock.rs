@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lock_core::driver::{Grant, LeaseOps, ManagedLease};
 use lock_core::{
-    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Renewal, Result,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
+    LockOptions, Renewal, Result,
 };
 use tokio::sync::Notify;
 
@@ -127,6 +128,7 @@ impl FileLock {
     async fn try_once(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
         let path = self.path_of(name);
@@ -137,7 +139,6 @@ impl FileLock {
         let Some((file, token, id)) = got else {
             return Ok(None);
         };
-        let ttl = opts.ttl;
         // The lock lasts while this process holds the file; the watchdog re-checks that the
         // path still names it (a deleted file is a broken lock), and honours max_hold.
         let renewal = match opts.renewal {
@@ -154,9 +155,11 @@ impl FileLock {
         };
         Ok(Some(Box::new(ManagedLease::new(
             name.clone(),
-            Some(FencingToken::new(token)),
-            ttl,
-            Instant::now() + ttl,
+            Grant {
+                token: Some(FencingToken::new(token)),
+                ttl,
+                valid_until: Instant::now() + ttl,
+            },
             renewal,
             ops,
         ))))
@@ -165,11 +168,10 @@ impl FileLock {
     async fn contend(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
-        deadline: Option<Instant>,
-        no_wait: bool,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        opts.validate(&self.capabilities())?;
         let waker = self.waker(name);
         let path = self.path_of(name);
         // Releases by other processes (or other `FileLock`s), where the OS can tell us.
@@ -181,11 +183,11 @@ impl FileLock {
             let released = waker.notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            if let Some(lease) = self.try_once(name, opts).await? {
+            if let Some(lease) = self.try_once(name, ttl, opts).await? {
                 return Ok(Some(lease));
             }
             let now = Instant::now();
-            if no_wait || deadline.is_some_and(|d| now >= d) {
+            if deadline.passed() {
                 return Ok(None);
             }
             if !watched {
@@ -202,7 +204,7 @@ impl FileLock {
                 MAX_BACKOFF
             };
             let mut pause = jitter(backoff);
-            if let Some(d) = deadline {
+            if let Some(d) = deadline.at() {
                 pause = pause.min(d - now);
             }
             tokio::select! {
@@ -448,12 +450,14 @@ impl DistributedLock for FileLock {
             .with_per_lock_ttl(false)
     }
 
-    async fn try_acquire(
+    async fn acquire_until(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, opts, None, true).await
+        self.contend(name, ttl, opts, deadline).await
     }
 
     /// Held if the file's advisory lock cannot be taken; the token is the counter in the file.
@@ -464,13 +468,6 @@ impl DistributedLock for FileLock {
         blocking(move || peek(&p))
             .await?
             .map_err(|e| io_error(&path, e))
-    }
-
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        lock_core::acquire_with(name, opts, |deadline, no_wait| {
-            self.contend(name, opts, deadline, no_wait)
-        })
-        .await
     }
 }
 

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{percent_decode, Error, Result, TlsCa};
+use lock_core::driver::{percent_decode, TlsCa};
+use lock_core::{Error, Result};
 
 /// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
 pub const DEFAULT_PREFIX: &str = "distlock:";
@@ -108,7 +109,7 @@ impl RedisConfig {
             match &*k {
                 "prefix" => cfg = cfg.with_prefix(v.into_owned())?,
                 "allow_eviction" => {
-                    cfg = cfg.with_allow_eviction(lock_core::parse_bool_param("Redis URL", &k, &v)?)
+                    cfg = cfg.with_allow_eviction(lock_core::driver::parse_bool_param("Redis URL", &k, &v)?)
                 }
                 "tls_ca_file" if tls => cfg = cfg.with_tls_ca_file(&*v),
                 "tls_ca_file" => {

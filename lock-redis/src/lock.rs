@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lock_core::driver::{Grant, LeaseOps, ManagedLease};
 use lock_core::{
-    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Result, Wait,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
+    LockOptions, Result,
 };
 use redis::aio::ConnectionManager;
 
@@ -17,7 +18,7 @@ use crate::{RedisConfig, RedisNode, ReleaseOnDrop};
 const BACKEND: &str = "redis";
 
 /// Clock drift allowance subtracted from every validity (re-exported from `lock-core`).
-pub use lock_core::drift;
+pub use lock_core::driver::drift;
 
 /// A distributed lock on one Redis server (or one Redis Cluster slot owner).
 ///
@@ -143,9 +144,11 @@ impl RedisLock {
                 let fenced = self.inner.caps.fencing != Fencing::None;
                 return Ok(Ok(Box::new(ManagedLease::new(
                     name.clone(),
-                    fenced.then(|| FencingToken::new(fence)),
-                    ttl,
-                    valid_until,
+                    Grant {
+                        token: fenced.then(|| FencingToken::new(fence)),
+                        ttl,
+                        valid_until,
+                    },
                     opts.renewal,
                     ops,
                 ))));
@@ -204,21 +207,17 @@ impl DistributedLock for RedisLock {
         self.inner.caps
     }
 
-    async fn try_acquire(
+    async fn acquire_until(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let ttl = opts.validate(&self.inner.caps)?;
         let keys = self.keys(name);
-        Ok(self.attempt(name, &keys, ttl, opts).await?.ok())
-    }
-
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let ttl = opts.validate(&self.inner.caps)?;
-        let start = Instant::now();
-        let deadline = opts.wait.deadline(start);
-        let keys = self.keys(name);
+        if deadline == Deadline::Now {
+            return Ok(self.attempt(name, &keys, ttl, opts).await?.ok());
+        }
         let mut watch = None;
         let mut backoff = MIN_BACKOFF;
         let mut first = true;
@@ -229,7 +228,7 @@ impl DistributedLock for RedisLock {
                 match self.inner.node.watch_releases(&keys).await {
                     Ok(w) => watch = Some(w),
                     Err(e) => {
-                        ride_out(e, &mut backoff, deadline, opts.wait).await?;
+                        ride_out(e, &mut backoff, deadline).await?;
                         continue;
                     }
                 }
@@ -242,21 +241,18 @@ impl DistributedLock for RedisLock {
                 n.as_mut().enable();
             }
             let remaining = match self.attempt(name, &keys, ttl, opts).await {
-                Ok(Ok(lease)) => return Ok(lease),
+                Ok(Ok(lease)) => return Ok(Some(lease)),
                 Ok(Err(remaining)) => {
                     backoff = MIN_BACKOFF;
                     remaining
                 }
                 Err(e) => {
-                    ride_out(e, &mut backoff, deadline, opts.wait).await?;
+                    ride_out(e, &mut backoff, deadline).await?;
                     continue;
                 }
             };
-            if opts.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Error::Timeout {
-                    name: name.clone(),
-                    waited: start.elapsed(),
-                });
+            if deadline.passed() {
+                return Ok(None);
             }
             let Some(notified) = notified else {
                 continue; // subscribe, then retry
@@ -268,7 +264,7 @@ impl DistributedLock for RedisLock {
                 None => Duration::from_secs(1),
             };
             let wake = Instant::now() + sleep_for;
-            let wake = deadline.map_or(wake, |d| wake.min(d));
+            let wake = deadline.at().map_or(wake, |d| wake.min(d));
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep_until(wake.into()) => {}
@@ -280,15 +276,13 @@ impl DistributedLock for RedisLock {
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A transient error while waiting is retried after a growing pause (50 ms doubling to 1 s)
-/// as long as the wait allows; otherwise it is returned. `Wait::No` never retries.
-async fn ride_out(
-    e: Error,
-    backoff: &mut Duration,
-    deadline: Option<Instant>,
-    wait: Wait,
-) -> Result<()> {
+/// as long as the wait allows; otherwise it is returned. `Deadline::Now` never retries.
+async fn ride_out(e: Error, backoff: &mut Duration, deadline: Deadline) -> Result<()> {
     let retry_by = Instant::now() + *backoff;
-    if !e.is_retryable() || wait == Wait::No || deadline.is_some_and(|d| retry_by >= d) {
+    if !e.is_retryable()
+        || deadline == Deadline::Now
+        || deadline.at().is_some_and(|d| retry_by >= d)
+    {
         return Err(e);
     }
     tracing::warn!(error = %e, retry_in = ?*backoff, "lock request failed; retrying while the wait allows");

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, MultiHostUrl, Result};
+use lock_core::driver::MultiHostUrl;
+use lock_core::{Error, Result};
 use lock_redis::RedisConfig;
 
 /// Masters and timings for [`RedlockLock`](crate::RedlockLock).
@@ -69,7 +70,7 @@ impl RedlockConfig {
         };
         let tls = match query("tls") {
             None => false,
-            Some(v) => lock_core::parse_bool_param("Redlock URL", "tls", v)?,
+            Some(v) => lock_core::driver::parse_bool_param("Redlock URL", "tls", v)?,
         };
         let scheme = if tls { "rediss" } else { "redis" };
         let mut masters = Vec::with_capacity(u.hosts.len());
@@ -127,7 +128,7 @@ impl RedlockConfig {
                 "retry_delay_ms" => cfg.with_retry_delay(ms(k, v)?),
                 "min_validity_ms" => cfg.with_min_validity(ms(k, v)?),
                 "allow_eviction" => {
-                    let allow = lock_core::parse_bool_param("Redlock URL", k, v)?;
+                    let allow = lock_core::driver::parse_bool_param("Redlock URL", k, v)?;
                     cfg.masters = cfg
                         .masters
                         .into_iter()

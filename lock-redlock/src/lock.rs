@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use lock_core::driver::{Grant, LeaseOps, ManagedLease};
 use lock_core::{
-    Capabilities, DistributedLock, Error, Fencing, Lease, LeaseOps, LockName, LockOptions,
-    ManagedLease, Result, Wait,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, Lease, LockName, LockOptions, Result,
 };
 use lock_redis::scripts::{self, Acquired, LockKeys};
 use lock_redis::{RedisNode, ReleaseOnDrop};
@@ -204,9 +204,11 @@ impl RedlockLock {
             };
             return Ok(Attempt::Granted(Box::new(ManagedLease::new(
                 name.clone(),
-                None,
-                ttl,
-                start + ttl.saturating_sub(drift),
+                Grant {
+                    token: None,
+                    ttl,
+                    valid_until: start + ttl.saturating_sub(drift),
+                },
                 opts.renewal,
                 ops,
             ))));
@@ -267,6 +269,29 @@ impl RedlockLock {
         }
         same_server_twice(nodes)?;
         Ok(unchecked)
+    }
+
+    /// One acquisition without waiting: a split vote (nobody won) is retried after a random
+    /// pause, up to `retry_count` times, as Redlock prescribes; a lock a majority reports held
+    /// is `Ok(None)` at once.
+    async fn once(
+        &self,
+        name: &LockName,
+        keys: &Arc<LockKeys>,
+        ttl: Duration,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        for attempt in 1..=self.inner.config.retry_count() {
+            match self.attempt(name, keys, ttl, opts).await? {
+                Attempt::Granted(l) => return Ok(Some(l)),
+                Attempt::Busy(Some(_)) => return Ok(None),
+                Attempt::Busy(None) if attempt < self.inner.config.retry_count() => {
+                    tokio::time::sleep(self.jitter()).await;
+                }
+                Attempt::Busy(None) => return Ok(None),
+            }
+        }
+        Ok(None)
     }
 
     /// A random pause in `0..retry_delay`, so competing clients do not retry in lockstep.
@@ -449,33 +474,17 @@ impl DistributedLock for RedlockLock {
             }))
     }
 
-    async fn try_acquire(
+    async fn acquire_until(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let ttl = opts.validate(&CAPS)?;
         let keys = self.keys(name);
-        for attempt in 1..=self.inner.config.retry_count() {
-            match self.attempt(name, &keys, ttl, opts).await? {
-                Attempt::Granted(l) => return Ok(Some(l)),
-                // A majority reported a holder: it is held.
-                Attempt::Busy(Some(_)) => return Ok(None),
-                // Split vote: nobody won. Retry after a random pause, as Redlock prescribes.
-                Attempt::Busy(None) if attempt < self.inner.config.retry_count() => {
-                    tokio::time::sleep(self.jitter()).await;
-                }
-                Attempt::Busy(None) => return Ok(None),
-            }
+        if deadline == Deadline::Now {
+            return self.once(name, &keys, ttl, opts).await;
         }
-        Ok(None)
-    }
-
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let ttl = opts.validate(&CAPS)?;
-        let start = Instant::now();
-        let deadline = opts.wait.deadline(start);
-        let keys = self.keys(name);
         let mut watches = Vec::new();
         let mut subscribed = false;
         loop {
@@ -488,11 +497,11 @@ impl DistributedLock for RedlockLock {
                 w.as_mut().enable();
             }
             let remaining = match self.attempt(name, &keys, ttl, opts).await {
-                Ok(Attempt::Granted(l)) => return Ok(l),
+                Ok(Attempt::Granted(l)) => return Ok(Some(l)),
                 Ok(Attempt::Busy(r)) => r,
-                Err(e) if e.is_retryable() && opts.wait != Wait::No => {
+                Err(e) if e.is_retryable() => {
                     let pause = self.jitter().max(Duration::from_millis(10));
-                    if deadline.is_some_and(|d| Instant::now() + pause >= d) {
+                    if deadline.at().is_some_and(|d| Instant::now() + pause >= d) {
                         return Err(e);
                     }
                     tracing::warn!(error = %e, "Redlock attempt failed; retrying while the wait allows");
@@ -501,11 +510,8 @@ impl DistributedLock for RedlockLock {
                 }
                 Err(e) => return Err(e),
             };
-            if opts.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Error::Timeout {
-                    name: name.clone(),
-                    waited: start.elapsed(),
-                });
+            if deadline.passed() {
+                return Ok(None);
             }
             if !subscribed {
                 // Subscribe on every master that answers, then retry at once: a release
@@ -533,7 +539,7 @@ impl DistributedLock for RedlockLock {
                 None => self.jitter(),
             };
             let wake = Instant::now() + sleep_for;
-            let wake = deadline.map_or(wake, |d| wake.min(d));
+            let wake = deadline.at().map_or(wake, |d| wake.min(d));
             if wakes.is_empty() {
                 tokio::time::sleep_until(wake.into()).await;
             } else {

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{redacted_url, Error, MultiHostUrl, Result};
+use lock_core::driver::{redacted_url, MultiHostUrl};
+use lock_core::{Error, Result};
 
 /// Where the ensemble is and how this client's session behaves.
 ///

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lock_core::driver::{drift, Grant, LeaseOps, ManagedLease};
 use lock_core::{
-    drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Renewal, Result,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
+    LockOptions, Renewal, Result,
 };
 use zookeeper_client::{Acls, Client, CreateMode, Stat};
 
@@ -266,14 +267,13 @@ impl ZkLock {
     }
 
     /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, `t` = start of the request
-    /// that confirmed it. `Ok(None)`: not granted by the deadline (or at once, for `no_wait`).
+    /// that confirmed it. `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
     async fn wait_turn(
         &self,
         client: &Client,
         parent: &str,
         me: &str,
-        deadline: Option<Instant>,
-        no_wait: bool,
+        deadline: Deadline,
     ) -> Result<Option<Instant>> {
         loop {
             let asked = Instant::now();
@@ -292,7 +292,7 @@ impl ZkLock {
             if idx == 0 {
                 return Ok(Some(asked));
             }
-            if no_wait || deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.passed() {
                 return Ok(None);
             }
             let pred = format!("{parent}/{}", children[idx - 1].1);
@@ -303,12 +303,7 @@ impl ZkLock {
             if stat.is_none() {
                 continue; // gone between the listing and the watch
             }
-            let until = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let until = deadline.sleep();
             tokio::select! {
                 _ = watcher.changed() => {
                     self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -321,20 +316,16 @@ impl ZkLock {
     async fn contend(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
-        deadline: Option<Instant>,
-        no_wait: bool,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let ttl = opts.validate(&self.inner.caps)?;
         // A session that ends before the grant loses nothing (no lease was handed out): try
         // once more on a new session.
         let mut retried = false;
         loop {
             let client = self.live_session().await?;
-            match self
-                .contend_on(&client, name, opts, ttl, deadline, no_wait)
-                .await
-            {
+            match self.contend_on(&client, name, opts, ttl, deadline).await {
                 Err(_) if !retried && client.state().is_terminated() => retried = true,
                 r => return r,
             }
@@ -347,8 +338,7 @@ impl ZkLock {
         name: &LockName,
         opts: &LockOptions,
         ttl: Duration,
-        deadline: Option<Instant>,
-        no_wait: bool,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
         let parent = self.parent(name);
         let (me, stat) = self.enqueue(client, &parent).await?;
@@ -358,10 +348,7 @@ impl ZkLock {
             client: client.clone(),
             path: Some(path.clone()),
         };
-        match self
-            .wait_turn(client, &parent, &me, deadline, no_wait)
-            .await
-        {
+        match self.wait_turn(client, &parent, &me, deadline).await {
             Ok(Some(confirmed)) => {
                 guard.path = None;
                 // This session's own timeout: a re-opened session may have been granted
@@ -380,9 +367,11 @@ impl ZkLock {
                 };
                 Ok(Some(Box::new(ManagedLease::new(
                     name.clone(),
-                    Some(FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0))),
-                    ttl,
-                    confirmed + st.saturating_sub(drift(st)),
+                    Grant {
+                        token: Some(FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0))),
+                        ttl,
+                        valid_until: confirmed + st.saturating_sub(drift(st)),
+                    },
                     renewal,
                     ops,
                 ))))
@@ -578,12 +567,14 @@ impl DistributedLock for ZkLock {
         self.inner.caps
     }
 
-    async fn try_acquire(
+    async fn acquire_until(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, opts, None, true).await
+        self.contend(name, ttl, opts, deadline).await
     }
 
     /// The lowest sequence node (the holder) and its `czxid`; the lock lives as long as its
@@ -609,13 +600,6 @@ impl DistributedLock for ZkLock {
             }
         }
         Ok(None)
-    }
-
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        lock_core::acquire_with(name, opts, |deadline, no_wait| {
-            self.contend(name, opts, deadline, no_wait)
-        })
-        .await
     }
 }
 

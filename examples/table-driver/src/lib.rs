@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lock_core::driver::{drift, Grant, LeaseOps, ManagedLease};
 use lock_core::{
-    drift, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseOps, LockName,
-    LockOptions, ManagedLease, Result,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
+    LockOptions, Result,
 };
 use tokio::sync::Notify;
 
@@ -121,16 +122,24 @@ impl std::fmt::Debug for TableLock {
     }
 }
 
-impl TableLock {
-    async fn contend(
+#[async_trait]
+impl DistributedLock for TableLock {
+    fn backend(&self) -> &'static str {
+        "table"
+    }
+
+    /// Declared honestly: the suite picks (and skips, with a reason) cases from these.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().with_fencing(Fencing::Strict)
+    }
+
+    async fn acquire_until(
         &self,
         name: &LockName,
+        ttl: Duration,
         opts: &LockOptions,
-        deadline: Option<Instant>,
-        no_wait: bool,
+        deadline: Deadline,
     ) -> Result<Option<Box<dyn Lease>>> {
-        // Validate first: a TTL the backend cannot honour is a typed error, never ignored.
-        let ttl = opts.validate(&self.capabilities())?;
         let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed);
         loop {
             // Register for wake-ups *before* trying, so a release in between is not missed.
@@ -149,9 +158,11 @@ impl TableLock {
                     };
                     return Ok(Some(Box::new(ManagedLease::new(
                         name.clone(),
-                        Some(FencingToken::new(fence)),
-                        ttl,
-                        start + ttl.saturating_sub(drift(ttl)),
+                        Grant {
+                            token: Some(FencingToken::new(fence)),
+                            ttl,
+                            valid_until: start + ttl.saturating_sub(drift(ttl)),
+                        },
                         opts.renewal,
                         ops,
                     ))));
@@ -159,12 +170,12 @@ impl TableLock {
                 Err(left) => left,
             };
             let now = Instant::now();
-            if no_wait || deadline.is_some_and(|d| now >= d) {
+            if deadline.passed() {
                 return Ok(None);
             }
             // Sleep until a release, the holder's expiry, or our deadline: never a spin.
             let mut until = now + holder_left;
-            if let Some(d) = deadline {
+            if let Some(d) = deadline.at() {
                 until = until.min(d);
             }
             tokio::select! {
@@ -172,33 +183,6 @@ impl TableLock {
                 _ = tokio::time::sleep_until(until.into()) => {}
             }
         }
-    }
-}
-
-#[async_trait]
-impl DistributedLock for TableLock {
-    fn backend(&self) -> &'static str {
-        "table"
-    }
-
-    /// Declared honestly: the suite picks (and skips, with a reason) cases from these.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new().with_fencing(Fencing::Strict)
-    }
-
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, opts, None, true).await
-    }
-
-    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        lock_core::acquire_with(name, opts, |deadline, no_wait| {
-            self.contend(name, opts, deadline, no_wait)
-        })
-        .await
     }
 }
 
