@@ -36,8 +36,8 @@ SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's 
 The command does not run in the terminal's foreground group: it cannot read from the terminal.
 
 Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy
-with --no-wait, or --wait elapsed); 69 backend unreachable; 64 bad arguments, URL, name or
-default directory; 70 lock lost or at risk while the command ran (it was stopped), or
+with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refused; 64 bad
+arguments, URL, name or default directory; 70 lock lost or at risk while the command ran (it was stopped), or
 --max-hold reached; 71 distlock could not supervise (signals, keeper); 127/126 command not
 found / not runnable.
 URLs: memory://, file:///dir, redis://, rediss://, redlock://h1,h2,h3, zk://h1,h2, etcd://h1,h2

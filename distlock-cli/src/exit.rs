@@ -15,13 +15,16 @@ pub(crate) const EX_SOFTWARE: u8 = 70;
 pub(crate) const EX_OSERR: u8 = 71;
 /// Not acquired: busy with `--no-wait`, or `--wait` elapsed.
 pub(crate) const EX_TEMPFAIL: u8 = 75;
+/// The backend refused the credentials (or a permission the lock needs).
+pub(crate) const EX_NOPERM: u8 = 77;
 
 /// The exit status for a backend error.
 pub(crate) fn code_of(e: &Error) -> u8 {
     match e {
-        Error::Config(_) | Error::InvalidName { .. } | Error::InvalidOptions(_) => EX_USAGE,
+        Error::Config { .. } | Error::InvalidName { .. } | Error::InvalidOptions(_) => EX_USAGE,
         Error::Timeout { .. } => EX_TEMPFAIL,
         Error::Lost { .. } => EX_SOFTWARE,
+        Error::Unauthenticated { .. } => EX_NOPERM,
         _ => EX_UNAVAILABLE,
     }
 }

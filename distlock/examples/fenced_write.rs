@@ -50,7 +50,7 @@ async fn main() -> distlock::Result<()> {
     let first = locks.acquire(&name, &short).await?;
     let t1 = first
         .fencing_token()
-        .ok_or_else(|| distlock::Error::Config("no token".into()))?;
+        .ok_or_else(|| distlock::Error::config("no token"))?;
     println!("client 1 holds the lock with token {}", t1.get());
     println!("client 1 pauses for 500 ms (longer than its 200 ms lease) ...");
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -60,11 +60,11 @@ async fn main() -> distlock::Result<()> {
         .await?;
     let t2 = second
         .fencing_token()
-        .ok_or_else(|| distlock::Error::Config("no token".into()))?;
+        .ok_or_else(|| distlock::Error::config("no token"))?;
     println!("client 2 holds the lock with token {}", t2.get());
     store
         .write(t2, "written by client 2")
-        .map_err(distlock::Error::Config)?;
+        .map_err(distlock::Error::config)?;
 
     // Client 1 resumes. It should have checked `first.state()` — but pauses can strike
     // between the check and the write, so the storage must check the token.

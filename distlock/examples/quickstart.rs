@@ -36,7 +36,7 @@ async fn main() -> distlock::Result<()> {
     }
     for w in workers {
         w.await
-            .map_err(|e| distlock::Error::Config(format!("worker panicked: {e}")))??;
+            .map_err(|e| distlock::Error::config(format!("worker panicked: {e}")))??;
     }
     Ok(())
 }

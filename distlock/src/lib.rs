@@ -109,8 +109,8 @@ fn memory_store(url: &str) -> Result<MemoryLock> {
     static STORES: OnceLock<Mutex<HashMap<String, MemoryLock>>> = OnceLock::new();
     let name = url.strip_prefix("memory://").unwrap_or("");
     if name.contains(['/', '?', '@']) {
-        return Err(Error::Config(
-            "a memory URL is memory:// or memory://STORE-NAME".into(),
+        return Err(Error::config(
+            "a memory URL is memory:// or memory://STORE-NAME",
         ));
     }
     let mut stores = STORES
@@ -134,9 +134,9 @@ fn registry() -> &'static RwLock<BTreeMap<String, Connector>> {
 
 /// The part before `://`, checked; never echoes the URL (it may hold a password).
 fn scheme_of(url: &str) -> Result<&str> {
-    let (scheme, _) = url.split_once("://").ok_or_else(|| {
-        Error::Config("a lock URL looks like scheme://...; it has no \"://\"".into())
-    })?;
+    let (scheme, _) = url
+        .split_once("://")
+        .ok_or_else(|| Error::config("a lock URL looks like scheme://...; it has no \"://\""))?;
     let ok = scheme
         .chars()
         .next()
@@ -147,7 +147,7 @@ fn scheme_of(url: &str) -> Result<&str> {
     if ok {
         Ok(scheme)
     } else {
-        Err(Error::Config(format!(
+        Err(Error::config(format!(
             "{:?} is not a URL scheme (lowercase letters, digits, + - .)",
             scheme.chars().take(32).collect::<String>()
         )))
@@ -189,10 +189,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
 fn unavailable_scheme(scheme: &str) -> Error {
     let available = schemes().join(", ");
     match BUILTIN.iter().find(|(s, _)| *s == scheme) {
-        Some((_, feature)) => Error::Config(format!(
+        Some((_, feature)) => Error::config(format!(
             "{scheme}:// needs distlock's cargo feature `{feature}` (this build has: {available})"
         )),
-        None => Error::Config(format!(
+        None => Error::config(format!(
             "unknown lock URL scheme {scheme:?} (this build has: {available}; other drivers \
              add theirs with distlock::register)"
         )),
@@ -203,8 +203,8 @@ fn unavailable_scheme(scheme: &str) -> Error {
 pub async fn from_env() -> Result<Arc<dyn DistributedLock>> {
     match std::env::var("DISTLOCK_URL") {
         Ok(url) => connect(&url).await,
-        Err(_) => Err(Error::Config(
-            "DISTLOCK_URL is not set (or not UTF-8); set it to e.g. redis://127.0.0.1:6379".into(),
+        Err(_) => Err(Error::config(
+            "DISTLOCK_URL is not set (or not UTF-8); set it to e.g. redis://127.0.0.1:6379",
         )),
     }
 }
@@ -232,13 +232,13 @@ where
     let probe = format!("{scheme}://");
     let checked = scheme_of(&probe)?;
     if BUILTIN.iter().any(|(s, _)| *s == checked) {
-        return Err(Error::Config(format!(
+        return Err(Error::config(format!(
             "{checked}:// is distlock's own scheme; enable its feature instead"
         )));
     }
     let mut reg = registry().write().unwrap_or_else(|p| p.into_inner());
     if reg.contains_key(checked) {
-        return Err(Error::Config(format!("{checked}:// is already registered")));
+        return Err(Error::config(format!("{checked}:// is already registered")));
     }
     reg.insert(
         checked.to_string(),

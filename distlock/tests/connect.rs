@@ -48,12 +48,14 @@ async fn bad_urls_are_config_errors_that_never_echo_the_password() {
         "memory://a/b",
     ] {
         match distlock::connect(bad).await {
-            Err(Error::Config(msg)) => assert!(!msg.contains("secretpw"), "{bad}: {msg}"),
+            Err(Error::Config { message: msg, .. }) => {
+                assert!(!msg.contains("secretpw"), "{bad}: {msg}")
+            }
             Err(e) => panic!("{bad}: expected Config, got {e:?}"),
             Ok(_) => panic!("{bad}: connected"),
         }
     }
-    let Err(Error::Config(msg)) = distlock::connect("nosuch://h").await else {
+    let Err(Error::Config { message: msg, .. }) = distlock::connect("nosuch://h").await else {
         panic!("nosuch:// accepted")
     };
     assert!(msg.contains("memory"), "the error lists the schemes: {msg}");
@@ -63,7 +65,10 @@ async fn bad_urls_are_config_errors_that_never_echo_the_password() {
 async fn from_env_reads_distlock_url() {
     // The only test that touches DISTLOCK_URL.
     std::env::remove_var("DISTLOCK_URL");
-    assert!(matches!(distlock::from_env().await, Err(Error::Config(_))));
+    assert!(matches!(
+        distlock::from_env().await,
+        Err(Error::Config { .. })
+    ));
     std::env::set_var("DISTLOCK_URL", "memory://env");
     assert_eq!(distlock::from_env().await.unwrap().backend(), "memory");
     std::env::remove_var("DISTLOCK_URL");
@@ -80,7 +85,8 @@ async fn file_urls_connect() {
 #[cfg(not(feature = "zookeeper"))]
 #[tokio::test]
 async fn a_disabled_driver_names_its_feature() {
-    let Err(Error::Config(msg)) = distlock::connect("zk://127.0.0.1:12181").await else {
+    let Err(Error::Config { message: msg, .. }) = distlock::connect("zk://127.0.0.1:12181").await
+    else {
         panic!("zk:// connected without the zookeeper feature")
     };
     assert!(msg.contains("`zookeeper`"), "{msg}");

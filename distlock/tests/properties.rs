@@ -68,7 +68,7 @@ proptest! {
                 None => {}
                 Some(Ok(shown)) => assert_hidden(&url, &shown, &pw)?,
                 Some(Err(e)) => {
-                    prop_assert!(matches!(e, lock_core::Error::Config(_)), "{url}: {e:?}");
+                    prop_assert!(matches!(e, lock_core::Error::Config { .. }), "{url}: {e:?}");
                     assert_hidden(&url, &format!("{e} {e:?}"), &pw)?;
                 }
             }

@@ -43,7 +43,7 @@ impl MultiHostUrl {
             .strip_prefix(scheme)
             .and_then(|r| r.strip_prefix("://"))
             .ok_or_else(|| {
-                Error::Config(format!(
+                Error::config(format!(
                     "a {what} URL starts with {scheme}://host:port[,host:port...]"
                 ))
             })?;
@@ -54,7 +54,7 @@ impl MultiHostUrl {
         let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(end);
         if tail.contains(['@', '#']) {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "{what} URL: an '@' or '#' after the host list; percent-encode / ? # @ in a \
                  password (%2F %3F %23 %40) and in paths and query values"
             )));
@@ -70,7 +70,7 @@ impl MultiHostUrl {
             .iter()
             .any(|h| h.is_empty() || h.chars().any(|c| c.is_whitespace() || c.is_control()))
         {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "{what} URL: empty or malformed host list"
             )));
         }
@@ -153,7 +153,7 @@ pub fn parse_bool_param(what: &str, key: &str, value: &str) -> crate::Result<boo
     match value {
         "true" | "1" => Ok(true),
         "false" | "0" => Ok(false),
-        v => Err(crate::Error::Config(format!(
+        v => Err(crate::Error::config(format!(
             "{what}: {key}={v:?} is not true or false"
         ))),
     }
@@ -209,7 +209,7 @@ mod tests {
             "etcd://a:1#frag",
         ] {
             let e = MultiHostUrl::parse(bad, "etcd", "etcd").unwrap_err();
-            assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
             assert!(!e.to_string().contains("secret"), "{e}");
             assert!(!e.to_string().contains("pw"), "{e}");
         }
@@ -238,7 +238,11 @@ mod tests {
 /// let ca = lock_core::driver::TlsCa::Pem(b"-----BEGIN CERTIFICATE-----...".to_vec().into());
 /// assert!(ca.load().await.unwrap().starts_with(b"-----BEGIN"));
 /// let missing = lock_core::driver::TlsCa::File("/nonexistent/ca.pem".into());
-/// assert!(matches!(missing.load().await, Err(lock_core::Error::Config(_))));
+/// let err = missing.load().await.unwrap_err();
+/// assert!(matches!(err, lock_core::Error::Config { .. }));
+/// // The cause is kept: the io::Error says why the file could not be read.
+/// use std::error::Error as _;
+/// assert!(err.source().is_some_and(|s| s.is::<std::io::Error>()));
 /// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,7 +261,7 @@ impl TlsCa {
             TlsCa::Pem(p) => Ok(p.to_vec()),
             TlsCa::File(path) => tokio::fs::read(path)
                 .await
-                .map_err(|e| Error::Config(format!("TLS CA file {}: {e}", path.display()))),
+                .map_err(|e| Error::config_with(format!("TLS CA file {}: {e}", path.display()), e)),
         }
     }
 }

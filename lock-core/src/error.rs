@@ -86,9 +86,25 @@ pub enum Error {
         /// What was asked for.
         operation: &'static str,
     },
-    /// A configuration or URL problem, including rejected credentials. Never contains secrets.
-    #[error("configuration error: {0}")]
-    Config(String),
+    /// A configuration or URL problem. Never contains secrets.
+    #[error("configuration error: {message}")]
+    Config {
+        /// What is wrong, for a human.
+        message: String,
+        /// The underlying error (a file that could not be read, a certificate that did not
+        /// parse), when there is one. Never contains secrets.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The backend rejected the credentials, or the user lacks a permission the driver needs.
+    /// Not transient: fix the password, user or role.
+    #[error("{backend} refused access: {message}")]
+    Unauthenticated {
+        /// Which backend.
+        backend: &'static str,
+        /// What was refused, for a human. Never contains the password.
+        message: String,
+    },
     /// The backend answered with something the driver did not expect (a protocol or script
     /// error). Not transient: retrying the same call will most likely fail the same way.
     #[error("{backend} backend error: {source}")]
@@ -109,13 +125,56 @@ impl Error {
     /// use lock_core::Error;
     /// let e = Error::QuorumNotReached { granted: 2, needed: 3 };
     /// assert!(e.is_retryable());
-    /// assert!(!Error::Config("bad url".into()).is_retryable());
+    /// assert!(!Error::config("bad url").is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
             Error::Unavailable { .. } | Error::QuorumNotReached { .. } | Error::Timeout { .. }
         )
+    }
+
+    /// A [`Error::Config`] without an underlying error.
+    ///
+    /// ```
+    /// let e = lock_core::Error::config("a redis URL starts with redis://");
+    /// assert_eq!(e.to_string(), "configuration error: a redis URL starts with redis://");
+    /// ```
+    pub fn config(message: impl Into<String>) -> Self {
+        Error::Config {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`Error::Config`] caused by `source`, which callers can reach through
+    /// [`std::error::Error::source`].
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    /// let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+    /// let e = lock_core::Error::config_with("TLS CA file /etc/ca.pem", io);
+    /// let cause = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+    /// assert_eq!(cause.map(|c| c.kind()), Some(std::io::ErrorKind::NotFound));
+    /// ```
+    pub fn config_with(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Config {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Shorthand for [`Error::Unauthenticated`].
+    ///
+    /// ```
+    /// let e = lock_core::Error::unauthenticated("etcd", "user app: invalid password");
+    /// assert!(!e.is_retryable());
+    /// ```
+    pub fn unauthenticated(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::Unauthenticated {
+            backend,
+            message: message.into(),
+        }
     }
 
     /// Shorthand for [`Error::Unavailable`].

@@ -102,7 +102,7 @@ proptest! {
                 prop_assert!(!leaks(&u.hosts.join(","), &pw), "password in hosts {:?}", u.hosts);
             }
             Err(e) => {
-                prop_assert!(matches!(e, Error::Config(_)), "{e:?}");
+                prop_assert!(matches!(e, Error::Config { .. }), "{e:?}");
                 prop_assert!(!leaks(&format!("{e} {e:?}"), &pw), "{e}");
             }
         }

@@ -55,8 +55,8 @@ impl EtcdConfig {
             (None, _) => {}
             (Some(user), Some(password)) if !user.is_empty() => cfg = cfg.with_user(user, password),
             _ => {
-                return Err(Error::Config(
-                    "etcd URL: credentials are user:password with a non-empty user".into(),
+                return Err(Error::config(
+                    "etcd URL: credentials are user:password with a non-empty user",
                 ))
             }
         }
@@ -67,7 +67,7 @@ impl EtcdConfig {
         for (k, v) in u.query {
             let ms = || {
                 v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
-                    Error::Config(format!(
+                    Error::config(format!(
                         "etcd URL: {k}={v:?} is not a number of milliseconds"
                     ))
                 })
@@ -80,7 +80,7 @@ impl EtcdConfig {
                 }
                 "tls_ca_file" => tls_ca_file = Some(v),
                 other => {
-                    return Err(Error::Config(format!(
+                    return Err(Error::config(format!(
                     "etcd URL: unknown parameter {other:?} (known: timeout_ms, connect_timeout_ms, tls, tls_ca_file)"
                 )))
                 }
@@ -88,13 +88,13 @@ impl EtcdConfig {
         }
         if let Some(path) = tls_ca_file {
             if !cfg.tls {
-                return Err(Error::Config("etcd URL: tls_ca_file needs tls=true".into()));
+                return Err(Error::config("etcd URL: tls_ca_file needs tls=true"));
             }
             cfg = cfg.with_tls_ca_file(path);
         }
         if cfg.tls && !cfg!(feature = "tls") {
-            return Err(Error::Config(
-                "etcd URL: tls=true needs the `tls` feature of lock-etcd".into(),
+            return Err(Error::config(
+                "etcd URL: tls=true needs the `tls` feature of lock-etcd",
             ));
         }
         Ok(cfg)
@@ -114,7 +114,7 @@ impl EtcdConfig {
             && !prefix.contains("//")
             && !prefix.chars().any(|c| c.is_control() || c.is_whitespace());
         if !ok {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "etcd key prefix {:?} must look like /distlock (absolute, no trailing slash)",
                 prefix.escape_debug().to_string()
             )));
@@ -235,7 +235,7 @@ mod tests {
         ] {
             match EtcdConfig::from_url(bad) {
                 Err(e) => {
-                    assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+                    assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
                     assert!(!e.to_string().contains("secretpw"), "{e}");
                 }
                 Ok(c) if bad == "etcd://u:secretpw@a:1/" => assert_eq!(c.prefix(), "/distlock"),

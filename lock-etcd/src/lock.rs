@@ -914,8 +914,8 @@ async fn with_tls(opts: ConnectOptions, config: &EtcdConfig) -> Result<ConnectOp
 
 #[cfg(not(feature = "tls"))]
 async fn with_tls(_: ConnectOptions, _: &EtcdConfig) -> Result<ConnectOptions> {
-    Err(Error::Config(
-        "etcd over TLS needs the `tls` feature of lock-etcd".into(),
+    Err(Error::config(
+        "etcd over TLS needs the `tls` feature of lock-etcd",
     ))
 }
 
@@ -1010,15 +1010,21 @@ fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
                 if s.message().contains("authentication failed")
                     || s.message().contains("user name is empty") =>
             {
-                Error::Config(format!(
-                    "etcd rejected the credentials of user {:?}: {text}",
-                    config.user().unwrap_or("")
-                ))
+                Error::unauthenticated(
+                    BACKEND,
+                    format!(
+                        "etcd rejected the credentials of user {:?}: {text}",
+                        config.user().unwrap_or("")
+                    ),
+                )
             }
-            Code::Unauthenticated | Code::PermissionDenied => Error::Config(format!(
-                "etcd refused access for user {:?}: {text}",
-                config.user().unwrap_or("")
-            )),
+            Code::Unauthenticated | Code::PermissionDenied => Error::unauthenticated(
+                BACKEND,
+                format!(
+                    "etcd refused access for user {:?}: {text}",
+                    config.user().unwrap_or("")
+                ),
+            ),
             _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
         },
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {

@@ -1,6 +1,6 @@
 //! Authentication against the auth-enabled etcd of `scripts/services.sh` (`etcd-auth`, port
 //! 12779, user `locker` with read/write on `/`): credentials from the URL work, wrong or missing
-//! credentials are a `Config` error, and the password never shows.
+//! credentials are an `Unauthenticated` error, and the password never shows.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use conformance_tests::fresh_name;
@@ -33,12 +33,15 @@ async fn credentials_from_the_url_work_and_never_show() {
 }
 
 #[tokio::test]
-async fn wrong_or_missing_credentials_are_a_config_error_without_the_password() {
+async fn wrong_or_missing_credentials_are_unauthenticated_without_the_password() {
     for userinfo in ["locker:wrong-secret-pw@", ""] {
         match EtcdLock::from_url(&url(userinfo)).await {
             Ok(_) => panic!("connected with {userinfo:?}"),
             Err(e) => {
-                assert!(matches!(e, Error::Config(_)), "{userinfo:?}: {e:?}");
+                assert!(
+                    matches!(e, Error::Unauthenticated { .. }),
+                    "{userinfo:?}: {e:?}"
+                );
                 assert!(!format!("{e} {e:?}").contains("wrong-secret-pw"), "{e:?}");
             }
         }

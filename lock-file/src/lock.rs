@@ -49,7 +49,7 @@ impl FileLock {
         blocking(move || std::fs::create_dir_all(&d))
             .await?
             .map_err(|e| {
-                Error::Config(format!(
+                Error::config(format!(
                     "cannot use {} as the lock directory: {e}",
                     dir.display()
                 ))
@@ -74,16 +74,16 @@ impl FileLock {
     /// ```
     pub async fn from_url(url: &str) -> Result<Self> {
         let u = url::Url::parse(url)
-            .map_err(|e| Error::Config(format!("file URL: {e} (expected file:///dir)")))?;
+            .map_err(|e| Error::config(format!("file URL: {e} (expected file:///dir)")))?;
         let local = matches!(u.host_str(), None | Some("") | Some("localhost"));
         if u.scheme() != "file" || !local || u.query().is_some() || u.fragment().is_some() {
-            return Err(Error::Config(
-                "a file URL is file:///absolute/dir (a local directory, no query)".into(),
+            return Err(Error::config(
+                "a file URL is file:///absolute/dir (a local directory, no query)",
             ));
         }
-        let dir = u.to_file_path().map_err(|()| {
-            Error::Config("file URL: not an absolute local path (file:///dir)".into())
-        })?;
+        let dir = u
+            .to_file_path()
+            .map_err(|()| Error::config("file URL: not an absolute local path (file:///dir)"))?;
         Self::open(dir).await
     }
 
@@ -294,7 +294,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 fn io_error(path: &Path, e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound => {
-            Error::Config(format!("lock file {}: {e}", path.display()))
+            Error::config(format!("lock file {}: {e}", path.display()))
         }
         _ => Error::backend(BACKEND, format!("lock file {}: {e}", path.display())),
     }

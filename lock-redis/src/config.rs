@@ -66,12 +66,12 @@ impl RedisConfig {
     /// password are percent-decoded. Errors are [`Error::Config`] and never echo the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let parsed = url::Url::parse(url)
-            .map_err(|e| Error::Config(format!("invalid Redis URL {}: {e}", redact_raw(url))))?;
+            .map_err(|e| Error::config(format!("invalid Redis URL {}: {e}", redact_raw(url))))?;
         let tls = match parsed.scheme() {
             "redis" => false,
             "rediss" => true,
             other => {
-                return Err(Error::Config(format!(
+                return Err(Error::config(format!(
                     "unsupported scheme {other:?} for the Redis driver (use redis:// or rediss://)"
                 )))
             }
@@ -79,7 +79,7 @@ impl RedisConfig {
         let host = parsed
             .host_str()
             .filter(|h| !h.is_empty())
-            .ok_or_else(|| Error::Config(format!("Redis URL {} has no host", redact(&parsed))))?;
+            .ok_or_else(|| Error::config(format!("Redis URL {} has no host", redact(&parsed))))?;
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -99,7 +99,7 @@ impl RedisConfig {
                 .ok()
                 .filter(|d| *d >= 0)
                 .ok_or_else(|| {
-                    Error::Config(format!(
+                    Error::config(format!(
                         "Redis URL {}: database {path:?} is not a non-negative number",
                         redact(&parsed)
                     ))
@@ -113,12 +113,12 @@ impl RedisConfig {
                 }
                 "tls_ca_file" if tls => cfg = cfg.with_tls_ca_file(&*v),
                 "tls_ca_file" => {
-                    return Err(Error::Config(
-                        "Redis URL: tls_ca_file needs a rediss:// URL".into(),
+                    return Err(Error::config(
+                        "Redis URL: tls_ca_file needs a rediss:// URL",
                     ))
                 }
                 other => {
-                    return Err(Error::Config(format!(
+                    return Err(Error::config(format!(
                         "Redis URL {}: unknown parameter {other:?} (known: prefix, tls_ca_file, allow_eviction)",
                         redact(&parsed)
                     )))
@@ -126,8 +126,8 @@ impl RedisConfig {
             }
         }
         if tls && !cfg!(feature = "tls") {
-            return Err(Error::Config(
-                "rediss:// needs TLS support: enable the `tls` feature of lock-redis".into(),
+            return Err(Error::config(
+                "rediss:// needs TLS support: enable the `tls` feature of lock-redis",
             ));
         }
         Ok(cfg)
@@ -183,7 +183,7 @@ impl RedisConfig {
             || p.chars()
                 .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
         {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "key prefix \"{}\" must be at most 64 characters without braces, spaces or control characters",
                 p.escape_debug()
             )));
@@ -291,16 +291,14 @@ impl RedisConfig {
             }
             #[cfg(not(feature = "tls"))]
             {
-                return Err(Error::Config(
-                    "TLS needs the `tls` feature of lock-redis".into(),
-                ));
+                return Err(Error::config("TLS needs the `tls` feature of lock-redis"));
             }
         } else {
             redis::ConnectionAddr::Tcp(self.host.clone(), self.port)
         };
         let info = addr
             .into_connection_info()
-            .map_err(|e| Error::Config(format!("Redis address {}: {e}", self.endpoint())))?;
+            .map_err(|e| Error::config(format!("Redis address {}: {e}", self.endpoint())))?;
         let mut settings = redis::RedisConnectionInfo::default()
             .set_db(self.db)
             .set_protocol(redis::ProtocolVersion::RESP3);
@@ -376,7 +374,7 @@ mod tests {
             "not a url hunter2@",
         ] {
             let e = RedisConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
             assert!(!e.to_string().contains("hunter2"), "{bad}: {e}");
         }
     }

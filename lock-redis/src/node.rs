@@ -82,7 +82,7 @@ impl RedisNode {
             None
         };
         let client = open_client(info, ca).map_err(|e| {
-            Error::Config(format!(
+            Error::config(format!(
                 "Redis {}: {}",
                 config.redacted_url(),
                 scrub(&e, &config)
@@ -107,7 +107,7 @@ impl RedisNode {
             });
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
             .map_err(|e| {
-                Error::Config(format!(
+                Error::config(format!(
                     "Redis {}: {}",
                     config.redacted_url(),
                     scrub(&e, &config)
@@ -126,7 +126,7 @@ impl RedisNode {
         ))
     }
 
-    /// Connects and authenticates now: [`Error::Config`] for rejected credentials,
+    /// Connects and authenticates now: [`Error::Unauthenticated`] for rejected credentials,
     /// [`Error::Unavailable`] when the server cannot be reached.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         Self::connect_as(config, BACKEND).await
@@ -191,7 +191,7 @@ impl RedisNode {
         .map_err(|_| self.unavailable("no answer to INFO within the timeout"))?
         .map_err(|e| {
             if e.to_string().contains("NOPERM") {
-                Error::Config(format!(
+                Error::config(format!(
                     "Redis at {}: user {:?} may not run INFO, which the driver needs to check \
                      that the server cannot evict lock keys; grant it +info",
                     self.config.endpoint(),
@@ -204,7 +204,7 @@ impl RedisNode {
         let facts = ServerFacts::parse(&reply);
         if let Some(risk) = facts.eviction_risk() {
             if !self.config.allow_eviction() {
-                return Err(Error::Config(format!(
+                return Err(Error::config(format!(
                     "Redis at {} can evict {risk} (maxmemory {} bytes, maxmemory-policy {}): a \
                      lock could vanish while held and be granted twice{}. Set \
                      maxmemory-policy noeviction, or accept this with allow_eviction=true in \
@@ -306,11 +306,14 @@ impl RedisNode {
             || text.contains("NOAUTH")
             || text.contains("NOPERM");
         if auth {
-            Error::Config(format!(
-                "Redis at {} rejected the credentials of user {:?}: {text}",
-                self.config.endpoint(),
-                self.config.user().unwrap_or("default")
-            ))
+            Error::unauthenticated(
+                self.backend,
+                format!(
+                    "Redis at {} rejected the credentials of user {:?}: {text}",
+                    self.config.endpoint(),
+                    self.config.user().unwrap_or("default")
+                ),
+            )
         } else {
             Error::unavailable(
                 self.backend,

@@ -1,6 +1,6 @@
 //! Authentication against the password- and ACL-protected `redis-auth` server of
 //! `scripts/services.sh` (port 16390): right credentials work, wrong ones give a clear
-//! `Config` error, and no password ever shows in `Debug`, `Display` or error text.
+//! `Unauthenticated` error, and no password ever shows in `Debug`, `Display` or error text.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::time::Duration;
@@ -49,7 +49,7 @@ async fn requirepass_default_user_can_lock() {
 }
 
 #[tokio::test]
-async fn wrong_or_missing_credentials_give_a_config_error_without_the_password() {
+async fn wrong_or_missing_credentials_are_unauthenticated_without_the_password() {
     for (url, secret) in [
         (
             format!("redis://locker:WRONG-secret-1@127.0.0.1:{}", port()),
@@ -70,8 +70,8 @@ async fn wrong_or_missing_credentials_give_a_config_error_without_the_password()
             .expect_err("must be refused");
         let text = format!("{err} {err:?}");
         assert!(
-            matches!(err, Error::Config(_)),
-            "{url}: expected Config, got {err:?}"
+            matches!(err, Error::Unauthenticated { .. }),
+            "{url}: expected Unauthenticated, got {err:?}"
         );
         if let Some(s) = secret {
             assert!(!text.contains(s), "password leaked: {text}");

@@ -27,7 +27,7 @@ fn addr(url: &str) -> SocketAddr {
 }
 
 fn refusal(e: &Error) -> bool {
-    matches!(e, Error::Config(m) if m.contains("allkeys-lru") && m.contains("allow_eviction"))
+    matches!(e, Error::Config { message: m, .. } if m.contains("allkeys-lru") && m.contains("allow_eviction"))
 }
 
 #[tokio::test]

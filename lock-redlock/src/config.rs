@@ -33,14 +33,14 @@ impl RedlockConfig {
     /// minimum validity 1 ms, drift allowance TTL × 0.01 + 2 ms.
     pub fn new(masters: Vec<RedisConfig>) -> Result<Self> {
         if masters.is_empty() {
-            return Err(Error::Config("Redlock needs at least one master".into()));
+            return Err(Error::config("Redlock needs at least one master"));
         }
         // Same address = same server, whatever the database number. Two names of one server
         // (`localhost` and `127.0.0.1`) are caught at connect, by the server's run_id.
         let mut seen = std::collections::HashSet::new();
         for m in &masters {
             if !seen.insert((m.host().to_ascii_lowercase(), m.port())) {
-                return Err(Error::Config(format!(
+                return Err(Error::config(format!(
                     "master {}:{} is listed twice: a repeated master would count twice towards the quorum",
                     m.host(),
                     m.port()
@@ -81,12 +81,10 @@ impl RedlockConfig {
                 "{scheme}://{host}{}",
                 u.path.as_deref().unwrap_or("")
             ))
-            .map_err(|e| Error::Config(format!("Redlock URL: {e}")))?;
+            .map_err(|e| Error::config(format!("Redlock URL: {e}")))?;
             if let Some(ca) = query("tls_ca_file") {
                 if !tls {
-                    return Err(Error::Config(
-                        "Redlock URL: tls_ca_file needs tls=true".into(),
-                    ));
+                    return Err(Error::config("Redlock URL: tls_ca_file needs tls=true"));
                 }
                 m = m.with_tls_ca_file(ca);
             }
@@ -103,7 +101,7 @@ impl RedlockConfig {
         let mut cfg = RedlockConfig::new(masters)?;
         let ms = |k: &str, v: &str| {
             v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
-                Error::Config(format!(
+                Error::config(format!(
                     "Redlock URL: {k}={v:?} is not a number of milliseconds"
                 ))
             })
@@ -119,10 +117,10 @@ impl RedlockConfig {
                     cfg
                 }
                 "retry_count" => cfg.with_retry_count(v.parse().map_err(|_| {
-                    Error::Config(format!("Redlock URL: retry_count={v:?} is not a number"))
+                    Error::config(format!("Redlock URL: retry_count={v:?} is not a number"))
                 })?),
                 "drift_factor" => cfg.with_drift_factor(v.parse().map_err(|_| {
-                    Error::Config(format!("Redlock URL: drift_factor={v:?} is not a number"))
+                    Error::config(format!("Redlock URL: drift_factor={v:?} is not a number"))
                 })?)?,
                 "node_timeout_ms" => cfg.with_node_timeout(ms(k, v)?),
                 "retry_delay_ms" => cfg.with_retry_delay(ms(k, v)?),
@@ -138,7 +136,7 @@ impl RedlockConfig {
                 }
                 "tls" | "tls_ca_file" => cfg, // applied to each master above
                 other => {
-                    return Err(Error::Config(format!(
+                    return Err(Error::config(format!(
                         "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms, drift_factor, tls, tls_ca_file, allow_eviction)"
                     )))
                 }
@@ -178,7 +176,7 @@ impl RedlockConfig {
     /// ```
     pub fn with_drift_factor(mut self, factor: f64) -> Result<Self> {
         if !(0.0..0.5).contains(&factor) {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "Redlock drift factor {factor} is outside 0.0..0.5"
             )));
         }
@@ -300,7 +298,7 @@ mod tests {
             assert!(c.masters().iter().all(|m| m.is_tls()));
             assert_eq!(c.redacted_url(), "redlock://a:1,b:2?tls=true");
         } else {
-            assert!(matches!(r, Err(Error::Config(_))));
+            assert!(matches!(r, Err(Error::Config { .. })));
         }
     }
 
@@ -335,7 +333,7 @@ mod tests {
             "redlock://:secretpw@a:1?tls_ca_file=/ca.pem",
         ] {
             let e = RedlockConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
             assert!(!e.to_string().contains("secretpw"), "{bad}: {e}");
         }
     }

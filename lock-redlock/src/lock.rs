@@ -95,7 +95,7 @@ impl RedlockLock {
         for (node, r) in nodes.iter().zip(checks) {
             match r {
                 Ok(()) => reachable += 1,
-                Err(e @ Error::Config(_)) => return Err(e),
+                Err(e @ Error::Config { .. }) => return Err(e),
                 Err(_) => down.push(node.config().redacted_url()),
             }
         }
@@ -263,7 +263,7 @@ impl RedlockLock {
         let mut unchecked = Vec::with_capacity(nodes.len());
         for (n, r) in nodes.iter().zip(checks) {
             match r {
-                Err(e @ Error::Config(_)) => return Err(e),
+                Err(e @ Error::Config { .. }) => return Err(e),
                 _ => unchecked.push(n.is_stale()),
             }
         }
@@ -310,7 +310,7 @@ fn same_server_twice(nodes: &[RedisNode]) -> Result<()> {
     for n in nodes {
         let Some(id) = n.run_id() else { continue };
         if let Some(first) = seen.insert(id.clone(), n) {
-            return Err(Error::Config(format!(
+            return Err(Error::config(format!(
                 "masters {} and {} are the same Redis server (run_id {id}): it would count twice \
                  towards the majority",
                 first.config().redacted_url(),

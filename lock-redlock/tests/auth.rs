@@ -1,6 +1,6 @@
 //! Credentials in a `redlock://` URL reach the masters: the password- and ACL-protected
 //! `redis-auth` server of `scripts/services.sh` (port 16390) as a one-master Redlock. Right
-//! credentials lock; wrong ones are a `Config` error; the password shows nowhere.
+//! credentials lock; wrong ones are an `Unauthenticated` error; the password shows nowhere.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::time::Duration;
@@ -33,12 +33,12 @@ async fn url_credentials_authenticate_every_master() {
 }
 
 #[tokio::test]
-async fn wrong_credentials_are_a_config_error_without_the_password() {
+async fn wrong_credentials_are_unauthenticated_without_the_password() {
     let Err(e) = RedlockLock::from_url("redlock://locker:WRONG-secret-9@127.0.0.1:16390").await
     else {
         panic!("wrong password accepted");
     };
-    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(matches!(e, Error::Unauthenticated { .. }), "{e:?}");
     assert!(!format!("{e} {e:?}").contains("WRONG-secret-9"), "{e}");
 }
 

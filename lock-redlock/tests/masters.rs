@@ -13,7 +13,7 @@ use lock_redis::RedisConfig;
 use lock_redlock::{RedlockConfig, RedlockLock};
 
 fn is_config(e: &Error, needle: &str) -> bool {
-    matches!(e, Error::Config(m) if m.contains(needle))
+    matches!(e, Error::Config { message: m, .. } if m.contains(needle))
 }
 
 /// `localhost` and `127.0.0.1` are one server: with three "masters" of which two are the same,

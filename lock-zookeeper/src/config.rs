@@ -48,12 +48,12 @@ impl ZkConfig {
         match (u.user, u.password) {
             (None, _) => {}
             (Some(user), _) if user.is_empty() => {
-                return Err(Error::Config("ZooKeeper URL: empty user name".into()))
+                return Err(Error::config("ZooKeeper URL: empty user name"))
             }
             (Some(user), Some(password)) => cfg = cfg.with_digest(user, password),
             (Some(_), None) => {
-                return Err(Error::Config(
-                    "ZooKeeper URL: digest credentials are user:password".into(),
+                return Err(Error::config(
+                    "ZooKeeper URL: digest credentials are user:password",
                 ))
             }
         }
@@ -64,7 +64,7 @@ impl ZkConfig {
             match k.as_str() {
                 "session_timeout_ms" => {
                     let ms: u64 = v.parse().map_err(|_| {
-                        Error::Config(format!(
+                        Error::config(format!(
                             "ZooKeeper URL: session_timeout_ms={v:?} is not a number"
                         ))
                     })?;
@@ -72,7 +72,7 @@ impl ZkConfig {
                 }
                 "base" => cfg = cfg.with_base_path(&v)?,
                 other => {
-                    return Err(Error::Config(format!(
+                    return Err(Error::config(format!(
                     "ZooKeeper URL: unknown parameter {other:?} (known: session_timeout_ms, base)"
                 )))
                 }
@@ -163,7 +163,7 @@ fn valid_path(p: &str, what: &str) -> Result<String> {
     if ok {
         Ok(p.to_string())
     } else {
-        Err(Error::Config(format!(
+        Err(Error::config(format!(
             "ZooKeeper {what} {:?} must be an absolute path like /distlock",
             p.escape_debug().to_string()
         )))
@@ -202,7 +202,7 @@ mod tests {
             "zk://u:topsecret@h:1?base=relative",
         ] {
             let e = ZkConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config(_)), "{bad}: {e:?}");
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
             assert!(!e.to_string().contains("topsecret"), "{bad}: {e}");
         }
     }

@@ -411,11 +411,14 @@ async fn open_session(config: &ZkConfig) -> Result<Client> {
         })?
         .map_err(|e| match e {
             zookeeper_client::Error::AuthFailed | zookeeper_client::Error::NoAuth => {
-                Error::Config(format!(
-                    "ZooKeeper at {} rejected the digest credentials of user {:?}",
-                    config.hosts(),
-                    config.user().unwrap_or("")
-                ))
+                Error::unauthenticated(
+                    BACKEND,
+                    format!(
+                        "ZooKeeper at {} rejected the digest credentials of user {:?}",
+                        config.hosts(),
+                        config.user().unwrap_or("")
+                    ),
+                )
             }
             e => Error::unavailable(
                 BACKEND,
@@ -710,10 +713,13 @@ fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error {
         | Z::Custom(_) => {
             Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
         }
-        Z::AuthFailed | Z::NoAuth | Z::InvalidAcl => Error::Config(format!(
-            "ZooKeeper refused access for user {:?}: {text}",
-            config.user().unwrap_or("")
-        )),
+        Z::AuthFailed | Z::NoAuth | Z::InvalidAcl => Error::unauthenticated(
+            BACKEND,
+            format!(
+                "ZooKeeper refused access for user {:?}: {text}",
+                config.user().unwrap_or("")
+            ),
+        ),
         _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
     }
 }

@@ -61,13 +61,13 @@ async fn credentials_work_and_other_users_cannot_delete_the_lock() {
 }
 
 #[tokio::test]
-async fn a_client_without_credentials_is_refused_with_a_config_or_unavailable_error() {
+async fn a_client_without_credentials_is_refused_as_unauthenticated_or_unavailable() {
     let cfg = ZkConfig::from_url(&url("")).unwrap();
     let err = ZkLock::connect(cfg).await.expect_err("auth is enforced");
     assert!(
         matches!(
             err,
-            lock_core::Error::Config(_) | lock_core::Error::Unavailable { .. }
+            lock_core::Error::Unauthenticated { .. } | lock_core::Error::Unavailable { .. }
         ),
         "{err:?}"
     );
