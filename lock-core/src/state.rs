@@ -48,7 +48,7 @@ impl Status {
 /// `valid_until`, turns into [`LeaseState::Lost`] by itself when that instant passes, and feeds
 /// every [`LostSignal`]. Lost is sticky: no later renewal brings a lease back.
 ///
-/// Most drivers do not use it directly: [`ManagedLease`](crate::ManagedLease) wraps it together
+/// Most drivers do not use it directly: [`ManagedLease`](crate::driver::ManagedLease) wraps it together
 /// with the watchdog.
 ///
 /// ```

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{client, held, long_opts, opts};
+use super::support::{client, held, long_opts, opts};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Eight independent clients race `try_acquire` on one name: exactly one wins.

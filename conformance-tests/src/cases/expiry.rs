@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use lock_core::{Lease, LeaseState};
 
-use super::{acquire_when_free, client, held, long_opts, opts, sleep, sleep_until, within};
+use super::support::{
+    acquire_when_free, client, held, long_opts, opts, sleep, sleep_until, within,
+};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// A holder that vanishes (abandons its lease) blocks others until its `valid_until` and no

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use lock_core::{Fencing, FencingToken, Lease};
 
-use super::{acquire_when_free, client, held, long_opts, opts, sleep, sleep_until};
+use super::support::{acquire_when_free, client, held, long_opts, opts, sleep, sleep_until};
 use std::time::{Duration, Instant};
 
 use crate::{ensure, fresh_name, Failure, Harness};

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use lock_core::{Error, LockName, LockOptions, MAX_NAME_LEN, MAX_TTL, NAME_PUNCTUATION};
 
-use super::{client, held, long_opts, opts};
+use super::support::{client, held, long_opts, opts};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Names the contract rejects give `InvalidName`.

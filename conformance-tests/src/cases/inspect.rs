@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{client, held, long_opts, opts, sleep_until};
+use super::support::{client, held, long_opts, opts, sleep_until};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// `inspect` says free before and after, and while held reports the holder's fencing token

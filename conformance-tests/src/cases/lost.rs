@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::LeaseState;
 
-use super::{client, held, long_opts, opts, watch_lost, within};
+use super::support::{client, held, long_opts, opts, watch_lost, within};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// An unrenewed holder's `valid_until` is not after the moment a waiter is granted the lock,

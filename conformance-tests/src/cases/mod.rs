@@ -1,14 +1,15 @@
-//! The cases, grouped by area. Each is a plain `pub async fn(&dyn Harness) -> Result<(), Failure>`
-//! that third-party suites may also call directly.
+//! The table of cases: the specification a driver is held to, one line per promise, grouped
+//! by area. Each case is a plain `pub async fn(&dyn Harness) -> Result<(), Failure>` in its
+//! area's module, which third-party suites may also call directly; what a case needs from a
+//! driver is in `requires`, the toolbox the cases share in `support`.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockOptions};
+use lock_core::Capabilities;
 
 use crate::{Failure, Harness};
+use requires::*;
 
 pub mod exclusion;
 pub mod expiry;
@@ -19,6 +20,9 @@ pub mod lost;
 pub mod ownership;
 pub mod renewal;
 pub mod waiting;
+
+mod requires;
+mod support;
 
 /// What the runner knows about a driver before it picks cases.
 #[derive(Clone, Copy, Debug)]
@@ -58,90 +62,6 @@ impl std::fmt::Debug for Case {
     }
 }
 
-fn always(_: &Facts) -> Result<(), &'static str> {
-    Ok(())
-}
-fn ttl(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.per_lock_ttl {
-        Ok(())
-    } else {
-        Err("per_lock_ttl = false: locks do not expire on their own TTL")
-    }
-}
-fn fencing(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.fencing == Fencing::None {
-        Err("fencing = None")
-    } else {
-        Ok(())
-    }
-}
-fn ttl_and_fencing(f: &Facts) -> Result<(), &'static str> {
-    ttl(f).and(fencing(f))
-}
-fn fifo(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.fifo {
-        Ok(())
-    } else {
-        Err("fifo = false")
-    }
-}
-fn strict_and_restart(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.fencing != Fencing::Strict {
-        return Err("fencing is not Strict: tokens may repeat after a restart");
-    }
-    if f.can_restart {
-        Ok(())
-    } else {
-        Err("harness cannot restart the backend")
-    }
-}
-fn fifo_and_ttl(f: &Facts) -> Result<(), &'static str> {
-    fifo(f).and(ttl(f))
-}
-fn inspects_and_ttl(f: &Facts) -> Result<(), &'static str> {
-    inspects(f).and(ttl(f))
-}
-fn counts(f: &Facts) -> Result<(), &'static str> {
-    if f.counts_requests {
-        Ok(())
-    } else {
-        Err("harness cannot count backend requests")
-    }
-}
-fn lost_ttl(f: &Facts) -> Result<(), &'static str> {
-    ttl(f)?;
-    lost_notification(f)
-}
-fn lost_notification(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.lost_notification {
-        Ok(())
-    } else {
-        Err("lost_notification = false")
-    }
-}
-fn delays(f: &Facts) -> Result<(), &'static str> {
-    if f.can_delay {
-        Ok(())
-    } else {
-        Err("harness cannot delay a client's traffic")
-    }
-}
-fn inspects(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.inspect {
-        Ok(())
-    } else {
-        Err("inspect = false")
-    }
-}
-fn breakable(f: &Facts) -> Result<(), &'static str> {
-    lost_notification(f)?;
-    if f.can_break {
-        Ok(())
-    } else {
-        Err("harness cannot break a lock behind its holder's back")
-    }
-}
-
 macro_rules! case {
     ($area:ident :: $name:ident, $req:expr) => {
         Case {
@@ -151,6 +71,16 @@ macro_rules! case {
         }
     };
 }
+
+/// The name of case `area::name` as the table lists it, checked by the compiler: a case
+/// renamed or removed no longer compiles where it is named (the negative controls).
+macro_rules! case_name {
+    ($area:ident :: $name:ident) => {{
+        let _ = $crate::cases::$area::$name;
+        concat!(stringify!($area), "::", stringify!($name))
+    }};
+}
+pub(crate) use case_name;
 
 /// Every case, in the order the runner lists them.
 pub static CASES: &[Case] = &[
@@ -228,96 +158,3 @@ pub static CASES: &[Case] = &[
     ),
     case!(input::declared_max_ttl_is_enforced, always),
 ];
-
-// ---- helpers shared by the cases ----
-
-pub(crate) async fn client(h: &dyn Harness) -> Result<Arc<dyn DistributedLock>, Failure> {
-    h.client()
-        .await
-        .map_err(|e| Failure(format!("could not create a client: {e}")))
-}
-
-/// Manual renewal, the suite's TTL, waiting forever.
-pub(crate) fn opts(h: &dyn Harness) -> LockOptions {
-    LockOptions::new(h.timing().ttl)
-}
-
-/// A TTL long enough that nothing expires during a case.
-pub(crate) fn long_opts(h: &dyn Harness) -> LockOptions {
-    LockOptions::new(h.timing().ttl * 40)
-}
-
-pub(crate) fn held(lease: Option<Box<dyn Lease>>, what: &str) -> Result<Box<dyn Lease>, Failure> {
-    lease.ok_or_else(|| {
-        Failure(format!(
-            "{what}: expected the lock to be free, try_acquire returned None"
-        ))
-    })
-}
-
-/// Sleeps until `at` (no-op if it passed).
-pub(crate) async fn sleep_until(at: Instant) {
-    tokio::time::sleep_until(at.into()).await
-}
-
-pub(crate) async fn sleep(d: Duration) {
-    tokio::time::sleep(d).await
-}
-
-/// Waits for `fut` at most `limit`; a hang becomes a failure naming `what`.
-pub(crate) async fn within<T>(
-    limit: Duration,
-    what: &str,
-    fut: impl Future<Output = T>,
-) -> Result<T, Failure> {
-    tokio::time::timeout(limit, fut)
-        .await
-        .map_err(|_| Failure(format!("{what}: did not finish within {limit:?}")))
-}
-
-/// A waiting `acquire` bounded by `bound`, for cases about something else: a `Timeout` here
-/// means the lock was not handed on although it was free to hand on, so the failure names
-/// that promise (and the case that checks it alone) instead of surfacing as a hang.
-pub(crate) async fn acquire_when_free(
-    c: &dyn DistributedLock,
-    name: &lock_core::LockName,
-    opts: &LockOptions,
-    bound: Duration,
-    what: &str,
-) -> Result<Box<dyn Lease>, Failure> {
-    let start = Instant::now();
-    match within(
-        bound + Duration::from_secs(5),
-        what,
-        c.acquire(name, &opts.clone().wait_for(bound)),
-    )
-    .await?
-    {
-        Ok(l) => Ok(l),
-        Err(lock_core::Error::Timeout { waited, .. }) => Err(Failure(format!(
-            "{what}: not granted within {bound:?} (Timeout after {waited:?}, {:?} after the \
-             call) although the lock was free to hand on by then — a missed wake-up or an \
-             early Timeout (see waiting::waiter_wakes_promptly_after_release, \
-             waiting::bounded_waiter_wakes_promptly_after_release, \
-             waiting::wait_timeout_is_respected)",
-            start.elapsed()
-        ))),
-        Err(e) => Err(Failure(format!("{what}: unexpected error {e} ({e:?})"))),
-    }
-}
-
-/// Spawns a task that records when `lease`'s lost signal resolves.
-pub(crate) fn watch_lost(lease: &dyn Lease) -> tokio::task::JoinHandle<Instant> {
-    let lost = lease.lost();
-    tokio::spawn(async move {
-        lost.wait().await;
-        Instant::now()
-    })
-}
-
-pub(crate) fn is_not_held(e: &lock_core::Error) -> bool {
-    matches!(
-        e,
-        lock_core::Error::NotHeld { .. } | lock_core::Error::Lost { .. }
-    )
-}

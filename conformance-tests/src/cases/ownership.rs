@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Lease, LeaseState};
 
-use super::{acquire_when_free, client, held, is_not_held, opts, sleep, sleep_until, within};
+use super::support::{
+    acquire_when_free, client, held, is_not_held, opts, sleep, sleep_until, within,
+};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Lets `lease` expire, then has `successor` acquire the lock.

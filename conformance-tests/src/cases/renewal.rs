@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use lock_core::LeaseState;
 
-use super::{client, held, opts, sleep, sleep_until, within};
+use super::support::{client, held, opts, sleep, sleep_until, within};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// A manual renew before expiry moves `valid_until` forward and keeps others out past the

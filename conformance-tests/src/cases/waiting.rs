@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::Error;
 
-use super::{client, held, long_opts, opts, sleep, within};
+use super::support::{client, held, long_opts, opts, sleep, within};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// A waiter is granted within the slack after the holder releases, long before the holder's

@@ -1,0 +1,100 @@
+//! The toolbox the cases share: clients, options, bounded waits that fail naming the promise.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::{DistributedLock, Lease, LockOptions};
+
+use crate::{Failure, Harness};
+
+pub(crate) async fn client(h: &dyn Harness) -> Result<Arc<dyn DistributedLock>, Failure> {
+    h.client()
+        .await
+        .map_err(|e| Failure(format!("could not create a client: {e}")))
+}
+
+/// Manual renewal, the suite's TTL, waiting forever.
+pub(crate) fn opts(h: &dyn Harness) -> LockOptions {
+    LockOptions::new(h.timing().ttl)
+}
+
+/// A TTL long enough that nothing expires during a case.
+pub(crate) fn long_opts(h: &dyn Harness) -> LockOptions {
+    LockOptions::new(h.timing().ttl * 40)
+}
+
+pub(crate) fn held(lease: Option<Box<dyn Lease>>, what: &str) -> Result<Box<dyn Lease>, Failure> {
+    lease.ok_or_else(|| {
+        Failure(format!(
+            "{what}: expected the lock to be free, try_acquire returned None"
+        ))
+    })
+}
+
+/// Sleeps until `at` (no-op if it passed).
+pub(crate) async fn sleep_until(at: Instant) {
+    tokio::time::sleep_until(at.into()).await
+}
+
+pub(crate) async fn sleep(d: Duration) {
+    tokio::time::sleep(d).await
+}
+
+/// Waits for `fut` at most `limit`; a hang becomes a failure naming `what`.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = T>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| Failure(format!("{what}: did not finish within {limit:?}")))
+}
+
+/// A waiting `acquire` bounded by `bound`, for cases about something else: a `Timeout` here
+/// means the lock was not handed on although it was free to hand on, so the failure names
+/// that promise (and the case that checks it alone) instead of surfacing as a hang.
+pub(crate) async fn acquire_when_free(
+    c: &dyn DistributedLock,
+    name: &lock_core::LockName,
+    opts: &LockOptions,
+    bound: Duration,
+    what: &str,
+) -> Result<Box<dyn Lease>, Failure> {
+    let start = Instant::now();
+    match within(
+        bound + Duration::from_secs(5),
+        what,
+        c.acquire(name, &opts.clone().wait_for(bound)),
+    )
+    .await?
+    {
+        Ok(l) => Ok(l),
+        Err(lock_core::Error::Timeout { waited, .. }) => Err(Failure(format!(
+            "{what}: not granted within {bound:?} (Timeout after {waited:?}, {:?} after the \
+             call) although the lock was free to hand on by then — a missed wake-up or an \
+             early Timeout (see waiting::waiter_wakes_promptly_after_release, \
+             waiting::bounded_waiter_wakes_promptly_after_release, \
+             waiting::wait_timeout_is_respected)",
+            start.elapsed()
+        ))),
+        Err(e) => Err(Failure(format!("{what}: unexpected error {e} ({e:?})"))),
+    }
+}
+
+/// Spawns a task that records when `lease`'s lost signal resolves.
+pub(crate) fn watch_lost(lease: &dyn Lease) -> tokio::task::JoinHandle<Instant> {
+    let lost = lease.lost();
+    tokio::spawn(async move {
+        lost.wait().await;
+        Instant::now()
+    })
+}
+
+pub(crate) fn is_not_held(e: &lock_core::Error) -> bool {
+    matches!(
+        e,
+        lock_core::Error::NotHeld { .. } | lock_core::Error::Lost { .. }
+    )
+}

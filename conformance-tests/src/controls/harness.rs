@@ -1,0 +1,123 @@
+//! The harness the suite runs the controls through: one store, the wrapper's memory of ghosts
+//! and grants.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::LeaseTracker;
+use lock_core::memory::MemoryLock;
+use lock_core::{DistributedLock, FencingToken, LockName};
+
+use crate::{BoxError, Delayed, Harness, Timing};
+
+use super::*;
+
+/// A [`Harness`] over a [`FlawedLock`] with one [`Flaw`].
+#[derive(Debug)]
+pub struct FlawedHarness {
+    pub(super) flaw: Flaw,
+    pub(super) store: MemoryLock,
+    pub(super) shared: Arc<Shared>,
+    pub(super) timing: Timing,
+}
+
+/// What the wrapper remembers across its clients, to act out the flaws.
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    /// Names held by ghosts (of cancelled acquires, dropped leases), until when: every
+    /// acquisition is refused.
+    pub(super) ghosts: Mutex<HashMap<LockName, Instant>>,
+    /// Names with a timed-out waiter still queued, until when: waiting acquires queue behind.
+    pub(super) queued_ghosts: Mutex<HashMap<LockName, Instant>>,
+    /// The current grant of each name, as the wrapper handed it out.
+    pub(super) grants: Mutex<HashMap<LockName, Grant>>,
+    /// Per name: when it was last released and the token offset in force.
+    pub(super) idle: Mutex<HashMap<LockName, (Instant, u64)>>,
+    /// Waiting acquires per name so far (arrival numbers).
+    pub(super) arrivals: Mutex<HashMap<LockName, u32>>,
+    /// Lost-signal senders kept alive on purpose ([`Flaw::AbandonKeepsLostPending`]).
+    pub(super) kept: Mutex<Vec<LeaseTracker>>,
+    pub(super) next_client: AtomicU64,
+    /// When [`Harness::restart_backend`] last ran.
+    pub(super) restarted: Mutex<Option<Instant>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Grant {
+    pub(super) expires: Instant,
+    pub(super) ttl: Duration,
+    pub(super) token: Option<FencingToken>,
+    pub(super) client: u64,
+}
+
+pub(super) fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl FlawedHarness {
+    /// A harness whose clients all share one store (except under
+    /// [`Flaw::NoMutualExclusion`]).
+    pub fn new(flaw: Flaw) -> Self {
+        FlawedHarness {
+            flaw,
+            store: MemoryLock::new(),
+            shared: Arc::default(),
+            timing: Timing::for_ttl(Duration::from_millis(200)),
+        }
+    }
+
+    pub(super) fn lock(&self, inner: MemoryLock, delay: Option<Duration>) -> FlawedLock {
+        FlawedLock {
+            inner,
+            flaw: self.flaw,
+            shared: self.shared.clone(),
+            delay,
+            id: self.shared.next_client.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for FlawedHarness {
+    async fn client(&self) -> std::result::Result<Arc<dyn DistributedLock>, BoxError> {
+        let inner = match self.flaw {
+            Flaw::NoMutualExclusion => MemoryLock::new(),
+            _ => self.store.clone(),
+        };
+        Ok(Arc::new(self.lock(inner, None)))
+    }
+    /// The same store, with every `try_acquire` landing `delay` after it was made, whether or
+    /// not its caller still waits, and its reply taking as long again — like a request on the
+    /// wire.
+    async fn delayed_client(
+        &self,
+        delay: Duration,
+    ) -> Option<std::result::Result<Delayed, BoxError>> {
+        Some(Ok(Delayed {
+            lock: Arc::new(self.lock(self.store.clone(), Some(delay))),
+            keep: Vec::new(),
+        }))
+    }
+    fn timing(&self) -> Timing {
+        self.timing
+    }
+    async fn backend_requests(&self) -> Option<u64> {
+        Some(self.store.operations())
+    }
+    async fn break_lock(&self, name: &LockName) -> Option<std::result::Result<(), BoxError>> {
+        self.store.break_lock(name);
+        Some(Ok(()))
+    }
+    fn can_restart_backend(&self) -> bool {
+        true
+    }
+    /// The store keeps its state (a durable backend); under
+    /// [`Flaw::CounterLostOnRestart`] its counters start again.
+    async fn restart_backend(&self) -> std::result::Result<(), BoxError> {
+        *locked(&self.shared.restarted) = Some(Instant::now());
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The flawed leases, and the ghosts a cancelled acquire or a dropped lease leaves behind.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::LeaseTracker;
+use lock_core::{
+    DistributedLock, Error, FencingToken, Lease, LeaseState, LockName, LockOptions, LostSignal,
+    Renewal, Result,
+};
+
+use super::harness::*;
+use super::lock::*;
+use super::*;
+
+/// On drop while armed (the acquire future was cancelled), leaves a ghost holder behind for
+/// a long TTL, recorded at once so no later waiter can get ahead of it.
+pub(super) struct Ghost {
+    pub(super) shared: Arc<Shared>,
+    pub(super) name: LockName,
+    pub(super) ttl: Duration,
+    pub(super) armed: bool,
+}
+
+impl Drop for Ghost {
+    fn drop(&mut self) {
+        if self.armed {
+            locked(&self.shared.ghosts).insert(self.name.clone(), Instant::now() + self.ttl);
+        }
+    }
+}
+
+/// [`Flaw::DropKeepsLock`]: a lease dropped without release leaves a ghost holder.
+#[derive(Debug)]
+pub(super) struct DropGhost {
+    pub(super) armed: bool,
+    pub(super) shared: Arc<Shared>,
+    pub(super) ttl: Duration,
+}
+
+/// Which way the wire moved `valid_until` from the store's view.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Shift {
+    Earlier(Duration),
+    Later(Duration),
+}
+
+#[derive(Debug)]
+pub(super) struct FlawedLease {
+    pub(super) inner: Box<dyn Lease>,
+    pub(super) resurrected: Mutex<Option<Box<dyn Lease>>>,
+    pub(super) never_lost: Option<LeaseTracker>,
+    pub(super) lock: FlawedLock,
+    pub(super) opts: LockOptions,
+    pub(super) claimed_valid_until: Instant,
+    pub(super) shift: Shift,
+    /// Subtracted from the store's token ([`Flaw::CounterForgetsIdleNames`]).
+    pub(super) offset: u64,
+    pub(super) drop_ghost: DropGhost,
+    /// Ended by `abandon`.
+    pub(super) abandoned: bool,
+}
+
+impl Drop for FlawedLease {
+    fn drop(&mut self) {
+        if self.drop_ghost.armed {
+            let s = &self.drop_ghost.shared;
+            locked(&s.ghosts).insert(
+                self.inner.name().clone(),
+                Instant::now() + self.drop_ghost.ttl,
+            );
+        }
+        if let Some(t) = self.never_lost.take() {
+            let keep = match self.lock.flaw {
+                Flaw::LostSignalNeverFires => true,
+                Flaw::AbandonKeepsLostPending => self.abandoned,
+                _ => false,
+            };
+            if keep {
+                // Kept alive, so the signal never resolves.
+                locked(&self.lock.shared.kept).push(t);
+            } else {
+                t.mark_released();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Lease for FlawedLease {
+    fn name(&self) -> &LockName {
+        self.inner.name()
+    }
+    fn fencing_token(&self) -> Option<FencingToken> {
+        let t = self.inner.fencing_token()?;
+        let t = FencingToken::new(t.get().saturating_sub(self.offset).max(1));
+        Some(match self.lock.flaw {
+            Flaw::NonMonotonicFencing => FencingToken::new(1_000_000u64.saturating_sub(t.get())),
+            _ => t,
+        })
+    }
+    fn ttl(&self) -> Duration {
+        self.opts.ttl
+    }
+    fn valid_until(&self) -> Instant {
+        match self.lock.flaw {
+            Flaw::NoExpiry | Flaw::EarlyExpiry | Flaw::TtlRoundedDown => self.claimed_valid_until,
+            Flaw::LostSignalNeverFires => Instant::now() + self.opts.ttl,
+            _ => match self.shift {
+                Shift::Earlier(d) => self.inner.valid_until() - d,
+                Shift::Later(d) => self.inner.valid_until() + d,
+            },
+        }
+    }
+    fn state(&self) -> LeaseState {
+        match self.lock.flaw {
+            Flaw::LostSignalNeverFires => LeaseState::Held,
+            _ => self.inner.state(),
+        }
+    }
+    fn lost(&self) -> LostSignal {
+        match &self.never_lost {
+            Some(t) => t.signal(),
+            None => self.inner.lost(),
+        }
+    }
+    async fn renew(&self) -> Result<()> {
+        let r = self.inner.renew().await;
+        let resurrect = match self.lock.flaw {
+            Flaw::RenewResurrects => true,
+            Flaw::StaleRenewExtendsSameClient => locked(&self.lock.shared.grants)
+                .get(self.inner.name())
+                .is_some_and(|g| g.client == self.lock.id),
+            _ => false,
+        };
+        if r.is_err() && resurrect {
+            let opts = self.lock.inner_opts(&self.opts).manual_renewal();
+            if self.lock.flaw == Flaw::StaleRenewExtendsSameClient {
+                self.lock.inner.break_lock(self.inner.name());
+            }
+            if let Some(l) = self
+                .lock
+                .inner
+                .try_acquire(self.inner.name(), &opts)
+                .await?
+            {
+                if let Ok(mut slot) = self.resurrected.lock() {
+                    *slot = Some(l);
+                }
+                return Ok(());
+            }
+        }
+        r
+    }
+    async fn release(mut self: Box<Self>) -> Result<()> {
+        self.drop_ghost.armed = false;
+        let lock = self.lock.clone();
+        let opts = self.opts.clone();
+        let name = self.inner.name().clone();
+        let inner = std::mem::replace(&mut self.inner, Box::new(Released(name.clone())));
+        let r = inner.release().await;
+        if r.is_ok() {
+            lock.released(&name);
+        }
+        match lock.flaw {
+            Flaw::ReleaseWithoutOwnerCheck if r.is_err() => {
+                lock.inner.break_lock(&name);
+                Ok(())
+            }
+            Flaw::ReleaseOfExpiredIsOk if r.is_err() => match lock.inner.inspect(&name).await? {
+                None => Ok(()),
+                Some(_) => r,
+            },
+            Flaw::WatchdogResurrects if matches!(opts.renewal, Renewal::Auto { .. }) => {
+                // Like a watchdog task nobody stopped: it keeps "renewing" (re-setting the
+                // lock) every TTL/3 for a while.
+                tokio::spawn(async move {
+                    for _ in 0..9 {
+                        tokio::time::sleep(opts.ttl / 3).await;
+                        if let Ok(Some(l)) = lock
+                            .inner
+                            .try_acquire(&name, &opts.clone().manual_renewal())
+                            .await
+                        {
+                            l.abandon();
+                        }
+                    }
+                });
+                r
+            }
+            _ => r,
+        }
+    }
+    fn abandon(mut self: Box<Self>) {
+        self.drop_ghost.armed = false;
+        self.abandoned = true;
+        let name = self.inner.name().clone();
+        std::mem::replace(&mut self.inner, Box::new(Released(name))).abandon();
+    }
+}
+
+/// What is left in a [`FlawedLease`] once its store lease was released or abandoned.
+#[derive(Debug)]
+pub(super) struct Released(LockName);
+
+#[async_trait]
+impl Lease for Released {
+    fn name(&self) -> &LockName {
+        &self.0
+    }
+    fn fencing_token(&self) -> Option<FencingToken> {
+        None
+    }
+    fn ttl(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn valid_until(&self) -> Instant {
+        Instant::now()
+    }
+    fn state(&self) -> LeaseState {
+        LeaseState::Lost
+    }
+    fn lost(&self) -> LostSignal {
+        LeaseTracker::new(Instant::now()).signal()
+    }
+    async fn renew(&self) -> Result<()> {
+        Err(Error::NotHeld {
+            name: self.0.clone(),
+        })
+    }
+    async fn release(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+    fn abandon(self: Box<Self>) {}
+}

@@ -1,0 +1,417 @@
+//! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::LeaseTracker;
+use lock_core::memory::MemoryLock;
+use lock_core::{
+    Capabilities, Deadline, DistributedLock, Error, FencingToken, Lease, LockName, LockOptions,
+    Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
+};
+
+use super::harness::*;
+use super::lease::*;
+use super::*;
+
+/// The in-memory driver with one flaw.
+#[derive(Debug, Clone)]
+pub struct FlawedLock {
+    pub(super) inner: MemoryLock,
+    pub(super) flaw: Flaw,
+    pub(super) shared: Arc<Shared>,
+    /// For delayed clients: how long a `try_acquire` takes to reach the store.
+    pub(super) delay: Option<Duration>,
+    /// This client's number (clients of one harness share a store).
+    pub(super) id: u64,
+}
+
+/// Until when an entry of `map` holds `name`, if it still does.
+pub(super) fn held_until(
+    map: &Mutex<HashMap<LockName, Instant>>,
+    name: &LockName,
+) -> Option<Instant> {
+    locked(map)
+        .get(name)
+        .copied()
+        .filter(|t| *t > Instant::now())
+}
+
+impl FlawedLock {
+    /// The backend key of `name` under this flaw.
+    pub(super) fn key(&self, name: &LockName) -> Result<LockName> {
+        let raw = name.as_str();
+        match self.flaw {
+            Flaw::NameTruncated if raw.len() >= MAX_NAME_LEN => {
+                LockName::new(&raw[..MAX_NAME_LEN - 1])
+            }
+            Flaw::EscapingNotInjective if raw.contains('.') => {
+                let escaped = raw.replace('.', "__");
+                LockName::new(&escaped[..escaped.len().min(MAX_NAME_LEN)])
+            }
+            _ => Ok(name.clone()),
+        }
+    }
+
+    pub(super) fn capabilities_declared(&self) -> Capabilities {
+        self.inner
+            .capabilities()
+            .with_max_ttl(Duration::from_secs(12 * 60 * 60))
+    }
+
+    pub(super) fn inner_opts(&self, opts: &LockOptions) -> LockOptions {
+        match self.flaw {
+            Flaw::NoExpiry => opts.clone().ttl(MAX_TTL),
+            Flaw::EarlyExpiry => opts
+                .clone()
+                .ttl((opts.ttl / 2).max(Duration::from_millis(1))),
+            Flaw::TtlRoundedDown => {
+                let tenths = (opts.ttl.as_millis() / 100).max(1);
+                opts.clone().ttl(Duration::from_millis(
+                    u64::try_from(tenths).unwrap_or(1) * 100,
+                ))
+            }
+            _ => opts.clone(),
+        }
+    }
+
+    /// A `try_acquire` sent over a slow wire: it lands after `delay` even if the caller has
+    /// gone, and its reply takes `delay` again. A correct client then releases the grant
+    /// nobody waits for; the flawed one leaves it.
+    pub(super) async fn in_flight(
+        &self,
+        delay: Duration,
+        key: &LockName,
+        opts: &LockOptions,
+    ) -> Result<(Option<Box<dyn Lease>>, Instant)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (inner, key, opts, flaw) = (
+            self.inner.clone(),
+            key.clone(),
+            self.inner_opts(opts),
+            self.flaw,
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let r = inner.try_acquire(&key, &opts).await;
+            // Taken after the store's own clock reading: an upper bound for it.
+            let landed = Instant::now();
+            tokio::time::sleep(delay).await;
+            if let Err((Ok(Some(orphan)), _)) = tx.send((r, landed)) {
+                if flaw == Flaw::CancelInFlightLeavesGhost {
+                    orphan.abandon();
+                } else {
+                    let _ = orphan.release().await;
+                }
+            }
+        });
+        let (r, landed) = rx
+            .await
+            .map_err(|_| Error::unavailable("flawed-memory", "the in-flight request vanished"))?;
+        Ok((r?, landed))
+    }
+
+    /// A grant of the store, wrapped: recorded, and given the flaw's behaviour.
+    /// `landed`: when the request reached the store (later than `started` for a delayed
+    /// client).
+    pub(super) fn wrap(
+        &self,
+        lease: Box<dyn Lease>,
+        opts: &LockOptions,
+        started: Instant,
+        landed: Instant,
+    ) -> Box<dyn Lease> {
+        let name = lease.name().clone();
+        let claimed_valid_until = started + opts.ttl;
+        if let (Flaw::MaxHoldFreesBeforeLost, Renewal::Auto { max_hold: Some(m) }) =
+            (self.flaw, opts.renewal)
+        {
+            let (inner, name) = (self.inner.clone(), name.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until((started + m).into()).await;
+                inner.break_lock(&name);
+            });
+        }
+        // Tokens restart at 1 for a name idle for two TTLs (the counter key expired).
+        let mut offset = 0;
+        if let Some(t) = lease.fencing_token() {
+            let mut idle = locked(&self.shared.idle);
+            let entry = idle.entry(name.clone()).or_insert((Instant::now(), 0));
+            if self.flaw == Flaw::CounterForgetsIdleNames && entry.0 + opts.ttl * 2 < Instant::now()
+            {
+                entry.1 = t.get().saturating_sub(1);
+            }
+            offset = entry.1;
+        }
+        let token = lease
+            .fencing_token()
+            .map(|t| FencingToken::new(t.get().saturating_sub(offset).max(1)));
+        locked(&self.shared.grants).insert(
+            name,
+            Grant {
+                expires: started + opts.ttl,
+                ttl: opts.ttl,
+                token,
+                client: self.id,
+            },
+        );
+        // The store's validity starts when the request landed; the wire took `delay` each way.
+        let shift = match (self.delay, self.flaw) {
+            (Some(_), Flaw::ValidUntilFromReply) => Shift::Later(landed.elapsed()),
+            _ => Shift::Earlier(landed.saturating_duration_since(started)),
+        };
+        Box::new(FlawedLease {
+            never_lost: matches!(
+                self.flaw,
+                Flaw::LostSignalNeverFires | Flaw::AbandonKeepsLostPending
+            )
+            .then(|| LeaseTracker::new(Instant::now() + MAX_TTL)),
+            inner: lease,
+            resurrected: Mutex::new(None),
+            lock: self.clone(),
+            opts: opts.clone(),
+            claimed_valid_until,
+            shift,
+            offset,
+            drop_ghost: DropGhost {
+                armed: self.flaw == Flaw::DropKeepsLock,
+                shared: self.shared.clone(),
+                ttl: opts.ttl * 50,
+            },
+            abandoned: false,
+        })
+    }
+
+    /// Forgets `name`'s grant after a release.
+    pub(super) fn released(&self, name: &LockName) {
+        locked(&self.shared.grants).remove(name);
+        if let Some(e) = locked(&self.shared.idle).get_mut(name) {
+            e.0 = Instant::now();
+        }
+    }
+
+    /// An expired grant of `name` that nobody released or replaced, if any.
+    pub(super) fn expired_grant(&self, name: &LockName) -> Option<Grant> {
+        locked(&self.shared.grants)
+            .get(name)
+            .copied()
+            .filter(|g| g.expires <= Instant::now())
+    }
+
+    /// Waits while a ghost (or, for waiting acquires, a queued ghost) holds `name`; `false`
+    /// if one still does at the deadline.
+    pub(super) async fn wait_out_ghosts(&self, name: &LockName, deadline: Option<Instant>) -> bool {
+        loop {
+            let until = held_until(&self.shared.ghosts, name)
+                .into_iter()
+                .chain(held_until(&self.shared.queued_ghosts, name))
+                .max();
+            let Some(until) = until else {
+                return true;
+            };
+            let stop = deadline.map_or(until, |d| d.min(until));
+            tokio::time::sleep_until(stop.into()).await;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return held_until(&self.shared.ghosts, name).is_none()
+                    && held_until(&self.shared.queued_ghosts, name).is_none();
+            }
+        }
+    }
+
+    pub(super) fn timeout(name: &LockName, started: Instant) -> Error {
+        Error::Timeout {
+            name: name.clone(),
+            waited: started.elapsed(),
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for FlawedLock {
+    fn backend(&self) -> &'static str {
+        "flawed-memory"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities_declared()
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        let key = self.key(name)?;
+        let info = self.inner.inspect(&key).await?;
+        match (self.flaw, info) {
+            (Flaw::InspectBlind, _) => Ok(None),
+            (Flaw::InspectShowsExpiredHolder, None) => Ok(self
+                .expired_grant(&key)
+                .map(|g| lock_core::HolderInfo::new(g.token, Some(Duration::ZERO)))),
+            (Flaw::InspectRemainingIsTheTtl, Some(i)) => {
+                let ttl = locked(&self.shared.grants).get(&key).map(|g| g.ttl);
+                Ok(Some(lock_core::HolderInfo::new(
+                    i.fencing_token,
+                    ttl.or(i.remaining),
+                )))
+            }
+            (_, Some(i)) => {
+                // Tokens as the wrapper handed them out.
+                let token = locked(&self.shared.grants).get(&key).and_then(|g| g.token);
+                Ok(Some(lock_core::HolderInfo::new(
+                    token.or(i.fencing_token),
+                    i.remaining,
+                )))
+            }
+            (_, None) => Ok(None),
+        }
+    }
+    /// The flawed paths live in `try_acquire` and `acquire` (overridden, so a flaw can skip the
+    /// TTL validation the provided ones do); this maps a deadline onto them.
+    async fn acquire_until(
+        &self,
+        name: &LockName,
+        _ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let opts = match deadline {
+            Deadline::Now => return self.try_acquire(name, opts).await,
+            Deadline::At(t) => opts
+                .clone()
+                .wait_for(t.saturating_duration_since(Instant::now())),
+            Deadline::Never => opts.clone().wait_forever(),
+        };
+        match self.acquire(name, &opts).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let caps = match self.flaw {
+            Flaw::MaxTtlNotEnforced => self.inner.capabilities(),
+            _ => self.capabilities_declared(),
+        };
+        opts.validate(&caps)?;
+        let key = self.key(name)?;
+        if held_until(&self.shared.ghosts, &key).is_some() {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        if self.flaw == Flaw::ExpiredTakeoverNotAtomic && self.expired_grant(&key).is_some() {
+            // Saw it expired; the write lands a moment later, over whatever happened since.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.inner.break_lock(&key);
+        }
+        let lease = match (self.delay, self.flaw) {
+            (None, Flaw::TryAcquireWaits) => {
+                let o = self.inner_opts(opts).wait_for(opts.ttl);
+                match self.inner.acquire(&key, &o).await {
+                    Ok(l) => Some(l),
+                    Err(Error::Timeout { .. }) => None,
+                    Err(e) => return Err(e),
+                }
+            }
+            (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
+            (Some(delay), _) => {
+                let (lease, landed) = self.in_flight(delay, &key, opts).await?;
+                return Ok(lease.map(|l| self.wrap(l, opts, started, landed)));
+            }
+        };
+        Ok(lease.map(|l| self.wrap(l, opts, started, started)))
+    }
+    async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        let caps = match self.flaw {
+            Flaw::MaxTtlNotEnforced => self.inner.capabilities(),
+            _ => self.capabilities_declared(),
+        };
+        opts.validate(&caps)?;
+        let key = self.key(name)?;
+        let started = Instant::now();
+        let deadline = opts.wait.deadline(started);
+        if self.flaw != Flaw::CancelLeavesGhost && !self.wait_out_ghosts(&key, deadline).await {
+            return Err(Self::timeout(&key, started));
+        }
+        let arrival = {
+            let mut a = locked(&self.shared.arrivals);
+            let n = a.entry(key.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let bounded = !matches!(opts.wait, Wait::Forever | Wait::No);
+        match self.flaw {
+            Flaw::SpinningWaiter | Flaw::BoundedWaitPolls
+                if self.flaw == Flaw::SpinningWaiter || bounded =>
+            {
+                let pause = match self.flaw {
+                    Flaw::SpinningWaiter => Duration::from_millis(2),
+                    _ => Duration::from_secs(1),
+                };
+                loop {
+                    if let Some(l) = self.try_acquire(name, opts).await? {
+                        return Ok(l);
+                    }
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Err(Self::timeout(&key, started));
+                    }
+                    let next = deadline.map_or(now + pause, |d| d.min(now + pause));
+                    tokio::time::sleep_until(next.into()).await;
+                }
+            }
+            Flaw::IgnoresWaitTimeout => {
+                let l = self
+                    .inner
+                    .acquire(&key, &self.inner_opts(opts).wait_forever())
+                    .await?;
+                Ok(self.wrap(l, opts, started, started))
+            }
+            Flaw::CancelLeavesGhost => {
+                // The ghost of an earlier cancelled acquire holds the lock first.
+                if let Some(until) = held_until(&self.shared.ghosts, &key) {
+                    let stop = deadline.map_or(until, |d| d.min(until));
+                    tokio::time::sleep_until(stop.into()).await;
+                    if held_until(&self.shared.ghosts, &key).is_some() {
+                        return Err(Self::timeout(&key, started));
+                    }
+                }
+                let mut ghost = Ghost {
+                    shared: self.shared.clone(),
+                    name: key.clone(),
+                    ttl: opts.ttl * 50,
+                    armed: true,
+                };
+                let l = self.inner.acquire(&key, &self.inner_opts(opts)).await;
+                ghost.armed = false;
+                Ok(self.wrap(l?, opts, started, started))
+            }
+            Flaw::TimedOutWaiterStaysQueued => {
+                match self.inner.acquire(&key, &self.inner_opts(opts)).await {
+                    Ok(l) => Ok(self.wrap(l, opts, started, started)),
+                    Err(e @ Error::Timeout { .. }) => {
+                        locked(&self.shared.queued_ghosts)
+                            .insert(key.clone(), Instant::now() + opts.ttl * 50);
+                        Err(e)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Flaw::NoFifoAfterExpiry => {
+                // Waits out an unreleased holder by the clock, then races: the latest arrival
+                // wakes first.
+                let expires = locked(&self.shared.grants).get(&key).map(|g| g.expires);
+                if let Some(at) = expires.filter(|at| *at > Instant::now()) {
+                    let head_start = Duration::from_millis(60) / arrival.max(1);
+                    tokio::time::sleep_until((at + head_start).into()).await;
+                }
+                let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
+                Ok(self.wrap(l, opts, started, started))
+            }
+            _ => {
+                let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
+                Ok(self.wrap(l, opts, started, started))
+            }
+        }
+    }
+}

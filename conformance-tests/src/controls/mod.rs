@@ -1,0 +1,210 @@
+//! Negative controls: deliberately broken drivers that the suite must catch.
+//!
+//! Each [`Flaw`] breaks one promise of the contract on top of the (correct) in-memory driver.
+//! The suite's own tests run the cases each flaw names in [`Flaw::caught_by`] and assert that at
+//! least one fails — and that [`Flaw::None`], the same wrapper with nothing broken, passes every
+//! case, so the failures come from the flaw alone. A suite that passes a broken driver is the
+//! worst bug this project can have.
+
+mod harness;
+mod lease;
+mod lock;
+
+pub use harness::FlawedHarness;
+pub use lock::FlawedLock;
+
+/// `case_name!` for each case: the names of the cases a flaw is caught by.
+macro_rules! cases {
+    ($($area:ident :: $name:ident),* $(,)?) => {
+        vec![$(crate::cases::case_name!($area::$name)),*]
+    };
+}
+
+/// One broken promise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Flaw {
+    /// Nothing broken: must pass every case.
+    None,
+    /// Every client has its own store: two clients can hold one name.
+    NoMutualExclusion,
+    /// Locks never expire, whatever the TTL.
+    NoExpiry,
+    /// Locks expire at half their TTL while `valid_until` claims the whole TTL.
+    EarlyExpiry,
+    /// Release deletes the lock whoever holds it.
+    ReleaseWithoutOwnerCheck,
+    /// Renew of a lost lease re-acquires the lock and reports success.
+    RenewResurrects,
+    /// After release of an auto-renewed lease, a leftover renewal re-acquires the lock.
+    WatchdogResurrects,
+    /// Fencing tokens go down.
+    NonMonotonicFencing,
+    /// The lost signal never fires and the state is always Held.
+    LostSignalNeverFires,
+    /// Waiting `acquire` calls `try_acquire` every 2 ms.
+    SpinningWaiter,
+    /// `acquire` ignores its bounded wait and waits forever.
+    IgnoresWaitTimeout,
+    /// A cancelled waiting `acquire` leaves a ghost holder behind for many TTLs.
+    CancelLeavesGhost,
+    /// `inspect` says every lock is free.
+    InspectBlind,
+    /// A `try_acquire` cancelled while its request is in flight leaves the grant that request
+    /// still gets to a ghost, until the TTL.
+    CancelInFlightLeavesGhost,
+    /// At `max_hold` the lock is freed on the backend while the lease still says Held and its
+    /// lost signal fires only at `valid_until` (a watchdog that deletes, then marks Lost).
+    MaxHoldFreesBeforeLost,
+    /// Taking over an expired lock is check-then-set: racers that all saw it expired are all
+    /// granted it, each overwriting the last.
+    ExpiredTakeoverNotAtomic,
+    /// `inspect` still shows a holder that expired (a lazily expired record).
+    InspectShowsExpiredHolder,
+    /// `inspect` reports the lease's TTL as the time remaining, however much has passed.
+    InspectRemainingIsTheTtl,
+    /// The TTL sent to the store is rounded down to whole 100 ms; `valid_until` uses the
+    /// requested one.
+    TtlRoundedDown,
+    /// Through a slow wire, `valid_until` is measured from the reply instead of from before the
+    /// request.
+    ValidUntilFromReply,
+    /// A bounded `acquire` (`wait_for`) checks the lock once a second instead of waking on a
+    /// release.
+    BoundedWaitPolls,
+    /// `try_acquire` on a held lock waits up to a TTL for it before saying no.
+    TryAcquireWaits,
+    /// A waiter that timed out stays queued for many TTLs: later *waiting* acquires queue
+    /// behind it (`try_acquire` does not look at the queue).
+    TimedOutWaiterStaysQueued,
+    /// When the holder expires rather than releases, waiters race for the lock, the latest
+    /// arrival first.
+    NoFifoAfterExpiry,
+    /// A renewal of an expired lease succeeds when the same client holds the lock again, and
+    /// extends the lock by another TTL.
+    StaleRenewExtendsSameClient,
+    /// Releasing an expired lease that nobody took over returns `Ok`.
+    ReleaseOfExpiredIsOk,
+    /// Dropping a lease leaves the lock held for many TTLs instead of freeing it.
+    DropKeepsLock,
+    /// `abandon` leaves the lost signal pending forever.
+    AbandonKeepsLostPending,
+    /// The driver declares a `max_ttl` of 12 h but accepts anything up to the global one.
+    MaxTtlNotEnforced,
+    /// The backend key is the name cut to 127 bytes.
+    NameTruncated,
+    /// Name escaping that is not one-to-one: `.` becomes `__`, so `a.` and `a__` are one key.
+    EscapingNotInjective,
+    /// The fencing counter is forgotten once a name sits idle for two TTLs (a counter key with
+    /// a TTL): tokens start again at 1.
+    CounterForgetsIdleNames,
+    /// Declares `Strict` fencing, but a backend restart loses the counter (Redis without
+    /// `appendfsync always`): tokens start again at 1.
+    CounterLostOnRestart,
+}
+
+impl Flaw {
+    /// Every flaw, [`Flaw::None`] first.
+    pub const ALL: &'static [Flaw] = &[
+        Flaw::None,
+        Flaw::NoMutualExclusion,
+        Flaw::NoExpiry,
+        Flaw::EarlyExpiry,
+        Flaw::ReleaseWithoutOwnerCheck,
+        Flaw::RenewResurrects,
+        Flaw::WatchdogResurrects,
+        Flaw::NonMonotonicFencing,
+        Flaw::LostSignalNeverFires,
+        Flaw::SpinningWaiter,
+        Flaw::IgnoresWaitTimeout,
+        Flaw::CancelLeavesGhost,
+        Flaw::InspectBlind,
+        Flaw::CancelInFlightLeavesGhost,
+        Flaw::MaxHoldFreesBeforeLost,
+        Flaw::ExpiredTakeoverNotAtomic,
+        Flaw::InspectShowsExpiredHolder,
+        Flaw::InspectRemainingIsTheTtl,
+        Flaw::TtlRoundedDown,
+        Flaw::ValidUntilFromReply,
+        Flaw::BoundedWaitPolls,
+        Flaw::TryAcquireWaits,
+        Flaw::TimedOutWaiterStaysQueued,
+        Flaw::NoFifoAfterExpiry,
+        Flaw::StaleRenewExtendsSameClient,
+        Flaw::ReleaseOfExpiredIsOk,
+        Flaw::DropKeepsLock,
+        Flaw::AbandonKeepsLostPending,
+        Flaw::MaxTtlNotEnforced,
+        Flaw::NameTruncated,
+        Flaw::EscapingNotInjective,
+        Flaw::CounterForgetsIdleNames,
+        Flaw::CounterLostOnRestart,
+    ];
+
+    /// The cases written to catch this flaw (at least one must fail).
+    pub fn caught_by(self) -> Vec<&'static str> {
+        match self {
+            Flaw::None => vec![],
+            Flaw::NoMutualExclusion => cases![
+                exclusion::single_winner_among_racers,
+                exclusion::held_lock_refuses_others,
+                exclusion::counter_loses_no_update
+            ],
+            Flaw::NoExpiry => cases![expiry::abandoned_lease_frees_after_ttl],
+            Flaw::EarlyExpiry => cases![expiry::abandoned_lease_frees_after_ttl],
+            Flaw::ReleaseWithoutOwnerCheck => cases![
+                ownership::stale_release_keeps_successor,
+                ownership::broken_lock_release_is_not_held
+            ],
+            Flaw::RenewResurrects => {
+                cases![renewal::renew_after_expiry_fails_and_does_not_recreate]
+            }
+            Flaw::WatchdogResurrects => cases![renewal::watchdog_stops_after_release],
+            Flaw::NonMonotonicFencing => cases![
+                fencing::tokens_increase_across_holders,
+                fencing::tokens_follow_grant_order_under_contention
+            ],
+            Flaw::LostSignalNeverFires => cases![
+                lost::lost_fires_before_successor_is_granted,
+                expiry::unrenewed_lease_turns_lost_at_valid_until
+            ],
+            Flaw::SpinningWaiter => cases![waiting::waiting_is_idle],
+            Flaw::IgnoresWaitTimeout => cases![waiting::wait_timeout_is_respected],
+            Flaw::CancelLeavesGhost => cases![waiting::cancelled_waiter_does_not_block_others],
+            Flaw::InspectBlind => cases![inspect::inspect_reports_the_holder],
+            Flaw::CancelInFlightLeavesGhost => {
+                cases![waiting::cancelled_in_flight_leaves_no_holder]
+            }
+            Flaw::MaxHoldFreesBeforeLost => cases![lost::lost_fires_before_max_hold_successor],
+            Flaw::ExpiredTakeoverNotAtomic => {
+                cases![expiry::expired_lock_goes_to_exactly_one_racer]
+            }
+            Flaw::InspectShowsExpiredHolder | Flaw::InspectRemainingIsTheTtl => {
+                cases![inspect::inspect_follows_expiry_and_takeover]
+            }
+            Flaw::TtlRoundedDown => cases![expiry::odd_ttl_holds_until_valid_until],
+            Flaw::ValidUntilFromReply => cases![expiry::valid_until_counts_from_before_the_request],
+            Flaw::BoundedWaitPolls => cases![waiting::bounded_waiter_wakes_promptly_after_release],
+            Flaw::TryAcquireWaits => cases![waiting::try_acquire_does_not_wait],
+            Flaw::TimedOutWaiterStaysQueued => {
+                cases![waiting::timed_out_waiter_does_not_block_waiters]
+            }
+            Flaw::NoFifoAfterExpiry => cases![waiting::waiters_served_fifo_after_expiry],
+            Flaw::StaleRenewExtendsSameClient => {
+                cases![ownership::stale_renew_does_not_extend_new_lease]
+            }
+            Flaw::ReleaseOfExpiredIsOk => cases![ownership::release_after_expiry_is_not_held],
+            Flaw::DropKeepsLock => cases![lost::dropped_lease_frees_promptly],
+            Flaw::AbandonKeepsLostPending => cases![lost::lost_signal_resolves_on_abandon],
+            Flaw::MaxTtlNotEnforced => cases![input::declared_max_ttl_is_enforced],
+            Flaw::NameTruncated => {
+                cases![input::max_length_names_differing_at_the_end_are_independent]
+            }
+            Flaw::EscapingNotInjective => {
+                cases![input::names_differing_in_punctuation_are_independent]
+            }
+            Flaw::CounterForgetsIdleNames => cases![fencing::token_survives_idle_name],
+            Flaw::CounterLostOnRestart => cases![fencing::strict_tokens_survive_backend_restart],
+        }
+    }
+}
