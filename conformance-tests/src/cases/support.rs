@@ -4,9 +4,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::{DistributedLock, Lease, LockOptions};
+use lock_core::{DistributedLock, Lease, LockName, LockOptions};
+use tokio::task::JoinHandle;
 
-use crate::{Failure, Harness};
+use crate::{ensure, Failure, Harness};
 
 pub(crate) async fn client(h: &dyn Harness) -> Result<Arc<dyn DistributedLock>, Failure> {
     h.client()
@@ -97,4 +98,51 @@ pub(crate) fn is_not_held(e: &lock_core::Error) -> bool {
         e,
         lock_core::Error::NotHeld { .. } | lock_core::Error::Lost { .. }
     )
+}
+
+/// A waiter that records when its `acquire` returned.
+pub(crate) type Waiter = JoinHandle<(Instant, lock_core::Result<Box<dyn Lease>>)>;
+
+/// Starts a waiting `acquire` of `name` on `client` in a task of its own.
+pub(crate) fn spawn_waiter(
+    client: Arc<dyn DistributedLock>,
+    name: &LockName,
+    opts: LockOptions,
+) -> Waiter {
+    let name = name.clone();
+    tokio::spawn(async move {
+        let l = client.acquire(&name, &opts).await;
+        (Instant::now(), l)
+    })
+}
+
+/// Releases `holder` and checks that `waiter` is granted within the slack of the release,
+/// then releases the waiter's lease. `who` names the waiter, `why` what a late grant means.
+pub(crate) async fn handed_on_promptly(
+    h: &dyn Harness,
+    holder: Box<dyn Lease>,
+    waiter: Waiter,
+    who: &str,
+    why: &str,
+) -> Result<(), Failure> {
+    let slack = h.timing().slack;
+    let limit = slack * 4;
+    let released = Instant::now();
+    holder.release().await?;
+    let (granted, lease) = match tokio::time::timeout(limit, waiter).await {
+        Ok(r) => r.map_err(|e| Failure(format!("{who} panicked: {e}")))?,
+        Err(_) => {
+            return Err(Failure(format!(
+                "{who} was not granted within {limit:?} of the release (slack {slack:?}): {why}"
+            )))
+        }
+    };
+    let lease = lease.map_err(|e| Failure(format!("{who} failed after the release: {e:?}")))?;
+    let delay = granted.saturating_duration_since(released);
+    ensure!(
+        delay <= slack,
+        "{who} was granted {delay:?} after the release (slack {slack:?}): {why}"
+    );
+    lease.release().await?;
+    Ok(())
 }

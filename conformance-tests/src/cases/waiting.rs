@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use lock_core::Error;
 
-use super::support::{client, held, long_opts, opts, sleep, within};
+use super::support::{
+    client, handed_on_promptly, held, long_opts, opts, sleep, spawn_waiter, within,
+};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// A waiter is granted within the slack after the holder releases, long before the holder's
@@ -34,38 +36,13 @@ async fn wakes_on_release(h: &dyn Harness, bound: Option<Duration>) -> Result<()
         Some(d) => format!("a waiter with wait_for({d:?})"),
         None => "a waiter with no deadline".to_string(),
     };
-    let n = name.clone();
-    let waiter = tokio::spawn(async move {
-        let l = b.acquire(&n, &o).await;
-        (Instant::now(), l)
-    });
+    let waiter = spawn_waiter(b, &name, o);
     sleep(t.ttl).await;
     ensure!(
         !waiter.is_finished(),
         "{kind} returned while the lock was held"
     );
-    let released = Instant::now();
-    holder.release().await?;
-    let (granted, lease) = match tokio::time::timeout(t.slack * 4, waiter).await {
-        Ok(r) => r.map_err(|e| Failure(format!("waiter panicked: {e}")))?,
-        Err(_) => {
-            return Err(Failure(format!(
-                "{kind} was not woken within {:?} of the release (slack {:?}): it does not \
-                 wake on a release",
-                t.slack * 4,
-                t.slack
-            )))
-        }
-    };
-    let lease = lease.map_err(|e| Failure(format!("{kind} failed after the release: {e:?}")))?;
-    let delay = granted.saturating_duration_since(released);
-    ensure!(
-        delay <= t.slack,
-        "{kind} granted {delay:?} after the release (slack {:?})",
-        t.slack
-    );
-    lease.release().await?;
-    Ok(())
+    handed_on_promptly(h, holder, waiter, &kind, "it does not wake on a release").await
 }
 
 /// `try_acquire` on a held lock makes one attempt and returns `None` at once (within the
@@ -252,33 +229,16 @@ pub async fn timed_out_waiter_does_not_block_waiters(h: &dyn Harness) -> Result<
         matches!(r, Err(Error::Timeout { .. })),
         "expected Timeout, got {r:?}"
     );
-    let (n, o) = (name.clone(), long_opts(h).wait_for(t.ttl * 30));
-    let next = tokio::spawn(async move {
-        let l = c.acquire(&n, &o).await;
-        (Instant::now(), l)
-    });
+    let next = spawn_waiter(c, &name, long_opts(h).wait_for(t.ttl * 30));
     sleep(t.ttl / 2).await;
-    let released = Instant::now();
-    holder.release().await?;
-    let (granted, lease) = match tokio::time::timeout(t.slack * 4, next).await {
-        Ok(r) => r.map_err(|e| Failure(format!("waiter panicked: {e}")))?,
-        Err(_) => {
-            return Err(Failure(format!(
-                "a waiter was not granted within {:?} of the release because an earlier \
-                 waiter had timed out: the timed-out waiter stayed in the queue",
-                t.slack * 4
-            )))
-        }
-    };
-    let lease = lease?;
-    let delay = granted.saturating_duration_since(released);
-    ensure!(
-        delay <= t.slack,
-        "waiter granted {delay:?} after release, behind a waiter that had timed out (slack {:?})",
-        t.slack
-    );
-    lease.release().await?;
-    Ok(())
+    handed_on_promptly(
+        h,
+        holder,
+        next,
+        "a waiter behind one that had timed out",
+        "the timed-out waiter stayed in the queue",
+    )
+    .await
 }
 
 /// A waiting `acquire` that is cancelled (its future dropped) does not delay the next waiter:
@@ -293,25 +253,16 @@ pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(
     sleep(t.ttl / 2).await;
     cancelled.abort();
     let _ = cancelled.await;
-    let (n, o) = (name.clone(), long_opts(h));
-    let next = tokio::spawn(async move {
-        let l = c.acquire(&n, &o).await;
-        (Instant::now(), l)
-    });
+    let next = spawn_waiter(c, &name, long_opts(h));
     sleep(t.ttl / 2).await;
-    let released = Instant::now();
-    holder.release().await?;
-    let (granted, lease) = within(t.ttl * 10, "the waiter behind a cancelled one", next)
-        .await?
-        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
-    let lease = lease?;
-    let delay = granted.saturating_duration_since(released);
-    ensure!(
-        delay <= t.slack,
-        "next waiter granted {delay:?} after release: the cancelled waiter held it up"
-    );
-    lease.release().await?;
-    Ok(())
+    handed_on_promptly(
+        h,
+        holder,
+        next,
+        "the waiter behind a cancelled one",
+        "the cancelled waiter held it up",
+    )
+    .await
 }
 
 /// An acquisition cancelled while its request is on the way to the server leaves no holder
