@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::driver::{redacted_url, MultiHostUrl, TlsCa};
+use lock_core::driver::{redacted_url, MultiHostUrl, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// Where the cluster is and how this client talks to it.
@@ -23,7 +23,7 @@ pub struct EtcdConfig {
     endpoints: Vec<String>,
     prefix: String,
     user: Option<String>,
-    password: Option<String>,
+    password: Option<Secret>,
     tls: bool,
     tls_ca: Option<TlsCa>,
     request_timeout: Duration,
@@ -103,7 +103,7 @@ impl EtcdConfig {
     /// User and password (etcd's own authentication; the role needs read/write on the prefix).
     pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
-        self.password = Some(password.into());
+        self.password = Some(Secret::new(password));
         self
     }
     /// Key prefix of every lock (default `/distlock`): keys are `<prefix>/<name>/<lease-hex>`.
@@ -181,10 +181,10 @@ impl EtcdConfig {
         self.connect_timeout
     }
     pub(crate) fn credentials(&self) -> Option<(&str, &str)> {
-        Some((self.user.as_deref()?, self.password.as_deref()?))
+        Some((self.user.as_deref()?, self.password.as_ref()?.expose()))
     }
-    pub(crate) fn secret(&self) -> Option<&str> {
-        self.password.as_deref().filter(|p| !p.is_empty())
+    pub(crate) fn secret(&self) -> Option<&Secret> {
+        self.password.as_ref()
     }
 
     /// The URL without the password.

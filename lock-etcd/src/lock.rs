@@ -10,7 +10,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
     SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
-use lock_core::driver::{drift, Grant, LeaseOps, ManagedLease};
+use lock_core::driver::{drift, scrub, Grant, LeaseOps, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
     LockOptions, Result,
@@ -939,7 +939,7 @@ where
                 if never_sent(&e)
                     && tokio::time::Instant::now() + Duration::from_millis(20) < deadline =>
             {
-                tracing::debug!(error = %scrub(&e, config), "etcd request not sent; retrying");
+                tracing::debug!(error = %scrub(&e, config.secret()), "etcd request not sent; retrying");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Ok(Err(e)) => return Err(map_error(e, config)),
@@ -994,7 +994,7 @@ fn connect_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
 fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
     use etcd_client::Error as E;
     use tonic::Code;
-    let text = scrub(&e, config);
+    let text = scrub(&e, config.secret());
     match &e {
         E::GRpcStatus(s) => match s.code() {
             Code::Unavailable
@@ -1031,14 +1031,6 @@ fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
             Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
         }
         _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
-    }
-}
-
-fn scrub(e: &dyn fmt::Display, config: &EtcdConfig) -> String {
-    let text = e.to_string();
-    match config.secret() {
-        Some(p) => text.replace(p, "***"),
-        None => text,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::driver::{percent_decode, TlsCa};
+use lock_core::driver::{percent_decode, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
@@ -32,7 +32,7 @@ pub struct RedisConfig {
     port: u16,
     db: i64,
     username: Option<String>,
-    password: Option<String>,
+    password: Option<Secret>,
     tls: bool,
     tls_ca: Option<TlsCa>,
     prefix: String,
@@ -90,7 +90,7 @@ impl RedisConfig {
             cfg.username = Some(percent_decode(parsed.username()));
         }
         if let Some(p) = parsed.password() {
-            cfg.password = Some(percent_decode(p));
+            cfg.password = Some(Secret::new(percent_decode(p)));
         }
         let path = parsed.path().trim_start_matches('/');
         if !path.is_empty() {
@@ -140,7 +140,7 @@ impl RedisConfig {
     }
     /// Sets the password (with or without a user name).
     pub fn with_password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(password.into());
+        self.password = Some(Secret::new(password));
         self
     }
     /// Selects a database number.
@@ -247,8 +247,8 @@ impl RedisConfig {
     pub fn is_tls(&self) -> bool {
         self.tls
     }
-    pub(crate) fn secret(&self) -> Option<&str> {
-        self.password.as_deref()
+    pub(crate) fn secret(&self) -> Option<&Secret> {
+        self.password.as_ref()
     }
 
     /// The URL with the password replaced by `***`: safe for logs and errors.
@@ -306,7 +306,7 @@ impl RedisConfig {
             settings = settings.set_username(u);
         }
         if let Some(p) = &self.password {
-            settings = settings.set_password(p);
+            settings = settings.set_password(p.expose());
         }
         Ok(info.set_redis_settings(settings))
     }
@@ -356,7 +356,7 @@ mod tests {
         let c = RedisConfig::from_url("redis://u%40x:p%3Aw@h.example:7000/3?prefix=p:").unwrap();
         assert_eq!((c.host(), c.port(), c.db()), ("h.example", 7000, 3));
         assert_eq!(c.user(), Some("u@x"));
-        assert_eq!(c.secret(), Some("p:w"));
+        assert_eq!(c.secret().map(Secret::expose), Some("p:w"));
         assert_eq!(c.prefix(), "p:");
         let d = RedisConfig::from_url("redis://127.0.0.1").unwrap();
         assert_eq!((d.port(), d.db(), d.prefix()), (6379, 0, DEFAULT_PREFIX));

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lock_core::driver::scrub;
 use lock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
@@ -85,7 +86,7 @@ impl RedisNode {
             Error::config(format!(
                 "Redis {}: {}",
                 config.redacted_url(),
-                scrub(&e, &config)
+                scrub(&e, config.secret())
             ))
         })?;
         let wakeups = Arc::new(Wakeups::with_dedup(dedup));
@@ -110,7 +111,7 @@ impl RedisNode {
                 Error::config(format!(
                     "Redis {}: {}",
                     config.redacted_url(),
-                    scrub(&e, &config)
+                    scrub(&e, config.secret())
                 ))
             })?;
         Ok((
@@ -269,7 +270,7 @@ impl RedisNode {
     /// Maps a failed request to the contract's errors: transient (connection, timeout,
     /// loading, failover) → `Unavailable`; anything else → `Backend`. Never contains secrets.
     pub fn error(&self, e: &redis::RedisError) -> Error {
-        let text = scrub(e, &self.config);
+        let text = scrub(e, self.config.secret());
         let transient = e.is_io_error()
             || e.is_timeout()
             || e.is_connection_dropped()
@@ -300,7 +301,7 @@ impl RedisNode {
     }
 
     fn connect_error(&self, e: &redis::RedisError) -> Error {
-        let text = scrub(e, &self.config);
+        let text = scrub(e, self.config.secret());
         let auth = matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
             || text.contains("WRONGPASS")
             || text.contains("NOAUTH")
@@ -397,15 +398,6 @@ fn open_client(
     #[cfg(not(feature = "tls"))]
     let _ = ca; // a CA without TLS support: connection_info() already refused TLS
     redis::Client::open(info)
-}
-
-/// Error text without the password, whatever the client library put in it.
-fn scrub(e: &dyn fmt::Display, config: &RedisConfig) -> String {
-    let text = e.to_string();
-    match config.secret() {
-        Some(p) if !p.is_empty() => text.replace(p, "***"),
-        _ => text,
-    }
 }
 
 /// An acquisition whose request is on its way: if it is dropped before

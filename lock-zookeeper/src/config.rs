@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::driver::{redacted_url, MultiHostUrl};
+use lock_core::driver::{redacted_url, MultiHostUrl, Secret};
 use lock_core::{Error, Result};
 
 /// Where the ensemble is and how this client's session behaves.
@@ -23,7 +23,7 @@ pub struct ZkConfig {
     hosts: String,
     chroot: Option<String>,
     user: Option<String>,
-    password: Option<String>,
+    password: Option<Secret>,
     session_timeout: Duration,
     base_path: String,
 }
@@ -85,7 +85,7 @@ impl ZkConfig {
     /// this user can delete.
     pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
-        self.password = Some(password.into());
+        self.password = Some(Secret::new(password));
         self
     }
     /// The session timeout: the lease of every lock of this client.
@@ -128,11 +128,11 @@ impl ZkConfig {
         Some(format!(
             "{}:{}",
             self.user.as_ref()?,
-            self.password.as_ref()?
+            self.password.as_ref()?.expose()
         ))
     }
-    pub(crate) fn secret(&self) -> Option<&str> {
-        self.password.as_deref()
+    pub(crate) fn secret(&self) -> Option<&Secret> {
+        self.password.as_ref()
     }
     pub(crate) fn without_chroot(&self) -> ZkConfig {
         ZkConfig {
@@ -211,7 +211,7 @@ mod tests {
     fn parses_credentials_and_base() {
         let c = ZkConfig::from_url("zk://a%3Ab:p%40w@h:1,h:2?base=/locks").unwrap();
         assert_eq!(c.user(), Some("a:b"));
-        assert_eq!(c.secret(), Some("p@w"));
+        assert_eq!(c.secret().map(Secret::expose), Some("p@w"));
         assert_eq!(c.base_path(), "/locks");
         assert_eq!(c.connect_string(), "h:1,h:2");
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, Grant, LeaseOps, ManagedLease};
+use lock_core::driver::{drift, scrub, Grant, LeaseOps, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
     LockOptions, Renewal, Result,
@@ -425,7 +425,7 @@ async fn open_session(config: &ZkConfig) -> Result<Client> {
                 format!(
                     "cannot connect to {}: {}",
                     config.redacted_url(),
-                    scrub(&e, config)
+                    scrub(&e, config.secret())
                 ),
             ),
         })?;
@@ -698,7 +698,7 @@ impl LeaseOps for ZkLeaseOps {
 
 fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error {
     use zookeeper_client::Error as Z;
-    let text = scrub(&e, config);
+    let text = scrub(&e, config.secret());
     match e {
         Z::SessionExpired | Z::ClientClosed => Error::Lost {
             name: LockName::new("session").unwrap_or_else(|_| unreachable!()),
@@ -721,13 +721,5 @@ fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error {
             ),
         ),
         _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
-    }
-}
-
-fn scrub(e: &dyn fmt::Display, config: &ZkConfig) -> String {
-    let text = e.to_string();
-    match config.secret() {
-        Some(p) if !p.is_empty() => text.replace(p, "***"),
-        _ => text,
     }
 }
