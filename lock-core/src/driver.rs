@@ -14,7 +14,9 @@
 //! assert_eq!(tracker.state(), lock_core::LeaseState::Held);
 //! ```
 
-pub use crate::endpoint::{parse_bool_param, percent_decode, redacted_url, MultiHostUrl, TlsCa};
+pub use crate::endpoint::{
+    parse_bool_param, percent_decode, redacted_url, MultiHostUrl, Query, TlsCa,
+};
 pub use crate::managed::{drift, Grant, LeaseOps, ManagedLease};
 pub use crate::secret::{scrub, Secret};
 pub use crate::state::LeaseTracker;

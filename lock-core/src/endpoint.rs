@@ -165,22 +165,96 @@ pub fn parse_bool_param(what: &str, key: &str, value: &str) -> crate::Result<boo
 /// assert_eq!(lock_core::driver::percent_decode("p%40ss%2F100%"), "p@ss/100%");
 /// ```
 pub fn percent_decode(s: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// The query parameters of a lock URL, checked once against the keys the driver knows: an
+/// unknown key is an [`Error::Config`] that lists the known ones, a repeated key one that says
+/// so (which of two values was meant cannot be known). Values are read by key, typed.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::driver::Query;
+/// let pairs = vec![("timeout_ms".to_string(), "500".to_string()), ("tls".into(), "1".into())];
+/// let q = Query::new("etcd URL", pairs, &["timeout_ms", "tls", "tls_ca_file"])?;
+/// assert_eq!(q.millis("timeout_ms")?, Some(Duration::from_millis(500)));
+/// assert_eq!(q.flag("tls")?, Some(true));
+/// assert_eq!(q.get("tls_ca_file"), None);
+/// let unknown = Query::new("etcd URL", vec![("tiemout_ms".into(), "5".into())], &["timeout_ms"]);
+/// assert!(unknown.unwrap_err().to_string().contains("known: timeout_ms"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Query {
+    what: String,
+    pairs: Vec<(String, String)>,
+}
+
+impl Query {
+    /// Checks `pairs` against `known`; `what` names the URL kind in errors ("etcd URL").
+    pub fn new(what: &str, pairs: Vec<(String, String)>, known: &[&str]) -> Result<Self> {
+        for (i, (k, _)) in pairs.iter().enumerate() {
+            if !known.contains(&k.as_str()) {
+                return Err(Error::config(format!(
+                    "{what}: unknown parameter {k:?} (known: {})",
+                    known.join(", ")
+                )));
+            }
+            if pairs[..i].iter().any(|(seen, _)| seen == k) {
+                return Err(Error::config(format!(
+                    "{what}: parameter {k:?} given more than once"
+                )));
             }
         }
-        out.push(b[i]);
-        i += 1;
+        Ok(Query {
+            what: what.to_string(),
+            pairs,
+        })
     }
-    String::from_utf8_lossy(&out).into_owned()
+
+    /// The raw value of `key`, if given.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `key` as a number (`u32`, `f64`, ...).
+    pub fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>> {
+        self.get(key)
+            .map(|v| {
+                v.parse().map_err(|_| {
+                    Error::config(format!("{}: {key}={v:?} is not a number", self.what))
+                })
+            })
+            .transpose()
+    }
+
+    /// `key` as a whole number of milliseconds.
+    pub fn millis(&self, key: &str) -> Result<Option<std::time::Duration>> {
+        self.get(key)
+            .map(|v| {
+                v.parse()
+                    .map(std::time::Duration::from_millis)
+                    .map_err(|_| {
+                        Error::config(format!(
+                            "{}: {key}={v:?} is not a number of milliseconds",
+                            self.what
+                        ))
+                    })
+            })
+            .transpose()
+    }
+
+    /// `key` as a switch (see [`parse_bool_param`]).
+    pub fn flag(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key)
+            .map(|v| parse_bool_param(&self.what, key, v))
+            .transpose()
+    }
 }
 
 #[cfg(test)]

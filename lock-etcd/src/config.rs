@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::driver::{redacted_url, MultiHostUrl, Secret, TlsCa};
+use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// Where the cluster is and how this client talks to it.
@@ -63,30 +63,21 @@ impl EtcdConfig {
         if let Some(p) = u.path {
             cfg = cfg.with_prefix(&p)?;
         }
-        let mut tls_ca_file = None;
-        for (k, v) in u.query {
-            let ms = || {
-                v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
-                    Error::config(format!(
-                        "etcd URL: {k}={v:?} is not a number of milliseconds"
-                    ))
-                })
-            };
-            match k.as_str() {
-                "timeout_ms" => cfg = cfg.with_request_timeout(ms()?),
-                "connect_timeout_ms" => cfg = cfg.with_connect_timeout(ms()?),
-                "tls" => {
-                    cfg = cfg.with_tls(lock_core::driver::parse_bool_param("etcd URL", "tls", &v)?)
-                }
-                "tls_ca_file" => tls_ca_file = Some(v),
-                other => {
-                    return Err(Error::config(format!(
-                    "etcd URL: unknown parameter {other:?} (known: timeout_ms, connect_timeout_ms, tls, tls_ca_file)"
-                )))
-                }
-            }
+        let q = Query::new(
+            "etcd URL",
+            u.query,
+            &["timeout_ms", "connect_timeout_ms", "tls", "tls_ca_file"],
+        )?;
+        if let Some(d) = q.millis("timeout_ms")? {
+            cfg = cfg.with_request_timeout(d);
         }
-        if let Some(path) = tls_ca_file {
+        if let Some(d) = q.millis("connect_timeout_ms")? {
+            cfg = cfg.with_connect_timeout(d);
+        }
+        if let Some(tls) = q.flag("tls")? {
+            cfg = cfg.with_tls(tls);
+        }
+        if let Some(path) = q.get("tls_ca_file") {
             if !cfg.tls {
                 return Err(Error::config("etcd URL: tls_ca_file needs tls=true"));
             }

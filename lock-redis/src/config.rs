@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::driver::{percent_decode, Secret, TlsCa};
+use lock_core::driver::{percent_decode, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
@@ -105,25 +105,27 @@ impl RedisConfig {
                     ))
                 })?;
         }
-        for (k, v) in parsed.query_pairs() {
-            match &*k {
-                "prefix" => cfg = cfg.with_prefix(v.into_owned())?,
-                "allow_eviction" => {
-                    cfg = cfg.with_allow_eviction(lock_core::driver::parse_bool_param("Redis URL", &k, &v)?)
-                }
-                "tls_ca_file" if tls => cfg = cfg.with_tls_ca_file(&*v),
-                "tls_ca_file" => {
-                    return Err(Error::config(
-                        "Redis URL: tls_ca_file needs a rediss:// URL",
-                    ))
-                }
-                other => {
-                    return Err(Error::config(format!(
-                        "Redis URL {}: unknown parameter {other:?} (known: prefix, tls_ca_file, allow_eviction)",
-                        redact(&parsed)
-                    )))
-                }
+        let pairs = parsed
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()));
+        let q = Query::new(
+            "Redis URL",
+            pairs.collect(),
+            &["prefix", "tls_ca_file", "allow_eviction"],
+        )?;
+        if let Some(prefix) = q.get("prefix") {
+            cfg = cfg.with_prefix(prefix)?;
+        }
+        if let Some(allow) = q.flag("allow_eviction")? {
+            cfg = cfg.with_allow_eviction(allow);
+        }
+        if let Some(path) = q.get("tls_ca_file") {
+            if !tls {
+                return Err(Error::config(
+                    "Redis URL: tls_ca_file needs a rediss:// URL",
+                ));
             }
+            cfg = cfg.with_tls_ca_file(path);
         }
         if tls && !cfg!(feature = "tls") {
             return Err(Error::config(

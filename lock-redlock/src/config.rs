@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::driver::MultiHostUrl;
+use lock_core::driver::{MultiHostUrl, Query};
 use lock_core::{Error, Result};
 use lock_redis::RedisConfig;
 
@@ -62,16 +62,25 @@ impl RedlockConfig {
     /// feature). Errors never echo the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let u = MultiHostUrl::parse(url, "redlock", "Redlock")?;
-        let query = |k: &str| {
-            u.query
-                .iter()
-                .find(|(q, _)| q == k)
-                .map(|(_, v)| v.as_str())
-        };
-        let tls = match query("tls") {
-            None => false,
-            Some(v) => lock_core::driver::parse_bool_param("Redlock URL", "tls", v)?,
-        };
+        let q = Query::new(
+            "Redlock URL",
+            u.query.clone(),
+            &[
+                "prefix",
+                "node_timeout_ms",
+                "retry_delay_ms",
+                "retry_count",
+                "min_validity_ms",
+                "drift_factor",
+                "tls",
+                "tls_ca_file",
+                "allow_eviction",
+            ],
+        )?;
+        let tls = q.flag("tls")?.unwrap_or(false);
+        if q.get("tls_ca_file").is_some() && !tls {
+            return Err(Error::config("Redlock URL: tls_ca_file needs tls=true"));
+        }
         let scheme = if tls { "rediss" } else { "redis" };
         let mut masters = Vec::with_capacity(u.hosts.len());
         for host in &u.hosts {
@@ -82,11 +91,14 @@ impl RedlockConfig {
                 u.path.as_deref().unwrap_or("")
             ))
             .map_err(|e| Error::config(format!("Redlock URL: {e}")))?;
-            if let Some(ca) = query("tls_ca_file") {
-                if !tls {
-                    return Err(Error::config("Redlock URL: tls_ca_file needs tls=true"));
-                }
+            if let Some(ca) = q.get("tls_ca_file") {
                 m = m.with_tls_ca_file(ca);
+            }
+            if let Some(prefix) = q.get("prefix") {
+                m = m.with_prefix(prefix)?;
+            }
+            if let Some(allow) = q.flag("allow_eviction")? {
+                m = m.with_allow_eviction(allow);
             }
             if let Some(user) = &u.user {
                 if !user.is_empty() {
@@ -99,48 +111,20 @@ impl RedlockConfig {
             masters.push(m);
         }
         let mut cfg = RedlockConfig::new(masters)?;
-        let ms = |k: &str, v: &str| {
-            v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
-                Error::config(format!(
-                    "Redlock URL: {k}={v:?} is not a number of milliseconds"
-                ))
-            })
-        };
-        for (k, v) in &u.query {
-            cfg = match k.as_str() {
-                "prefix" => {
-                    cfg.masters = cfg
-                        .masters
-                        .into_iter()
-                        .map(|m| m.with_prefix(v.clone()))
-                        .collect::<Result<_>>()?;
-                    cfg
-                }
-                "retry_count" => cfg.with_retry_count(v.parse().map_err(|_| {
-                    Error::config(format!("Redlock URL: retry_count={v:?} is not a number"))
-                })?),
-                "drift_factor" => cfg.with_drift_factor(v.parse().map_err(|_| {
-                    Error::config(format!("Redlock URL: drift_factor={v:?} is not a number"))
-                })?)?,
-                "node_timeout_ms" => cfg.with_node_timeout(ms(k, v)?),
-                "retry_delay_ms" => cfg.with_retry_delay(ms(k, v)?),
-                "min_validity_ms" => cfg.with_min_validity(ms(k, v)?),
-                "allow_eviction" => {
-                    let allow = lock_core::driver::parse_bool_param("Redlock URL", k, v)?;
-                    cfg.masters = cfg
-                        .masters
-                        .into_iter()
-                        .map(|m| m.with_allow_eviction(allow))
-                        .collect();
-                    cfg
-                }
-                "tls" | "tls_ca_file" => cfg, // applied to each master above
-                other => {
-                    return Err(Error::config(format!(
-                        "Redlock URL: unknown parameter {other:?} (known: prefix, node_timeout_ms, retry_delay_ms, retry_count, min_validity_ms, drift_factor, tls, tls_ca_file, allow_eviction)"
-                    )))
-                }
-            };
+        if let Some(n) = q.number("retry_count")? {
+            cfg = cfg.with_retry_count(n);
+        }
+        if let Some(f) = q.number("drift_factor")? {
+            cfg = cfg.with_drift_factor(f)?;
+        }
+        if let Some(d) = q.millis("node_timeout_ms")? {
+            cfg = cfg.with_node_timeout(d);
+        }
+        if let Some(d) = q.millis("retry_delay_ms")? {
+            cfg = cfg.with_retry_delay(d);
+        }
+        if let Some(d) = q.millis("min_validity_ms")? {
+            cfg = cfg.with_min_validity(d);
         }
         Ok(cfg)
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::driver::{redacted_url, MultiHostUrl, Secret};
+use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret};
 use lock_core::{Error, Result};
 
 /// Where the ensemble is and how this client's session behaves.
@@ -60,23 +60,12 @@ impl ZkConfig {
         if let Some(c) = u.path {
             cfg = cfg.with_chroot(&c)?;
         }
-        for (k, v) in u.query {
-            match k.as_str() {
-                "session_timeout_ms" => {
-                    let ms: u64 = v.parse().map_err(|_| {
-                        Error::config(format!(
-                            "ZooKeeper URL: session_timeout_ms={v:?} is not a number"
-                        ))
-                    })?;
-                    cfg = cfg.with_session_timeout(Duration::from_millis(ms));
-                }
-                "base" => cfg = cfg.with_base_path(&v)?,
-                other => {
-                    return Err(Error::config(format!(
-                    "ZooKeeper URL: unknown parameter {other:?} (known: session_timeout_ms, base)"
-                )))
-                }
-            }
+        let q = Query::new("ZooKeeper URL", u.query, &["session_timeout_ms", "base"])?;
+        if let Some(d) = q.millis("session_timeout_ms")? {
+            cfg = cfg.with_session_timeout(d);
+        }
+        if let Some(base) = q.get("base") {
+            cfg = cfg.with_base_path(base)?;
         }
         Ok(cfg)
     }

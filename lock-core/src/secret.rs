@@ -1,0 +1,108 @@
+//! [`Secret`]: a password that never shows, and the one [`scrub`] every driver uses on text
+//! from its client library.
+
+use std::fmt;
+
+/// A password. `Debug` and `Display` print `***`, whatever characters it holds; only
+/// [`expose`](Self::expose) gives it out, for the client library's login.
+///
+/// ```
+/// use lock_core::driver::Secret;
+/// let pw = Secret::new("p@ss/w:rd");
+/// assert_eq!(format!("{pw} {pw:?}"), "*** Secret(***)");
+/// assert_eq!(pw.expose(), "p@ss/w:rd");
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a password.
+    pub fn new(password: impl Into<String>) -> Self {
+        Secret(password.into())
+    }
+
+    /// The password itself, for the client library's login and nothing else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `text` with every occurrence of this password — as written and percent-encoded, the
+    /// two ways a client library echoes it — replaced by `***`. An empty password changes
+    /// nothing.
+    ///
+    /// ```
+    /// use lock_core::driver::Secret;
+    /// let pw = Secret::new("p@ss");
+    /// assert_eq!(pw.scrub("auth p@ss failed for redis://u:p%40ss@h"), "auth *** failed for redis://u:***@h");
+    /// assert_eq!(Secret::new("").scrub("text"), "text");
+    /// ```
+    pub fn scrub(&self, text: &str) -> String {
+        if self.0.is_empty() {
+            return text.to_string();
+        }
+        let encoded = percent_encode(&self.0);
+        let mut out = text.replace(&self.0, "***");
+        if encoded != self.0 {
+            out = out.replace(&encoded, "***");
+        }
+        out
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// A client library's message about a connection that may carry `secret`, with the secret
+/// scrubbed: what drivers put into their errors.
+///
+/// ```
+/// use lock_core::driver::{scrub, Secret};
+/// let pw = Secret::new("hunter2");
+/// assert_eq!(scrub(&"WRONGPASS hunter2", Some(&pw)), "WRONGPASS ***");
+/// assert_eq!(scrub(&"refused", None), "refused");
+/// ```
+pub fn scrub(message: &dyn fmt::Display, secret: Option<&Secret>) -> String {
+    let text = message.to_string();
+    match secret {
+        Some(s) => s.scrub(&text),
+        None => text,
+    }
+}
+
+/// Everything but RFC 3986's unreserved characters, as URLs carry a password.
+const USERINFO: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+fn percent_encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, USERINFO).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_character_lets_the_secret_through() {
+        for pw in ["%", "***", "a b", "ü", "\\", "\"", "{}", "p@ss/?#:"] {
+            let s = Secret::new(pw);
+            let text = format!("x{pw}y {} {s:?} {s}", percent_encode(pw));
+            let scrubbed = s.scrub(&text);
+            assert!(
+                !scrubbed.contains(pw) || pw == "***",
+                "{pw:?} survived in {scrubbed:?}"
+            );
+        }
+    }
+}
