@@ -53,7 +53,9 @@ impl EtcdConfig {
         let mut cfg = EtcdConfig::new(u.hosts);
         match (u.user, u.password) {
             (None, _) => {}
-            (Some(user), Some(password)) if !user.is_empty() => cfg = cfg.with_user(user, password),
+            (Some(user), Some(password)) if !user.is_empty() => {
+                cfg = cfg.with_credentials(user, password)
+            }
             _ => {
                 return Err(Error::config(
                     "etcd URL: credentials are user:password with a non-empty user",
@@ -92,7 +94,11 @@ impl EtcdConfig {
     }
 
     /// User and password (etcd's own authentication; the role needs read/write on the prefix).
-    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
         self.user = Some(user.into());
         self.password = Some(Secret::new(password));
         self

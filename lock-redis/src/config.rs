@@ -18,7 +18,7 @@ pub const DEFAULT_PREFIX: &str = "distlock:";
 /// use std::time::Duration;
 /// use lock_redis::RedisConfig;
 /// let cfg = RedisConfig::from_url("redis://locker:s3cret@127.0.0.1:16379/2?prefix=app:")?
-///     .with_response_timeout(Duration::from_millis(500));
+///     .with_request_timeout(Duration::from_millis(500));
 /// assert_eq!(cfg.host(), "127.0.0.1");
 /// assert_eq!(cfg.db(), 2);
 /// assert_eq!(cfg.prefix(), "app:");
@@ -37,7 +37,7 @@ pub struct RedisConfig {
     tls_ca: Option<TlsCa>,
     prefix: String,
     connect_timeout: Duration,
-    response_timeout: Duration,
+    request_timeout: Duration,
     allow_eviction: bool,
 }
 
@@ -55,7 +55,7 @@ impl RedisConfig {
             tls_ca: None,
             prefix: DEFAULT_PREFIX.to_string(),
             connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
             allow_eviction: false,
         }
     }
@@ -135,12 +135,16 @@ impl RedisConfig {
         Ok(cfg)
     }
 
-    /// Sets the ACL user name.
-    pub fn with_username(mut self, user: impl Into<String>) -> Self {
+    /// An ACL user and its password.
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
         self.username = Some(user.into());
-        self
+        self.with_password(password)
     }
-    /// Sets the password (with or without a user name).
+    /// The password of the `default` user (`requirepass`), or of the user already set.
     pub fn with_password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(Secret::new(password));
         self
@@ -212,8 +216,8 @@ impl RedisConfig {
         self
     }
     /// Timeout of each request. An acquire that times out is ambiguous and is cleaned up.
-    pub fn with_response_timeout(mut self, d: Duration) -> Self {
-        self.response_timeout = d;
+    pub fn with_request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
         self
     }
 
@@ -234,8 +238,8 @@ impl RedisConfig {
         &self.prefix
     }
     /// Per-request timeout.
-    pub fn response_timeout(&self) -> Duration {
-        self.response_timeout
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
     }
     /// Connect timeout.
     pub fn connect_timeout(&self) -> Duration {
@@ -337,7 +341,7 @@ impl fmt::Debug for RedisConfig {
             .field("url", &self.redacted_url())
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
@@ -383,9 +387,7 @@ mod tests {
 
     #[test]
     fn debug_and_display_redact() {
-        let c = RedisConfig::new("h", 1)
-            .with_username("u")
-            .with_password("hunter2");
+        let c = RedisConfig::new("h", 1).with_credentials("u", "hunter2");
         for s in [format!("{c:?}"), c.to_string(), c.redacted_url()] {
             assert!(!s.contains("hunter2"), "{s}");
             assert!(s.contains("***"), "{s}");

@@ -109,19 +109,19 @@ impl RedisLock {
         let cfg = node.config();
         // After a reconnect the server may be another one (a failover, a restart with another
         // configuration): check it before granting on it.
-        node.verify(cfg.response_timeout()).await?;
+        node.verify(cfg.request_timeout()).await?;
         let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
         // Cancelled between sending and settling: release in the background (no ghost holder).
         let mut undo = ReleaseOnDrop::new(
             self.inner.nodes.clone(),
             keys.clone(),
             token.clone(),
-            cfg.response_timeout(),
+            cfg.request_timeout(),
         );
         let start = Instant::now();
         let mut conn = node.connection();
         let reply = tokio::time::timeout(
-            cfg.response_timeout(),
+            cfg.request_timeout(),
             scripts::acquire(&mut conn, keys, &token, ttl),
         )
         .await;
@@ -138,7 +138,7 @@ impl RedisLock {
                     keys: keys.clone(),
                     token,
                     ttl,
-                    timeout: cfg.response_timeout(),
+                    timeout: cfg.request_timeout(),
                     node: node.clone(),
                 };
                 let fenced = self.inner.caps.fencing != Fencing::None;
@@ -161,7 +161,7 @@ impl RedisLock {
         };
         // Ambiguous: the script may have run. Delete the lock if it is ours, then report.
         let cleanup = tokio::time::timeout(
-            cfg.response_timeout(),
+            cfg.request_timeout(),
             scripts::release(&mut conn, keys, &token),
         )
         .await;

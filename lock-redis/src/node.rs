@@ -95,7 +95,7 @@ impl RedisNode {
         let c = check.clone();
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
-            .set_response_timeout(Some(config.response_timeout()))
+            .set_response_timeout(Some(config.request_timeout()))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
             .set_automatic_resubscription()
@@ -137,14 +137,14 @@ impl RedisNode {
     pub async fn connect_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
         let (mut node, client, manager_config) = Self::build(config, backend, None).await?;
         let conn = tokio::time::timeout(
-            node.config.connect_timeout() + node.config.response_timeout(),
+            node.config.connect_timeout() + node.config.request_timeout(),
             ConnectionManager::new_with_config(client, manager_config),
         )
         .await
         .map_err(|_| node.unavailable("connection attempt timed out"))?
         .map_err(|e| node.connect_error(&e))?;
         node.conn = conn;
-        node.verify(node.config.response_timeout()).await?;
+        node.verify(node.config.request_timeout()).await?;
         Ok(node)
     }
 

@@ -81,7 +81,7 @@ async fn a_reconnect_to_an_evicting_server_is_refused_before_any_grant() {
     let locks = RedisLock::connect(
         RedisConfig::new(a.ip().to_string(), a.port())
             .with_connect_timeout(Duration::from_millis(500))
-            .with_response_timeout(Duration::from_millis(500)),
+            .with_request_timeout(Duration::from_millis(500)),
     )
     .await
     .unwrap();

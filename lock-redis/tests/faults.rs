@@ -22,7 +22,7 @@ fn url() -> String {
 fn config() -> RedisConfig {
     RedisConfig::from_url(&url())
         .unwrap()
-        .with_response_timeout(Duration::from_millis(250))
+        .with_request_timeout(Duration::from_millis(250))
         .with_connect_timeout(Duration::from_millis(500))
 }
 
@@ -41,7 +41,7 @@ async fn via(proxy: &FaultProxy) -> RedisLock {
     let a = proxy.addr();
     RedisLock::connect(
         RedisConfig::new(a.ip().to_string(), a.port())
-            .with_response_timeout(Duration::from_millis(250))
+            .with_request_timeout(Duration::from_millis(250))
             .with_connect_timeout(Duration::from_millis(500)),
     )
     .await

@@ -100,14 +100,12 @@ impl RedlockConfig {
             if let Some(allow) = q.flag("allow_eviction")? {
                 m = m.with_allow_eviction(allow);
             }
-            if let Some(user) = &u.user {
-                if !user.is_empty() {
-                    m = m.with_username(user.clone());
-                }
-            }
-            if let Some(pw) = &u.password {
-                m = m.with_password(pw.clone());
-            }
+            m = match (u.user.as_deref(), &u.password) {
+                (Some(user), Some(pw)) if !user.is_empty() => m.with_credentials(user, pw.clone()),
+                (_, Some(pw)) => m.with_password(pw.clone()),
+                // A user without a password sends no AUTH: nothing to set.
+                (_, None) => m,
+            };
             masters.push(m);
         }
         let mut cfg = RedlockConfig::new(masters)?;

@@ -87,7 +87,7 @@ impl RedlockLock {
         let checks = join_all(
             nodes
                 .iter()
-                .map(|n| n.verify(n.config().connect_timeout() + n.config().response_timeout())),
+                .map(|n| n.verify(n.config().connect_timeout() + n.config().request_timeout())),
         )
         .await;
         let mut reachable = 0;
@@ -521,7 +521,7 @@ impl DistributedLock for RedlockLock {
                 let subs = join_all(self.inner.nodes.iter().map(|n| {
                     let keys = &keys;
                     async move {
-                        tokio::time::timeout(n.config().response_timeout(), n.watch_releases(keys))
+                        tokio::time::timeout(n.config().request_timeout(), n.watch_releases(keys))
                             .await
                     }
                 }))

@@ -20,7 +20,7 @@ const PORTS: [u16; 5] = [16380, 16381, 16382, 16383, 16384];
 
 fn master(port: u16) -> RedisConfig {
     RedisConfig::new("127.0.0.1", port)
-        .with_response_timeout(Duration::from_millis(300))
+        .with_request_timeout(Duration::from_millis(300))
         .with_connect_timeout(Duration::from_millis(300))
 }
 

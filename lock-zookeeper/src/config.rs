@@ -50,7 +50,7 @@ impl ZkConfig {
             (Some(user), _) if user.is_empty() => {
                 return Err(Error::config("ZooKeeper URL: empty user name"))
             }
-            (Some(user), Some(password)) => cfg = cfg.with_digest(user, password),
+            (Some(user), Some(password)) => cfg = cfg.with_credentials(user, password),
             (Some(_), None) => {
                 return Err(Error::config(
                     "ZooKeeper URL: digest credentials are user:password",
@@ -72,7 +72,11 @@ impl ZkConfig {
 
     /// Digest credentials (`addauth digest user:password`); lock nodes then get ACLs that only
     /// this user can delete.
-    pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
         self.user = Some(user.into());
         self.password = Some(Secret::new(password));
         self
