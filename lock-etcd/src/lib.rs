@@ -14,8 +14,15 @@
 //! # let _ = token; Ok(()) }
 //! ```
 
+mod client;
 mod config;
+mod error;
+mod guarded;
+mod lease;
 mod lock;
+mod queue;
+mod spares;
+mod waiting;
 
 pub use config::EtcdConfig;
 pub use etcd_client;

@@ -1,0 +1,191 @@
+//! Connecting to etcd (probing the server's minimum lease TTL), and every call to it: bounded,
+//! retried only where the request was certainly not sent.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
+use lock_core::driver::scrub;
+use lock_core::{Capabilities, Error, Fencing, Result};
+
+use crate::error::{connect_error, map_error};
+use crate::lock::{EtcdLock, Inner, BACKEND};
+use crate::EtcdConfig;
+
+impl EtcdLock {
+    /// Connects, authenticates if configured, and checks that the cluster answers a
+    /// linearizable read (etcd-client's own `connect` does no I/O without credentials).
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout())
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))
+            // Fail fast on a member cut off from its leader instead of hanging on it.
+            .with_require_leader(true);
+        if let Some((u, p)) = config.credentials() {
+            opts = opts.with_user(u, p).with_auto_token_refresh(true);
+        }
+        let mut endpoints = config.endpoints().to_vec();
+        if config.is_tls() {
+            opts = with_tls(opts, &config).await?;
+            endpoints = endpoints
+                .into_iter()
+                .map(|e| match e.split_once("://") {
+                    Some((_, rest)) => format!("https://{rest}"),
+                    None => format!("https://{e}"),
+                })
+                .collect();
+        }
+        let limit = config.connect_timeout();
+        let client = tokio::time::timeout(limit, Client::connect(endpoints, Some(opts)))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    BACKEND,
+                    format!("no answer from {} within {limit:?}", config.redacted_url()),
+                )
+            })?
+            .map_err(|e| connect_error(e, &config))?;
+        // Health: a linearizable read needs a leader and a quorum.
+        let prefix = config.prefix();
+        call(&config, &client, limit, |mut c| async move {
+            c.get(prefix, Some(GetOptions::new().with_count_only()))
+                .await
+        })
+        .await
+        .map_err(|e| match e {
+            Error::Unavailable { .. } => Error::unavailable(
+                BACKEND,
+                format!(
+                    "{} does not answer reads (no leader or no quorum?)",
+                    config.redacted_url()
+                ),
+            ),
+            e => e,
+        })?;
+        // The server raises short leases to its minimum TTL; measure it so that validation and
+        // `ttl()` report what the server will actually enforce.
+        let probe = call(&config, &client, limit, |mut c| async move {
+            c.lease_grant(1, None).await
+        })
+        .await?;
+        let probe_id = probe.id();
+        let _ = call(&config, &client, limit, |mut c| async move {
+            c.lease_revoke(probe_id).await
+        })
+        .await;
+        let min_ttl = Duration::from_secs(u64::try_from(probe.ttl()).unwrap_or(1).max(1));
+        Ok(EtcdLock {
+            inner: Arc::new(Inner {
+                client,
+                spares: Arc::default(),
+                caps: Capabilities::new()
+                    .with_fencing(Fencing::Strict)
+                    .with_inspect(true)
+                    .with_fifo(true)
+                    .with_ttl_granularity(Duration::from_secs(1))
+                    .with_min_ttl(min_ttl),
+                config,
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) from an `etcd://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The underlying client (a clone: clients share one channel).
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    pub(crate) async fn call<T, Fut>(&self, f: impl FnMut(Client) -> Fut) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let config = &self.inner.config;
+        call(config, &self.inner.client, config.request_timeout(), f).await
+    }
+}
+
+/// TLS for every member: the configured CA, or the public roots.
+#[cfg(feature = "tls")]
+pub(crate) async fn with_tls(opts: ConnectOptions, config: &EtcdConfig) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, TlsOptions};
+    let tls = match config.tls_ca() {
+        Some(ca) => TlsOptions::new().ca_certificate(Certificate::from_pem(ca.load().await?)),
+        None => TlsOptions::new().with_enabled_roots(),
+    };
+    Ok(opts.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+pub(crate) async fn with_tls(_: ConnectOptions, _: &EtcdConfig) -> Result<ConnectOptions> {
+    Err(Error::config(
+        "etcd over TLS needs the `tls` feature of lock-etcd",
+    ))
+}
+
+/// Runs one request within `limit`. A request that provably never left this process (the
+/// connection to a dead member was refused) is sent again, which the balanced channel routes
+/// to another member: it keeps a dead member's endpoint until a request fails on it.
+pub(crate) async fn call<T, Fut>(
+    config: &EtcdConfig,
+    client: &Client,
+    limit: Duration,
+    mut f: impl FnMut(Client) -> Fut,
+) -> Result<T>
+where
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, f(client.clone())).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e))
+                if never_sent(&e)
+                    && tokio::time::Instant::now() + Duration::from_millis(20) < deadline =>
+            {
+                tracing::debug!(error = %scrub(&e, config.secret()), "etcd request not sent; retrying");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(Err(e)) => return Err(map_error(e, config)),
+            Err(_) => {
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!("no answer from {} within {limit:?}", config.redacted_url()),
+                ))
+            }
+        }
+    }
+}
+
+/// One `Txn` through [`call`], within the request timeout.
+pub(crate) async fn txn_call(
+    config: &EtcdConfig,
+    client: &Client,
+    txn: Txn,
+) -> Result<etcd_client::TxnResponse> {
+    call(config, client, config.request_timeout(), |mut c| {
+        let txn = txn.clone(); // a re-sent request needs its own copy
+        async move { c.txn(txn).await }
+    })
+    .await
+}
+
+/// The request failed before reaching any server (connection refused or not established).
+pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}

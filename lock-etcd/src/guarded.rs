@@ -1,0 +1,142 @@
+//! `guarded_txn`: a write that etcd applies only while a lease still holds its lock.
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use lock_core::{Error, Lease, LockName, Result};
+
+use crate::client::txn_call;
+use crate::lock::{EtcdLock, BACKEND};
+
+impl EtcdLock {
+    /// Runs `ops` in one etcd transaction **only while `lease` still holds its lock**: the
+    /// transaction compares the lock key's `create_revision` with the lease's fencing token, so
+    /// it is applied atomically with the ownership check — a holder that lost its lock (lease
+    /// expired, key deleted, a successor granted) cannot write. Returns the transaction's
+    /// response; [`Error::NotHeld`] (nothing applied) when the lock is no longer this lease's.
+    ///
+    /// Finding the lease's key costs one read before the transaction. `lease` must come from
+    /// an `EtcdLock` with the same prefix; a lease without a fencing token (another backend's)
+    /// is an [`Error::Unsupported`].
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use lock_core::{DistributedLock, LockName, LockOptions};
+    /// use lock_etcd::{etcd_client::TxnOp, EtcdLock};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// let locks = EtcdLock::from_url("etcd://127.0.0.1:2379").await?;
+    /// let lease = locks.acquire(&LockName::new("ledger")?, &LockOptions::new(Duration::from_secs(10))).await?;
+    /// // Written only if `lease` still holds "ledger" at the moment etcd applies it.
+    /// locks.guarded_txn(&*lease, [TxnOp::put("ledger/balance", "42", None)]).await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn guarded_txn(
+        &self,
+        lease: &dyn Lease,
+        ops: impl IntoIterator<Item = TxnOp>,
+    ) -> Result<etcd_client::TxnResponse> {
+        let not_held = || Error::NotHeld {
+            name: lease.name().clone(),
+        };
+        let rev = lease
+            .fencing_token()
+            .and_then(|t| i64::try_from(t.get()).ok())
+            .ok_or(Error::Unsupported {
+                backend: BACKEND,
+                operation: "a guarded transaction for a lease without an etcd fencing token",
+            })?;
+        // The lock key of this grant: the key under the name created at revision `rev`.
+        let found = self
+            .keys_of(
+                lease.name(),
+                GetOptions::new()
+                    .with_min_create_revision(rev)
+                    .with_max_create_revision(rev),
+            )
+            .await?;
+        let key = found
+            .kvs()
+            .iter()
+            .find(|kv| kv.create_revision() == rev)
+            .map(|kv| kv.key().to_vec())
+            .ok_or_else(not_held)?;
+        self.txn_if_owner(key, rev, ops.into_iter().collect(), lease.name())
+            .await
+    }
+
+    /// `ops` if `key` still has `create_revision == rev`, else `NotHeld`: the check that makes
+    /// [`guarded_txn`](Self::guarded_txn) safe even when the lock is lost after its key was
+    /// looked up.
+    pub(crate) async fn txn_if_owner(
+        &self,
+        key: Vec<u8>,
+        rev: i64,
+        ops: Vec<TxnOp>,
+        name: &LockName,
+    ) -> Result<etcd_client::TxnResponse> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+            .and_then(ops);
+        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
+        if resp.succeeded() {
+            Ok(resp)
+        } else {
+            Err(Error::NotHeld { name: name.clone() })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use lock_core::{DistributedLock, LockOptions};
+    use std::time::Duration;
+
+    /// The lock is lost between `guarded_txn`'s look-up of the key and its transaction: the
+    /// transaction's own compare must refuse the write (against the single etcd member of
+    /// `scripts/services.sh`).
+    #[tokio::test]
+    pub(crate) async fn guarded_write_refused_when_lost_after_the_lookup() {
+        let url = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
+        let locks = EtcdLock::from_url(&url)
+            .await
+            .expect("etcd (scripts/services.sh up etcd)");
+        let name = LockName::new(format!(
+            "guarded-race-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ))
+        .unwrap();
+        let lease = locks
+            .try_acquire(&name, &LockOptions::new(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .expect("free");
+        let rev = i64::try_from(lease.fencing_token().unwrap().get()).unwrap();
+        let found = locks
+            .client()
+            .get(locks.dir(&name), Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let key = found.kvs()[0].key().to_vec();
+        // Lost right after the look-up: the key is deleted (as at lease expiry).
+        locks.client().delete(key.clone(), None).await.unwrap();
+        let data = format!("/distlock-guarded-data/{name}");
+        let r = locks
+            .txn_if_owner(
+                key,
+                rev,
+                vec![TxnOp::put(data.as_str(), "late", None)],
+                &name,
+            )
+            .await;
+        assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
+        let written = locks.client().get(data.as_str(), None).await.unwrap();
+        assert!(written.kvs().is_empty(), "a write after the loss landed");
+        lease.abandon();
+    }
+}

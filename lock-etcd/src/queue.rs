@@ -1,0 +1,369 @@
+//! The queue of contenders: one key per contender under the lock's name, ordered by
+//! `create_revision`; putting a contender's key, and finding its place.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
+use lock_core::driver::{drift, Grant, ManagedLease};
+use lock_core::{Deadline, Error, FencingToken, Lease, LockName, LockOptions, Result};
+
+use crate::client::txn_call;
+use crate::error::malformed;
+use crate::lease::EtcdLeaseOps;
+use crate::lock::{EtcdLock, BACKEND};
+use crate::waiting::{keep_alive, WaitingLease, Woken};
+
+impl EtcdLock {
+    /// The key a lease of `name` with lease id `lease` uses.
+    pub(crate) fn key(&self, name: &LockName, lease: i64) -> String {
+        format!("{}/{name}/{lease:016x}", self.inner.config.prefix())
+    }
+
+    pub(crate) fn dir(&self, name: &LockName) -> String {
+        format!("{}/{name}/", self.inner.config.prefix())
+    }
+
+    /// The keys (no values) under `name`, narrowed by `opts`.
+    pub(crate) async fn keys_of(
+        &self,
+        name: &LockName,
+        opts: GetOptions,
+    ) -> Result<etcd_client::GetResponse> {
+        let (dir, opts) = (self.dir(name), opts.with_prefix().with_keys_only());
+        self.call(|mut c| {
+            let (dir, opts) = (dir.clone(), opts.clone());
+            async move { c.get(dir, Some(opts)).await }
+        })
+        .await
+    }
+
+    /// The waiter's view after a wake-up: its own key, and the key just before it.
+    pub(crate) async fn check(&self, name: &LockName, key: &str, rev: i64) -> Result<Position> {
+        let txn = Txn::new().and_then([
+            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(
+                self.dir(name),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_max_create_revision(rev - 1)
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1),
+                ),
+            ),
+        ]);
+        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
+        let seen = resp.header().map_or(0, |h| h.revision());
+        let ops = resp.op_responses();
+        let mine = match ops.first() {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
+            _ => return Err(malformed("check")),
+        };
+        if mine != Some(rev) {
+            return Ok(Position::Gone);
+        }
+        match ops.get(1) {
+            Some(TxnOpResponse::Get(g)) => Ok(match g.kvs().first() {
+                None => Position::Head,
+                Some(kv) => Position::Behind {
+                    pred: (kv.key().to_vec(), kv.create_revision()),
+                    seen,
+                },
+            }),
+            _ => Err(malformed("check")),
+        }
+    }
+
+    /// Puts `key` with lease `id` if absent and reads the queue's head, in one round trip:
+    /// `(create_revision, whether the key is the head)`.
+    pub(crate) async fn put_key(&self, name: &LockName, key: &str, id: i64) -> Result<(i64, bool)> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
+                TxnOp::get(
+                    self.dir(name),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                ),
+            ]);
+        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
+        if !resp.succeeded() {
+            return Err(Error::backend(
+                BACKEND,
+                format!("key {key} already existed for a lease no lock uses"),
+            ));
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        match resp.op_responses().get(1) {
+            Some(TxnOpResponse::Get(g)) => Ok((
+                rev,
+                g.kvs().first().map(|kv| kv.key()) == Some(key.as_bytes()),
+            )),
+            _ => Err(malformed("acquire")),
+        }
+    }
+
+    /// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
+    /// lock of this client, kept alive in the same round trip as the put) or a new grant.
+    pub(crate) async fn enqueue(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
+        let config = &self.inner.config;
+        if let Some((id, fresh_until)) = self.inner.spares.take(ttl) {
+            let start = Instant::now();
+            let guard = RevokeGuard {
+                client: self.client(),
+                id: Some(id),
+            };
+            let key = self.key(name, id);
+            // Confirmed so recently that ≥ 90 % of its TTL is still ahead: put the key
+            // without a keep-alive. The lock is then valid for what is left of the lease,
+            // which `valid_until` reports exactly.
+            let full = ttl.saturating_sub(drift(ttl));
+            if fresh_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
+                if let Ok((rev, head)) = self.put_key(name, &key, id).await {
+                    return Ok(Enqueued {
+                        id,
+                        ttl,
+                        valid_until: fresh_until,
+                        key,
+                        rev,
+                        head,
+                        guard,
+                    });
+                }
+                // Not what it seemed (it expired, or a request failed): start over below.
+                drop(guard);
+                return self.enqueue_new(name, ttl).await;
+            }
+            let (alive, put) = tokio::join!(
+                keep_alive(
+                    &self.inner.client,
+                    config,
+                    id,
+                    ttl,
+                    config.request_timeout()
+                ),
+                self.put_key(name, &key, id)
+            );
+            if let (Ok(Some(ttl)), Ok((rev, head))) = (alive, put) {
+                return Ok(Enqueued {
+                    id,
+                    ttl,
+                    valid_until: start + ttl.saturating_sub(drift(ttl)),
+                    key,
+                    rev,
+                    head,
+                    guard,
+                });
+            }
+            // The spare had expired (or a request failed): the guard revokes it, which also
+            // deletes a key put meanwhile; start over with a new lease.
+        }
+        self.enqueue_new(name, ttl).await
+    }
+
+    /// Enqueues a key for `name` under a newly granted lease.
+    pub(crate) async fn enqueue_new(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let start = Instant::now();
+        let grant = self
+            .call(|mut c| async move { c.lease_grant(secs, None).await })
+            .await?;
+        let id = grant.id();
+        // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
+        // also deletes its key: no ghost stays in the queue.
+        let guard = RevokeGuard {
+            client: self.client(),
+            id: Some(id),
+        };
+        let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
+        let key = self.key(name, id);
+        let (rev, head) = self.put_key(name, &key, id).await?;
+        Ok(Enqueued {
+            id,
+            ttl,
+            valid_until: start + ttl.saturating_sub(drift(ttl)),
+            key,
+            rev,
+            head,
+            guard,
+        })
+    }
+}
+
+/// A contender's key in the queue.
+pub(crate) struct Enqueued {
+    pub(crate) id: i64,
+    /// The lease's TTL.
+    pub(crate) ttl: Duration,
+    /// End of the lease's validity as last confirmed.
+    pub(crate) valid_until: Instant,
+    pub(crate) key: String,
+    /// The key's `create_revision`.
+    pub(crate) rev: i64,
+    /// Whether the key is the oldest (holds the lock).
+    pub(crate) head: bool,
+    pub(crate) guard: RevokeGuard,
+}
+
+pub(crate) enum Position {
+    /// The contender's key is the oldest: it holds the lock.
+    Head,
+    /// Another key is older; `seen` is the revision the answer was read at.
+    /// `pred` is the key just before (name and `create_revision`: a client that reuses a
+    /// lease for the same name puts a key of the same name again, a different incarnation).
+    Behind { pred: (Vec<u8>, i64), seen: i64 },
+    /// The contender's key is gone (its lease expired or was revoked).
+    Gone,
+}
+
+/// Revokes a contender's lease if the acquisition ends without a grant.
+pub(crate) struct RevokeGuard {
+    pub(crate) client: Client,
+    pub(crate) id: Option<i64>,
+}
+
+impl RevokeGuard {
+    pub(crate) async fn revoke_now(&mut self, lock: &EtcdLock) {
+        if let Some(id) = self.id.take() {
+            if let Err(e) = lock
+                .call(|mut c| async move { c.lease_revoke(id).await })
+                .await
+            {
+                // It expires by itself after its TTL; nothing else depends on it.
+                tracing::debug!(error = %e, "revoking a waiter's lease failed");
+            }
+        }
+    }
+}
+
+impl Drop for RevokeGuard {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let mut c = self.client.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = c.lease_revoke(id).await;
+                });
+            }
+        }
+    }
+}
+
+impl EtcdLock {
+    pub(crate) async fn contend(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let Enqueued {
+            id,
+            ttl: granted_ttl,
+            valid_until,
+            key,
+            rev,
+            head: head_is_me,
+            mut guard,
+        } = self.enqueue(name, ttl).await?;
+        let mut lease = WaitingLease {
+            id,
+            ttl: granted_ttl,
+            valid_until,
+            // A third of the TTL after the lease was last confirmed.
+            next_keep_alive: valid_until
+                .checked_sub(granted_ttl.saturating_sub(drift(granted_ttl)) * 2 / 3)
+                .unwrap_or_else(Instant::now),
+            name: name.clone(),
+        };
+        if !head_is_me {
+            if deadline == Deadline::Now {
+                guard.revoke_now(self).await;
+                return Ok(None);
+            }
+            let mut woken = false;
+            loop {
+                if lease.valid_until <= Instant::now() {
+                    return Err(lease.lost("its lease could not be kept alive while waiting"));
+                }
+                // After a wake-up, refresh the lease in the same round trip as the check, so
+                // a waiter that is granted holds a lease with its whole TTL ahead, as an
+                // uncontended grant does.
+                let position = if std::mem::take(&mut woken) {
+                    let (position, refreshed) =
+                        tokio::join!(self.check(name, &key, rev), lease.keep_alive(self));
+                    refreshed?;
+                    position
+                } else {
+                    self.check(name, &key, rev).await
+                };
+                let (pred, seen) = match position {
+                    Ok(Position::Head) => break,
+                    Ok(Position::Gone) => {
+                        return Err(lease.lost("its key vanished while waiting (lease expired?)"))
+                    }
+                    Ok(Position::Behind { pred, seen }) => (pred, seen),
+                    Err(e) if e.is_retryable() => {
+                        // Transient: keep the lease alive and try again shortly.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if Instant::now() >= lease.next_keep_alive {
+                            lease.keep_alive(self).await?;
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if deadline.passed() {
+                    guard.revoke_now(self).await;
+                    return Ok(None);
+                }
+                match self
+                    .wait_for_delete(pred, seen, &mut lease, deadline)
+                    .await?
+                {
+                    Woken::Deleted => woken = true,
+                    Woken::Broken => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        woken = true;
+                    }
+                    Woken::Deadline => {
+                        guard.revoke_now(self).await;
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        guard.id = None;
+        let ops = EtcdLeaseOps {
+            client: self.client(),
+            config: self.inner.config.clone(),
+            spares: self.inner.spares.clone(),
+            valid_until: std::sync::Mutex::new(lease.valid_until),
+            id,
+            ttl: granted_ttl,
+            key,
+            rev,
+            name: name.clone(),
+        };
+        Ok(Some(Box::new(ManagedLease::new(
+            name.clone(),
+            Grant {
+                token: Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
+                ttl: granted_ttl,
+                valid_until: lease.valid_until,
+            },
+            opts.renewal,
+            ops,
+        ))))
+    }
+}

@@ -1,0 +1,166 @@
+//! Waiting for the predecessor's key to go, keeping the waiter's own lease alive meanwhile.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
+use lock_core::driver::drift;
+use lock_core::{Deadline, Error, LockName, Result};
+
+use crate::error::map_error;
+use crate::lock::{EtcdLock, BACKEND};
+use crate::EtcdConfig;
+
+impl EtcdLock {
+    /// Sleeps until the predecessor's key is deleted (or the watch breaks: the caller
+    /// re-checks either way), keeping the waiter's lease alive meanwhile.
+    pub(crate) async fn wait_for_delete(
+        &self,
+        (pred, pred_rev): (Vec<u8>, i64),
+        seen: i64,
+        lease: &mut WaitingLease,
+        deadline: Deadline,
+    ) -> Result<Woken> {
+        // No start revision: the watch starts at the server's current one. Any start revision
+        // in the past (even `seen + 1` once other keys changed) puts the watcher in etcd 3.4's
+        // unsynced group, served only every 100 ms. A deletion between the check and the
+        // watch's creation is caught below by looking at the predecessor once more.
+        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let watch = self.call(|mut c| {
+            let (pred, opts) = (pred.clone(), opts.clone());
+            async move { c.watch(pred, Some(opts)).await }
+        });
+        let mut stream = match watch.await {
+            Ok(s) => s,
+            Err(e) if e.is_retryable() => return Ok(Woken::Broken),
+            Err(e) => return Err(e),
+        };
+        loop {
+            let until_deadline = deadline.sleep();
+            tokio::select! {
+                msg = stream.message() => match msg {
+                    Ok(Some(resp)) if resp.created() => {
+                        let at = resp.header().map_or(i64::MAX, |h| h.revision());
+                        if at > seen {
+                            // Deleted before the watch began? Only a definite answer counts:
+                            // an unanswered re-check sends the caller round again (it looks at
+                            // the whole queue), never to sleep until its deadline.
+                            match self.still_there(&pred, pred_rev).await? {
+                                Some(true) => {}
+                                Some(false) => return Ok(Woken::Deleted),
+                                None => return Ok(Woken::Broken),
+                            }
+                        }
+                    }
+                    Ok(Some(resp)) => {
+                        if resp.canceled()
+                            || resp.events().iter().any(|e| e.event_type() == EventType::Delete)
+                        {
+                            return Ok(Woken::Deleted);
+                        }
+                    }
+                    Ok(None) | Err(_) => return Ok(Woken::Broken),
+                },
+                _ = tokio::time::sleep_until(lease.next_keep_alive.into()) => {
+                    lease.keep_alive(self).await?;
+                }
+                _ = until_deadline => return Ok(Woken::Deadline),
+            }
+        }
+    }
+
+    /// Whether this incarnation of `key` still exists; `None` when the server did not answer
+    /// (a transient error is no evidence either way).
+    pub(crate) async fn still_there(&self, key: &[u8], rev: i64) -> Result<Option<bool>> {
+        let r = self
+            .call(|mut c| async move { c.get(key, Some(GetOptions::new().with_keys_only())).await })
+            .await;
+        match r {
+            Ok(r) => Ok(Some(
+                r.kvs().first().map(|kv| kv.create_revision()) == Some(rev),
+            )),
+            Err(e) if e.is_retryable() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+pub(crate) enum Woken {
+    Deleted,
+    Broken,
+    Deadline,
+}
+
+/// A waiter's lease, kept alive while it waits.
+pub(crate) struct WaitingLease {
+    pub(crate) id: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) valid_until: Instant,
+    pub(crate) next_keep_alive: Instant,
+    pub(crate) name: LockName,
+}
+
+impl WaitingLease {
+    pub(crate) async fn keep_alive(&mut self, lock: &EtcdLock) -> Result<()> {
+        let start = Instant::now();
+        let left = self.valid_until.saturating_duration_since(start);
+        match keep_alive(
+            &lock.inner.client,
+            &lock.inner.config,
+            self.id,
+            self.ttl,
+            left,
+        )
+        .await
+        {
+            Ok(Some(ttl)) => {
+                self.ttl = ttl;
+                self.valid_until = start + ttl.saturating_sub(drift(ttl));
+                self.next_keep_alive = start + ttl / 3;
+                Ok(())
+            }
+            Ok(None) => Err(self.lost("its lease expired while waiting")),
+            Err(e) if e.is_retryable() && Instant::now() < self.valid_until => {
+                // Try again soon, but never past the lease's validity.
+                self.next_keep_alive = Instant::now() + Duration::from_millis(100);
+                Ok(())
+            }
+            Err(_) => Err(self.lost("its lease could not be kept alive while waiting")),
+        }
+    }
+
+    pub(crate) fn lost(&self, why: &str) -> Error {
+        Error::Lost {
+            name: self.name.clone(),
+            reason: format!("not granted: {why}"),
+        }
+    }
+}
+
+/// One keep-alive round trip: `Some(ttl)` if the lease lives (a keep-alive resets it to its
+/// granted TTL), `None` if the server says it is gone.
+///
+/// etcd-client's `lease_keep_alive` opens the stream, sends one request and consumes its answer
+/// itself (failing with "lease not found" when the TTL is ≤ 0), so opening it *is* the round
+/// trip; the stream is then dropped.
+pub(crate) async fn keep_alive(
+    client: &Client,
+    config: &EtcdConfig,
+    id: i64,
+    ttl: Duration,
+    limit: Duration,
+) -> Result<Option<Duration>> {
+    let mut c = client.clone();
+    let limit = limit.min(config.request_timeout());
+    match tokio::time::timeout(limit, c.lease_keep_alive(id)).await {
+        Ok(Ok(_)) => Ok(Some(ttl)),
+        Ok(Err(etcd_client::Error::LeaseKeepAliveError(m))) if m.contains("not found") => Ok(None),
+        Ok(Err(e)) => Err(map_error(e, config)),
+        Err(_) => Err(Error::unavailable(
+            BACKEND,
+            format!(
+                "no keep-alive answer from {} within {limit:?}",
+                config.redacted_url()
+            ),
+        )),
+    }
+}
