@@ -25,7 +25,11 @@
 //! that user can delete, and the password never appears in `Debug`, `Display` or errors.
 
 mod config;
+mod error;
+mod lease;
 mod lock;
+mod queue;
+mod session;
 
 pub use config::ZkConfig;
 pub use lock::ZkLock;

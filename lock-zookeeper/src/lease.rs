@@ -1,0 +1,118 @@
+//! The backend half of a held ZooKeeper lock: the session keeps it; release deletes the node.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::{drift, LeaseOps};
+use lock_core::{Error, LockName, Result};
+use zookeeper_client::Client;
+
+use crate::error::{map_error, transient, until_definite};
+use crate::lock::{lock_name, BACKEND};
+use crate::ZkConfig;
+
+pub(crate) struct ZkLeaseOps {
+    pub(crate) client: Client,
+    pub(crate) path: String,
+    pub(crate) session: i64,
+    pub(crate) session_timeout: Duration,
+    pub(crate) config: ZkConfig,
+}
+
+impl fmt::Debug for ZkLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLease").field("node", &self.path).finish()
+    }
+}
+
+impl ZkLeaseOps {
+    pub(crate) fn name(&self) -> LockName {
+        let parent = self.path.rsplit_once('/').map_or("", |(p, _)| p);
+        lock_name(parent)
+    }
+}
+
+#[async_trait]
+impl LeaseOps for ZkLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        match self.client.check_stat(&self.path).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == self.session => Ok(start
+                + self
+                    .session_timeout
+                    .saturating_sub(drift(self.session_timeout))),
+            Ok(_) => Err(Error::NotHeld { name: self.name() }),
+            Err(e) => Err(map_error(e, &self.config)),
+        }
+    }
+
+    /// Deletes the node; a delete lost with the connection is retried (in a task of its own,
+    /// which a cancelled `release` does not stop) until it succeeds or the session ends. Waits
+    /// for that at most one session timeout: then `Unavailable`, and the retries go on.
+    async fn release(&self) -> Result<()> {
+        let first = self.client.delete(&self.path, None).await;
+        match first {
+            Ok(()) => return Ok(()),
+            Err(zookeeper_client::Error::NoNode) => {
+                return Err(Error::NotHeld { name: self.name() })
+            }
+            Err(ref e) if !transient(e) => return Err(map_error(e.clone(), &self.config)),
+            Err(_) => {}
+        }
+        let Some(deleting) = delete_in_background(&self.client, &self.path) else {
+            return Err(Error::unavailable(
+                BACKEND,
+                "no runtime to retry the delete on",
+            ));
+        };
+        match tokio::time::timeout(self.session_timeout, deleting).await {
+            // After a lost request, "no node" is most likely that request having landed.
+            Ok(Ok(Ok(_))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(map_error(e, &self.config)),
+            Ok(Err(_)) => Err(Error::unavailable(BACKEND, "the delete task failed")),
+            Err(_) => Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "lock node {} not deleted within {:?} (connection lost); retrying until the \
+                     session ends",
+                    self.path, self.session_timeout
+                ),
+            )),
+        }
+    }
+
+    fn lapses_without_renewal(&self) -> bool {
+        false
+    }
+
+    /// The session is shared by every lock of the client, so it cannot be left to expire for
+    /// one lock: abandoning deletes the node in the background, as dropping does.
+    fn abandon(&self) {
+        drop(delete_in_background(&self.client, &self.path));
+    }
+}
+
+/// Deletes this session's node at `path` in a task of its own, retrying until it is gone or
+/// the session has ended (which removes it too): a delete lost with the connection would
+/// otherwise leave the node — and the lock — held for the life of the session. The task
+/// outlives a cancelled caller; `Ok(true)`: deleted now, `Ok(false)`: already gone.
+pub(crate) fn delete_in_background(
+    client: &Client,
+    path: &str,
+) -> Option<tokio::task::JoinHandle<std::result::Result<bool, zookeeper_client::Error>>> {
+    let rt = tokio::runtime::Handle::try_current().ok()?; // none: the node goes with the session
+    let (client, path) = (client.clone(), path.to_string());
+    Some(rt.spawn(async move {
+        let r = until_definite(&client, || client.delete(&path, None)).await;
+        match r {
+            Ok(()) => Ok(true),
+            Err(zookeeper_client::Error::NoNode) => Ok(false),
+            Err(_) if client.state().is_terminated() => Ok(false),
+            Err(e) => {
+                tracing::warn!(node = %path, error = %e, "could not delete a lock node");
+                Err(e)
+            }
+        }
+    }))
+}

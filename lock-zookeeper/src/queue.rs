@@ -1,0 +1,279 @@
+//! The queue of contenders: one ephemeral sequential node each under the lock's parent; the
+//! lowest holds the lock, every other watches the one just before its own.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use lock_core::driver::{drift, Grant, ManagedLease};
+use lock_core::{Deadline, Error, FencingToken, Lease, LockName, LockOptions, Renewal, Result};
+use zookeeper_client::{Client, CreateMode, Stat};
+
+use crate::error::{transient, until_definite};
+use crate::lease::{delete_in_background, ZkLeaseOps};
+use crate::lock::{contenders, lock_name, ZkLock, MARK};
+
+impl ZkLock {
+    pub(crate) fn parent(&self, name: &LockName) -> String {
+        format!("{}/{}", self.inner.config.base_path(), name)
+    }
+
+    /// Creates this contender's node; after a connection loss, finds it by its unique prefix
+    /// instead of creating a second one.
+    pub(crate) async fn enqueue(&self, client: &Client, parent: &str) -> Result<(String, Stat)> {
+        let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
+        // Dropped while a create is in flight, the server may still create the node — an
+        // ephemeral that would head the queue for as long as this session lives. The guard then
+        // finds it by its unique prefix (same session: the listing is served after the create)
+        // and deletes it in the background.
+        let mut pending = PendingNode {
+            client: client.clone(),
+            parent: parent.to_string(),
+            prefix: prefix.clone(),
+            armed: true,
+        };
+        let node_opts = CreateMode::EphemeralSequential.with_acls(self.acls());
+        let parent_opts = CreateMode::Container.with_acls(self.acls());
+        let mut last = None;
+        for _ in 0..5 {
+            match client
+                .create(&format!("{parent}/{prefix}"), b"", &node_opts)
+                .await
+            {
+                Ok((stat, seq)) => {
+                    pending.armed = false; // the caller's NodeGuard takes over
+                    return Ok((format!("{prefix}{seq}"), stat));
+                }
+                Err(zookeeper_client::Error::NoNode) => {
+                    // The container is created on demand and removed by the server when empty.
+                    match client.create(parent, b"", &parent_opts).await {
+                        Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                        Err(zookeeper_client::Error::NoNode) => {
+                            let base = self.inner.config.base_path();
+                            match client
+                                .mkdir(base, &CreateMode::Persistent.with_acls(self.acls()))
+                                .await
+                            {
+                                Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+                                Err(e) => return Err(self.error(e)),
+                            }
+                        }
+                        Err(e) => return Err(self.error(e)),
+                    }
+                }
+                Err(e) if transient(&e) => {
+                    // The create may have been applied. Create again only once the lookup says
+                    // for certain that it was not: a second node would queue behind the first,
+                    // an orphan of this session that nobody deletes.
+                    match self.find_own(client, parent, &prefix).await? {
+                        Some(found) => {
+                            pending.armed = false;
+                            return Ok(found);
+                        }
+                        None => last = Some(e),
+                    }
+                }
+                Err(e) => return Err(self.error(e)),
+            }
+        }
+        Err(self.error(last.unwrap_or(zookeeper_client::Error::ConnectionLoss)))
+    }
+
+    /// This session's node under `parent` whose name starts with `prefix`, if one exists — a
+    /// definite answer: a lookup that fails on a connection loss is repeated, while the
+    /// session lives.
+    pub(crate) async fn find_own(
+        &self,
+        client: &Client,
+        parent: &str,
+        prefix: &str,
+    ) -> Result<Option<(String, Stat)>> {
+        let children = match until_definite(client, || client.list_children(parent)).await {
+            Ok(c) => c,
+            Err(zookeeper_client::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(self.error(e)),
+        };
+        let Some(mine) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{parent}/{mine}");
+        match until_definite(client, || client.check_stat(&path)).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => {
+                Ok(Some((mine, stat)))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, `t` = start of the request
+    /// that confirmed it. `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
+    pub(crate) async fn wait_turn(
+        &self,
+        client: &Client,
+        parent: &str,
+        me: &str,
+        deadline: Deadline,
+    ) -> Result<Option<Instant>> {
+        loop {
+            let asked = Instant::now();
+            let children = contenders(
+                client
+                    .list_children(parent)
+                    .await
+                    .map_err(|e| self.error(e))?,
+            );
+            let Some(idx) = children.iter().position(|(_, c)| c == me) else {
+                return Err(Error::Lost {
+                    name: lock_name(parent),
+                    reason: "the contender's node vanished (session expired?)".into(),
+                });
+            };
+            if idx == 0 {
+                return Ok(Some(asked));
+            }
+            if deadline.passed() {
+                return Ok(None);
+            }
+            let pred = format!("{parent}/{}", children[idx - 1].1);
+            let (stat, watcher) = client
+                .check_and_watch_stat(&pred)
+                .await
+                .map_err(|e| self.error(e))?;
+            if stat.is_none() {
+                continue; // gone between the listing and the watch
+            }
+            let until = deadline.sleep();
+            tokio::select! {
+                _ = watcher.changed() => {
+                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                }
+                _ = until => return Ok(None),
+            }
+        }
+    }
+
+    pub(crate) async fn contend(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        // A session that ends before the grant loses nothing (no lease was handed out): try
+        // once more on a new session.
+        let mut retried = false;
+        loop {
+            let client = self.live_session().await?;
+            match self.contend_on(&client, name, opts, ttl, deadline).await {
+                Err(_) if !retried && client.state().is_terminated() => retried = true,
+                r => return r,
+            }
+        }
+    }
+
+    pub(crate) async fn contend_on(
+        &self,
+        client: &Client,
+        name: &LockName,
+        opts: &LockOptions,
+        ttl: Duration,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let parent = self.parent(name);
+        let (me, stat) = self.enqueue(client, &parent).await?;
+        let path = format!("{parent}/{me}");
+        // Until granted, a dropped (cancelled) future deletes the node in the background.
+        let mut guard = NodeGuard {
+            client: client.clone(),
+            path: Some(path.clone()),
+        };
+        match self.wait_turn(client, &parent, &me, deadline).await {
+            Ok(Some(confirmed)) => {
+                guard.path = None;
+                // This session's own timeout: a re-opened session may have been granted
+                // another one than the first.
+                let st = client.session_timeout();
+                let renewal = match opts.renewal {
+                    Renewal::Manual => Renewal::Auto { max_hold: None },
+                    auto => auto,
+                };
+                let ops = ZkLeaseOps {
+                    client: client.clone(),
+                    path,
+                    session: client.session_id().0,
+                    session_timeout: st,
+                    config: self.inner.config.clone(),
+                };
+                Ok(Some(Box::new(ManagedLease::new(
+                    name.clone(),
+                    Grant {
+                        token: Some(FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0))),
+                        ttl,
+                        valid_until: confirmed + st.saturating_sub(drift(st)),
+                    },
+                    renewal,
+                    ops,
+                ))))
+            }
+            Ok(None) => {
+                // Not ours: leave no node behind for later waiters to queue behind (retried
+                // in the background if the connection drops under the delete).
+                guard.path = None;
+                if let Some(deleting) = delete_in_background(client, &path) {
+                    if let Ok(Err(e)) = deleting.await {
+                        return Err(self.error(e));
+                    }
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Deletes the node created under `parent` with `prefix`, if any, when dropped while armed:
+/// the acquisition was cancelled (or failed) with its create request possibly applied.
+pub(crate) struct PendingNode {
+    pub(crate) client: Client,
+    pub(crate) parent: String,
+    pub(crate) prefix: String,
+    pub(crate) armed: bool,
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // the node goes with the session
+        };
+        let (client, parent, prefix) = (
+            self.client.clone(),
+            std::mem::take(&mut self.parent),
+            std::mem::take(&mut self.prefix),
+        );
+        rt.spawn(async move {
+            if let Ok(children) = until_definite(&client, || client.list_children(&parent)).await {
+                for child in children.iter().filter(|c| c.starts_with(&prefix)) {
+                    let path = format!("{parent}/{child}");
+                    let _ = until_definite(&client, || client.delete(&path, None)).await;
+                }
+            }
+        });
+    }
+}
+
+/// Deletes a contender's node if the acquisition is dropped before it is granted.
+pub(crate) struct NodeGuard {
+    pub(crate) client: Client,
+    pub(crate) path: Option<String>,
+}
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            drop(delete_in_background(&self.client, &path));
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The client's ZooKeeper session: opening it (with digest credentials), replacing it once it
+//! expired, and the ACLs of the nodes it creates.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::driver::scrub;
+use lock_core::{Capabilities, Error, Fencing, Result};
+use zookeeper_client::{Acls, Client, CreateMode};
+
+use crate::lock::{Inner, ZkLock, BACKEND};
+use crate::ZkConfig;
+
+impl ZkLock {
+    /// Opens a session (authenticating with digest credentials if configured) and makes sure
+    /// the base path exists.
+    pub async fn connect(config: ZkConfig) -> Result<Self> {
+        let client = open_session(&config).await?;
+        let session_timeout = client.session_timeout();
+        let secured = config.digest().is_some();
+        let lock = ZkLock {
+            inner: Arc::new(Inner {
+                caps: Capabilities::new()
+                    .with_fencing(Fencing::Strict)
+                    .with_inspect(true)
+                    .with_fifo(true)
+                    .with_per_lock_ttl(false)
+                    .with_min_ttl(session_timeout),
+                config,
+                session: std::sync::Mutex::new(client.clone()),
+                reopen: tokio::sync::Mutex::new(()),
+                secured,
+                wakeups: AtomicU64::new(0),
+            }),
+        };
+        let config = &lock.inner.config;
+        let opts = CreateMode::Persistent.with_acls(lock.acls());
+        let mut made = client.mkdir(config.base_path(), &opts).await;
+        if let (Err(zookeeper_client::Error::NoNode), Some(chroot)) = (&made, config.chroot()) {
+            // The chroot itself is missing: create it from a session without one.
+            let root = open_session(&config.without_chroot()).await?;
+            match root.mkdir(chroot, &opts).await {
+                Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+                Err(e) => return Err(lock.error(e)),
+            }
+            made = client.mkdir(config.base_path(), &opts).await;
+        }
+        match made {
+            Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => return Err(lock.error(e)),
+        }
+        Ok(lock)
+    }
+
+    /// [`connect`](Self::connect) from a `zk://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(ZkConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the server granted the current session: the lease of every lock
+    /// acquired on it.
+    pub fn session_timeout(&self) -> Duration {
+        self.current().session_timeout()
+    }
+
+    /// How many times a waiter of this client was woken by its predecessor's watch (for tests
+    /// and diagnostics: one release should wake one waiter).
+    pub fn watch_wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// The client of the current session (a handle: the next acquisition may use a new
+    /// session if this one has ended).
+    pub fn client(&self) -> Client {
+        self.current()
+    }
+
+    pub(crate) fn current(&self) -> Client {
+        self.inner
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A live session: the current one, or a new one if it has expired or been closed. Leases
+    /// of the ended session stay Lost; only new acquisitions use the new session.
+    pub(crate) async fn live_session(&self) -> Result<Client> {
+        let client = self.current();
+        if !client.state().is_terminated() {
+            return Ok(client);
+        }
+        let _one_at_a_time = self.inner.reopen.lock().await;
+        let client = self.current();
+        if !client.state().is_terminated() {
+            return Ok(client); // another task re-opened it meanwhile
+        }
+        let fresh = open_session(&self.inner.config).await?;
+        tracing::info!(
+            url = %self.inner.config.redacted_url(),
+            "ZooKeeper session ended; opened a new one for new acquisitions"
+        );
+        *self.inner.session.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+
+    pub(crate) fn acls(&self) -> Acls<'static> {
+        // With credentials, only this user may delete (or create under) the nodes.
+        if self.inner.secured {
+            Acls::creator_all()
+        } else {
+            Acls::anyone_all()
+        }
+    }
+}
+
+/// Opens a session, authenticating with the digest credentials if configured.
+pub(crate) async fn open_session(config: &ZkConfig) -> Result<Client> {
+    let mut connector = Client::connector()
+        .with_session_timeout(config.session_timeout())
+        .with_fail_eagerly();
+    if let Some(d) = config.digest() {
+        connector = connector.with_auth("digest", d.as_bytes());
+    }
+    let limit = config.session_timeout() + Duration::from_secs(2);
+    let client = tokio::time::timeout(limit, connector.connect(&config.connect_string()))
+        .await
+        .map_err(|_| {
+            Error::unavailable(
+                BACKEND,
+                format!("no session with {} within {limit:?}", config.redacted_url()),
+            )
+        })?
+        .map_err(|e| match e {
+            zookeeper_client::Error::AuthFailed | zookeeper_client::Error::NoAuth => {
+                Error::unauthenticated(
+                    BACKEND,
+                    format!(
+                        "ZooKeeper at {} rejected the digest credentials of user {:?}",
+                        config.hosts(),
+                        config.user().unwrap_or("")
+                    ),
+                )
+            }
+            e => Error::unavailable(
+                BACKEND,
+                format!(
+                    "cannot connect to {}: {}",
+                    config.redacted_url(),
+                    scrub(&e, config.secret())
+                ),
+            ),
+        })?;
+    Ok(client)
+}
