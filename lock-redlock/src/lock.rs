@@ -95,7 +95,7 @@ impl RedlockLock {
         for (node, r) in nodes.iter().zip(checks) {
             match r {
                 Ok(()) => reachable += 1,
-                Err(e @ Error::Config { .. }) => return Err(e),
+                Err(e @ (Error::Config { .. } | Error::Unauthenticated { .. })) => return Err(e),
                 Err(_) => down.push(node.config().redacted_url()),
             }
         }
@@ -263,7 +263,7 @@ impl RedlockLock {
         let mut unchecked = Vec::with_capacity(nodes.len());
         for (n, r) in nodes.iter().zip(checks) {
             match r {
-                Err(e @ Error::Config { .. }) => return Err(e),
+                Err(e @ (Error::Config { .. } | Error::Unauthenticated { .. })) => return Err(e),
                 _ => unchecked.push(n.is_stale()),
             }
         }
