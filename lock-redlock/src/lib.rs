@@ -42,8 +42,12 @@
 //! `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&retry_count=N&min_validity_ms=N&drift_factor=F&tls=true&tls_ca_file=PATH]`
 //! (`tls=true` needs this crate's `tls` feature).
 
+mod client;
 mod config;
+mod lease;
 mod lock;
+mod quorum;
+mod round;
 
 pub use config::RedlockConfig;
 pub use lock::RedlockLock;

@@ -1,0 +1,100 @@
+//! The backend half of a held Redlock lock: renew and release, each a round decided at a
+//! majority; the masters that have not answered yet still get the request.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::LeaseOps;
+use lock_core::{Error, LockName, Result};
+use lock_redis::scripts::{self, LockKeys};
+use lock_redis::RedisNode;
+
+use crate::round::{release_request, until_quorum, Round};
+
+pub(crate) struct RedlockLeaseOps {
+    pub(crate) nodes: Arc<[RedisNode]>,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) token: Arc<str>,
+    pub(crate) ttl: Duration,
+    /// The clock-drift allowance for `ttl` (see [`RedlockConfig::drift`]).
+    pub(crate) drift: Duration,
+    pub(crate) node_timeout: Duration,
+    pub(crate) quorum: usize,
+}
+
+impl fmt::Debug for RedlockLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockLease")
+            .field("key", &self.keys.lock)
+            .field("masters", &self.nodes.len())
+            .finish()
+    }
+}
+
+impl RedlockLeaseOps {
+    pub(crate) fn name(&self) -> LockName {
+        let inner = self
+            .keys
+            .lock
+            .rsplit_once('{')
+            .map(|(_, r)| r.trim_end_matches('}'))
+            .unwrap_or("");
+        LockName::new(inner)
+            .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
+    }
+}
+
+#[async_trait]
+impl LeaseOps for RedlockLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        let (keys, token, ttl) = (self.keys.clone(), self.token.clone(), self.ttl);
+        let round = Round::new(&self.nodes, self.node_timeout, move |mut c| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { scripts::renew(&mut c, &keys, &token, ttl).await }
+        });
+        let ((extended, not_held, _), rest) = until_quorum(round, self.quorum).await;
+        // Slower masters are extended too, in the background: a majority is enough to hold.
+        rest.finish_in_background();
+        let validity = self
+            .ttl
+            .checked_sub(start.elapsed() + self.drift)
+            .unwrap_or_default();
+        if extended >= self.quorum && !validity.is_zero() {
+            return Ok(start + self.ttl.saturating_sub(self.drift));
+        }
+        // Masters that were extended stay extended: undoing them would only shorten a lease
+        // that a later renewal may still save.
+        if not_held > self.nodes.len() - self.quorum {
+            return Err(Error::NotHeld { name: self.name() });
+        }
+        Err(Error::QuorumNotReached {
+            granted: extended,
+            needed: self.quorum,
+        })
+    }
+
+    async fn release(&self) -> Result<()> {
+        let round = Round::new(
+            &self.nodes,
+            self.node_timeout,
+            release_request(&self.keys, &self.token),
+        );
+        let ((released, not_held, _), rest) = until_quorum(round, self.quorum).await;
+        // The lock is free once a majority released it; the slower masters are released in
+        // the background (or their keys expire).
+        rest.finish_in_background();
+        if released >= self.quorum {
+            Ok(())
+        } else if not_held > self.nodes.len() - self.quorum || released + not_held >= self.quorum {
+            Err(Error::NotHeld { name: self.name() })
+        } else {
+            Err(Error::QuorumNotReached {
+                granted: released,
+                needed: self.quorum,
+            })
+        }
+    }
+}

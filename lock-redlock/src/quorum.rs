@@ -1,0 +1,286 @@
+//! Acquiring by majority: one attempt (a round on every master, decided at a majority, undone
+//! everywhere if it failed), the waiting loop around it, and the quorum read behind `inspect`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use lock_core::driver::{Grant, ManagedLease};
+use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Result};
+use lock_redis::scripts::{self, Acquired, LockKeys};
+use lock_redis::ReleaseOnDrop;
+
+use crate::lease::RedlockLeaseOps;
+use crate::lock::{RedlockLock, BACKEND};
+use crate::round::{release_request, Round};
+
+impl RedlockLock {
+    pub(crate) async fn read_holder(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<lock_core::HolderInfo>> {
+        let cfg = &self.inner.config;
+        let quorum = cfg.quorum();
+        let keys = self.keys(name);
+        let mut round = Round::new(
+            &self.inner.nodes,
+            cfg.node_timeout_for(Duration::MAX),
+            |mut c| {
+                let key = keys.lock.clone();
+                async move {
+                    redis::pipe()
+                        .cmd("GET")
+                        .arg(&key)
+                        .cmd("PTTL")
+                        .arg(&key)
+                        .query_async::<(Option<String>, i64)>(&mut c)
+                        .await
+                }
+            },
+        );
+        let mut answered = 0;
+        let mut owners: std::collections::HashMap<String, Vec<Duration>> = Default::default();
+        while let Some((_, r)) = round.next().await {
+            if let Ok(Ok((token, pttl))) = r {
+                answered += 1;
+                if let Some(t) = token {
+                    // -1: no expiry (not ours to judge); -2: expired between GET and PTTL.
+                    let left = u64::try_from(pttl).map_or(Duration::MAX, Duration::from_millis);
+                    if pttl != -2 {
+                        owners.entry(t).or_default().push(left);
+                    }
+                }
+            }
+        }
+        if answered < quorum {
+            return Err(Error::QuorumNotReached {
+                granted: answered,
+                needed: quorum,
+            });
+        }
+        Ok(owners
+            .into_values()
+            .find(|left| left.len() >= quorum)
+            .map(|mut left| {
+                left.sort_unstable_by(|a, b| b.cmp(a));
+                let until_minority = left.get(quorum - 1).copied();
+                lock_core::HolderInfo::new(None, until_minority.filter(|d| *d != Duration::MAX))
+            }))
+    }
+
+    pub(crate) async fn contend(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let keys = self.keys(name);
+        if deadline == Deadline::Now {
+            return self.once(name, &keys, ttl, opts).await;
+        }
+        let mut watches = Vec::new();
+        let mut subscribed = false;
+        loop {
+            // Registered before the attempt, so a release during the attempt is not missed.
+            let mut wakes: Vec<_> = watches
+                .iter()
+                .map(|w: &lock_redis::ReleaseWatch| Box::pin(w.notify().notified()))
+                .collect();
+            for w in wakes.iter_mut() {
+                w.as_mut().enable();
+            }
+            let remaining = match self.attempt(name, &keys, ttl, opts).await {
+                Ok(Attempt::Granted(l)) => return Ok(Some(l)),
+                Ok(Attempt::Busy(r)) => r,
+                Err(e) if e.is_retryable() => {
+                    let pause = self.jitter().max(Duration::from_millis(10));
+                    if deadline.at().is_some_and(|d| Instant::now() + pause >= d) {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, "Redlock attempt failed; retrying while the wait allows");
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if deadline.passed() {
+                return Ok(None);
+            }
+            if !subscribed {
+                // Subscribe on every master that answers, then retry at once: a release
+                // announcement from any of them wakes us from now on.
+                subscribed = true;
+                drop(wakes);
+                let subs = join_all(self.inner.nodes.iter().map(|n| {
+                    let keys = &keys;
+                    async move {
+                        tokio::time::timeout(n.config().request_timeout(), n.watch_releases(keys))
+                            .await
+                    }
+                }))
+                .await;
+                watches = subs
+                    .into_iter()
+                    .filter_map(|r| r.ok().and_then(|r| r.ok()))
+                    .collect();
+                continue;
+            }
+            // Sleep until a release message, the holder's expiry, or (split vote, or no master
+            // took a subscription) a random pause.
+            let sleep_for = match remaining {
+                Some(r) => r + self.jitter() / 10,
+                None => self.jitter(),
+            };
+            let wake = Instant::now() + sleep_for;
+            let wake = deadline.at().map_or(wake, |d| wake.min(d));
+            if wakes.is_empty() {
+                tokio::time::sleep_until(wake.into()).await;
+            } else {
+                tokio::select! {
+                    _ = futures_util::future::select_all(wakes) => {}
+                    _ = tokio::time::sleep_until(wake.into()) => {}
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn attempt(
+        &self,
+        name: &LockName,
+        keys: &Arc<LockKeys>,
+        ttl: Duration,
+        opts: &LockOptions,
+    ) -> Result<Attempt> {
+        let cfg = &self.inner.config;
+        let nodes = &self.inner.nodes;
+        let quorum = cfg.quorum();
+        let node_timeout = cfg.node_timeout_for(ttl);
+        // Masters not checked since their connection dropped get no vote in this attempt.
+        let unchecked = self.verify_masters(node_timeout).await?;
+        let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        // If this future is dropped between sending and deciding, the guard releases the token
+        // everywhere in the background: a cancelled acquire leaves no ghost holder.
+        let mut undo = ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout);
+        let start = Instant::now();
+        let mut round = Round::on(nodes, &unchecked, node_timeout, |mut c| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await }
+        });
+        let (mut granted, mut busy) = (0, 0);
+        let mut remaining: Option<Duration> = None;
+        // Masters that answered "held by someone else", or were not asked, store nothing of
+        // ours: no cleanup there.
+        let mut refused = unchecked;
+        while let Some((i, r)) = round.next().await {
+            match r {
+                Ok(Ok(Acquired::Granted { .. })) => granted += 1,
+                Ok(Ok(Acquired::Busy { remaining: r })) => {
+                    busy += 1;
+                    refused[i] = true;
+                    if let Some(r) = r {
+                        remaining = Some(remaining.map_or(r, |m: Duration| m.min(r)));
+                    }
+                }
+                _ => {}
+            }
+            // A grant is decided once a majority granted: waiting for the slowest masters would
+            // only add their latency. A refusal waits for every answer instead: each master
+            // that refused needs no cleanup, which is cheaper than cleaning up after the
+            // unanswered ones.
+            if granted >= quorum {
+                break;
+            }
+        }
+        // The requests still in flight go on in the background rather than being dropped: a
+        // dropped request may never be written (the connection skips requests nobody awaits),
+        // and a lock held on a bare majority is lost when any one of those masters fails.
+        // Should one grant after a failed attempt, the cleanup below (same connection, so
+        // ordered after it) or the TTL removes it.
+        round.finish_in_background();
+        let drift = cfg.drift(ttl);
+        let validity = ttl.checked_sub(start.elapsed() + drift).unwrap_or_default();
+        if granted >= quorum && validity > cfg.min_validity() {
+            undo.disarm(); // the lease owns the token from here
+            let ops = RedlockLeaseOps {
+                nodes: nodes.clone(),
+                keys: keys.clone(),
+                token,
+                ttl,
+                drift,
+                node_timeout,
+                quorum,
+            };
+            return Ok(Attempt::Granted(Box::new(ManagedLease::new(
+                name.clone(),
+                Grant {
+                    token: None,
+                    ttl,
+                    valid_until: start + ttl.saturating_sub(drift),
+                },
+                opts.renewal,
+                ops,
+            ))));
+        }
+        // Failed: undo every grant, on every master that may hold one (one that timed out or
+        // has not answered yet may have granted). Awaited, so the next attempt is not refused
+        // by this one's leftovers.
+        let mut cleanup = Round::on(nodes, &refused, node_timeout, release_request(keys, &token));
+        while cleanup.next().await.is_some() {}
+        undo.disarm();
+        if granted >= quorum {
+            return Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "a majority granted, but only after {:?} of a {ttl:?} TTL: no validity left",
+                    start.elapsed()
+                ),
+            ));
+        }
+        if granted + busy >= quorum {
+            // Enough masters answered: the lock is held elsewhere, or votes split.
+            return Ok(Attempt::Busy(if busy >= quorum { remaining } else { None }));
+        }
+        Err(Error::QuorumNotReached {
+            granted,
+            needed: quorum,
+        })
+    }
+
+    /// One acquisition without waiting: a split vote (nobody won) is retried after a random
+    /// pause, up to `retry_count` times, as Redlock prescribes; a lock a majority reports held
+    /// is `Ok(None)` at once.
+    pub(crate) async fn once(
+        &self,
+        name: &LockName,
+        keys: &Arc<LockKeys>,
+        ttl: Duration,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        for attempt in 1..=self.inner.config.retry_count() {
+            match self.attempt(name, keys, ttl, opts).await? {
+                Attempt::Granted(l) => return Ok(Some(l)),
+                Attempt::Busy(Some(_)) => return Ok(None),
+                Attempt::Busy(None) if attempt < self.inner.config.retry_count() => {
+                    tokio::time::sleep(self.jitter()).await;
+                }
+                Attempt::Busy(None) => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// A random pause in `0..retry_delay`, so competing clients do not retry in lockstep.
+    pub(crate) fn jitter(&self) -> Duration {
+        let max = self.inner.config.retry_delay().as_millis().max(1);
+        let r = uuid::Uuid::new_v4().as_u128() % max;
+        Duration::from_millis(u64::try_from(r).unwrap_or(0))
+    }
+}
+
+pub(crate) enum Attempt {
+    Granted(Box<dyn Lease>),
+    /// `Some`: a majority reported a holder, whose keys expire after at least this long.
+    /// `None`: votes split (or no expiry was reported): nobody is known to hold it.
+    Busy(Option<Duration>),
+}
