@@ -102,6 +102,24 @@ fn an_unreachable_backend_exits_69() {
     assert_eq!(code(&o), 69, "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// Refused credentials are EX_NOPERM (77), told apart from bad arguments (64) and from a
+/// backend that is down (69); the command does not run, and the password shows nowhere.
+#[test]
+fn refused_credentials_exit_77_without_running_the_command() {
+    let dir = tmp("noperm");
+    let ran = dir.join("ran");
+    let script = format!("touch {}", ran.display());
+    let o = output(distlock(
+        "redis://locker:WRONG-cli-secret@127.0.0.1:16390",
+        &["run", "--name", "x", "--", "sh", "-c", &script],
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 77, "{err}");
+    assert!(!ran.exists(), "the command ran without the lock");
+    assert!(!err.contains("WRONG-cli-secret"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+}
+
 #[test]
 fn exit_status_environment_and_signals_pass_through() {
     let dir = tmp("status");
