@@ -55,15 +55,28 @@
 //! `tls` feature.
 //! Passwords never appear in `Debug`, `Display`, logs or errors.
 
+mod client;
 mod config;
+mod lease;
 mod lock;
-mod node;
-pub mod scripts;
+mod scripts;
 mod wakeup;
 
 pub use config::{RedisConfig, DEFAULT_PREFIX};
-pub use lock::{drift, RedisLock};
+pub use lock::RedisLock;
 pub use lock_core;
-pub use node::{RedisNode, ReleaseOnDrop, ReleaseWatch};
 pub use redis;
-pub use wakeup::ReleaseDedup;
+
+/// The building blocks `lock-redlock` shares with this driver: one master's connection with its
+/// release announcements, the Lua scripts and the key layout.
+///
+/// **Not a stable API.** It changes whenever the two drivers need it to; depend on
+/// [`RedisLock`] and [`RedisConfig`] instead.
+pub mod raw {
+    pub use crate::client::{RedisNode, ReleaseOnDrop, ReleaseWatch};
+    /// The Lua scripts and the key layout.
+    pub mod scripts {
+        pub use crate::scripts::*;
+    }
+    pub use crate::wakeup::ReleaseDedup;
+}

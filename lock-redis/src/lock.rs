@@ -5,20 +5,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{Grant, LeaseOps, ManagedLease};
+use lock_core::driver::{drift, Grant, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
     LockOptions, Result,
 };
 use redis::aio::ConnectionManager;
 
+use crate::client::{RedisNode, ReleaseOnDrop};
+use crate::lease::RedisLeaseOps;
 use crate::scripts::{self, Acquired, LockKeys};
-use crate::{RedisConfig, RedisNode, ReleaseOnDrop};
+use crate::RedisConfig;
 
-const BACKEND: &str = "redis";
-
-/// Clock drift allowance subtracted from every validity (re-exported from `lock-core`).
-pub use lock_core::driver::drift;
+pub(crate) const BACKEND: &str = "redis";
 
 /// A distributed lock on one Redis server (or one Redis Cluster slot owner).
 ///
@@ -298,73 +297,6 @@ impl fmt::Debug for RedisLock {
             .field("fencing", &self.inner.caps.fencing)
             .finish()
     }
-}
-
-struct RedisLeaseOps {
-    conn: ConnectionManager,
-    keys: Arc<LockKeys>,
-    token: Arc<str>,
-    ttl: Duration,
-    timeout: Duration,
-    node: RedisNode,
-}
-
-impl fmt::Debug for RedisLeaseOps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisLease")
-            .field("key", &self.keys.lock)
-            .field("server", &self.node.config().redacted_url())
-            .finish()
-    }
-}
-
-#[async_trait]
-impl LeaseOps for RedisLeaseOps {
-    async fn renew(&self) -> Result<Instant> {
-        let start = Instant::now();
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(
-            self.timeout,
-            scripts::renew(&mut conn, &self.keys, &self.token, self.ttl),
-        )
-        .await
-        {
-            Ok(Ok(true)) => Ok(start + self.ttl.saturating_sub(drift(self.ttl))),
-            Ok(Ok(false)) => Err(Error::NotHeld {
-                name: name_of(&self.keys),
-            }),
-            Ok(Err(e)) => Err(self.node.error(&e)),
-            Err(_) => Err(self.node.unavailable("renew timed out")),
-        }
-    }
-
-    async fn release(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(
-            self.timeout,
-            scripts::release(&mut conn, &self.keys, &self.token),
-        )
-        .await
-        {
-            Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => Err(Error::NotHeld {
-                name: name_of(&self.keys),
-            }),
-            Ok(Err(e)) => Err(self.node.error(&e)),
-            Err(_) => Err(self.node.unavailable("release timed out")),
-        }
-    }
-}
-
-/// Recovers the lock name from its key (`<prefix>{name}`) for error messages.
-fn name_of(keys: &LockKeys) -> LockName {
-    let inner = keys
-        .lock
-        .rsplit_once('{')
-        .map(|(_, r)| r.trim_end_matches('}'))
-        .unwrap_or("");
-    LockName::new(inner)
-        .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
 }
 
 /// Fencing is Strict only when the server fsyncs every write to its AOF: otherwise a restart

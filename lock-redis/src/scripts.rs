@@ -53,7 +53,7 @@ impl LockKeys {
     /// Keys for `name` under `prefix`.
     ///
     /// ```
-    /// let k = lock_redis::scripts::LockKeys::new("distlock:", &"jobs".parse()?);
+    /// let k = lock_redis::raw::scripts::LockKeys::new("distlock:", &"jobs".parse()?);
     /// assert_eq!(k.lock, "distlock:{jobs}");
     /// assert_eq!(k.fence, "distlock:{jobs}:fence");
     /// # Ok::<(), lock_core::Error>(())

@@ -27,7 +27,7 @@ pub(crate) struct Wakeups {
 /// wake a waiter once per release, not once per node that announced it.
 ///
 /// ```
-/// let d = lock_redis::ReleaseDedup::default();
+/// let d = lock_redis::raw::ReleaseDedup::default();
 /// assert!(d.first_sighting("distlock:{a}:released", b"tok1"));
 /// assert!(!d.first_sighting("distlock:{a}:released", b"tok1"));
 /// assert!(d.first_sighting("distlock:{a}:released", b"tok2"));

@@ -11,7 +11,8 @@ use libtest_mimic::Arguments;
 
 use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
 use lock_core::{DistributedLock, LockName};
-use lock_redis::{scripts::LockKeys, RedisConfig, RedisLock};
+use lock_redis::raw::scripts::LockKeys;
+use lock_redis::{RedisConfig, RedisLock};
 
 struct Redis {
     config: RedisConfig,

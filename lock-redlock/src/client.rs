@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use lock_core::{Error, LockName, Result};
-use lock_redis::scripts::LockKeys;
-use lock_redis::RedisNode;
+use lock_redis::raw::scripts::LockKeys;
+use lock_redis::raw::RedisNode;
 
 use crate::lock::{Inner, RedlockLock, BACKEND};
 use crate::RedlockConfig;
@@ -18,7 +18,7 @@ impl RedlockLock {
     /// [`Error::Config`]; fewer than a majority reachable is [`Error::Unavailable`].
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
         // One release is announced by every master that held it; count it once.
-        let dedup = lock_redis::ReleaseDedup::default();
+        let dedup = lock_redis::raw::ReleaseDedup::default();
         let mut nodes: Vec<RedisNode> = Vec::with_capacity(config.masters().len());
         for m in config.masters() {
             nodes.push(RedisNode::lazy_shared(m.clone(), BACKEND, dedup.clone()).await?);

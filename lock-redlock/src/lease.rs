@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::driver::LeaseOps;
 use lock_core::{Error, LockName, Result};
-use lock_redis::scripts::{self, LockKeys};
-use lock_redis::RedisNode;
+use lock_redis::raw::scripts::{self, LockKeys};
+use lock_redis::raw::RedisNode;
 
 use crate::round::{release_request, until_quorum, Round};
 

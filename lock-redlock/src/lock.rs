@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Fencing, Lease, LockName, LockOptions, Result,
 };
-use lock_redis::RedisNode;
+use lock_redis::raw::RedisNode;
 
 use crate::RedlockConfig;
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use lock_core::driver::{Grant, ManagedLease};
 use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Result};
-use lock_redis::scripts::{self, Acquired, LockKeys};
-use lock_redis::ReleaseOnDrop;
+use lock_redis::raw::scripts::{self, Acquired, LockKeys};
+use lock_redis::raw::ReleaseOnDrop;
 
 use crate::lease::RedlockLeaseOps;
 use crate::lock::{RedlockLock, BACKEND};
@@ -85,7 +85,7 @@ impl RedlockLock {
             // Registered before the attempt, so a release during the attempt is not missed.
             let mut wakes: Vec<_> = watches
                 .iter()
-                .map(|w: &lock_redis::ReleaseWatch| Box::pin(w.notify().notified()))
+                .map(|w: &lock_redis::raw::ReleaseWatch| Box::pin(w.notify().notified()))
                 .collect();
             for w in wakes.iter_mut() {
                 w.as_mut().enable();

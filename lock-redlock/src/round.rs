@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lock_redis::scripts::{self, LockKeys};
-use lock_redis::RedisNode;
+use lock_redis::raw::scripts::{self, LockKeys};
+use lock_redis::raw::RedisNode;
 use redis::aio::ConnectionManager;
 
 /// One master's answer: the request's result, or the per-node timeout elapsed.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
 use lock_core::{DistributedLock, LockName};
-use lock_redis::scripts::LockKeys;
+use lock_redis::raw::scripts::LockKeys;
 use lock_redlock::{RedlockConfig, RedlockLock};
 
 const DEFAULT_URL: &str =

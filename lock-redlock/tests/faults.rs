@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Error, LockName, LockOptions};
-use lock_redis::scripts::LockKeys;
+use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, DEFAULT_PREFIX};
 use lock_redlock::{RedlockConfig, RedlockLock};
 use test_support::{kill, serial, services};

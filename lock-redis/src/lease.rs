@@ -1,0 +1,80 @@
+//! The backend half of a held Redis lock: renew and release, each one owner-checked script.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::{drift, LeaseOps};
+use lock_core::{Error, LockName, Result};
+use redis::aio::ConnectionManager;
+
+use crate::client::RedisNode;
+use crate::scripts::{self, LockKeys};
+
+pub(crate) struct RedisLeaseOps {
+    pub(crate) conn: ConnectionManager,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) token: Arc<str>,
+    pub(crate) ttl: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) node: RedisNode,
+}
+
+impl fmt::Debug for RedisLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("key", &self.keys.lock)
+            .field("server", &self.node.config().redacted_url())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl LeaseOps for RedisLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(
+            self.timeout,
+            scripts::renew(&mut conn, &self.keys, &self.token, self.ttl),
+        )
+        .await
+        {
+            Ok(Ok(true)) => Ok(start + self.ttl.saturating_sub(drift(self.ttl))),
+            Ok(Ok(false)) => Err(Error::NotHeld {
+                name: name_of(&self.keys),
+            }),
+            Ok(Err(e)) => Err(self.node.error(&e)),
+            Err(_) => Err(self.node.unavailable("renew timed out")),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(
+            self.timeout,
+            scripts::release(&mut conn, &self.keys, &self.token),
+        )
+        .await
+        {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(Error::NotHeld {
+                name: name_of(&self.keys),
+            }),
+            Ok(Err(e)) => Err(self.node.error(&e)),
+            Err(_) => Err(self.node.unavailable("release timed out")),
+        }
+    }
+}
+
+/// Recovers the lock name from its key (`<prefix>{name}`) for error messages.
+pub(crate) fn name_of(keys: &LockKeys) -> LockName {
+    let inner = keys
+        .lock
+        .rsplit_once('{')
+        .map(|(_, r)| r.trim_end_matches('}'))
+        .unwrap_or("");
+    LockName::new(inner)
+        .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
+}
