@@ -42,8 +42,15 @@
 //! checks that the path still names the file it locked, on every renewal and on release, and
 //! reports `Lost` / `NotHeld`.
 
+mod client;
+mod config;
 mod counter;
+mod flock;
+mod lease;
 mod lock;
+mod wakeup;
 
-pub use lock::{attempts, FileLock};
+pub use client::attempts;
+pub use config::FileConfig;
+pub use lock::FileLock;
 pub use lock_core;

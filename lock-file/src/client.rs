@@ -1,0 +1,207 @@
+//! The operating system's side: opening and `flock`ing lock files off the runtime's threads,
+//! the identity of a file behind a path, and peeking at a holder.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use lock_core::{Error, FencingToken, LockName, Result};
+
+use crate::counter;
+
+use crate::lock::{FileLock, Inner, BACKEND};
+
+use crate::FileConfig;
+
+impl FileLock {
+    /// The holder of `name`, read without taking the lock (see `DistributedLock::inspect`).
+    pub(crate) async fn holder(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+        let path = self.path_of(name);
+        let p = path.clone();
+        blocking(move || peek(&p))
+            .await?
+            .map_err(|e| io_error(&path, e))
+    }
+
+    /// Uses `config.dir()` (created if missing) for the lock files.
+    pub async fn connect(config: FileConfig) -> Result<Self> {
+        let d = config.dir().to_path_buf();
+        blocking(move || std::fs::create_dir_all(&d))
+            .await?
+            .map_err(|e| {
+                Error::config_with(
+                    format!(
+                        "cannot use {} as the lock directory: {e}",
+                        config.dir().display()
+                    ),
+                    e,
+                )
+            })?;
+        Ok(FileLock {
+            inner: Arc::new(Inner {
+                config,
+                wakers: Mutex::default(),
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) with lock files in `dir`.
+    pub async fn open(dir: impl Into<PathBuf>) -> Result<Self> {
+        Self::connect(FileConfig::new(dir)).await
+    }
+
+    /// [`connect`](Self::connect) from a `file:///absolute/dir` URL ([`FileConfig::from_url`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// let dir = std::env::temp_dir().join("lock-file-url-doc");
+    /// let locks = lock_file::FileLock::from_url(&format!("file://{}", dir.display())).await?;
+    /// assert_eq!(locks.dir(), dir);
+    /// assert!(lock_file::FileLock::from_url("file://elsewhere/x").await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(FileConfig::from_url(url)?).await
+    }
+
+    /// The configuration this lock was made from.
+    pub fn config(&self) -> &FileConfig {
+        &self.inner.config
+    }
+
+    /// The lock directory.
+    pub fn dir(&self) -> &Path {
+        self.inner.config.dir()
+    }
+
+    /// The file that holds `name`'s lock and fencing counter.
+    pub fn path_of(&self, name: &LockName) -> PathBuf {
+        self.inner.config.dir().join(format!("{name}.lock"))
+    }
+}
+
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::backend(BACKEND, format!("file task failed: {e}")))
+}
+
+pub(crate) fn io_error(path: &Path, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound => {
+            Error::config(format!("lock file {}: {e}", path.display()))
+        }
+        _ => Error::backend(BACKEND, format!("lock file {}: {e}", path.display())),
+    }
+}
+
+/// Which file a handle or a path names (device and inode).
+pub(crate) type FileId = (u64, u64);
+
+#[cfg(unix)]
+pub(crate) fn file_id(m: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
+#[cfg(not(unix))]
+pub(crate) fn file_id(_m: &std::fs::Metadata) -> FileId {
+    (0, 0) // no cheap identity: deletion of a held file goes undetected here
+}
+
+/// The identity of what `path` names now, `None` if nothing.
+pub(crate) fn path_id(path: &Path) -> io::Result<Option<FileId>> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(Some(file_id(&m))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A held lock: the handle the OS lock is on, and a writable handle kept open until release.
+/// Closing a writable handle is what tells waiters in other processes (inotify's
+/// `IN_CLOSE_WRITE`) that the lock was let go — including when the kernel closes it because
+/// the holder died. Attempts use read-only handles, so a failed attempt wakes nobody.
+pub(crate) struct Held {
+    pub(crate) _lock: File,
+    pub(crate) _writer: File,
+}
+
+/// Takes the lock on `path` if free: the held handles, the new fencing token, the identity.
+pub(crate) fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> {
+    ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    loop {
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // First use of the name (or deleted): create it, then lock it read-only.
+                counter::create(path)?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        match fs4::FileExt::try_lock(&file) {
+            Ok(()) => {}
+            Err(fs4::TryLockError::WouldBlock) => return Ok(None),
+            Err(fs4::TryLockError::Error(e)) => return Err(e),
+        }
+        let id = file_id(&file.metadata()?);
+        // Deleted (or replaced) between our open and our lock: we hold an orphan that nobody
+        // else will ever look at. Let it go and open what the path names now.
+        if path_id(path)? != Some(id) {
+            continue;
+        }
+        let writer = match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(w) if file_id(&w.metadata()?) == id => w,
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let token = counter::bump(&writer)?;
+        return Ok(Some((
+            Held {
+                _lock: file,
+                _writer: writer,
+            },
+            token,
+            id,
+        )));
+    }
+}
+
+/// Lock attempts this process made (every driver instance): what the conformance suite counts
+/// to prove that waiting does not poll.
+static ATTEMPTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many lock attempts (tries of the OS lock) this process has made so far, over every
+/// `FileLock`. A diagnostic: a waiter that is woken by releases makes one per release, a
+/// poller many.
+///
+/// ```
+/// let before = lock_file::attempts();
+/// assert!(lock_file::attempts() >= before);
+/// ```
+pub fn attempts() -> u64 {
+    ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether someone holds `path`'s lock, and the counter it stores (a free lock is taken for
+/// an instant, its counter read, and let go).
+pub(crate) fn peek(path: &Path) -> io::Result<Option<lock_core::HolderInfo>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let free = match fs4::FileExt::try_lock(&file) {
+        Ok(()) => true, // dropping the file lets go at once
+        Err(fs4::TryLockError::WouldBlock) => false,
+        Err(fs4::TryLockError::Error(e)) => return Err(e),
+    };
+    // Read even when free: a damaged counter is reported here, not only at the next grant.
+    let token = FencingToken::new(counter::read(&file)?);
+    Ok((!free).then(|| lock_core::HolderInfo::new(Some(token), None)))
+}

@@ -1,0 +1,133 @@
+//! Taking the OS lock: one attempt off the runtime's threads, and the waiting loop around it
+//! (woken in-process by the releasing lease, across processes by inotify, with a jittered
+//! back-off as the safety net).
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_core::driver::{Grant, ManagedLease};
+use lock_core::{Deadline, FencingToken, Lease, LockName, LockOptions, Renewal, Result};
+
+use crate::client::{blocking, io_error, lock_file};
+use crate::lease::FileLeaseOps;
+use crate::lock::FileLock;
+use crate::wakeup::ReleaseWatch;
+
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(100);
+/// The safety-net retry of a waiter that inotify wakes (between half and all of this).
+pub(crate) const WATCHED_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+impl FileLock {
+    /// One attempt, off the runtime's threads. Cancel-safe: if this future is dropped, the
+    /// blocking attempt still finishes and its file (and lock) is dropped with its result.
+    pub(crate) async fn try_once(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let path = self.path_of(name);
+        let p = path.clone();
+        let got = blocking(move || lock_file(&p))
+            .await?
+            .map_err(|e| io_error(&path, e))?;
+        let Some((file, token, id)) = got else {
+            return Ok(None);
+        };
+        // The lock lasts while this process holds the file; the watchdog re-checks that the
+        // path still names it (a deleted file is a broken lock), and honours max_hold.
+        let renewal = match opts.renewal {
+            Renewal::Manual => Renewal::Auto { max_hold: None },
+            auto => auto,
+        };
+        let ops = FileLeaseOps {
+            file: Arc::new(Mutex::new(Some(file))),
+            path,
+            id,
+            ttl,
+            name: name.clone(),
+            waker: self.waker(name),
+        };
+        Ok(Some(Box::new(ManagedLease::new(
+            name.clone(),
+            Grant {
+                token: Some(FencingToken::new(token)),
+                ttl,
+                valid_until: Instant::now() + ttl,
+            },
+            renewal,
+            ops,
+        ))))
+    }
+
+    pub(crate) async fn contend(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let waker = self.waker(name);
+        let path = self.path_of(name);
+        // Releases by other processes (or other `FileLock`s), where the OS can tell us.
+        let mut elsewhere: Option<ReleaseWatch> = None;
+        let mut watched = false;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            // Registered before the attempt, so a release right after it is not missed.
+            let released = waker.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if let Some(lease) = self.try_once(name, ttl, opts).await? {
+                return Ok(Some(lease));
+            }
+            let now = Instant::now();
+            if deadline.passed() {
+                return Ok(None);
+            }
+            if !watched {
+                // Watch first, then look once more: a release in between is not missed.
+                watched = true;
+                elsewhere = ReleaseWatch::new(&path);
+                if elsewhere.is_some() {
+                    continue;
+                }
+            }
+            let most = if elsewhere.is_some() {
+                WATCHED_MAX_BACKOFF
+            } else {
+                MAX_BACKOFF
+            };
+            let mut pause = jitter(backoff);
+            if let Some(d) = deadline.at() {
+                pause = pause.min(d - now);
+            }
+            tokio::select! {
+                _ = released => {}
+                still = async {
+                    match elsewhere.as_mut() {
+                        Some(w) => w.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if !still {
+                        // The file was deleted or replaced: watch what the path names next.
+                        elsewhere = None;
+                        watched = false;
+                    }
+                }
+                _ = tokio::time::sleep(pause) => {}
+            }
+            backoff = (backoff * 2).min(most);
+        }
+    }
+}
+
+/// Between half and all of `d`, so pollers in several processes do not march in step.
+pub(crate) fn jitter(d: Duration) -> Duration {
+    let r = RandomState::new().build_hasher().finish();
+    d / 2 + d.mul_f64((r % 1000) as f64 / 2000.0)
+}

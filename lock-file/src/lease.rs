@@ -1,0 +1,108 @@
+//! The backend half of a held file lock: renew checks that the path still names the locked
+//! file; release closes it (the kernel drops the lock).
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::LeaseOps;
+use lock_core::{Error, LockName, Result};
+
+use crate::client::{blocking, io_error, path_id, FileId, Held};
+
+use crate::wakeup::Waker;
+
+pub(crate) struct FileLeaseOps {
+    /// The locked file; `None` once released (closing it releases the OS lock).
+    pub(crate) file: Arc<Mutex<Option<Held>>>,
+    pub(crate) path: PathBuf,
+    pub(crate) id: FileId,
+    pub(crate) ttl: Duration,
+    pub(crate) name: LockName,
+    pub(crate) waker: Waker,
+}
+
+impl fmt::Debug for FileLeaseOps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileLease")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl FileLeaseOps {
+    fn not_held(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.clone(),
+        }
+    }
+
+    /// Takes the file out (the caller closes it, which releases the OS lock, then wakes a
+    /// local waiter).
+    fn let_go(&self) -> Option<Held> {
+        self.file.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+#[async_trait]
+impl LeaseOps for FileLeaseOps {
+    async fn renew(&self) -> Result<Instant> {
+        let start = Instant::now();
+        let (file, path, id) = (self.file.clone(), self.path.clone(), self.id);
+        let held = blocking(move || {
+            let open = file.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            Ok::<_, io::Error>(open && path_id(&path)? == Some(id))
+        })
+        .await?
+        .map_err(|e| io_error(&self.path, e))?;
+        if held {
+            Ok(start + self.ttl)
+        } else {
+            Err(self.not_held())
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let Some(file) = self.let_go() else {
+            return Err(self.not_held());
+        };
+        let (path, id) = (self.path.clone(), self.id);
+        let still_ours = blocking(move || {
+            let ours = path_id(&path);
+            drop(file); // closing releases the lock
+            ours
+        })
+        .await;
+        self.waker.notify_one();
+        let still_ours = still_ours?.map_err(|e| io_error(&self.path, e))?;
+        if still_ours == Some(id) {
+            Ok(())
+        } else {
+            Err(self.not_held())
+        }
+    }
+
+    fn lapses_without_renewal(&self) -> bool {
+        false
+    }
+
+    /// Both handles: the locked one keeps the lock; the writable one, closed last, is what
+    /// wakes waiters in other processes.
+    #[cfg(unix)]
+    fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
+        let held = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter()
+            .flat_map(|h| [&h._lock, &h._writer])
+            .filter_map(|f| f.try_clone().ok().map(std::os::fd::OwnedFd::from))
+            .collect()
+    }
+
+    /// A crashed holder's lock is released by the kernel at once; so is an abandoned one.
+    fn abandon(&self) {
+        drop(self.let_go());
+        self.waker.notify_one();
+    }
+}
