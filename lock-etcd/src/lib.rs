@@ -16,7 +16,6 @@
 
 mod client;
 mod config;
-mod error;
 mod guarded;
 mod lease;
 mod lock;

@@ -10,8 +10,7 @@ use etcd_client::{
 use lock_core::driver::{drift, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, LockOptions, Result};
 
-use crate::client::txn_call;
-use crate::error::malformed;
+use crate::client::{malformed, txn_call};
 use crate::lease::EtcdLeaseOps;
 use crate::lock::{EtcdLock, BACKEND};
 use crate::waiting::{keep_alive, WaitingLease, Woken};

@@ -6,7 +6,7 @@ use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
 use lock_core::driver::drift;
 use lock_core::{Deadline, Error, LockName, Result};
 
-use crate::error::map_error;
+use crate::client::map_error;
 use crate::lock::{EtcdLock, BACKEND};
 use crate::EtcdConfig;
 

@@ -8,7 +8,7 @@ use lock_core::driver::{drift, LeaseOps};
 use lock_core::{Error, LockName, Result};
 use zookeeper_client::Client;
 
-use crate::error::{map_error, transient, until_definite};
+use crate::client::{map_error, transient, until_definite};
 use crate::lock::{lock_name, BACKEND};
 use crate::ZkConfig;
 

@@ -24,12 +24,11 @@
 //! Digest credentials are sent before the first request, lock nodes then carry ACLs that only
 //! that user can delete, and the password never appears in `Debug`, `Display` or errors.
 
+mod client;
 mod config;
-mod error;
 mod lease;
 mod lock;
 mod queue;
-mod session;
 
 pub use config::ZkConfig;
 pub use lock::ZkLock;

@@ -8,7 +8,7 @@ use lock_core::driver::{drift, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, LockOptions, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
-use crate::error::{transient, until_definite};
+use crate::client::{transient, until_definite};
 use crate::lease::{delete_in_background, ZkLeaseOps};
 use crate::lock::{contenders, lock_name, ZkLock, MARK};
 
