@@ -32,10 +32,11 @@
 //! Third-party drivers add their scheme with [`register`]. URLs are never echoed in errors:
 //! drivers print them with the password replaced by `***`, and so does [`redact`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+
+pub use lock_core::driver::Driver;
 
 pub use lock_core;
 pub use lock_core::memory::MemoryLock;
@@ -55,80 +56,50 @@ pub use lock_redlock;
 pub use lock_zookeeper;
 
 /// What a connector returns: a driver, behind the contract.
-pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send>>;
+pub use lock_core::driver::ConnectFuture;
 
 type Connector = Arc<dyn Fn(String) -> ConnectFuture + Send + Sync>;
 
-/// Every scheme this crate knows, and the feature that compiles its driver in. Adding a driver:
-/// one line here, one arm in [`builtin`].
-const BUILTIN: &[(&str, &str)] = &[
-    ("memory", "(always on)"),
-    ("file", "file"),
-    ("redis", "redis"),
-    ("rediss", "redis-tls"),
-    ("redlock", "redlock"),
-    ("zk", "zookeeper"),
-    ("etcd", "etcd"),
+/// distlock's optional drivers: the cargo feature that compiles each in, and the schemes it
+/// brings. Only for saying which feature a scheme needs when it is off; the connectors and
+/// their schemes come from the drivers' own `DRIVER` declarations ([`compiled_in`]), and a
+/// test checks that the two agree.
+const FEATURES: &[(&str, &[&str])] = &[
+    ("file", &["file"]),
+    ("redis", &["redis"]),
+    ("redis-tls", &["rediss"]),
+    ("redlock", &["redlock"]),
+    ("zookeeper", &["zk"]),
+    ("etcd", &["etcd"]),
 ];
 
-/// The connector of a built-in scheme, if its feature is compiled in.
-fn builtin(scheme: &str) -> Option<Connector> {
-    fn boxed<F, Fut, D>(f: F) -> Option<Connector>
-    where
-        F: Fn(String) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<D>> + Send + 'static,
-        D: DistributedLock + 'static,
-    {
-        Some(Arc::new(move |url| {
-            let fut = f(url);
-            Box::pin(async move { Ok(Arc::new(fut.await?) as Arc<dyn DistributedLock>) })
-        }))
-    }
-    match scheme {
-        "memory" => boxed(|url: String| async move { memory_store(&url) }),
+/// The drivers this build compiles in, each declaring its own schemes.
+fn compiled_in() -> Vec<Driver> {
+    vec![
+        lock_core::memory::DRIVER,
         #[cfg(feature = "file")]
-        "file" => boxed(|url: String| async move { lock_file::FileLock::from_url(&url).await }),
+        lock_file::DRIVER,
         #[cfg(feature = "redis")]
-        "redis" => boxed(|url: String| async move { lock_redis::RedisLock::from_url(&url).await }),
-        #[cfg(feature = "redis-tls")]
-        "rediss" => boxed(|url: String| async move { lock_redis::RedisLock::from_url(&url).await }),
+        lock_redis::DRIVER,
         #[cfg(feature = "redlock")]
-        "redlock" => {
-            boxed(|url: String| async move { lock_redlock::RedlockLock::from_url(&url).await })
-        }
+        lock_redlock::DRIVER,
         #[cfg(feature = "zookeeper")]
-        "zk" => boxed(|url: String| async move { lock_zookeeper::ZkLock::from_url(&url).await }),
+        lock_zookeeper::DRIVER,
         #[cfg(feature = "etcd")]
-        "etcd" => boxed(|url: String| async move { lock_etcd::EtcdLock::from_url(&url).await }),
-        _ => None,
-    }
-}
-
-/// `memory://NAME`: one store per name in this process, so two `connect`s see each other.
-fn memory_store(url: &str) -> Result<MemoryLock> {
-    static STORES: OnceLock<Mutex<HashMap<String, MemoryLock>>> = OnceLock::new();
-    let name = url.strip_prefix("memory://").unwrap_or("");
-    if name.contains(['/', '?', '@']) {
-        return Err(Error::config(
-            "a memory URL is memory:// or memory://STORE-NAME",
-        ));
-    }
-    let mut stores = STORES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    Ok(stores.entry(name.to_string()).or_default().clone())
+        lock_etcd::DRIVER,
+    ]
 }
 
 fn registry() -> &'static RwLock<BTreeMap<String, Connector>> {
     static REGISTRY: OnceLock<RwLock<BTreeMap<String, Connector>>> = OnceLock::new();
     REGISTRY.get_or_init(|| {
-        RwLock::new(
-            BUILTIN
-                .iter()
-                .filter_map(|(s, _)| Some((s.to_string(), builtin(s)?)))
-                .collect(),
-        )
+        let mut map = BTreeMap::new();
+        for d in compiled_in() {
+            for scheme in d.schemes {
+                map.insert(scheme.to_string(), Arc::new(d.connect) as Connector);
+            }
+        }
+        RwLock::new(map)
     })
 }
 
@@ -188,8 +159,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
 
 fn unavailable_scheme(scheme: &str) -> Error {
     let available = schemes().join(", ");
-    match BUILTIN.iter().find(|(s, _)| *s == scheme) {
-        Some((_, feature)) => Error::config(format!(
+    match FEATURES
+        .iter()
+        .find(|(_, schemes)| schemes.contains(&scheme))
+    {
+        Some((feature, _)) => Error::config(format!(
             "{scheme}:// needs distlock's cargo feature `{feature}` (this build has: {available})"
         )),
         None => Error::config(format!(
@@ -231,7 +205,10 @@ where
 {
     let probe = format!("{scheme}://");
     let checked = scheme_of(&probe)?;
-    if BUILTIN.iter().any(|(s, _)| *s == checked) {
+    let ours = FEATURES
+        .iter()
+        .any(|(_, schemes)| schemes.contains(&checked));
+    if ours || checked == "memory" {
         return Err(Error::config(format!(
             "{checked}:// is distlock's own scheme; enable its feature instead"
         )));
@@ -244,6 +221,39 @@ where
         checked.to_string(),
         Arc::new(move |url| Box::pin(connect(url)) as ConnectFuture),
     );
+    Ok(())
+}
+
+/// Registers a third-party driver by its own declaration ([`Driver`]): every scheme it serves,
+/// as [`register`] would. Nothing is registered if one of its schemes is taken.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> distlock::Result<()> {
+/// use distlock::Driver;
+/// fn connect(_url: String) -> distlock::ConnectFuture {
+///     lock_core::driver::connecting(async { Ok(distlock::MemoryLock::new()) })
+/// }
+/// const TABLE: Driver = Driver { backend: "memory", schemes: &["table", "table+x"], connect };
+/// distlock::register_driver(TABLE)?;
+/// assert!(distlock::schemes().contains(&"table+x".to_string()));
+/// assert!(distlock::register_driver(TABLE).is_err());
+/// # Ok(()) }
+/// ```
+pub fn register_driver(driver: Driver) -> Result<()> {
+    for scheme in driver.schemes {
+        let checked = scheme_of(&format!("{scheme}://"))?.to_string();
+        let ours = FEATURES.iter().any(|(_, s)| s.contains(&checked.as_str()));
+        let taken = registry()
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&checked);
+        if ours || taken || checked == "memory" {
+            return Err(Error::config(format!("{checked}:// is already taken")));
+        }
+    }
+    for scheme in driver.schemes {
+        register(scheme, driver.connect)?;
+    }
     Ok(())
 }
 
@@ -275,5 +285,27 @@ pub fn redact(url: &str) -> String {
             format!("{scheme}://{shown}@{}", &rest[at + 1..])
         }
         None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every scheme a compiled-in driver declares is one this crate knows the feature of,
+    /// and every compiled-in driver's backend is listed: the feature table cannot drift
+    /// from the drivers' own declarations.
+    #[test]
+    fn the_feature_table_agrees_with_the_drivers() {
+        for d in compiled_in() {
+            for scheme in d.schemes {
+                let known = *scheme == "memory" || FEATURES.iter().any(|(_, s)| s.contains(scheme));
+                assert!(
+                    known,
+                    "{scheme}:// (driver {}) is missing from FEATURES",
+                    d.backend
+                );
+            }
+        }
     }
 }

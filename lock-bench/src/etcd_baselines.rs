@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_etcd::etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use distlock::lock_etcd::etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use crate::subject::{Guard, Subject};
 
@@ -131,7 +131,7 @@ impl Subject for LockRpc {
         let resp = c
             .lock(
                 format!("/bench-rpc/{name}"),
-                Some(lock_etcd::etcd_client::LockOptions::new().with_lease(lease)),
+                Some(distlock::lock_etcd::etcd_client::LockOptions::new().with_lease(lease)),
             )
             .await
             .map_err(|e| e.to_string())?;

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, Lease, LockName, LockOptions};
 
 /// Something that can lock and unlock a name.
@@ -153,12 +152,12 @@ pub(crate) async fn baselines_for(
         "redlock" => {
             let masters = redlock_masters(&ep.redlock_url);
             let first = masters.first().cloned().unwrap_or_default();
-            let single = lock_redis::RedisLock::from_url(&first)
+            let single = distlock::connect(&first)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(vec![
                 Arc::new(Driver {
-                    lock: Arc::new(single),
+                    lock: single,
                     opts: LockOptions::new(Duration::from_secs(10)),
                 }),
                 Arc::new(crate::redis_baselines::Rslock::new(masters)),
@@ -186,33 +185,14 @@ pub(crate) async fn driver_subject(
     backend: &str,
     ep: &Endpoints,
 ) -> Result<Arc<dyn Subject>, String> {
-    let lock: Arc<dyn DistributedLock> = match backend {
-        "memory" => Arc::new(MemoryLock::new()),
-        "redis" => Arc::new(
-            lock_redis::RedisLock::from_url(&ep.redis_url)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        "redlock" => Arc::new(
-            lock_redlock::RedlockLock::from_url(&ep.redlock_url)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        b if ep.zk(b).is_some() => {
-            let (hosts, _) = ep.zk(b).unwrap_or_default();
-            Arc::new(
-                lock_zookeeper::ZkLock::connect(lock_zookeeper::ZkConfig::new(hosts))
-                    .await
-                    .map_err(|e| e.to_string())?,
-            )
-        }
+    // Through the facade, as an application would: the URL picks the driver.
+    let url = match backend {
+        "memory" => "memory://lock-bench".to_string(),
+        "redis" => ep.redis_url.clone(),
+        "redlock" => ep.redlock_url.clone(),
+        b if ep.zk(b).is_some() => format!("zk://{}", ep.zk(b).unwrap_or_default().0),
         b if ep.etcd(b).is_some() => {
-            let (eps, _) = ep.etcd(b).unwrap_or_default();
-            Arc::new(
-                lock_etcd::EtcdLock::connect(lock_etcd::EtcdConfig::new(eps))
-                    .await
-                    .map_err(|e| e.to_string())?,
-            )
+            format!("etcd://{}", ep.etcd(b).unwrap_or_default().0.join(","))
         }
         other => {
             return Err(format!(
@@ -220,6 +200,7 @@ pub(crate) async fn driver_subject(
             ))
         }
     };
+    let lock = distlock::connect(&url).await.map_err(|e| e.to_string())?;
     Ok(Arc::new(Driver {
         lock,
         opts: LockOptions::new(Duration::from_secs(10)),

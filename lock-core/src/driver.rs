@@ -18,6 +18,7 @@ pub use crate::endpoint::{
     parse_bool_param, percent_decode, redacted_url, MultiHostUrl, Query, TlsCa,
 };
 pub use crate::managed::{drift, Grant, LeaseOps, ManagedLease};
+pub use crate::registry::{connecting, ConnectFuture, Driver};
 pub use crate::secret::{scrub, Secret};
 pub use crate::state::LeaseTracker;
 pub use async_trait::async_trait;

@@ -44,6 +44,7 @@ mod managed;
 pub mod memory;
 mod name;
 mod options;
+mod registry;
 mod secret;
 mod state;
 mod token;

@@ -159,6 +159,38 @@ impl MemoryLock {
         self.store.operations.load(Ordering::Relaxed)
     }
 
+    /// `memory://` or `memory://STORE`: one store per name in this process, so two
+    /// `from_url`s (two "clients") of one name see each other's locks.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{memory::MemoryLock, DistributedLock, LockName, LockOptions};
+    /// let (a, b) = (MemoryLock::from_url("memory://jobs")?, MemoryLock::from_url("memory://jobs")?);
+    /// let name = LockName::new("x")?;
+    /// let _held = a.try_acquire(&name, &LockOptions::new(Duration::from_secs(5))).await?;
+    /// assert!(b.try_acquire(&name, &LockOptions::new(Duration::from_secs(5))).await?.is_none());
+    /// assert!(MemoryLock::from_url("memory://a/b").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        static STORES: std::sync::OnceLock<Mutex<HashMap<String, MemoryLock>>> =
+            std::sync::OnceLock::new();
+        let Some(name) = url.strip_prefix("memory://") else {
+            return Err(Error::config("a memory URL starts with memory://"));
+        };
+        if name.contains(['/', '?', '@', '#']) {
+            return Err(Error::config(
+                "a memory URL is memory:// or memory://STORE-NAME",
+            ));
+        }
+        let mut stores = STORES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(stores.entry(name.to_string()).or_default().clone())
+    }
+
     /// Administrative break: frees `name` whoever holds it, like deleting the key by hand on a
     /// server. The holder's next renew or release returns `NotHeld`. Returns whether it was held.
     pub fn break_lock(&self, name: &LockName) -> bool {
@@ -404,3 +436,10 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
     }
 }
+
+/// The memory driver for `distlock::connect`: `memory://[STORE]` ([`MemoryLock::from_url`]).
+pub const DRIVER: crate::driver::Driver = crate::driver::Driver {
+    backend: "memory",
+    schemes: &["memory"],
+    connect: |url| crate::driver::connecting(async move { MemoryLock::from_url(&url) }),
+};

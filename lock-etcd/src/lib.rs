@@ -27,3 +27,11 @@ pub use config::EtcdConfig;
 pub use etcd_client;
 pub use lock::EtcdLock;
 pub use lock_core;
+
+/// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
+/// ([`EtcdLock::from_url`]).
+pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
+    backend: "etcd",
+    schemes: &["etcd"],
+    connect: |url| lock_core::driver::connecting(async move { EtcdLock::from_url(&url).await }),
+};

@@ -54,3 +54,11 @@ pub use client::attempts;
 pub use config::FileConfig;
 pub use lock::FileLock;
 pub use lock_core;
+
+/// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
+/// ([`FileLock::from_url`]).
+pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
+    backend: "file",
+    schemes: &["file"],
+    connect: |url| lock_core::driver::connecting(async move { FileLock::from_url(&url).await }),
+};

@@ -80,3 +80,15 @@ pub mod raw {
     }
     pub use crate::wakeup::ReleaseDedup;
 }
+
+/// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
+/// ([`RedisLock::from_url`]).
+pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
+    backend: "redis",
+    schemes: if cfg!(feature = "tls") {
+        &["redis", "rediss"]
+    } else {
+        &["redis"]
+    },
+    connect: |url| lock_core::driver::connecting(async move { RedisLock::from_url(&url).await }),
+};

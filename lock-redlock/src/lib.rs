@@ -53,3 +53,11 @@ pub use config::RedlockConfig;
 pub use lock::RedlockLock;
 pub use lock_core;
 pub use lock_redis;
+
+/// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
+/// ([`RedlockLock::from_url`]).
+pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
+    backend: "redlock",
+    schemes: &["redlock"],
+    connect: |url| lock_core::driver::connecting(async move { RedlockLock::from_url(&url).await }),
+};
