@@ -24,12 +24,15 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+mod catalog;
 mod etcd_baselines;
+mod memory_baselines;
 mod redis_baselines;
 mod subject;
 mod zk_baselines;
 
-use subject::{baselines_for, driver_subject, Endpoints, Subject};
+use catalog::{baselines_for, driver_subject, Endpoints};
+use subject::Subject;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
@@ -41,10 +44,11 @@ struct Args {
     /// Scenarios to run (comma separated): uncontended, acquire, throughput, handoff, idle.
     #[arg(
         long,
+        value_enum,
         default_value = "uncontended,acquire,throughput,handoff,idle",
         value_delimiter = ','
     )]
-    scenarios: Vec<String>,
+    scenarios: Vec<Scenario>,
     /// Redis server for the `redis` backend and its baselines.
     #[arg(long, default_value = "redis://127.0.0.1:16379")]
     redis_url: String,
@@ -101,13 +105,44 @@ struct Args {
     markdown: Option<PathBuf>,
 }
 
+/// What is measured; each is described in the crate docs.
+#[derive(clap::ValueEnum, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Scenario {
+    Uncontended,
+    Acquire,
+    Throughput,
+    Handoff,
+    Idle,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 5] = [
+        Scenario::Uncontended,
+        Scenario::Acquire,
+        Scenario::Throughput,
+        Scenario::Handoff,
+        Scenario::Idle,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Uncontended => "uncontended",
+            Scenario::Acquire => "acquire",
+            Scenario::Throughput => "throughput",
+            Scenario::Handoff => "handoff",
+            Scenario::Idle => "idle",
+        }
+    }
+}
+
 /// One line of the results table.
 #[derive(Serialize, Debug, Clone)]
 struct Row {
     backend: String,
     subject: String,
     baseline: bool,
-    scenario: &'static str,
+    scenario: Scenario,
     p50_us: Option<f64>,
     p99_us: Option<f64>,
     ops_per_sec: f64,
@@ -367,18 +402,18 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
     }
     subjects.push((driver_subject(backend, &ep).await?, false));
     let mut rows = Vec::new();
-    for scenario in ["uncontended", "acquire", "throughput", "handoff", "idle"] {
-        if !args.scenarios.iter().any(|s| s == scenario) {
+    for scenario in Scenario::ALL {
+        if !args.scenarios.contains(&scenario) {
             continue;
         }
         // Interleave subjects run by run so drift in machine load hits all of them alike.
         let mut per_subject: Vec<Vec<Sample>> = subjects.iter().map(|_| Vec::new()).collect();
         for _ in 0..args.runs.max(1) {
             for (i, (s, _)) in subjects.iter().enumerate() {
-                if matches!(scenario, "handoff" | "idle") && !s.waits() {
+                if matches!(scenario, Scenario::Handoff | Scenario::Idle) && !s.waits() {
                     continue;
                 }
-                if scenario == "idle" {
+                if scenario == Scenario::Idle {
                     let (backend, ep) = (backend.to_string(), ep.clone());
                     let count = move || {
                         let (backend, ep) = (backend.clone(), ep.clone());
@@ -389,10 +424,18 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
                 }
                 let before = server_requests(backend, &ep).await;
                 let mut sample = match scenario {
-                    "uncontended" => uncontended(s.as_ref(), args.iterations, Timed::Cycle).await?,
-                    "acquire" => uncontended(s.as_ref(), args.iterations, Timed::Acquire).await?,
-                    "throughput" => throughput(s.clone(), args.concurrency, args.duration).await?,
-                    _ => handoff(s.clone(), args.waiters, args.handoffs).await?,
+                    Scenario::Uncontended => {
+                        uncontended(s.as_ref(), args.iterations, Timed::Cycle).await?
+                    }
+                    Scenario::Acquire => {
+                        uncontended(s.as_ref(), args.iterations, Timed::Acquire).await?
+                    }
+                    Scenario::Throughput => {
+                        throughput(s.clone(), args.concurrency, args.duration).await?
+                    }
+                    Scenario::Handoff | Scenario::Idle => {
+                        handoff(s.clone(), args.waiters, args.handoffs).await?
+                    }
                 };
                 if let (Some(b), Some(a)) = (before, server_requests(backend, &ep).await) {
                     // The warm-up of `uncontended`/`acquire` is counted too: a small overestimate.
@@ -413,7 +456,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
         for ((s, is_base), sum) in subjects.iter().zip(summaries.iter()) {
             let Some(sum) = sum else { continue };
             let ratio = match scenario {
-                "throughput" => Some(sum.ops_per_sec / base.ops_per_sec),
+                Scenario::Throughput => Some(sum.ops_per_sec / base.ops_per_sec),
                 _ => match (sum.p50_us, base.p50_us) {
                     (Some(a), Some(b)) if b > 0.0 => Some(a / b),
                     _ => None,
@@ -484,7 +527,7 @@ fn table(args: &Args, rows: &[Row]) -> String {
             "baseline".to_string()
         } else {
             r.ratio.map_or("–".into(), |x| {
-                if r.scenario == "throughput" {
+                if r.scenario == Scenario::Throughput {
                     format!("{x:.2}× ops/s")
                 } else {
                     format!("{x:.2}× p50")
@@ -496,11 +539,11 @@ fn table(args: &Args, rows: &[Row]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
             r.backend,
             r.subject,
-            r.scenario,
+            r.scenario.name(),
             f(r.p50_us),
             f(r.p99_us),
             // idle measures a rate of requests, not operations
-            if r.scenario == "idle" {
+            if r.scenario == Scenario::Idle {
                 "–".to_string()
             } else {
                 format!("{:.0}", r.ops_per_sec)
