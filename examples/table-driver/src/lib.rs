@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, Grant, LeaseOps, ManagedLease};
+use lock_core::driver::{connecting, drift, Driver, Grant, LeaseOps, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
     LockOptions, Result,
@@ -115,6 +115,33 @@ impl Shared {
 pub struct TableLock {
     shared: Arc<Shared>,
 }
+
+impl TableLock {
+    /// A client of the table named by `table://NAME` (one table per name in this process, so
+    /// two clients of one URL see each other's locks): how `distlock::connect` reaches this
+    /// driver, through [`DRIVER`].
+    pub fn from_url(url: &str) -> Result<Self> {
+        static TABLES: std::sync::OnceLock<Mutex<HashMap<String, Table>>> =
+            std::sync::OnceLock::new();
+        let name = url
+            .strip_prefix("table://")
+            .filter(|n| !n.contains(['/', '?', '@', '#']))
+            .ok_or_else(|| Error::config("a table URL is table://[NAME]"))?;
+        let mut tables = TABLES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(tables.entry(name.to_string()).or_default().client())
+    }
+}
+
+/// This driver for `distlock::connect`: the schemes it serves and how it connects from a URL.
+/// An application registers it once with `distlock::register_driver(table_driver::DRIVER)`.
+pub const DRIVER: Driver = Driver {
+    backend: "table",
+    schemes: &["table"],
+    connect: |url| connecting(async move { TableLock::from_url(&url) }),
+};
 
 impl std::fmt::Debug for TableLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
