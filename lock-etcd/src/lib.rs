@@ -1,6 +1,48 @@
-//! The etcd driver for distlock: a lease per lock kept alive by the driver, a queue ordered by
-//! `create_revision`, a watch on the predecessor only, and `create_revision` as the fencing
-//! token.
+//! # lock-etcd: distlock on etcd
+//!
+//! [`EtcdLock`] implements [`lock_core::DistributedLock`] with a lease per lock kept alive by
+//! the driver, a queue ordered by `create_revision`, and a watch on the predecessor only.
+//!
+//! ## Algorithm
+//!
+//! Each acquisition grants its own etcd lease (TTL rounded *up* to whole seconds, at least the
+//! server's minimum, measured at connect) and puts its key with it, only if that key does not
+//! exist. The key with the lowest `create_revision` under the name holds the lock; every other
+//! contender watches the deletion of the key just before its own, so a release wakes exactly
+//! one waiter and waiters are served in revision order (FIFO). A waiter keeps its own lease
+//! alive while it waits. **Renew** is a keep-alive plus a read of the lock key in one round
+//! trip (a key deleted behind the holder's back is `NotHeld`); **release** deletes the key only
+//! if it is still this grant's (compare on `create_revision`). A released lease is kept as a
+//! spare for the next acquisition with the same TTL, saving two consensus writes per lock.
+//! [`EtcdLock::guarded_txn`] writes only while a lease still holds its lock. Details on
+//! [`EtcdLock`].
+//!
+//! ## Keys
+//!
+//! `<prefix>/<name>/<lease-id-hex>`, prefix `/distlock` by default; the value is empty.
+//!
+//! ## Fencing: `Strict`
+//!
+//! The key's `create_revision`: strictly increasing across the whole cluster, across restarts
+//! (etcd persists it) and across holders of every name.
+//!
+//! ## Failure modes
+//!
+//! **A holder that cannot reach the cluster** turns AtRisk when a keep-alive goes unanswered
+//! and Lost at `valid_until`, before the lease can expire on the server; etcd then deletes the
+//! key and the next waiter is woken. **A waiter whose lease cannot be kept alive** fails with
+//! `Lost`; it is never granted on an expired lease. **A cancelled or timed-out acquire** revokes
+//! its lease, so no key of it stays in the queue. **Requests** are bounded by the request
+//! timeout and retried only when they were certainly not sent. **Leader elections** make
+//! requests fail transiently (`Unavailable`); a waiting `acquire` re-checks its place.
+//!
+//! ## URL
+//!
+//! `etcd://[user:password@]h1:p1,h2:p2[/prefix][?timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
+//! (`tls=true` needs this crate's `tls` feature). Unknown or repeated parameters are refused;
+//! the password never shows.
+//!
+//! ## Example
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -1,19 +1,53 @@
-//! The `file://` driver for distlock: locks for processes of one machine, with no server.
+//! # lock-file: distlock for the processes of one machine
 //!
-//! Each name is a file `<dir>/<name>.lock` held with an exclusive OS advisory lock (`flock`
-//! on Unix). The kernel releases it when the holder's process dies, however it dies, so a
-//! crashed holder frees its locks at once and there is no TTL: `Capabilities::per_lock_ttl` is
-//! false and the lease lives as long as the process holds it. The file stores the name's
-//! fencing counter, incremented and flushed to disk before a grant returns, so tokens strictly
-//! increase across processes and restarts (`Fencing::Strict` on this machine — unless someone
-//! deletes the lock files, which starts the count again).
+//! [`FileLock`] implements [`lock_core::DistributedLock`] with one advisory-locked file per
+//! name: no server.
 //!
-//! **The counter survives crashes.** It is written in place in one of two checksummed slots
-//! (never truncated), alternately, and flushed before the grant; a new lock file is written
-//! completely under a temporary name, hard-linked into place and the directory flushed. A
-//! crash at any point leaves the last granted value readable. A counter that is empty or not
-//! one of ours is an [`Error::Backend`](lock_core::Error::Backend) for `acquire` and `inspect`,
-//! never a restart at token 1; the file is left untouched for the operator.
+//! ## Algorithm
+//!
+//! Each name is a file held with an exclusive OS advisory lock (`flock` on Unix), taken off
+//! the runtime's threads. The kernel releases it when the holder's process dies, however it
+//! dies, so a crashed holder frees its locks at once and there is no TTL:
+//! `Capabilities::per_lock_ttl` is false and the lease lives as long as the process holds it.
+//! **Waiting**: a waiter in the same process is woken by the release itself. Across processes
+//! (and across `FileLock`s of one process), no portable notification exists for the release
+//! of an advisory lock, so the driver makes one: a holder keeps a writable handle on the file
+//! and closes it on release — and the kernel closes it when the holder dies — while attempts
+//! use read-only handles. On Linux a waiter watches the file with inotify for that close
+//! (`IN_CLOSE_WRITE`) and retries when it comes, with a jittered retry every 0.5–1 s as the
+//! safety net. Elsewhere, or when inotify is unavailable (its per-user instance limit, 128 by
+//! default, is one per waiting `acquire`), waiters poll with a jittered back-off from 5 ms up
+//! to 100 ms. [`attempts`] counts this process's lock attempts.
+//!
+//! ## Keys
+//!
+//! `<dir>/<name>.lock`, one file per name ever used; it stays after release (it holds the
+//! counter).
+//!
+//! ## Fencing: `Strict` on this machine
+//!
+//! The file stores the name's fencing counter, incremented and flushed to disk before a grant
+//! returns, so tokens strictly increase across processes and restarts — unless someone deletes
+//! the lock files, which starts the count again. **The counter survives crashes**: it is
+//! written in place in one of two checksummed slots (never truncated), alternately, and
+//! flushed before the grant; a new lock file is written completely under a temporary name,
+//! hard-linked into place and the directory flushed. A crash at any point leaves the last
+//! granted value readable.
+//!
+//! ## Failure modes
+//!
+//! A counter that is empty or not one of ours is an
+//! [`Error::Backend`](lock_core::Error::Backend) for `acquire` and `inspect`, never a restart
+//! at token 1; the file is left untouched for the operator. **Deleting a held lock file** (an
+//! operator "breaking" the lock) is detected: the holder checks that the path still names the
+//! file it locked, on every renewal and on release, and reports `Lost` / `NotHeld`. A network
+//! file system may not honour `flock`: use a local directory.
+//!
+//! ## URL
+//!
+//! `file:///absolute/dir` ([`FileConfig::from_url`]): a local directory, no query.
+//!
+//! ## Example
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
@@ -27,20 +61,6 @@
 //! lease.release().await?;
 //! # Ok(()) }
 //! ```
-//!
-//! **Waiting**: a waiter in the same process is woken by the release itself. Across processes
-//! (and across `FileLock`s of one process), no portable notification exists for the release
-//! of an advisory lock, so the driver makes one: a holder keeps a writable handle on the file
-//! and closes it on release — and the kernel closes it when the holder dies — while attempts
-//! use read-only handles. On Linux a waiter watches the file with inotify for that close
-//! (`IN_CLOSE_WRITE`) and retries when it comes, with a jittered retry every 0.5–1 s as the
-//! safety net. Elsewhere, or when inotify is unavailable (its per-user instance limit, 128 by
-//! default, is one per waiting `acquire`), waiters poll with a jittered back-off from 5 ms up
-//! to 100 ms. [`attempts`] counts this process's lock attempts.
-//!
-//! **Deleting a held lock file** (an operator "breaking" the lock) is detected: the holder
-//! checks that the path still names the file it locked, on every renewal and on release, and
-//! reports `Lost` / `NotHeld`.
 
 mod client;
 mod config;

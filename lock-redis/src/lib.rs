@@ -1,6 +1,8 @@
 //! # lock-redis: distlock on a single Redis server
 //!
-//! [`RedisLock`] implements [`lock_core::DistributedLock`] on one Redis (≥ 6, for RESP3):
+//! [`RedisLock`] implements [`lock_core::DistributedLock`] on one Redis (≥ 6, for RESP3).
+//!
+//! ## Algorithm
 //!
 //! - **Acquire** is one Lua script: `SET key token NX PX ttl` plus `INCR` of the lock's fencing
 //!   counter, returning the token — or the holder's `PTTL` when busy. An error or timeout during
@@ -33,8 +35,9 @@
 //! durable server; otherwise `Fencing::BestEffort`. Replication does not help: Redis replicates
 //! asynchronously, and a promoted replica may not have seen the last grant.
 //!
-//! ## Eviction: refused
+//! ## Failure modes
 //!
+//! **Eviction is refused.**
 //! A server with `maxmemory` set and an evicting `maxmemory-policy` can drop a held lock's key
 //! (`volatile-*`: keys with a TTL) or also the fencing counter (`allkeys-*`), so a lock could be
 //! granted twice and tokens restart at 1. The driver reads `INFO` at connect, before the first
@@ -44,16 +47,32 @@
 //! `Capabilities::fencing` is `None`. A `CONFIG SET` between two checks goes unnoticed until the
 //! next one.
 //!
-//! ## Drop and abandon
-//!
-//! Dropping a lease releases it in the background on the current runtime; `abandon()` leaves the
-//! key to expire after its TTL.
+//! **A restart without durable persistence** forgets locks and counters (see Fencing). **A
+//! failover** to an asynchronously replicated replica can lose the last grants; the single-node
+//! driver cannot tell, which is what Redlock (`lock-redlock`) addresses for the lock itself.
+//! **An unreachable server** is `Error::Unavailable` (retryable); a waiting `acquire` rides it
+//! out with a growing pause while its deadline allows. **Drop and abandon**: dropping a lease
+//! releases it in the background on the current runtime; `abandon()` leaves the key to expire
+//! after its TTL.
 //!
 //! ## URL
 //!
 //! `redis://[user[:password]@]host[:port][/db][?prefix=P&allow_eviction=true]`; `rediss://` with the
-//! `tls` feature.
-//! Passwords never appear in `Debug`, `Display`, logs or errors.
+//! `tls` feature (`?tls_ca_file=PATH` trusts a private CA). Unknown or repeated parameters are
+//! refused. Passwords never appear in `Debug`, `Display`, logs or errors.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+//! use std::time::Duration;
+//! use lock_core::{DistributedLock, LockName, LockOptions};
+//! let locks = lock_redis::RedisLock::from_url("redis://127.0.0.1:6379").await?;
+//! let lease = locks.acquire(&LockName::new("invoices")?, &LockOptions::new(Duration::from_secs(10))).await?;
+//! // ... pass lease.fencing_token() to the storage ...
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
 
 mod client;
 mod config;

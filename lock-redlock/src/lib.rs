@@ -1,10 +1,14 @@
 //! # lock-redlock: distlock over N independent Redis masters
 //!
-//! [`RedlockLock`] implements the Redlock algorithm with the corrections its critics ask for:
+//! [`RedlockLock`] implements the Redlock algorithm with the corrections its critics ask for.
+//!
+//! ## Algorithm
 //!
 //! - every request goes to all masters **in parallel**, each with a per-node timeout far below
 //!   the TTL (default 50 ms, never more than TTL/4), and the answer is taken **as soon as a
-//!   majority agrees**: a grant costs the round trip of the median master, not the slowest;
+//!   majority agrees**: a grant costs the round trip of the median master, not the slowest.
+//!   The requests to the other masters are not dropped: they finish in the background, so the
+//!   lock lands on every master that answers, not on a bare majority;
 //! - the grant is a plain `SET key token NX PX ttl` (pipelined with a `PTTL` a waiter sleeps
 //!   by), not a script: the cheapest write Redis has, paid N times per lock;
 //! - a grant needs **N/2 + 1** masters **and** positive validity = TTL − elapsed − drift
@@ -23,7 +27,13 @@
 //! - `QuorumNotReached { granted, needed }` (too few masters answered) is reported apart from
 //!   `Timeout` (the lock stayed busy) and `Unavailable` (a majority granted too late).
 //!
-//! ## No fencing token
+//! ## Keys
+//!
+//! On every master, the layout of `lock-redis`: `<prefix>{<name>}` holds the owner token with
+//! a PX expiry (prefix `distlock:` by default), and releases are announced on
+//! `<prefix>{<name>}:released`. No counter key.
+//!
+//! ## Fencing: none
 //!
 //! Independent masters have no shared monotonic counter: an `INCR` on each master gives N
 //! different numbers, and taking the maximum is not safe when a master restarts or a client
@@ -31,16 +41,37 @@
 //! `Fencing::None` and `fencing_token()` returns `None`. If the protected resource needs
 //! fencing, use the etcd (`create_revision`) or ZooKeeper (`czxid`) driver.
 //!
-//! ## Operational rule
+//! ## Failure modes
 //!
-//! A master that restarts must either have persisted its keys (`appendonly yes` +
-//! `appendfsync always`) or stay down for longer than the longest TTL in use. Otherwise it comes
-//! back empty, a second client can collect a majority with it, and two clients hold the lock.
+//! **The operational rule**: a master that restarts must either have persisted its keys
+//! (`appendonly yes` + `appendfsync always`) or stay down for longer than the longest TTL in
+//! use. Otherwise it comes back empty, a second client can collect a majority with it, and two
+//! clients hold the lock. **A minority of masters down** costs nothing but their votes (at most
+//! one per-node timeout per retry delay is spent re-checking them); **a majority down** is
+//! `QuorumNotReached`. A master whose connection was re-established is checked again (`INFO`:
+//! no eviction, and not the same server as another master by `run_id`) before it votes. **A
+//! paused client** (GC, a stopped VM) can outlive its validity: no lock service prevents that,
+//! and without fencing nothing downstream catches it — watch `Lease::lost`.
 //!
 //! ## URL
 //!
 //! `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[/db][?prefix=P&node_timeout_ms=N&retry_delay_ms=N&retry_count=N&min_validity_ms=N&drift_factor=F&tls=true&tls_ca_file=PATH]`
-//! (`tls=true` needs this crate's `tls` feature).
+//! (`tls=true` needs this crate's `tls` feature). Unknown or repeated parameters are refused;
+//! the password never shows.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+//! use std::time::Duration;
+//! use lock_core::{DistributedLock, LockName, LockOptions};
+//! let locks = lock_redlock::RedlockLock::from_url("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").await?;
+//! let opts = LockOptions::new(Duration::from_secs(10)).auto_renew(None);
+//! let lease = locks.acquire(&LockName::new("nightly-report")?, &opts).await?;
+//! assert!(lease.fencing_token().is_none()); // Redlock has none
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
 
 mod client;
 mod config;

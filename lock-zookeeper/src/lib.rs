@@ -1,28 +1,65 @@
 //! # lock-zookeeper: distlock on ZooKeeper
 //!
 //! [`ZkLock`] implements [`lock_core::DistributedLock`] with the protected
-//! ephemeral-sequential recipe: a container node per lock name, one
-//! `_c_<uuid>-lock-<seq>` node per contender, the lowest sequence holds, each waiter watches
-//! only its predecessor (no herd, FIFO), a contender that loses the connection while creating
-//! its node finds it again by its uuid instead of leaving an orphan behind (it creates again
-//! only once a lookup said for certain that the first create was not applied). See [`ZkLock`]
-//! for how the session serves as every lock's lease and what the TTL option means here.
+//! ephemeral-sequential recipe.
 //!
-//! **Other clients' nodes count.** Every child of the lock node whose name ends in a ZooKeeper
-//! sequence suffix (ten digits) is a contender, ordered by that number, whoever made it:
-//! Curator's `_c_<uuid>-lock-`, kazoo's `<id>__lock__`, the WriteLock recipe's `x-<session>-`.
-//! A foreign holder therefore holds the lock for distlock too, in waiting and in `inspect`.
+//! ## Algorithm
 //!
-//! **Deletes are retried.** A lock node whose delete is lost with the connection would stay
+//! A container node per lock name, one ephemeral sequential node per contender; the lowest
+//! sequence holds, each waiter watches only its predecessor (no herd, FIFO). A contender that
+//! loses the connection while creating its node finds it again by its uuid instead of leaving
+//! an orphan behind (it creates again only once a lookup said for certain that the first create
+//! was not applied). **The session is the lease**: every lock of a client lives as long as its
+//! session, confirmed in the background every third of the session timeout; see [`ZkLock`] for
+//! what the TTL option means here.
+//!
+//! ## Keys
+//!
+//! `<chroot><base>/<name>/_c_<uuid>-lock-<seq>` (base `/distlock` by default). **Other clients'
+//! nodes count**: every child of the lock node whose name ends in a ZooKeeper sequence suffix
+//! (ten digits) is a contender, ordered by that number, whoever made it — Curator's
+//! `_c_<uuid>-lock-`, kazoo's `<id>__lock__`, the WriteLock recipe's `x-<session>-`. A foreign
+//! holder therefore holds the lock for distlock too, in waiting and in `inspect`.
+//!
+//! ## Fencing: `Strict`
+//!
+//! The lock node's `czxid`, a zxid: strictly increasing across the ensemble, across restarts
+//! and across re-creation of the parent node (the sequence suffix is not).
+//!
+//! ## Failure modes
+//!
+//! **A disconnected holder** turns AtRisk at its next confirmation and Lost no later than the
+//! server can expire its session — before anyone else can be granted its lock. **An expired
+//! session** ends all its leases (Lost for good); the next acquisition opens a new session.
+//! **Deletes are retried**: a lock node whose delete is lost with the connection would stay
 //! for the life of the session (which survives the reconnect); the delete is repeated until it
-//! succeeds or the session ends. `release` waits for that at most one session timeout.
+//! succeeds or the session ends, and `release` waits for that at most one session timeout.
+//! **A crashed holder** frees its locks one session timeout later.
 //!
 //! Built on `zookeeper-client` with its `tokio` feature (without it the client panics with
 //! "no spawner"); the crate is re-exported.
 //!
-//! URL: `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock]`.
+//! ## URL
+//!
+//! `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock]`.
 //! Digest credentials are sent before the first request, lock nodes then carry ACLs that only
 //! that user can delete, and the password never appears in `Debug`, `Display` or errors.
+//! Unknown or repeated parameters are refused.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+//! use std::time::Duration;
+//! use lock_core::{DistributedLock, LockName, LockOptions};
+//! let locks = lock_zookeeper::ZkLock::from_url("zk://10.0.0.1:2181,10.0.0.2:2181/app").await?;
+//! // The TTL must be at least the session timeout (6 s by default).
+//! let lease = locks.acquire(&LockName::new("reindex")?, &LockOptions::new(Duration::from_secs(10))).await?;
+//! let token = lease.fencing_token(); // the node's czxid
+//! # let _ = token;
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
 
 mod client;
 mod config;
