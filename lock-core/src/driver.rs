@@ -19,6 +19,6 @@ pub use crate::endpoint::{
 };
 pub use crate::managed::{drift, Grant, LeaseOps, ManagedLease};
 pub use crate::registry::{connecting, ConnectFuture, Driver};
-pub use crate::secret::{scrub, Secret};
+pub use crate::secret::{scrub, ClientError, Secret};
 pub use crate::state::LeaseTracker;
 pub use async_trait::async_trait;

@@ -78,6 +78,63 @@ pub fn scrub(message: &dyn fmt::Display, secret: Option<&Secret>) -> String {
     }
 }
 
+/// A client library's error as a driver reports it: shown scrubbed (the password replaced,
+/// with the driver's context, such as the redacted URL), and kept whole for a caller who needs
+/// to tell its kinds apart, through [`downcast_ref`](Self::downcast_ref).
+///
+/// `source()` deliberately does not expose it: error reporters print the whole chain, and the
+/// client's own text may carry the password.
+///
+/// ```
+/// use lock_core::driver::{ClientError, Secret};
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by hunter2");
+/// let e = ClientError::new(io, Some(&Secret::new("hunter2"))).context("redis://h:1");
+/// assert_eq!(e.to_string(), "refused by *** (redis://h:1)");
+/// let kind = e.downcast_ref::<std::io::Error>().map(|io| io.kind());
+/// assert_eq!(kind, Some(std::io::ErrorKind::ConnectionRefused));
+/// ```
+pub struct ClientError {
+    shown: String,
+    inner: crate::BoxError,
+}
+
+impl ClientError {
+    /// Wraps `error`, scrubbing `secret` from what it shows.
+    pub fn new(error: impl Into<crate::BoxError>, secret: Option<&Secret>) -> Self {
+        let inner = error.into();
+        ClientError {
+            shown: scrub(&inner, secret),
+            inner,
+        }
+    }
+
+    /// Adds where it happened (never a secret: a redacted URL, an endpoint), shown in
+    /// parentheses after the message.
+    pub fn context(mut self, context: impl fmt::Display) -> Self {
+        self.shown = format!("{} ({context})", self.shown);
+        self
+    }
+
+    /// The client library's error, if it is a `T`.
+    pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        self.inner.downcast_ref::<T>()
+    }
+}
+
+impl fmt::Debug for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ClientError").field(&self.shown).finish()
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl std::error::Error for ClientError {}
+
 /// Everything but RFC 3986's unreserved characters, as URLs carry a password.
 const USERINFO: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')

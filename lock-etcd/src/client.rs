@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
-use lock_core::driver::scrub;
+use lock_core::driver::{scrub, ClientError};
 use lock_core::{Capabilities, Error, Fencing, Result};
 
 use crate::lock::{EtcdLock, Inner, BACKEND};
@@ -215,9 +215,7 @@ pub(crate) fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
             | Code::Aborted
             | Code::ResourceExhausted
             | Code::Cancelled
-            | Code::Unknown => {
-                Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
-            }
+            | Code::Unknown => Error::unavailable(BACKEND, client(e, config)),
             // etcd reports a wrong password, or none where auth is on, as InvalidArgument.
             Code::InvalidArgument
                 if s.message().contains("authentication failed")
@@ -238,11 +236,16 @@ pub(crate) fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
                     config.user().unwrap_or("")
                 ),
             ),
-            _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
+            _ => Error::backend(BACKEND, client(e, config)),
         },
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
-            Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
+            Error::unavailable(BACKEND, client(e, config))
         }
-        _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
+        _ => Error::backend(BACKEND, client(e, config)),
     }
+}
+
+/// The client's error kept whole (downcastable), shown scrubbed and with the redacted URL.
+fn client(e: etcd_client::Error, config: &EtcdConfig) -> ClientError {
+    ClientError::new(e, config.secret()).context(config.redacted_url())
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::driver::scrub;
+use lock_core::driver::{scrub, ClientError};
 use lock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
@@ -270,7 +270,6 @@ impl RedisNode {
     /// Maps a failed request to the contract's errors: transient (connection, timeout,
     /// loading, failover) → `Unavailable`; anything else → `Backend`. Never contains secrets.
     pub fn error(&self, e: &redis::RedisError) -> Error {
-        let text = scrub(e, self.config.secret());
         let transient = e.is_io_error()
             || e.is_timeout()
             || e.is_connection_dropped()
@@ -284,7 +283,8 @@ impl RedisNode {
                         | redis::ServerErrorKind::MasterDown
                 )
             );
-        let source = format!("{text} ({})", self.config.redacted_url());
+        let source =
+            ClientError::new(e.clone(), self.config.secret()).context(self.config.redacted_url());
         if transient {
             Error::unavailable(self.backend, source)
         } else {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::driver::scrub;
+use lock_core::driver::{scrub, ClientError};
 use lock_core::{Capabilities, Error, Fencing, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode};
 
@@ -203,7 +203,7 @@ where
 pub(crate) fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error {
     use zookeeper_client::Error as Z;
     let text = scrub(&e, config.secret());
-    match e {
+    match &e {
         Z::SessionExpired | Z::ClientClosed => Error::Lost {
             name: LockName::new("session").unwrap_or_else(|_| unreachable!()),
             reason: format!("ZooKeeper session ended: {text}"),
@@ -214,9 +214,7 @@ pub(crate) fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error 
         | Z::NoHosts
         | Z::Throttled
         | Z::SessionMoved
-        | Z::Custom(_) => {
-            Error::unavailable(BACKEND, format!("{text} ({})", config.redacted_url()))
-        }
+        | Z::Custom(_) => Error::unavailable(BACKEND, client(e, config)),
         Z::AuthFailed | Z::NoAuth | Z::InvalidAcl => Error::unauthenticated(
             BACKEND,
             format!(
@@ -224,6 +222,11 @@ pub(crate) fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error 
                 config.user().unwrap_or("")
             ),
         ),
-        _ => Error::backend(BACKEND, format!("{text} ({})", config.redacted_url())),
+        _ => Error::backend(BACKEND, client(e, config)),
     }
+}
+
+/// The client's error kept whole (downcastable), shown scrubbed and with the redacted URL.
+fn client(e: zookeeper_client::Error, config: &ZkConfig) -> ClientError {
+    ClientError::new(e, config.secret()).context(config.redacted_url())
 }
