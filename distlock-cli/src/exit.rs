@@ -1,5 +1,5 @@
-//! Exit statuses (BSD sysexits), so cron and scripts can tell outcomes apart, and the one place
-//! that prints a failure.
+//! Exit statuses (BSD sysexits), so cron and scripts can tell outcomes apart; the CLI's own
+//! error, [`Failure`]; and the one place that prints it.
 
 use distlock::Error;
 
@@ -19,7 +19,7 @@ pub(crate) const EX_TEMPFAIL: u8 = 75;
 pub(crate) const EX_NOPERM: u8 = 77;
 
 /// The exit status for a backend error.
-pub(crate) fn code_of(e: &Error) -> u8 {
+fn code_of(e: &Error) -> u8 {
     match e {
         Error::Config { .. } | Error::InvalidName { .. } | Error::InvalidOptions(_) => EX_USAGE,
         Error::Timeout { .. } => EX_TEMPFAIL,
@@ -29,14 +29,51 @@ pub(crate) fn code_of(e: &Error) -> u8 {
     }
 }
 
+/// Why distlock stops without running (or finishing) the command: each kind has its exit
+/// status, and its message is printed once, on one line, with the secrets hidden.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Bad arguments, URL, lock name or default directory (64).
+    Usage(String),
+    /// The lock service refused or failed: its error decides the status (64, 69, 70, 75, 77).
+    Lock {
+        /// What distlock was doing.
+        what: String,
+        /// What the driver said.
+        error: Error,
+    },
+    /// Not acquired: busy with `--no-wait`, or `--wait` elapsed (75).
+    NotAcquired(String),
+    /// distlock itself could not supervise: signals, the keeper, the runtime (71).
+    Supervision(String),
+}
+
+impl Failure {
+    /// The exit status.
+    pub(crate) fn code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => EX_USAGE,
+            Failure::Lock { error, .. } => code_of(error),
+            Failure::NotAcquired(_) => EX_TEMPFAIL,
+            Failure::Supervision(_) => EX_OSERR,
+        }
+    }
+
+    /// Prints it and returns its exit status.
+    pub(crate) fn report(self, secrets: &Secrets) -> u8 {
+        let code = self.code();
+        match self {
+            Failure::Lock { what, error } => say(secrets, &format!("{what}: {error}")),
+            Failure::Usage(m) | Failure::NotAcquired(m) | Failure::Supervision(m) => {
+                say(secrets, &m)
+            }
+        }
+        code
+    }
+}
+
 /// Prints `distlock: {what}` on one line, with every secret of the command line hidden.
 pub(crate) fn say(secrets: &Secrets, what: &str) {
     let line = secrets.scrub(what);
     eprintln!("distlock: {}", line.replace('\n', " "));
-}
-
-/// Prints a backend failure and returns its exit status.
-pub(crate) fn fail(secrets: &Secrets, what: &str, e: &Error) -> u8 {
-    say(secrets, &format!("{what}: {e}"));
-    code_of(e)
 }

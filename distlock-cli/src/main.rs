@@ -17,7 +17,7 @@ use clap::Parser;
 use distlock::{DistributedLock, LockName};
 
 use crate::cli::{Cli, Cmd, Target};
-use crate::exit::{fail, say, EX_OSERR, EX_USAGE};
+use crate::exit::Failure;
 use crate::target::Secrets;
 
 fn main() -> ExitCode {
@@ -49,14 +49,11 @@ fn main() -> ExitCode {
                 .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
                 .collect();
             let reason = reason.join(" ");
-            say(
-                &secrets,
-                &format!(
-                    "{} (see distlock --help)",
-                    reason.trim_start_matches("error: ")
-                ),
-            );
-            return ExitCode::from(EX_USAGE);
+            let f = Failure::Usage(format!(
+                "{} (see distlock --help)",
+                reason.trim_start_matches("error: ")
+            ));
+            return ExitCode::from(f.report(&secrets));
         }
     };
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -65,8 +62,8 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            say(&secrets, &format!("cannot start: {e}"));
-            return ExitCode::from(EX_OSERR);
+            let f = Failure::Supervision(format!("cannot start: {e}"));
+            return ExitCode::from(f.report(&secrets));
         }
     };
     ExitCode::from(rt.block_on(async {
@@ -80,21 +77,19 @@ fn main() -> ExitCode {
 /// The lock name, checked, and the driver for the target URL.
 pub(crate) async fn connect(
     target: &Target,
-    secrets: &Secrets,
-) -> Result<(Arc<dyn DistributedLock>, LockName), u8> {
-    let name =
-        LockName::new(target.name.as_str()).map_err(|e| fail(secrets, "bad lock name", &e))?;
-    let url = target::url_of(target.url.as_deref()).map_err(|why| {
-        say(secrets, &format!("default lock directory: {why}"));
-        EX_USAGE
+) -> Result<(Arc<dyn DistributedLock>, LockName), Failure> {
+    let name = LockName::new(target.name.as_str()).map_err(|error| Failure::Lock {
+        what: "bad lock name".into(),
+        error,
     })?;
-    let locks = distlock::connect(&url).await.map_err(|e| {
-        fail(
-            secrets,
-            &format!("cannot use {}", distlock::redact(&url)),
-            &e,
-        )
-    })?;
+    let url = target::url_of(target.url.as_deref())
+        .map_err(|why| Failure::Usage(format!("default lock directory: {why}")))?;
+    let locks = distlock::connect(&url)
+        .await
+        .map_err(|error| Failure::Lock {
+            what: format!("cannot use {}", distlock::redact(&url)),
+            error,
+        })?;
     Ok((locks, name))
 }
 

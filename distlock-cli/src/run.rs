@@ -10,28 +10,27 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
-use crate::exit::{fail, say, EX_OSERR, EX_SOFTWARE, EX_TEMPFAIL};
+use crate::exit::{say, Failure, EX_OSERR, EX_SOFTWARE};
 use crate::target::Secrets;
 
 pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     if !cfg!(target_os = "linux") {
-        say(
-            secrets,
+        return Failure::Supervision(
             "run needs Linux: it relies on PR_SET_PDEATHSIG and PR_SET_CHILD_SUBREAPER to keep \
-             the command from outliving the lock (status works everywhere)",
-        );
-        return EX_OSERR;
+             the command from outliving the lock (status works everywhere)"
+                .into(),
+        )
+        .report(secrets);
     }
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
-            say(secrets, &format!("cannot handle signals: {e}"));
-            return EX_OSERR;
+            return Failure::Supervision(format!("cannot handle signals: {e}")).report(secrets)
         }
     };
-    let (locks, name) = match crate::connect(&a.target, secrets).await {
+    let (locks, name) = match crate::connect(&a.target).await {
         Ok(x) => x,
-        Err(code) => return code,
+        Err(f) => return f.report(secrets),
     };
     let wait = match (a.no_wait, a.wait) {
         (true, _) => Wait::No,
@@ -79,10 +78,16 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
                     humantime::format_duration(crate::round_ms(waited))
                 )
             };
-            say(secrets, &format!("not acquired: {name} is held ({how})"));
-            return EX_TEMPFAIL;
+            return Failure::NotAcquired(format!("not acquired: {name} is held ({how})"))
+                .report(secrets);
         }
-        Ok(Err(e)) => return fail(secrets, &format!("cannot acquire {name}"), &e),
+        Ok(Err(error)) => {
+            return Failure::Lock {
+                what: format!("cannot acquire {name}"),
+                error,
+            }
+            .report(secrets)
+        }
         Err(sig) => {
             // The dropped acquisition cleans up in the background: give it a moment.
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -95,9 +100,9 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     let mut keeper = match Keeper::spawn(&a, &name, backend, lease.as_ref()) {
         Ok(k) => k,
         Err(e) => {
-            say(secrets, &format!("cannot start the command's keeper: {e}"));
             release(lease).await;
-            return EX_OSERR;
+            return Failure::Supervision(format!("cannot start the command's keeper: {e}"))
+                .report(secrets);
         }
     };
     let (stop, status) = supervise(

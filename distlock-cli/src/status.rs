@@ -5,13 +5,13 @@ use std::time::Duration;
 use distlock::{DistributedLock, Error, LockName, LockOptions};
 
 use crate::cli::StatusArgs;
-use crate::exit::fail;
+use crate::exit::Failure;
 use crate::target::Secrets;
 
 pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
-    let (locks, name) = match crate::connect(&a.target, secrets).await {
+    let (locks, name) = match crate::connect(&a.target).await {
         Ok(x) => x,
-        Err(code) => return code,
+        Err(f) => return f.report(secrets),
     };
     let info = match locks.inspect(&name).await {
         Ok(info) => info.map(|h| (h.fencing_token.map(|t| t.get()), h.remaining)),
@@ -20,9 +20,9 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
         Err(Error::Unsupported { .. }) => match probe(locks.as_ref(), &name).await {
             Ok(true) => Some((None, None)),
             Ok(false) => None,
-            Err(e) => return fail(secrets, "cannot query the lock", &e),
+            Err(error) => return query_failed(error).report(secrets),
         },
-        Err(e) => return fail(secrets, "cannot query the lock", &e),
+        Err(error) => return query_failed(error).report(secrets),
     };
     let state = if info.is_some() { "held" } else { "free" };
     let (token, remaining) = info.unwrap_or((None, None));
@@ -69,5 +69,12 @@ async fn probe(locks: &dyn DistributedLock, name: &LockName) -> distlock::Result
             Ok(false)
         }
         None => Ok(true),
+    }
+}
+
+fn query_failed(error: Error) -> Failure {
+    Failure::Lock {
+        what: "cannot query the lock".into(),
+        error,
     }
 }
