@@ -186,16 +186,7 @@ pub async fn timed_out_waiter_leaves_no_record(h: &dyn Harness) -> Result<(), Fa
     let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
     let name = fresh_name("timeout-record");
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
-    let r = within(
-        t.ttl * 4,
-        "bounded acquire",
-        b.acquire(&name, &long_opts(h).wait_for(t.ttl / 2)),
-    )
-    .await?;
-    ensure!(
-        matches!(r, Err(Error::Timeout { .. })),
-        "expected Timeout, got {r:?}"
-    );
+    times_out_waiting(h, b.as_ref(), &name).await?;
     holder.release().await?;
     let deadline = Instant::now() + t.slack;
     loop {
@@ -219,16 +210,7 @@ pub async fn timed_out_waiter_does_not_block_waiters(h: &dyn Harness) -> Result<
     let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
     let name = fresh_name("timeout-queue");
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
-    let r = within(
-        t.ttl * 4,
-        "bounded acquire",
-        b.acquire(&name, &long_opts(h).wait_for(t.ttl / 2)),
-    )
-    .await?;
-    ensure!(
-        matches!(r, Err(Error::Timeout { .. })),
-        "expected Timeout, got {r:?}"
-    );
+    times_out_waiting(h, b.as_ref(), &name).await?;
     let next = spawn_waiter(c, &name, long_opts(h).wait_for(t.ttl * 30));
     sleep(t.ttl / 2).await;
     handed_on_promptly(
@@ -402,5 +384,25 @@ pub async fn every_waiter_gets_one_turn(h: &dyn Harness) -> Result<(), Failure> 
             .await?
             .map_err(|e| Failure(format!("waiter panicked: {e}")))??;
     }
+    Ok(())
+}
+
+/// A bounded `acquire` (half a TTL) of a held lock, which must end in `Timeout`.
+async fn times_out_waiting(
+    h: &dyn Harness,
+    client: &dyn lock_core::DistributedLock,
+    name: &lock_core::LockName,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let r = within(
+        t.ttl * 4,
+        "bounded acquire",
+        client.acquire(name, &long_opts(h).wait_for(t.ttl / 2)),
+    )
+    .await?;
+    ensure!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a bounded acquire of a held lock: expected Timeout, got {r:?}"
+    );
     Ok(())
 }
