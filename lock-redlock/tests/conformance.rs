@@ -88,9 +88,11 @@ impl Harness for Redlock {
                     );
                     keep.push(proxy);
                 }
-                // The per-node timeout must outlast the delay, or every master counts as down.
+                // The per-node timeout must outlast the delay, or every master counts as down:
+                // two round trips (a script's first call on a server that lost its script
+                // cache takes two) plus slack.
                 let config = RedlockConfig::new(masters)?
-                    .with_node_timeout(delay * 4 + Duration::from_millis(50));
+                    .with_node_timeout(delay * 6 + Duration::from_millis(50));
                 Ok(Delayed {
                     lock: Arc::new(RedlockLock::connect(config).await?),
                     keep,
