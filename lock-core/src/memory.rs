@@ -407,6 +407,13 @@ impl LeaseOps for MemoryLeaseOps {
     }
 }
 
+/// The memory driver for `distlock::connect`: `memory://[STORE]` ([`MemoryLock::from_url`]).
+pub const DRIVER: crate::driver::Driver = crate::driver::Driver {
+    backend: "memory",
+    schemes: &["memory"],
+    connect: |url| crate::driver::connecting(async move { MemoryLock::from_url(&url) }),
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,10 +443,3 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
     }
 }
-
-/// The memory driver for `distlock::connect`: `memory://[STORE]` ([`MemoryLock::from_url`]).
-pub const DRIVER: crate::driver::Driver = crate::driver::Driver {
-    backend: "memory",
-    schemes: &["memory"],
-    connect: |url| crate::driver::connecting(async move { MemoryLock::from_url(&url) }),
-};
