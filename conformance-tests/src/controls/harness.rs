@@ -121,3 +121,15 @@ impl Harness for FlawedHarness {
         Ok(())
     }
 }
+
+/// The in-memory driver with one flaw.
+#[derive(Debug, Clone)]
+pub struct FlawedLock {
+    pub(super) inner: MemoryLock,
+    pub(super) flaw: Flaw,
+    pub(super) shared: Arc<Shared>,
+    /// For delayed clients: how long a `try_acquire` takes to reach the store.
+    pub(super) delay: Option<Duration>,
+    /// This client's number (clients of one harness share a store).
+    pub(super) id: u64,
+}

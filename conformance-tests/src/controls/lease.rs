@@ -11,7 +11,6 @@ use lock_core::{
 };
 
 use super::harness::*;
-use super::lock::*;
 use super::*;
 
 /// On drop while armed (the acquire future was cancelled), leaves a ghost holder behind for

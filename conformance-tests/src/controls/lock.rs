@@ -1,12 +1,11 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::driver::LeaseTracker;
-use lock_core::memory::MemoryLock;
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, FencingToken, Lease, LockName, LockOptions,
     Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
@@ -15,18 +14,6 @@ use lock_core::{
 use super::harness::*;
 use super::lease::*;
 use super::*;
-
-/// The in-memory driver with one flaw.
-#[derive(Debug, Clone)]
-pub struct FlawedLock {
-    pub(super) inner: MemoryLock,
-    pub(super) flaw: Flaw,
-    pub(super) shared: Arc<Shared>,
-    /// For delayed clients: how long a `try_acquire` takes to reach the store.
-    pub(super) delay: Option<Duration>,
-    /// This client's number (clients of one harness share a store).
-    pub(super) id: u64,
-}
 
 /// Until when an entry of `map` holds `name`, if it still does.
 pub(super) fn held_until(

@@ -10,8 +10,7 @@ mod harness;
 mod lease;
 mod lock;
 
-pub use harness::FlawedHarness;
-pub use lock::FlawedLock;
+pub use harness::{FlawedHarness, FlawedLock};
 
 /// `case_name!` for each case: the names of the cases a flaw is caught by.
 macro_rules! cases {
