@@ -203,25 +203,8 @@ where
     F: Fn(String) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Arc<dyn DistributedLock>>> + Send + 'static,
 {
-    let probe = format!("{scheme}://");
-    let checked = scheme_of(&probe)?;
-    let ours = FEATURES
-        .iter()
-        .any(|(_, schemes)| schemes.contains(&checked));
-    if ours || checked == "memory" {
-        return Err(Error::config(format!(
-            "{checked}:// is distlock's own scheme; enable its feature instead"
-        )));
-    }
-    let mut reg = registry().write().unwrap_or_else(|p| p.into_inner());
-    if reg.contains_key(checked) {
-        return Err(Error::config(format!("{checked}:// is already registered")));
-    }
-    reg.insert(
-        checked.to_string(),
-        Arc::new(move |url| Box::pin(connect(url)) as ConnectFuture),
-    );
-    Ok(())
+    let connector: Connector = Arc::new(move |url| Box::pin(connect(url)) as ConnectFuture);
+    add_schemes(&[scheme], &connector)
 }
 
 /// Registers a third-party driver by its own declaration ([`Driver`]): every scheme it serves,
@@ -240,19 +223,31 @@ where
 /// # Ok(()) }
 /// ```
 pub fn register_driver(driver: Driver) -> Result<()> {
-    for scheme in driver.schemes {
-        let checked = scheme_of(&format!("{scheme}://"))?.to_string();
-        let ours = FEATURES.iter().any(|(_, s)| s.contains(&checked.as_str()));
-        let taken = registry()
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&checked);
-        if ours || taken || checked == "memory" {
-            return Err(Error::config(format!("{checked}:// is already taken")));
+    add_schemes(driver.schemes, &(Arc::new(driver.connect) as Connector))
+}
+
+/// Registers `connector` under every one of `schemes`, or none of them: each is checked (a
+/// valid scheme, not distlock's own, not registered yet) under the registry's lock before any
+/// is added.
+fn add_schemes(schemes: &[&str], connector: &Connector) -> Result<()> {
+    let mut reg = registry().write().unwrap_or_else(|p| p.into_inner());
+    let mut checked = Vec::with_capacity(schemes.len());
+    for scheme in schemes {
+        let probe = format!("{scheme}://");
+        let s = scheme_of(&probe)?.to_string();
+        let ours = FEATURES.iter().any(|(_, own)| own.contains(&s.as_str()));
+        if ours || s == "memory" {
+            return Err(Error::config(format!(
+                "{s}:// is distlock's own scheme; enable its feature instead"
+            )));
         }
+        if reg.contains_key(&s) || checked.contains(&s) {
+            return Err(Error::config(format!("{s}:// is already registered")));
+        }
+        checked.push(s);
     }
-    for scheme in driver.schemes {
-        register(scheme, driver.connect)?;
+    for s in checked {
+        reg.insert(s, connector.clone());
     }
     Ok(())
 }

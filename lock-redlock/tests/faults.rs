@@ -43,6 +43,15 @@ async fn proxied(node_timeout: Duration) -> (RedlockLock, Vec<FaultProxy>) {
     (RedlockLock::connect(cfg).await.unwrap(), proxies)
 }
 
+/// A plain connection to one master, bypassing any proxy.
+async fn direct_conn(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 /// On how many masters the lock key of `name` exists right now.
 async fn keys_present(name: &LockName) -> usize {
     keys_on(name).await.len()
@@ -53,11 +62,7 @@ async fn keys_on(name: &LockName) -> Vec<u16> {
     let keys = LockKeys::new(DEFAULT_PREFIX, name);
     let mut on = Vec::new();
     for p in PORTS {
-        let mut c = redis::Client::open(format!("redis://127.0.0.1:{p}"))
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut c = direct_conn(p).await;
         let exists: i64 = redis::cmd("EXISTS")
             .arg(&keys.lock)
             .query_async(&mut c)
@@ -434,11 +439,7 @@ fn inspect_reads_a_majority_and_needs_one() {
 /// Flushes the script cache of every master, as a restart or failover would.
 async fn flush_scripts() {
     for p in PORTS {
-        let mut c = redis::Client::open(format!("redis://127.0.0.1:{p}"))
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut c = direct_conn(p).await;
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
             .query_async(&mut c)
