@@ -43,12 +43,16 @@ use lock_core::{Capabilities, DistributedLock, LockName};
 
 pub mod cases;
 pub mod controls;
+mod link;
 mod proxy;
 mod runner;
+mod secured;
 
-pub use cases::{Case, Facts, CASES};
+pub use cases::{record_states, Case, Facts, CASES};
+pub use link::{Fault, Faulty, Link};
 pub use proxy::FaultProxy;
 pub use runner::{run, run_case, run_with_args, trials, trials_prefixed};
+pub use secured::{Secured, UrlParts};
 
 /// What the suite needs from a driver's test.
 #[async_trait]
@@ -77,12 +81,21 @@ pub trait Harness: Send + Sync + 'static {
         None
     }
 
-    /// A new client whose traffic to the backend travels `delay` late in each direction —
-    /// typically through a [`FaultProxy`] per server, set to [`FaultProxy::delay`]. Lets the suite
-    /// cancel an `acquire` while its request is on the way. `None`: not supported (an
-    /// in-process or local backend), and that case is skipped.
-    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+    /// A new client behind a link the suite can break — typically a [`FaultProxy`] per server
+    /// (`Vec<FaultProxy>` is a [`Link`]), set to [`Fault::Delay`]`(delay)` to begin with, so
+    /// the client's timeouts can be sized for it. Feeds the `faults` cases (a partitioned
+    /// holder, a cut connection) and the cases that cancel an `acquire` while its request is
+    /// on the way. `None`: not supported (an in-process or local backend), and those cases are
+    /// skipped.
+    async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         let _ = delay;
+        None
+    }
+
+    /// The backend's servers that require a password or TLS, and how to write the driver's URL
+    /// for them. Feeds the `security` cases (credentials, secrets in errors, certificates).
+    /// `None`: those cases are skipped.
+    fn secured(&self) -> Option<Secured> {
         None
     }
 
@@ -100,24 +113,6 @@ pub trait Harness: Send + Sync + 'static {
     /// of lock files), a new client *is* a restart: return `Ok(())`.
     async fn restart_backend(&self) -> Result<(), BoxError> {
         Err("this harness cannot restart its backend".into())
-    }
-}
-
-/// A client behind delaying proxies, from [`Harness::delayed_client`]. The proxies (or whatever
-/// else `keep` holds) live as long as this value.
-pub struct Delayed {
-    /// The client.
-    pub lock: Arc<dyn DistributedLock>,
-    /// Kept alive with the client: its proxies.
-    pub keep: Vec<FaultProxy>,
-}
-
-impl fmt::Debug for Delayed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Delayed")
-            .field("backend", &self.lock.backend())
-            .field("proxies", &self.keep.len())
-            .finish()
     }
 }
 
@@ -204,12 +199,20 @@ pub(crate) async fn gather_facts(h: &dyn Harness) -> Result<Facts, BoxError> {
     let caps: Capabilities = client.capabilities();
     let counts_requests = h.backend_requests().await.is_some();
     let can_break = h.break_lock(&fresh_name("probe")).await.is_some();
-    let can_delay = h.delayed_client(Duration::ZERO).await.is_some();
+    let can_fault = h.faulty_client(Duration::ZERO).await.is_some();
+    let secured = h.secured();
     Ok(Facts {
         caps,
         counts_requests,
         can_break,
-        can_delay,
+        can_fault,
+        auth: secured
+            .as_ref()
+            .and_then(|s| s.auth.as_ref())
+            .map(|a| a.checks_passwords),
+        tls: secured.as_ref().is_some_and(|s| s.tls.is_some()),
+        tls_pem: secured.as_ref().is_some_and(|s| s.pem.is_some()),
+        by_url: secured.is_some(),
         can_restart: h.can_restart_backend(),
         backend: client.backend(),
     })

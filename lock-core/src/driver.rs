@@ -22,3 +22,57 @@ pub use crate::registry::{connecting, ConnectFuture, Driver};
 pub use crate::secret::{scrub, ClientError, Secret};
 pub use crate::state::LeaseTracker;
 pub use async_trait::async_trait;
+
+/// `Display` and `Debug` for a driver's config, both built on its `redacted_url()` method, so
+/// that no way of printing a config shows its password: `Display` is the redacted URL, `Debug`
+/// the redacted URL and then the named fields (which must not hold secrets).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// pub struct MyConfig {
+///     host: String,
+///     password: Option<lock_core::driver::Secret>,
+///     request_timeout: Duration,
+/// }
+/// impl MyConfig {
+///     pub fn redacted_url(&self) -> String {
+///         let auth = if self.password.is_some() { ":***@" } else { "" };
+///         format!("my://{auth}{}", self.host)
+///     }
+/// }
+/// lock_core::driver::redacted_config!(MyConfig { request_timeout });
+///
+/// let c = MyConfig {
+///     host: "h:1".into(),
+///     password: Some(lock_core::driver::Secret::new("pw")),
+///     request_timeout: Duration::from_secs(1),
+/// };
+/// assert_eq!(c.to_string(), "my://:***@h:1");
+/// assert_eq!(
+///     format!("{c:?}"),
+///     r#"MyConfig { url: "my://:***@h:1", request_timeout: 1s }"#
+/// );
+/// ```
+#[doc(inline)]
+pub use crate::__redacted_config as redacted_config;
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __redacted_config {
+    ($ty:ident { $($field:ident),* $(,)? }) => {
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(&self.redacted_url())
+            }
+        }
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("url", &self.redacted_url())
+                    $(.field(stringify!($field), &self.$field))*
+                    .finish()
+            }
+        }
+    };
+}

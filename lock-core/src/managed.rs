@@ -19,7 +19,6 @@ use crate::{Error, FencingToken, Lease, LeaseState, LockName, LostSignal, Renewa
 /// use std::time::{Duration, Instant};
 /// use lock_core::{async_trait, driver::LeaseOps, Result};
 ///
-/// #[derive(Debug)]
 /// struct MyOps { ttl: Duration }
 ///
 /// #[async_trait]
@@ -36,7 +35,7 @@ use crate::{Error, FencingToken, Lease, LeaseState, LockName, LostSignal, Renewa
 /// }
 /// ```
 #[async_trait]
-pub trait LeaseOps: Send + Sync + fmt::Debug + 'static {
+pub trait LeaseOps: Send + Sync + 'static {
     /// Extends the lease on the backend if this owner still holds it, and returns the new
     /// conservative `valid_until` (measured from before the request was sent, drift
     /// subtracted). Must never recreate a lock that is gone: `Err(NotHeld)` or `Err(Lost)`.
@@ -350,8 +349,7 @@ impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
             .field("token", &self.token)
             .field("ttl", &self.ttl)
             .field("state", &self.state())
-            .field("ops", &self.shared.ops)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 

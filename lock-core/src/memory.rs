@@ -345,14 +345,6 @@ struct MemoryLeaseOps {
     ttl: Duration,
 }
 
-impl fmt::Debug for MemoryLeaseOps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryLeaseOps")
-            .field("owner", &self.owner)
-            .finish()
-    }
-}
-
 impl MemoryLeaseOps {
     fn release_now(&self) -> Result<()> {
         let mut slots = self.store.slots();

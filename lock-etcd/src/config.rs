@@ -1,6 +1,5 @@
 //! `EtcdConfig`: endpoints, key prefix, credentials, timeouts.
 
-use std::fmt;
 use std::time::Duration;
 
 use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret, TlsCa};
@@ -196,21 +195,10 @@ impl EtcdConfig {
     }
 }
 
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("url", &self.redacted_url())
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .finish()
-    }
-}
-
-impl fmt::Display for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted_url())
-    }
-}
+lock_core::driver::redacted_config!(EtcdConfig {
+    request_timeout,
+    connect_timeout
+});
 
 #[cfg(test)]
 mod tests {

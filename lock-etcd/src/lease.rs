@@ -1,7 +1,6 @@
 //! The backend half of a held etcd lock: renew (keep-alive + key check), release (compare
 //! on `create_revision`).
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,15 +25,6 @@ pub(crate) struct EtcdLeaseOps {
     pub(crate) key: String,
     pub(crate) rev: i64,
     pub(crate) name: LockName,
-}
-
-impl fmt::Debug for EtcdLeaseOps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdLease")
-            .field("key", &self.key)
-            .field("lease", &format_args!("{:016x}", self.id))
-            .finish()
-    }
 }
 
 #[async_trait]

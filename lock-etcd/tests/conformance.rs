@@ -8,8 +8,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
+use conformance_tests::{
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+};
 use libtest_mimic::Arguments;
+use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_etcd::{EtcdConfig, EtcdLock};
 
@@ -19,6 +22,8 @@ struct Etcd {
     ttl: Duration,
     /// The services.sh names of its servers, crashed and restarted together.
     servers: &'static [&'static str],
+    /// Whether this run also covers the secured servers (once per binary).
+    secured: bool,
 }
 
 #[async_trait]
@@ -58,7 +63,36 @@ impl Harness for Etcd {
     async fn restart_backend(&self) -> Result<(), BoxError> {
         Ok(test_support::restart_servers(self.servers).await?)
     }
-    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+    /// `etcd-auth` (12779) and, with the `tls` feature, `etcd-tls` (12879) of
+    /// `scripts/services.sh`.
+    fn secured(&self) -> Option<Secured> {
+        if !self.secured {
+            return None;
+        }
+        let secured = Secured::new(lock_etcd::DRIVER.connect, |p: &UrlParts<'_>| {
+            let query = p.query(&[], Some("tls"), "tls_ca_file");
+            format!(
+                "etcd://{}{}/distlock-auth{query}",
+                p.userinfo_at(),
+                p.server
+            )
+        })
+        .with_auth(test_support::loopback(12779), "locker", "locker-pw");
+        Some(if cfg!(feature = "tls") {
+            secured
+                .with_tls(
+                    test_support::loopback(12879),
+                    test_support::test_ca("etcd-tls"),
+                )
+                .with_tls_ca_pem(|server, pem| {
+                    let config = EtcdConfig::new([server.to_string()]);
+                    connecting(EtcdLock::connect(config.with_tls_ca_pem(pem)))
+                })
+        } else {
+            secured
+        })
+    }
+    async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         Some(
             async {
                 let mut keep = Vec::new();
@@ -70,10 +104,10 @@ impl Harness for Etcd {
                 let config = EtcdConfig::new(keep.iter().map(|p| p.addr().to_string()))
                     .with_prefix(self.config.prefix())?
                     .with_request_timeout(delay * 4 + Duration::from_secs(2));
-                Ok(Delayed {
-                    lock: Arc::new(EtcdLock::connect(config).await?),
+                Ok(Faulty::new(
+                    Arc::new(EtcdLock::connect(config).await?),
                     keep,
-                })
+                ))
             }
             .await,
         )
@@ -102,6 +136,7 @@ fn main() -> ExitCode {
                 config,
                 ttl,
                 servers,
+                secured: label == "single",
             }),
             label,
         ));

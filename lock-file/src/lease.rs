@@ -1,7 +1,6 @@
 //! The backend half of a held file lock: renew checks that the path still names the locked
 //! file; release closes it (the kernel drops the lock).
 
-use std::fmt;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -23,14 +22,6 @@ pub(crate) struct FileLeaseOps {
     pub(crate) ttl: Duration,
     pub(crate) name: LockName,
     pub(crate) waker: Waker,
-}
-
-impl fmt::Debug for FileLeaseOps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FileLease")
-            .field("path", &self.path)
-            .finish()
-    }
 }
 
 impl FileLeaseOps {

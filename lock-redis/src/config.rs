@@ -1,6 +1,5 @@
 //! `RedisConfig`: where the server is, how to log in, how keys are named.
 
-use std::fmt;
 use std::time::Duration;
 
 use lock_core::driver::{percent_decode, Query, Secret, TlsCa};
@@ -335,23 +334,12 @@ fn redact_raw(s: &str) -> String {
     }
 }
 
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("url", &self.redacted_url())
-            .field("prefix", &self.prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("allow_eviction", &self.allow_eviction)
-            .finish()
-    }
-}
-
-impl fmt::Display for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted_url())
-    }
-}
+lock_core::driver::redacted_config!(RedisConfig {
+    prefix,
+    connect_timeout,
+    request_timeout,
+    allow_eviction
+});
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,5 @@
 //! The backend half of a held Redis lock: renew and release, each one owner-checked script.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,15 +18,6 @@ pub(crate) struct RedisLeaseOps {
     pub(crate) ttl: Duration,
     pub(crate) timeout: Duration,
     pub(crate) node: RedisNode,
-}
-
-impl fmt::Debug for RedisLeaseOps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisLease")
-            .field("key", &self.keys.lock)
-            .field("server", &self.node.config().redacted_url())
-            .finish()
-    }
 }
 
 #[async_trait]

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use libtest_mimic::Arguments;
 
-use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
+use conformance_tests::{
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+};
+use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, RedisLock};
@@ -70,7 +73,34 @@ impl Harness for Redis {
         let name = self.restartable.ok_or("not restartable")?;
         Ok(test_support::restart_servers(&[name]).await?)
     }
-    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+    /// `redis-auth` (16390) and, with the `tls` feature, `redis-tls` (16392) of
+    /// `scripts/services.sh`; for the main server's run only.
+    fn secured(&self) -> Option<Secured> {
+        if self.restartable.is_some() {
+            return None;
+        }
+        let secured = Secured::new(lock_redis::DRIVER.connect, |p: &UrlParts<'_>| {
+            let scheme = if p.tls { "rediss" } else { "redis" };
+            let query = p.query(&[], None, "tls_ca_file");
+            format!("{scheme}://{}{}{query}", p.userinfo_at(), p.server)
+        })
+        .with_auth(test_support::loopback(16390), "locker", "locker-pw")
+        .with_account("", "distlock-test-pw");
+        Some(if cfg!(feature = "tls") {
+            secured
+                .with_tls(
+                    test_support::loopback(16392),
+                    test_support::test_ca("redis-tls"),
+                )
+                .with_tls_ca_pem(|server, pem| {
+                    let config = RedisConfig::new(server.ip().to_string(), server.port());
+                    connecting(RedisLock::connect(config.with_tls_ca_pem(pem)))
+                })
+        } else {
+            secured
+        })
+    }
+    async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         Some(
             async {
                 let proxy = FaultProxy::start(
@@ -81,10 +111,8 @@ impl Harness for Redis {
                 let config = RedisConfig::new(a.ip().to_string(), a.port())
                     .with_database(self.config.db())
                     .with_prefix(self.config.prefix())?;
-                Ok(Delayed {
-                    lock: Arc::new(RedisLock::connect(config).await?),
-                    keep: vec![proxy],
-                })
+                let lock = RedisLock::connect(config).await?;
+                Ok(Faulty::new(Arc::new(lock), vec![proxy]))
             }
             .await,
         )

@@ -1,6 +1,5 @@
 //! `RedlockConfig`: the masters and the algorithm's knobs.
 
-use std::fmt;
 use std::time::Duration;
 
 use lock_core::driver::{MultiHostUrl, Query};
@@ -220,24 +219,14 @@ impl RedlockConfig {
     }
 }
 
-impl fmt::Debug for RedlockConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedlockConfig")
-            .field("masters", &self.masters)
-            .field("node_timeout", &self.node_timeout)
-            .field("retry_delay", &self.retry_delay)
-            .field("retry_count", &self.retry_count)
-            .field("min_validity", &self.min_validity)
-            .field("drift_factor", &self.drift_factor)
-            .finish()
-    }
-}
-
-impl fmt::Display for RedlockConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted_url())
-    }
-}
+lock_core::driver::redacted_config!(RedlockConfig {
+    masters,
+    node_timeout,
+    retry_delay,
+    retry_count,
+    min_validity,
+    drift_factor
+});
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,6 @@
 //! The backend half of a held Redlock lock: renew and release, each a round decided at a
 //! majority; the masters that have not answered yet still get the request.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,15 +21,6 @@ pub(crate) struct RedlockLeaseOps {
     pub(crate) drift: Duration,
     pub(crate) node_timeout: Duration,
     pub(crate) quorum: usize,
-}
-
-impl fmt::Debug for RedlockLeaseOps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedlockLease")
-            .field("key", &self.keys.lock)
-            .field("masters", &self.nodes.len())
-            .finish()
-    }
 }
 
 impl RedlockLeaseOps {

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
+use conformance_tests::{
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+};
 use lock_core::{DistributedLock, LockName};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redlock::{RedlockConfig, RedlockLock};
@@ -72,7 +74,25 @@ impl Harness for Redlock {
             .await,
         )
     }
-    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+    /// `redis-auth` (16390) and, with the `tls` feature, `redis-tls` (16392) of
+    /// `scripts/services.sh`, each as a one-master Redlock.
+    fn secured(&self) -> Option<Secured> {
+        let secured = Secured::new(lock_redlock::DRIVER.connect, |p: &UrlParts<'_>| {
+            let query = p.query(&[], Some("tls"), "tls_ca_file");
+            format!("redlock://{}{}{query}", p.userinfo_at(), p.server)
+        })
+        .with_auth(test_support::loopback(16390), "locker", "locker-pw")
+        .with_account("", "distlock-test-pw");
+        Some(if cfg!(feature = "tls") {
+            secured.with_tls(
+                test_support::loopback(16392),
+                test_support::test_ca("redis-tls"),
+            )
+        } else {
+            secured
+        })
+    }
+    async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         Some(
             async {
                 let mut keep = Vec::new();
@@ -93,10 +113,10 @@ impl Harness for Redlock {
                 // cache takes two) plus slack.
                 let config = RedlockConfig::new(masters)?
                     .with_node_timeout(delay * 6 + Duration::from_millis(50));
-                Ok(Delayed {
-                    lock: Arc::new(RedlockLock::connect(config).await?),
+                Ok(Faulty::new(
+                    Arc::new(RedlockLock::connect(config).await?),
                     keep,
-                })
+                ))
             }
             .await,
         )

@@ -1,6 +1,5 @@
 //! `ZkConfig`: ensemble, session timeout, base path, digest credentials.
 
-use std::fmt;
 use std::time::Duration;
 
 use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret};
@@ -163,21 +162,10 @@ fn valid_path(p: &str, what: &str) -> Result<String> {
     }
 }
 
-impl fmt::Debug for ZkConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkConfig")
-            .field("url", &self.redacted_url())
-            .field("session_timeout", &self.session_timeout)
-            .field("base_path", &self.base_path)
-            .finish()
-    }
-}
-
-impl fmt::Display for ZkConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted_url())
-    }
-}
+lock_core::driver::redacted_config!(ZkConfig {
+    session_timeout,
+    base_path
+});
 
 #[cfg(test)]
 mod tests {

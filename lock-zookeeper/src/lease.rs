@@ -1,6 +1,5 @@
 //! The backend half of a held ZooKeeper lock: the session keeps it; release deletes the node.
 
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -18,12 +17,6 @@ pub(crate) struct ZkLeaseOps {
     pub(crate) session: i64,
     pub(crate) session_timeout: Duration,
     pub(crate) config: ZkConfig,
-}
-
-impl fmt::Debug for ZkLeaseOps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkLease").field("node", &self.path).finish()
-    }
 }
 
 impl ZkLeaseOps {

@@ -1,13 +1,14 @@
 //! Digest authentication against the auth-enforcing ZooKeeper of `scripts/services.sh`
-//! (`zk-auth`, port 12191): credentials from the URL work, lock nodes carry ACLs another user
-//! cannot delete, a client without credentials is refused, and the password never shows.
+//! (`zk-auth`, port 12191): lock nodes carry ACLs another user cannot delete. (Credentials
+//! that work, a client without any, and passwords in errors are the conformance suite's
+//! `security` cases.)
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::time::Duration;
 
 use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, LockOptions};
-use lock_zookeeper::{ZkConfig, ZkLock};
+use lock_zookeeper::ZkLock;
 
 fn port() -> u16 {
     std::env::var("ZK_AUTH_PORT")
@@ -24,13 +25,12 @@ fn url(userinfo: &str) -> String {
 }
 
 #[tokio::test]
-async fn credentials_work_and_other_users_cannot_delete_the_lock() {
+async fn other_users_cannot_delete_the_lock() {
     let owner = ZkLock::from_url(&url("locker:locker-secret-pw@"))
         .await
         .unwrap();
-    for text in [format!("{owner:?}"), owner.config().to_string()] {
-        assert!(!text.contains("locker-secret-pw"), "password in {text}");
-    }
+    let shown = owner.config().to_string();
+    assert!(!shown.contains("locker-secret-pw"), "password in {shown}");
     let name = fresh_name("zk-auth");
     let lease = owner
         .try_acquire(&name, &LockOptions::new(Duration::from_secs(4)))
@@ -58,30 +58,4 @@ async fn credentials_work_and_other_users_cannot_delete_the_lock() {
         "another user deleted the lock node: {r:?}"
     );
     lease.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn a_client_without_credentials_is_refused_as_unauthenticated_or_unavailable() {
-    let cfg = ZkConfig::from_url(&url("")).unwrap();
-    let err = ZkLock::connect(cfg).await.expect_err("auth is enforced");
-    assert!(
-        matches!(
-            err,
-            lock_core::Error::Unauthenticated { .. } | lock_core::Error::Unavailable { .. }
-        ),
-        "{err:?}"
-    );
-}
-
-#[tokio::test]
-async fn errors_never_contain_the_password() {
-    // Nothing listens on port 1.
-    let cfg = ZkConfig::from_url("zk://locker:very-secret-pw@127.0.0.1:1?session_timeout_ms=1000")
-        .unwrap();
-    let err = ZkLock::connect(cfg)
-        .await
-        .expect_err("nothing listens on port 1");
-    let text = format!("{err} {err:?}");
-    assert!(!text.contains("very-secret-pw"), "{text}");
-    assert!(err.is_retryable(), "{err:?}");
 }

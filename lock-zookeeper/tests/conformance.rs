@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, BoxError, Delayed, FaultProxy, Harness, Timing};
+use conformance_tests::{
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+};
 use libtest_mimic::Arguments;
 use lock_core::{DistributedLock, LockName};
 use lock_zookeeper::{ZkConfig, ZkLock};
@@ -19,6 +21,8 @@ struct Zk {
     config: ZkConfig,
     /// The services.sh names of its servers, crashed and restarted together.
     servers: &'static [&'static str],
+    /// Whether this run also covers the secured server (once per binary).
+    secured: bool,
 }
 
 #[async_trait]
@@ -52,7 +56,28 @@ impl Harness for Zk {
     async fn restart_backend(&self) -> Result<(), BoxError> {
         Ok(test_support::restart_servers(self.servers).await?)
     }
-    async fn delayed_client(&self, delay: Duration) -> Option<Result<Delayed, BoxError>> {
+    /// `zk-auth` (12191) of `scripts/services.sh`, which enforces digest authentication. A
+    /// digest identity is not checked against a user list: a wrong password is another
+    /// identity, which the lock nodes' ACLs keep out.
+    fn secured(&self) -> Option<Secured> {
+        if !self.secured {
+            return None;
+        }
+        let secured = Secured::new(lock_zookeeper::DRIVER.connect, |p: &UrlParts<'_>| {
+            let query = p.query(
+                &["session_timeout_ms=2000", "base=/distlock-auth"],
+                None,
+                "tls_ca_file",
+            );
+            format!("zk://{}{}{query}", p.userinfo_at(), p.server)
+        });
+        Some(
+            secured
+                .with_auth(test_support::loopback(12191), "locker", "locker-secret-pw")
+                .wrong_password_is_another_identity(),
+        )
+    }
+    async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         Some(
             async {
                 let mut keep = Vec::new();
@@ -65,10 +90,7 @@ impl Harness for Zk {
                 let config = ZkConfig::new(hosts.join(","))
                     .with_session_timeout(SESSION)
                     .with_base_path(self.config.base_path())?;
-                Ok(Delayed {
-                    lock: Arc::new(ZkLock::connect(config).await?),
-                    keep,
-                })
+                Ok(Faulty::new(Arc::new(ZkLock::connect(config).await?), keep))
             }
             .await,
         )
@@ -90,7 +112,11 @@ fn main() -> ExitCode {
             .expect("ZooKeeper URL")
             .with_session_timeout(SESSION);
         trials.extend(conformance_tests::trials_prefixed(
-            Arc::new(Zk { config, servers }),
+            Arc::new(Zk {
+                config,
+                servers,
+                secured: label == "single",
+            }),
             label,
         ));
     }

@@ -40,6 +40,11 @@ pub fn test_ca(server: &str) -> String {
     format!("{dir}/{server}/ca.crt")
 }
 
+/// `127.0.0.1:port`, where `scripts/services.sh` runs its servers.
+pub fn loopback(port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
+}
+
 /// Runs `scripts/services.sh ARGS` and returns its trimmed stdout.
 ///
 /// # Panics

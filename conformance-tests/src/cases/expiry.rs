@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use lock_core::{Lease, LeaseState};
 
 use super::support::{
-    acquire_when_free, client, held, long_opts, opts, sleep, sleep_until, within,
+    acquire_when_free, client, faulty, held, long_opts, opts, sleep, sleep_until, within,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -225,14 +225,11 @@ pub async fn odd_ttl_holds_until_valid_until(h: &dyn Harness) -> Result<(), Fail
 /// client whose traffic is delayed (the reply arrives long after the server started the TTL),
 /// `valid_until` is at most the start of the call plus the granted TTL (2 ms of tolerance for
 /// the driver's own clock reading) — for `try_acquire`,
-/// `acquire` and `renew`. Needs [`Harness::delayed_client`].
+/// `acquire` and `renew`. Needs [`Harness::faulty_client`].
 pub async fn valid_until_counts_from_before_the_request(h: &dyn Harness) -> Result<(), Failure> {
     let t = h.timing();
     let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
-    let slow = match h.delayed_client(delay).await {
-        Some(r) => r.map_err(|e| Failure(format!("could not create a delayed client: {e}")))?,
-        None => return Err(Failure("the harness gave no delayed client".into())),
-    };
+    let slow = faulty(h, delay).await?;
     let name = fresh_name("vu-before");
     let check = |what: &str, lease: &dyn Lease, before: Instant, after: Instant| {
         // The driver reads its clock a little after the call began; 2 ms covers that, while a

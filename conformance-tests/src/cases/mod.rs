@@ -13,16 +13,20 @@ use requires::*;
 
 pub mod exclusion;
 pub mod expiry;
+pub mod faults;
 pub mod fencing;
 pub mod input;
 pub mod inspect;
 pub mod lost;
 pub mod ownership;
 pub mod renewal;
+pub mod security;
 pub mod waiting;
 
 mod requires;
 mod support;
+
+pub use support::record_states;
 
 /// What the runner knows about a driver before it picks cases.
 #[derive(Clone, Copy, Debug)]
@@ -34,8 +38,17 @@ pub struct Facts {
     pub counts_requests: bool,
     /// [`Harness::break_lock`] works.
     pub can_break: bool,
-    /// [`Harness::delayed_client`] is supported.
-    pub can_delay: bool,
+    /// [`Harness::faulty_client`] is supported.
+    pub can_fault: bool,
+    /// [`Harness::secured`] names a server that requires a password: `Some(true)` if it
+    /// refuses a wrong one, `Some(false)` if a wrong one is just another identity.
+    pub auth: Option<bool>,
+    /// [`Harness::secured`] names a TLS-only server.
+    pub tls: bool,
+    /// ... and a way to give it the CA as PEM bytes.
+    pub tls_pem: bool,
+    /// [`Harness::secured`] answers: clients can be made from URLs.
+    pub by_url: bool,
     /// [`Harness::restart_backend`] is supported.
     pub can_restart: bool,
     /// The driver's backend name.
@@ -157,4 +170,23 @@ pub static CASES: &[Case] = &[
         always
     ),
     case!(input::declared_max_ttl_is_enforced, always),
+    case!(
+        faults::partitioned_holder_knows_before_anyone_is_granted,
+        partitions
+    ),
+    case!(
+        faults::dropped_connection_is_survived_by_an_auto_renewed_lease,
+        delays
+    ),
+    case!(security::right_credentials_lock_and_never_show, auth),
+    case!(
+        security::wrong_password_is_unauthenticated,
+        checks_passwords
+    ),
+    case!(security::missing_credentials_are_unauthenticated, auth),
+    case!(security::password_never_shows_in_errors, by_url),
+    case!(security::tls_with_the_ca_from_the_url_locks, tls),
+    case!(security::tls_with_the_ca_as_pem_locks, tls_pem),
+    case!(security::tls_refuses_an_untrusted_certificate, tls),
+    case!(security::bad_ca_file_is_a_config_error, tls),
 ];

@@ -5,86 +5,96 @@ use lock_core::Fencing;
 
 use super::Facts;
 
-pub(super) fn always(_: &Facts) -> Result<(), &'static str> {
+type Need = Result<(), &'static str>;
+
+/// `Ok` if `holds`, else skipped for `reason`.
+fn need(holds: bool, reason: &'static str) -> Need {
+    if holds {
+        Ok(())
+    } else {
+        Err(reason)
+    }
+}
+
+pub(super) fn always(_: &Facts) -> Need {
     Ok(())
 }
-pub(super) fn ttl(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.per_lock_ttl {
-        Ok(())
-    } else {
-        Err("per_lock_ttl = false: locks do not expire on their own TTL")
-    }
+pub(super) fn ttl(f: &Facts) -> Need {
+    need(
+        f.caps.per_lock_ttl,
+        "per_lock_ttl = false: locks do not expire on their own TTL",
+    )
 }
-pub(super) fn fencing(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.fencing == Fencing::None {
-        Err("fencing = None")
-    } else {
-        Ok(())
-    }
+pub(super) fn fencing(f: &Facts) -> Need {
+    need(f.caps.fencing != Fencing::None, "fencing = None")
 }
-pub(super) fn ttl_and_fencing(f: &Facts) -> Result<(), &'static str> {
+pub(super) fn ttl_and_fencing(f: &Facts) -> Need {
     ttl(f).and(fencing(f))
 }
-pub(super) fn fifo(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.fifo {
-        Ok(())
-    } else {
-        Err("fifo = false")
-    }
+pub(super) fn fifo(f: &Facts) -> Need {
+    need(f.caps.fifo, "fifo = false")
 }
-pub(super) fn strict_and_restart(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.fencing != Fencing::Strict {
-        return Err("fencing is not Strict: tokens may repeat after a restart");
-    }
-    if f.can_restart {
-        Ok(())
-    } else {
-        Err("harness cannot restart the backend")
-    }
+pub(super) fn strict_and_restart(f: &Facts) -> Need {
+    need(
+        f.caps.fencing == Fencing::Strict,
+        "fencing is not Strict: tokens may repeat after a restart",
+    )?;
+    need(f.can_restart, "harness cannot restart the backend")
 }
-pub(super) fn fifo_and_ttl(f: &Facts) -> Result<(), &'static str> {
+pub(super) fn fifo_and_ttl(f: &Facts) -> Need {
     fifo(f).and(ttl(f))
 }
-pub(super) fn inspects_and_ttl(f: &Facts) -> Result<(), &'static str> {
+pub(super) fn inspects_and_ttl(f: &Facts) -> Need {
     inspects(f).and(ttl(f))
 }
-pub(super) fn counts(f: &Facts) -> Result<(), &'static str> {
-    if f.counts_requests {
-        Ok(())
-    } else {
-        Err("harness cannot count backend requests")
-    }
+pub(super) fn counts(f: &Facts) -> Need {
+    need(f.counts_requests, "harness cannot count backend requests")
 }
-pub(super) fn lost_ttl(f: &Facts) -> Result<(), &'static str> {
-    ttl(f)?;
-    lost_notification(f)
+pub(super) fn lost_ttl(f: &Facts) -> Need {
+    ttl(f).and(lost_notification(f))
 }
-pub(super) fn lost_notification(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.lost_notification {
-        Ok(())
-    } else {
-        Err("lost_notification = false")
-    }
+pub(super) fn lost_notification(f: &Facts) -> Need {
+    need(f.caps.lost_notification, "lost_notification = false")
 }
-pub(super) fn delays(f: &Facts) -> Result<(), &'static str> {
-    if f.can_delay {
-        Ok(())
-    } else {
-        Err("harness cannot delay a client's traffic")
-    }
+pub(super) fn delays(f: &Facts) -> Need {
+    need(
+        f.can_fault,
+        "harness gives no client behind a breakable link",
+    )
 }
-pub(super) fn inspects(f: &Facts) -> Result<(), &'static str> {
-    if f.caps.inspect {
-        Ok(())
-    } else {
-        Err("inspect = false")
-    }
+pub(super) fn partitions(f: &Facts) -> Need {
+    delays(f).and(lost_notification(f))
 }
-pub(super) fn breakable(f: &Facts) -> Result<(), &'static str> {
+pub(super) fn inspects(f: &Facts) -> Need {
+    need(f.caps.inspect, "inspect = false")
+}
+pub(super) fn breakable(f: &Facts) -> Need {
     lost_notification(f)?;
-    if f.can_break {
-        Ok(())
-    } else {
-        Err("harness cannot break a lock behind its holder's back")
-    }
+    need(
+        f.can_break,
+        "harness cannot break a lock behind its holder's back",
+    )
+}
+pub(super) fn by_url(f: &Facts) -> Need {
+    need(f.by_url, "harness names no secured servers")
+}
+pub(super) fn auth(f: &Facts) -> Need {
+    need(
+        f.auth.is_some(),
+        "harness names no server that requires a password",
+    )
+}
+pub(super) fn checks_passwords(f: &Facts) -> Need {
+    auth(f)?;
+    need(
+        f.auth == Some(true),
+        "a wrong password is another identity on this backend",
+    )
+}
+pub(super) fn tls(f: &Facts) -> Need {
+    need(f.tls, "harness names no TLS server")
+}
+pub(super) fn tls_pem(f: &Facts) -> Need {
+    tls(f)?;
+    need(f.tls_pem, "harness gives no way to pass the CA as PEM")
 }

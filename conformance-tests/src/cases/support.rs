@@ -4,15 +4,23 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::{DistributedLock, Lease, LockName, LockOptions};
+use lock_core::{DistributedLock, Lease, LeaseState, LockName, LockOptions};
 use tokio::task::JoinHandle;
 
-use crate::{ensure, Failure, Harness};
+use crate::{ensure, Failure, Faulty, Harness};
 
 pub(crate) async fn client(h: &dyn Harness) -> Result<Arc<dyn DistributedLock>, Failure> {
     h.client()
         .await
         .map_err(|e| Failure(format!("could not create a client: {e}")))
+}
+
+/// A client behind a breakable link, delayed `delay` each way to begin with.
+pub(crate) async fn faulty(h: &dyn Harness, delay: Duration) -> Result<Faulty, Failure> {
+    match h.faulty_client(delay).await {
+        Some(r) => r.map_err(|e| Failure(format!("could not create a faulty client: {e}"))),
+        None => Err(Failure("the harness gave no faulty client".into())),
+    }
 }
 
 /// Manual renewal, the suite's TTL, waiting forever.
@@ -82,6 +90,37 @@ pub(crate) async fn acquire_when_free(
         ))),
         Err(e) => Err(Failure(format!("{what}: unexpected error {e} ({e:?})"))),
     }
+}
+
+/// Every state `lease` passes through (sampled every 5 ms), until it is Lost or `limit` has
+/// passed: for a driver's own fault tests as much as for the suite's.
+///
+/// ```no_run
+/// # async fn f(lease: Box<dyn lock_core::Lease>) {
+/// use std::{sync::Arc, time::Duration};
+/// let lease = Arc::new(lease);
+/// let states = conformance_tests::record_states(lease.clone(), Duration::from_secs(5));
+/// // ... a fault ...
+/// let seen = states.await.unwrap();
+/// assert!(seen.contains(&lock_core::LeaseState::AtRisk));
+/// # }
+/// ```
+pub fn record_states(lease: Arc<Box<dyn Lease>>, limit: Duration) -> JoinHandle<Vec<LeaseState>> {
+    tokio::spawn(async move {
+        let end = Instant::now() + limit;
+        let mut seen = vec![];
+        while Instant::now() < end {
+            let s = lease.state();
+            if seen.last() != Some(&s) {
+                seen.push(s);
+            }
+            if s == LeaseState::Lost {
+                break;
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+        seen
+    })
 }
 
 /// Spawns a task that records when `lease`'s lost signal resolves.

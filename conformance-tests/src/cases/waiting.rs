@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use lock_core::Error;
 
 use super::support::{
-    client, handed_on_promptly, held, long_opts, opts, sleep, spawn_waiter, within,
+    client, faulty, handed_on_promptly, held, long_opts, opts, sleep, spawn_waiter, within,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -251,14 +251,11 @@ pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(
 /// behind. The request still arrives and may be granted, so the driver must undo that grant
 /// (in the background: the caller is gone); otherwise nobody holds the lock until its TTL — or,
 /// where the lock lives as long as the client's session, until the client goes away. Needs
-/// [`Harness::delayed_client`].
+/// [`Harness::faulty_client`].
 pub async fn cancelled_in_flight_leaves_no_holder(h: &dyn Harness) -> Result<(), Failure> {
     let t = h.timing();
     let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
-    let slow = match h.delayed_client(delay).await {
-        Some(r) => r.map_err(|e| Failure(format!("could not create a delayed client: {e}")))?,
-        None => return Err(Failure("the harness gave no delayed client".into())),
-    };
+    let slow = faulty(h, delay).await?;
     let other = client(h).await?;
     let name = fresh_name("in-flight");
     // A name in use before (backends may keep per-name state, such as a parent node, that

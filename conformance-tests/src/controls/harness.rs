@@ -11,12 +11,15 @@ use lock_core::driver::LeaseTracker;
 use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, FencingToken, LockName};
 
-use crate::{BoxError, Delayed, Harness, Timing};
+use crate::{BoxError, Fault, Faulty, Harness, Secured, Timing};
+
+use super::secured::fake_secured;
+use super::wire::{Wire, WireLink};
 
 use super::*;
 
 /// A [`Harness`] over a [`FlawedLock`] with one [`Flaw`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct FlawedHarness {
     pub(super) flaw: Flaw,
     pub(super) store: MemoryLock,
@@ -69,13 +72,14 @@ impl FlawedHarness {
         }
     }
 
-    pub(super) fn lock(&self, inner: MemoryLock, delay: Option<Duration>) -> FlawedLock {
+    pub(super) fn lock(&self, inner: MemoryLock, link: Option<Arc<Wire>>) -> FlawedLock {
         FlawedLock {
             inner,
             flaw: self.flaw,
             shared: self.shared.clone(),
-            delay,
+            link,
             id: self.shared.next_client.fetch_add(1, Ordering::Relaxed),
+            url: None,
         }
     }
 }
@@ -89,17 +93,20 @@ impl Harness for FlawedHarness {
         };
         Ok(Arc::new(self.lock(inner, None)))
     }
-    /// The same store, with every `try_acquire` landing `delay` after it was made, whether or
-    /// not its caller still waits, and its reply taking as long again — like a request on the
-    /// wire.
-    async fn delayed_client(
+    /// The same store behind an in-process link: a delayed `try_acquire` lands `delay` after
+    /// it was made, whether or not its caller still waits, and its reply takes as long again
+    /// — like a request on the wire; a blackholed call waits for the link to heal; renewals
+    /// cross the link too.
+    async fn faulty_client(
         &self,
         delay: Duration,
-    ) -> Option<std::result::Result<Delayed, BoxError>> {
-        Some(Ok(Delayed {
-            lock: Arc::new(self.lock(self.store.clone(), Some(delay))),
-            keep: Vec::new(),
-        }))
+    ) -> Option<std::result::Result<Faulty, BoxError>> {
+        let wire = Wire::new(Fault::Delay(delay));
+        let lock = self.lock(self.store.clone(), Some(wire.clone()));
+        Some(Ok(Faulty::new(Arc::new(lock), WireLink(wire))))
+    }
+    fn secured(&self) -> Option<Secured> {
+        Some(fake_secured(self.clone()))
     }
     fn timing(&self) -> Timing {
         self.timing
@@ -128,8 +135,10 @@ pub struct FlawedLock {
     pub(super) inner: MemoryLock,
     pub(super) flaw: Flaw,
     pub(super) shared: Arc<Shared>,
-    /// For delayed clients: how long a `try_acquire` takes to reach the store.
-    pub(super) delay: Option<Duration>,
+    /// For faulty clients: the link every call and renewal crosses.
+    pub(super) link: Option<Arc<Wire>>,
+    /// For clients made from a URL: the URL they show in `Debug`.
+    pub(super) url: Option<String>,
     /// This client's number (clients of one harness share a store).
     pub(super) id: u64,
 }

@@ -1,11 +1,11 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::LeaseTracker;
+use lock_core::driver::{self, LeaseTracker};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, FencingToken, Lease, LockName, LockOptions,
     Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
@@ -13,6 +13,7 @@ use lock_core::{
 
 use super::harness::*;
 use super::lease::*;
+use super::wire::{Wire, WiredOps};
 use super::*;
 
 /// Until when an entry of `map` holds `name`, if it still does.
@@ -42,6 +43,19 @@ impl FlawedLock {
         }
     }
 
+    /// The delay on this client's link, if any.
+    pub(super) fn delay(&self) -> Option<Duration> {
+        self.link.as_ref().and_then(|w| w.delay())
+    }
+
+    /// A request crossing this client's link, if it has one.
+    pub(super) async fn cross(&self) -> Result<()> {
+        match &self.link {
+            Some(w) => w.cross(self.flaw).await,
+            None => Ok(()),
+        }
+    }
+
     pub(super) fn capabilities_declared(&self) -> Capabilities {
         self.inner
             .capabilities()
@@ -49,6 +63,11 @@ impl FlawedLock {
     }
 
     pub(super) fn inner_opts(&self, opts: &LockOptions) -> LockOptions {
+        // A linked client's lease renews across its link, not straight on the store.
+        let opts = match self.link {
+            Some(_) => opts.clone().manual_renewal(),
+            None => opts.clone(),
+        };
         match self.flaw {
             Flaw::NoExpiry => opts.clone().ttl(MAX_TTL),
             Flaw::EarlyExpiry => opts
@@ -110,6 +129,10 @@ impl FlawedLock {
         started: Instant,
         landed: Instant,
     ) -> Box<dyn Lease> {
+        let lease = match &self.link {
+            Some(wire) => self.wired(lease, opts, wire.clone()),
+            None => lease,
+        };
         let name = lease.name().clone();
         let claimed_valid_until = started + opts.ttl;
         if let (Flaw::MaxHoldFreesBeforeLost, Renewal::Auto { max_hold: Some(m) }) =
@@ -145,7 +168,7 @@ impl FlawedLock {
             },
         );
         // The store's validity starts when the request landed; the wire took `delay` each way.
-        let shift = match (self.delay, self.flaw) {
+        let shift = match (self.delay(), self.flaw) {
             (Some(_), Flaw::ValidUntilFromReply) => Shift::Later(landed.elapsed()),
             _ => Shift::Earlier(landed.saturating_duration_since(started)),
         };
@@ -169,6 +192,19 @@ impl FlawedLock {
             },
             abandoned: false,
         })
+    }
+
+    /// A store lease whose renewals cross `wire`, tracked as a networked driver's would be.
+    fn wired(&self, lease: Box<dyn Lease>, opts: &LockOptions, wire: Arc<Wire>) -> Box<dyn Lease> {
+        // Across a wire, validity allows for clock drift, as a networked driver's does.
+        let grant = driver::Grant {
+            token: lease.fencing_token(),
+            ttl: lease.ttl(),
+            valid_until: lease.valid_until() - driver::drift(lease.ttl()),
+        };
+        let name = lease.name().clone();
+        let ops = WiredOps::new(lease, wire, self.flaw);
+        Box::new(driver::ManagedLease::new(name, grant, opts.renewal, ops))
     }
 
     /// Forgets `name`'s grant after a release.
@@ -291,7 +327,8 @@ impl DistributedLock for FlawedLock {
             tokio::time::sleep(Duration::from_millis(1)).await;
             self.inner.break_lock(&key);
         }
-        let lease = match (self.delay, self.flaw) {
+        self.cross().await?;
+        let lease = match (self.delay(), self.flaw) {
             (None, Flaw::TryAcquireWaits) => {
                 let o = self.inner_opts(opts).wait_for(opts.ttl);
                 match self.inner.acquire(&key, &o).await {
@@ -316,6 +353,7 @@ impl DistributedLock for FlawedLock {
         opts.validate(&caps)?;
         let key = self.key(name)?;
         let started = Instant::now();
+        self.cross().await?;
         let deadline = opts.wait.deadline(started);
         if self.flaw != Flaw::CancelLeavesGhost && !self.wait_out_ghosts(&key, deadline).await {
             return Err(Self::timeout(&key, started));

@@ -9,6 +9,8 @@
 mod harness;
 mod lease;
 mod lock;
+mod secured;
+mod wire;
 
 pub use harness::{FlawedHarness, FlawedLock};
 
@@ -100,6 +102,28 @@ pub enum Flaw {
     /// Declares `Strict` fencing, but a backend restart loses the counter (Redis without
     /// `appendfsync always`): tokens start again at 1.
     CounterLostOnRestart,
+    /// While its link is down, a renewal "succeeds" without reaching the backend (a driver
+    /// that assumes the best when it cannot tell).
+    RenewsBlindWhilePartitioned,
+    /// A client never reconnects once its connection broke: every call after a partition
+    /// fails, even after the network healed.
+    NeverReconnects,
+    /// A dropped connection ends the leases made over it (the driver lets their locks go
+    /// instead of reconnecting and renewing).
+    CutLosesLease,
+    /// The client's `Debug` shows its URL, password and all.
+    SecretInDebug,
+    /// Errors quote the URL with the password scrubbed only in its decoded form, so a
+    /// percent-encoded password shows.
+    SecretInErrors,
+    /// Any password is accepted.
+    AnyPasswordAccepted,
+    /// TLS without a CA file trusts any certificate.
+    TrustsAnyCertificate,
+    /// A CA file that cannot be read is ignored (the system's roots are used instead).
+    MissingCaFileIgnored,
+    /// A CA given as PEM bytes is dropped on the way to the TLS setup.
+    PemCaIgnored,
 }
 
 impl Flaw {
@@ -138,6 +162,15 @@ impl Flaw {
         Flaw::EscapingNotInjective,
         Flaw::CounterForgetsIdleNames,
         Flaw::CounterLostOnRestart,
+        Flaw::RenewsBlindWhilePartitioned,
+        Flaw::NeverReconnects,
+        Flaw::CutLosesLease,
+        Flaw::SecretInDebug,
+        Flaw::SecretInErrors,
+        Flaw::AnyPasswordAccepted,
+        Flaw::TrustsAnyCertificate,
+        Flaw::MissingCaFileIgnored,
+        Flaw::PemCaIgnored,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -204,6 +237,21 @@ impl Flaw {
             }
             Flaw::CounterForgetsIdleNames => cases![fencing::token_survives_idle_name],
             Flaw::CounterLostOnRestart => cases![fencing::strict_tokens_survive_backend_restart],
+            Flaw::RenewsBlindWhilePartitioned | Flaw::NeverReconnects => {
+                cases![faults::partitioned_holder_knows_before_anyone_is_granted]
+            }
+            Flaw::CutLosesLease => {
+                cases![faults::dropped_connection_is_survived_by_an_auto_renewed_lease]
+            }
+            Flaw::SecretInDebug => cases![security::right_credentials_lock_and_never_show],
+            Flaw::SecretInErrors => cases![security::password_never_shows_in_errors],
+            Flaw::AnyPasswordAccepted => cases![
+                security::wrong_password_is_unauthenticated,
+                security::missing_credentials_are_unauthenticated
+            ],
+            Flaw::TrustsAnyCertificate => cases![security::tls_refuses_an_untrusted_certificate],
+            Flaw::MissingCaFileIgnored => cases![security::bad_ca_file_is_a_config_error],
+            Flaw::PemCaIgnored => cases![security::tls_with_the_ca_as_pem_locks],
         }
     }
 }

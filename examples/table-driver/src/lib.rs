@@ -222,14 +222,6 @@ struct TableOps {
     ttl: Duration,
 }
 
-impl std::fmt::Debug for TableOps {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TableLease")
-            .field("name", &self.name)
-            .finish()
-    }
-}
-
 #[async_trait]
 impl LeaseOps for TableOps {
     /// Compare owner and extend; never recreate a lock that is gone.

@@ -1,0 +1,172 @@
+//! Faults on one client's link to the backend: a partitioned holder, a dropped connection.
+//! Needs [`Harness::faulty_client`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::{Lease, LeaseState};
+
+use super::support::{client, faulty, held, opts, record_states, sleep, watch_lost, within};
+use crate::{ensure, fresh_name, Failure, Fault, Harness};
+
+/// A holder cut off from the backend (its link blackholed: nothing flows, connections stay
+/// open) learns that it lost the lock before any other client is granted it: its lost signal
+/// has fired and its `valid_until` has passed when the other client's grant returns, and it
+/// was AtRisk (renewals unanswered) on the way. The backend does free the lock: another client
+/// is granted it within four TTLs plus the slack. Once the link heals, the same client locks
+/// again (after retryable errors at most), and the old lease stays Lost.
+pub async fn partitioned_holder_knows_before_anyone_is_granted(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let holder = faulty(h, Duration::ZERO).await?;
+    holder.link.set(Fault::Healed);
+    let other = client(h).await?;
+    let name = fresh_name("partition");
+    let lease: Arc<Box<dyn Lease>> = Arc::new(
+        holder
+            .lock
+            .acquire(&name, &opts(h).auto_renew(None))
+            .await?,
+    );
+    let limit = t.ttl * 4 + t.slack;
+    let states = record_states(lease.clone(), limit + t.slack * 2);
+    let lost = watch_lost(lease.as_ref().as_ref());
+    holder.link.set(Fault::Blackhole);
+    let cut_at = Instant::now();
+    let next = other
+        .acquire(&name, &opts(h).wait_for(limit))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "no other client was granted the lock within {limit:?} of its holder being \
+                 partitioned away: the backend must free a cut-off holder's lock ({e})"
+            ))
+        })?;
+    let granted = Instant::now();
+    let lost_at = tokio::time::timeout(t.slack, lost)
+        .await
+        .map_err(|_| {
+            Failure(format!(
+                "another client was granted the lock while the partitioned holder still \
+                 believed it held it: no lost signal within {:?} of that grant",
+                t.slack
+            ))
+        })?
+        .map_err(|e| Failure(format!("lost-signal watcher failed: {e}")))?;
+    let seen = within(
+        t.slack,
+        "the partitioned holder's state turning Lost",
+        states,
+    )
+    .await?
+    .map_err(|e| Failure(format!("state recorder failed: {e}")))?;
+    ensure!(
+        lost_at <= granted,
+        "the partitioned holder learned of the loss {:?} after another client was granted the \
+         lock ({:?} into the partition)",
+        lost_at - granted,
+        granted - cut_at
+    );
+    ensure!(
+        lease.valid_until() <= granted,
+        "another client was granted the lock {:?} before the partitioned holder's valid_until",
+        lease.valid_until() - granted
+    );
+    ensure!(
+        seen.first() == Some(&LeaseState::Held) && seen.contains(&LeaseState::AtRisk),
+        "the holder should go Held, AtRisk (renewals unanswered), Lost; it went {seen:?}"
+    );
+    next.release().await?;
+
+    holder.link.set(Fault::Healed);
+    let healed = Instant::now();
+    let deadline = healed + t.ttl * 4 + t.slack;
+    loop {
+        match holder
+            .lock
+            .try_acquire(&fresh_name("healed"), &opts(h))
+            .await
+        {
+            Ok(l) => {
+                held(l, "a fresh name after the partition healed")?
+                    .release()
+                    .await?;
+                break;
+            }
+            Err(e) if e.is_retryable() && Instant::now() < deadline => sleep(t.ttl / 10).await,
+            Err(e) => {
+                return Err(Failure(format!(
+                    "the client did not lock again {:?} after its link healed: {e}",
+                    healed.elapsed()
+                )))
+            }
+        }
+    }
+    ensure!(
+        lease.state() == LeaseState::Lost,
+        "the partitioned lease is {:?} again after the link healed",
+        lease.state()
+    );
+    ensure!(
+        lease.renew().await.is_err(),
+        "renew of the partitioned lease succeeded after the link healed"
+    );
+    Ok(())
+}
+
+/// A connection that drops while a lock is held (the link cut once; reconnecting works at
+/// once) costs nothing: the auto-renewed lease is never Lost and is Held again afterwards, no
+/// other client is granted the lock meanwhile, and renew and release still work.
+pub async fn dropped_connection_is_survived_by_an_auto_renewed_lease(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let holder = faulty(h, Duration::ZERO).await?;
+    holder.link.set(Fault::Healed);
+    let other = client(h).await?;
+    let name = fresh_name("cut");
+    let ttl = t.ttl * 3;
+    let lease = holder
+        .lock
+        .acquire(&name, &opts(h).ttl(ttl).auto_renew(None))
+        .await?;
+    holder.link.set(Fault::Cut);
+    let cut_at = Instant::now();
+    while cut_at.elapsed() < ttl {
+        let intruder = other.try_acquire(&name, &opts(h)).await?;
+        ensure!(
+            intruder.is_none(),
+            "another client was granted the lock {:?} after its holder's connection dropped",
+            cut_at.elapsed()
+        );
+        ensure!(
+            lease.state() != LeaseState::Lost,
+            "the lease was lost {:?} after its connection dropped: the driver must reconnect \
+             and keep renewing",
+            cut_at.elapsed()
+        );
+        sleep(t.ttl / 4).await;
+    }
+    within(ttl, "the lease being Held again after a reconnect", async {
+        while lease.state() != LeaseState::Held {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await?;
+    lease
+        .renew()
+        .await
+        .map_err(|e| Failure(format!("renew after a reconnect failed: {e}")))?;
+    lease
+        .release()
+        .await
+        .map_err(|e| Failure(format!("release after a reconnect failed: {e}")))?;
+    held(
+        other.try_acquire(&name, &opts(h)).await?,
+        "the lock after its reconnected holder released it",
+    )?
+    .release()
+    .await?;
+    Ok(())
+}

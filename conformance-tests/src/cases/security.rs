@@ -1,0 +1,307 @@
+//! Credentials, secrets and certificates, through URLs the way users write them. Needs
+//! [`Harness::secured`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{DistributedLock, Error};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+
+use super::support::{held, long_opts, within};
+use crate::secured::AuthServer;
+use crate::{ensure, fresh_name, Failure, Harness, Secured, UrlParts};
+
+/// Connecting may take a session timeout or a few retries; never longer than this.
+const CONNECT_LIMIT: Duration = Duration::from_secs(30);
+
+/// Nothing listens on port 1 of loopback.
+const NOWHERE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1);
+
+fn secured(h: &dyn Harness) -> Result<Secured, Failure> {
+    h.secured()
+        .ok_or_else(|| Failure("the harness names no secured servers".into()))
+}
+
+fn userinfo(user: &str, password: &str) -> String {
+    format!(
+        "{}:{}",
+        utf8_percent_encode(user, NON_ALPHANUMERIC),
+        utf8_percent_encode(password, NON_ALPHANUMERIC)
+    )
+}
+
+/// A client for `url`, or the error that refused it: at `connect`, or at the first lock
+/// attempt for a driver that connects lazily. A lock attempt that is granted comes back as
+/// `Ok` (and is released).
+async fn attempt(
+    h: &dyn Harness,
+    s: &Secured,
+    url: String,
+) -> Result<Result<Arc<dyn DistributedLock>, Error>, Failure> {
+    within(CONNECT_LIMIT, "connecting", async {
+        let lock = match s.connect(url).await {
+            Ok(lock) => lock,
+            Err(e) => return Ok(Err(e)),
+        };
+        match lock.try_acquire(&fresh_name("sec"), &long_opts(h)).await {
+            Ok(Some(l)) => {
+                l.release().await?;
+                Ok(Ok(lock))
+            }
+            Ok(None) => Err(Failure("a fresh name was busy".into())),
+            Err(e) => Ok(Err(e)),
+        }
+    })
+    .await?
+}
+
+/// Where `secret` shows in `text`: as given, or percent-encoded as the URL carried it.
+fn shows(text: &str, secret: &str) -> bool {
+    text.contains(secret)
+        || text.contains(&utf8_percent_encode(secret, NON_ALPHANUMERIC).to_string())
+}
+
+fn auth_server(s: &Secured) -> Result<AuthServer, Failure> {
+    s.auth
+        .clone()
+        .ok_or_else(|| Failure("the harness names no auth server".into()))
+}
+
+/// The right credentials in the URL lock, renew and release, for every account the harness
+/// names, and the password shows neither in the client's `Debug` nor in the lease's.
+pub async fn right_credentials_lock_and_never_show(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let a = auth_server(&s)?;
+    for (user, password) in &a.accounts {
+        let info = userinfo(user, password);
+        let url = s.url(&UrlParts::plain(a.server, Some(&info)));
+        let lock = within(
+            CONNECT_LIMIT,
+            "connecting with the right credentials",
+            s.connect(url),
+        )
+        .await?
+        .map_err(|e| {
+            Failure(format!(
+                "connecting to {} as {user:?} with the right password failed: {e}",
+                a.server
+            ))
+        })?;
+        let shown = format!("{lock:?}");
+        ensure!(
+            !shows(&shown, password),
+            "the password shows in the client's Debug: {shown}"
+        );
+        let lease = held(
+            lock.try_acquire(&fresh_name("auth"), &long_opts(h)).await?,
+            "a fresh name with the right credentials",
+        )?;
+        lease.renew().await?;
+        let shown = format!("{lease:?}");
+        ensure!(
+            !shows(&shown, password),
+            "the password shows in the lease's Debug: {shown}"
+        );
+        lease.release().await?;
+    }
+    Ok(())
+}
+
+/// A wrong password — for every account the harness names, and for a user nobody created —
+/// is refused with `Unauthenticated` (never `Config`: the URL is fine, the server said no),
+/// and the error does not contain it, whatever characters it has.
+pub async fn wrong_password_is_unauthenticated(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let a = auth_server(&s)?;
+    let wrong = format!("Wr0ng:p@ss/w%rd?#{}", fresh_name("pw").as_str());
+    let users = a.accounts.iter().map(|(u, _)| u.as_str()).chain(["nobody"]);
+    for user in users {
+        let info = userinfo(user, &wrong);
+        match attempt(h, &s, s.url(&UrlParts::plain(a.server, Some(&info)))).await? {
+            Ok(_) => {
+                return Err(Failure(format!(
+                    "a wrong password for {user:?} was accepted: a lock was granted"
+                )))
+            }
+            Err(e) => {
+                let text = format!("{e} {e:?}");
+                ensure!(
+                    !shows(&text, &wrong),
+                    "the wrong password shows in the error: {text}"
+                );
+                ensure!(
+                    matches!(e, Error::Unauthenticated { .. }),
+                    "a wrong password for {user:?} should be Unauthenticated, it was: {e:?}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A server that requires credentials refuses a client without any with `Unauthenticated`.
+pub async fn missing_credentials_are_unauthenticated(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let a = auth_server(&s)?;
+    match attempt(h, &s, s.url(&UrlParts::plain(a.server, None))).await? {
+        Ok(_) => Err(Failure(
+            "a client without credentials was granted a lock on a server that requires them".into(),
+        )),
+        Err(e) => {
+            ensure!(
+                matches!(e, Error::Unauthenticated { .. }),
+                "a client without credentials should be Unauthenticated, it was: {e:?}"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// When the server cannot be reached, the error is `Unavailable` and retryable, names the
+/// server, and never contains the URL's password — as given or percent-encoded, whatever
+/// characters it has.
+pub async fn password_never_shows_in_errors(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    for password in [
+        "plain-secret-7",
+        "p@ss:w/rd?#&=%25",
+        "pässwörd-ü-€",
+        "%2F%40",
+    ] {
+        let info = userinfo("locker", password);
+        let e = match attempt(h, &s, s.url(&UrlParts::plain(NOWHERE, Some(&info)))).await? {
+            Ok(_) => {
+                return Err(Failure(format!(
+                    "a lock was granted by {NOWHERE}, where nothing listens"
+                )))
+            }
+            Err(e) => e,
+        };
+        let text = format!("{e} {e:?}");
+        ensure!(
+            !shows(&text, password),
+            "the password {password:?} shows in the error: {text}"
+        );
+        ensure!(
+            matches!(e, Error::Unavailable { .. }) && e.is_retryable(),
+            "an unreachable server should be a retryable Unavailable, it was: {e:?}"
+        );
+        ensure!(
+            text.contains(&NOWHERE.to_string()),
+            "the error does not name the unreachable server {NOWHERE}: {text}"
+        );
+    }
+    Ok(())
+}
+
+/// Over TLS, trusting the server's private CA from the URL, clients lock, and exclude each
+/// other.
+pub async fn tls_with_the_ca_from_the_url_locks(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let Some(t) = s.tls.clone() else {
+        return Err(Failure("no TLS server".into()));
+    };
+    let url = s.url(&UrlParts::tls(t.server, Some(&t.ca_file)));
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        clients.push(
+            within(CONNECT_LIMIT, "connecting over TLS", s.connect(url.clone()))
+                .await?
+                .map_err(|e| Failure(format!("connecting over TLS to {} failed: {e}", t.server)))?,
+        );
+    }
+    let name = fresh_name("tls");
+    let lease = held(
+        clients[0].try_acquire(&name, &long_opts(h)).await?,
+        "over TLS",
+    )?;
+    ensure!(
+        clients[1]
+            .try_acquire(&name, &long_opts(h))
+            .await?
+            .is_none(),
+        "two clients over TLS both hold one lock"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+/// A CA given as PEM bytes instead of a file works as well as the file.
+pub async fn tls_with_the_ca_as_pem_locks(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let (Some(t), Some(pem_connect)) = (s.tls.clone(), s.pem.clone()) else {
+        return Err(Failure("no TLS server, or no way to give it a PEM".into()));
+    };
+    let pem = tokio::fs::read(&t.ca_file)
+        .await
+        .map_err(|e| Failure(format!("cannot read the test CA {}: {e}", t.ca_file)))?;
+    let lock = within(
+        CONNECT_LIMIT,
+        "connecting over TLS",
+        pem_connect(t.server, pem),
+    )
+    .await?
+    .map_err(|e| {
+        Failure(format!(
+            "connecting over TLS with the CA as PEM failed: {e}"
+        ))
+    })?;
+    held(
+        lock.try_acquire(&fresh_name("tls-pem"), &long_opts(h))
+            .await?,
+        "over TLS with the CA as PEM",
+    )?
+    .release()
+    .await?;
+    Ok(())
+}
+
+/// Without the private CA, the server's certificate is not trusted: no lock, and an error
+/// (not a panic, not a hang).
+pub async fn tls_refuses_an_untrusted_certificate(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let Some(t) = s.tls.clone() else {
+        return Err(Failure("no TLS server".into()));
+    };
+    match attempt(h, &s, s.url(&UrlParts::tls(t.server, None))).await? {
+        Ok(_) => Err(Failure(
+            "a certificate from an unknown CA was trusted: a lock was granted".into(),
+        )),
+        Err(e) => {
+            ensure!(
+                matches!(e, Error::Unavailable { .. } | Error::Config { .. }),
+                "an untrusted certificate should be Unavailable or Config, it was: {e:?}"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// A CA file that does not exist is a `Config` error at once, never a silent fall-back to the
+/// system's roots; and so is a CA file on a URL that does not ask for TLS.
+pub async fn bad_ca_file_is_a_config_error(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let Some(t) = s.tls.clone() else {
+        return Err(Failure("no TLS server".into()));
+    };
+    let missing = "/nonexistent/distlock-ca.pem";
+    for (what, parts) in [
+        ("a missing CA file", UrlParts::tls(t.server, Some(missing))),
+        (
+            "a CA file without TLS",
+            UrlParts {
+                ca_file: Some(&t.ca_file),
+                ..UrlParts::plain(t.server, None)
+            },
+        ),
+    ] {
+        let r = within(CONNECT_LIMIT, "connecting", s.connect(s.url(&parts))).await?;
+        ensure!(
+            matches!(r, Err(Error::Config { .. })),
+            "{what} should be a Config error, it was: {:?}",
+            r.map(|_| "a client")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! The controls' secured "servers": a URL scheme acted out in process, with an auth server and
+//! a TLS-only server, so the `security` cases have flaws to catch.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use lock_core::driver::{connecting, percent_decode};
+use lock_core::{Error, Result};
+
+use super::harness::FlawedHarness;
+use super::{Flaw, FlawedLock};
+use crate::{Secured, UrlParts};
+
+const AUTH: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7001);
+const TLS: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7002);
+const USER: &str = "locker";
+const PASSWORD: &str = "right-pw";
+const CA_FILE: &str = "/controls/test-ca.pem";
+const BACKEND: &str = "flawed-memory";
+
+/// `flawed://[user:password@]host:port[?tls=true][&ca=<file>]`.
+fn url(p: &UrlParts<'_>) -> String {
+    let query = p.query(&[], Some("tls"), "ca");
+    format!("flawed://{}{}{query}", p.userinfo_at(), p.server)
+}
+
+pub(super) fn fake_secured(h: FlawedHarness) -> Secured {
+    let h = Arc::new(h);
+    let by_pem = h.clone();
+    Secured::new(
+        move |url| {
+            let h = h.clone();
+            connecting(async move { connect(&h, &url) })
+        },
+        url,
+    )
+    .with_auth(AUTH, USER, PASSWORD)
+    .with_tls(TLS, CA_FILE)
+    .with_tls_ca_pem(move |server, _pem| {
+        // The CA file is fictional: any PEM stands for it, unless the flaw drops it.
+        let url = match by_pem.flaw {
+            Flaw::PemCaIgnored => format!("flawed://{server}?tls=true"),
+            _ => format!("flawed://{server}?tls=true&ca={CA_FILE}"),
+        };
+        let h = by_pem.clone();
+        connecting(async move { connect(&h, &url) })
+    })
+}
+
+/// What a driver with `h`'s flaw does with `url`.
+fn connect(h: &FlawedHarness, url: &str) -> Result<FlawedLock> {
+    let flaw = h.flaw;
+    let rest = url
+        .strip_prefix("flawed://")
+        .ok_or_else(|| Error::config("not a flawed:// URL"))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (userinfo, server) = match rest.rsplit_once('@') {
+        Some((u, s)) => (Some(u), s),
+        None => (None, rest),
+    };
+    let server: SocketAddr = server
+        .parse()
+        .map_err(|_| Error::config("the server must be host:port"))?;
+    let (user, password) = match userinfo {
+        Some(u) => {
+            let (user, pw) = u.split_once(':').unwrap_or((u, ""));
+            (Some(percent_decode(user)), Some(percent_decode(pw)))
+        }
+        None => (None, None),
+    };
+    let mut tls = false;
+    let mut ca = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("tls", v)) => tls = v == "true",
+            Some(("ca", v)) => ca = Some(v.to_string()),
+            _ => return Err(Error::config(format!("unknown option {pair:?}"))),
+        }
+    }
+    // What this client shows of its URL: the password masked, or not at all.
+    let shown = match (&password, flaw) {
+        (Some(_), Flaw::SecretInDebug) => url.to_string(),
+        (Some(pw), _) => url.replace(&utf8_encoded(pw), "***"),
+        _ => url.to_string(),
+    };
+    if ca.is_some() && !tls {
+        return Err(Error::config("a CA file needs tls=true"));
+    }
+    if ca.as_deref().is_some_and(|c| c != CA_FILE) && flaw != Flaw::MissingCaFileIgnored {
+        return Err(Error::config("cannot read the CA file"));
+    }
+    let refuse = |what: &str| Error::unauthenticated(BACKEND, what.to_string());
+    match server {
+        TLS if !tls => Err(Error::unavailable(BACKEND, "the server speaks only TLS")),
+        TLS if ca.as_deref() != Some(CA_FILE) && flaw != Flaw::TrustsAnyCertificate => Err(
+            Error::unavailable(BACKEND, "the server's certificate is not trusted"),
+        ),
+        AUTH if flaw != Flaw::AnyPasswordAccepted && user.is_none() => {
+            Err(refuse("credentials required"))
+        }
+        AUTH if flaw != Flaw::AnyPasswordAccepted
+            && (user.as_deref(), password.as_deref()) != (Some(USER), Some(PASSWORD)) =>
+        {
+            Err(refuse("wrong user or password"))
+        }
+        TLS | AUTH => {
+            let mut lock = h.lock(h.store.clone(), None);
+            lock.url = Some(shown);
+            Ok(lock)
+        }
+        _ => Err(Error::unavailable(
+            BACKEND,
+            match (flaw, &password) {
+                // Scrubs the decoded password, while the URL carries the encoded one.
+                (Flaw::SecretInErrors, Some(pw)) => {
+                    format!("cannot reach {}", url.replace(pw.as_str(), "***"))
+                }
+                _ => format!("cannot reach {server}"),
+            },
+        )),
+    }
+}
+
+fn utf8_encoded(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}

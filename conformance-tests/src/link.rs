@@ -1,0 +1,90 @@
+//! A client whose link to the backend the suite can break: what the `faults` cases (and the
+//! delayed-request cases) get from [`Harness::faulty_client`](crate::Harness::faulty_client).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::DistributedLock;
+
+use crate::FaultProxy;
+
+/// What a client's link to its backend does to its traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Plain forwarding.
+    Healed,
+    /// Every chunk of data arrives this much late, in both directions.
+    Delay(Duration),
+    /// A partition: nothing flows either way and connections stay open; what was sent
+    /// meanwhile flows after the link heals, as TCP retransmissions would.
+    Blackhole,
+    /// Every open connection is closed once (the client sees it drop); new connections work.
+    Cut,
+}
+
+/// The switch on a [`Faulty`] client's link: for a networked driver, the [`FaultProxy`]s in
+/// front of its servers (`Vec<FaultProxy>` implements it).
+pub trait Link: Send + Sync + fmt::Debug {
+    /// Applies `fault` from now on ([`Fault::Cut`] once, leaving the link as it was).
+    fn set(&self, fault: Fault);
+}
+
+impl Link for FaultProxy {
+    fn set(&self, fault: Fault) {
+        match fault {
+            Fault::Healed => self.heal(),
+            Fault::Delay(d) => self.delay(d),
+            Fault::Blackhole => self.blackhole(),
+            Fault::Cut => self.cut(),
+        }
+    }
+}
+
+impl Link for Vec<FaultProxy> {
+    fn set(&self, fault: Fault) {
+        for proxy in self {
+            proxy.set(fault);
+        }
+    }
+}
+
+/// A client behind a breakable link, from [`Harness::faulty_client`](crate::Harness::faulty_client).
+/// The link (its proxies) lives as long as this value.
+pub struct Faulty {
+    /// The client.
+    pub lock: Arc<dyn DistributedLock>,
+    /// Its link to the backend.
+    pub link: Box<dyn Link>,
+}
+
+impl Faulty {
+    /// A client and the switch on its link.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use std::sync::Arc;
+    /// use conformance_tests::{Fault, FaultProxy, Faulty};
+    /// let proxy = FaultProxy::start("127.0.0.1:16379".parse()?)?;
+    /// let lock = lock_core::memory::MemoryLock::new(); // a driver connected to proxy.addr()
+    /// let faulty = Faulty::new(Arc::new(lock), vec![proxy]);
+    /// faulty.link.set(Fault::Blackhole);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(lock: Arc<dyn DistributedLock>, link: impl Link + 'static) -> Self {
+        Faulty {
+            lock,
+            link: Box::new(link),
+        }
+    }
+}
+
+impl fmt::Debug for Faulty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Faulty")
+            .field("backend", &self.lock.backend())
+            .field("link", &self.link)
+            .finish()
+    }
+}
