@@ -51,7 +51,7 @@ mod secured;
 pub use cases::{record_states, Case, Facts, CASES};
 pub use link::{Fault, Faulty, Link};
 pub use proxy::FaultProxy;
-pub use runner::{run, run_case, run_with_args, trials, trials_prefixed};
+pub use runner::{run, run_case, run_trials, run_with_args, trials, trials_prefixed};
 pub use secured::{Secured, UrlParts};
 
 /// What the suite needs from a driver's test.

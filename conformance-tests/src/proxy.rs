@@ -115,6 +115,33 @@ impl FaultProxy {
         Ok(FaultProxy { addr, shared })
     }
 
+    /// A proxy in front of each of `servers` (`host:port` strings), each delaying traffic by
+    /// `delay` to begin with: what [`Harness::faulty_client`](crate::Harness::faulty_client)
+    /// typically puts between its client and the backend.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let proxies = conformance_tests::FaultProxy::in_front_of(["127.0.0.1:2379"], Duration::ZERO)?;
+    /// let endpoints: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    /// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    /// ```
+    pub fn in_front_of<S: AsRef<str>>(
+        servers: impl IntoIterator<Item = S>,
+        delay: Duration,
+    ) -> Result<Vec<FaultProxy>, crate::BoxError> {
+        let mut proxies = Vec::new();
+        for server in servers {
+            let addr = server.as_ref();
+            let upstream = addr
+                .parse()
+                .map_err(|e| format!("fault proxy upstream {addr:?}: {e}"))?;
+            let proxy = FaultProxy::start(upstream)?;
+            proxy.delay(delay);
+            proxies.push(proxy);
+        }
+        Ok(proxies)
+    }
+
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -27,11 +27,29 @@ pub fn run<H: Harness>(harness: H) -> ExitCode {
 }
 
 /// [`run`] with explicit arguments.
-pub fn run_with_args(harness: Arc<dyn Harness>, mut args: Arguments) -> ExitCode {
+pub fn run_with_args(harness: Arc<dyn Harness>, args: Arguments) -> ExitCode {
+    run_trials_with_args(trials(harness), args)
+}
+
+/// Runs trials made by [`trials_prefixed`] for several deployments (a single node and a
+/// cluster, say) in one test binary, one at a time unless `--test-threads` says otherwise.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # fn harness(_url: &str) -> Arc<dyn conformance_tests::Harness> { unimplemented!() }
+/// let mut trials = conformance_tests::trials_prefixed(harness("my://one"), "single");
+/// trials.extend(conformance_tests::trials_prefixed(harness("my://a,b,c"), "cluster"));
+/// std::process::exit(if conformance_tests::run_trials(trials) == std::process::ExitCode::SUCCESS { 0 } else { 1 });
+/// ```
+pub fn run_trials(trials: Vec<Trial>) -> ExitCode {
+    run_trials_with_args(trials, Arguments::from_args())
+}
+
+fn run_trials_with_args(trials: Vec<Trial>, mut args: Arguments) -> ExitCode {
     if args.test_threads.is_none() {
         args.test_threads = Some(1);
     }
-    libtest_mimic::run(&args, trials(harness)).exit_code()
+    libtest_mimic::run(&args, trials).exit_code()
 }
 
 /// One libtest-mimic trial per case. Reads the driver's capabilities once (which needs a

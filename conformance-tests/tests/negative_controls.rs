@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use conformance_tests::controls::{Flaw, FlawedHarness};
 use conformance_tests::{run_case, CASES};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 
 fn case(name: &str) -> Result<&'static conformance_tests::Case, Failed> {
     CASES
@@ -60,12 +60,8 @@ fn main() -> ExitCode {
             .filter(|f| **f != Flaw::None)
             .map(|&flaw| Trial::test(format!("catches::{flaw:?}"), move || caught(flaw))),
     );
-    let mut args = Arguments::from_args();
-    // The cases' timing margins (slack 150 ms on a 200 ms TTL) assume the runtime is not
-    // starved; sixteen controls at once on a two-core machine made a correct wrapper's wait
-    // end 200 ms late. One control at a time.
-    if args.test_threads.is_none() {
-        args.test_threads = Some(1);
-    }
-    libtest_mimic::run(&args, trials).exit_code()
+    // One control at a time: the cases' timing margins (slack 150 ms on a 200 ms TTL) assume
+    // the runtime is not starved; sixteen controls at once on a two-core machine made a
+    // correct wrapper's wait end 200 ms late.
+    conformance_tests::run_trials(trials)
 }

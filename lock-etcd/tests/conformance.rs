@@ -11,7 +11,6 @@ use std::time::Duration;
 use conformance_tests::{
     async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
 };
-use libtest_mimic::Arguments;
 use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_etcd::{EtcdConfig, EtcdLock};
@@ -95,12 +94,11 @@ impl Harness for Etcd {
     async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         Some(
             async {
-                let mut keep = Vec::new();
-                for ep in self.config.endpoints() {
-                    let proxy = FaultProxy::start(ep.trim_start_matches("http://").parse()?)?;
-                    proxy.delay(delay);
-                    keep.push(proxy);
-                }
+                let servers = self.config.endpoints().iter();
+                let keep = FaultProxy::in_front_of(
+                    servers.map(|ep| ep.trim_start_matches("http://")),
+                    delay,
+                )?;
                 let config = EtcdConfig::new(keep.iter().map(|p| p.addr().to_string()))
                     .with_prefix(self.config.prefix())?
                     .with_request_timeout(delay * 4 + Duration::from_secs(2));
@@ -115,7 +113,6 @@ impl Harness for Etcd {
 }
 
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
     let single = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
     let cluster = std::env::var("ETCD_CLUSTER_URL")
         .unwrap_or_else(|_| "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679".into());
@@ -142,9 +139,5 @@ fn main() -> ExitCode {
         ));
     }
     drop(rt);
-    let mut args = args;
-    if args.test_threads.is_none() {
-        args.test_threads = Some(1);
-    }
-    libtest_mimic::run(&args, trials).exit_code()
+    conformance_tests::run_trials(trials)
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::{async_trait, BoxError, Harness, Timing};
-use libtest_mimic::Arguments;
 use lock_core::{DistributedLock, LockName};
 use lock_file::FileLock;
 
@@ -45,17 +44,12 @@ impl Harness for Files {
 }
 
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
     let dir = std::env::var_os("LOCK_FILE_DIR").map_or_else(
         || std::env::temp_dir().join(format!("lock-file-conformance-{}", std::process::id())),
         PathBuf::from,
     );
     let trials = conformance_tests::trials(Arc::new(Files { dir: dir.clone() }));
-    let mut args = args;
-    if args.test_threads.is_none() {
-        args.test_threads = Some(1);
-    }
-    let code = libtest_mimic::run(&args, trials).exit_code();
+    let code = conformance_tests::run_trials(trials);
     let _ = std::fs::remove_dir_all(&dir);
     code
 }

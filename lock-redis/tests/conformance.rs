@@ -7,8 +7,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use libtest_mimic::Arguments;
-
 use conformance_tests::{
     async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
 };
@@ -136,9 +134,5 @@ fn main() -> ExitCode {
         }),
         "aof",
     ));
-    let mut args = Arguments::from_args();
-    if args.test_threads.is_none() {
-        args.test_threads = Some(1);
-    }
-    libtest_mimic::run(&args, trials).exit_code()
+    conformance_tests::run_trials(trials)
 }

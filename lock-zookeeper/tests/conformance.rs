@@ -11,7 +11,6 @@ use std::time::Duration;
 use conformance_tests::{
     async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
 };
-use libtest_mimic::Arguments;
 use lock_core::{DistributedLock, LockName};
 use lock_zookeeper::{ZkConfig, ZkLock};
 
@@ -80,12 +79,7 @@ impl Harness for Zk {
     async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         Some(
             async {
-                let mut keep = Vec::new();
-                for host in self.config.hosts().split(',') {
-                    let proxy = FaultProxy::start(host.parse()?)?;
-                    proxy.delay(delay);
-                    keep.push(proxy);
-                }
+                let keep = FaultProxy::in_front_of(self.config.hosts().split(','), delay)?;
                 let hosts: Vec<String> = keep.iter().map(|p| p.addr().to_string()).collect();
                 let config = ZkConfig::new(hosts.join(","))
                     .with_session_timeout(SESSION)
@@ -98,7 +92,6 @@ impl Harness for Zk {
 }
 
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
     let single = std::env::var("ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:12181".into());
     let ensemble = std::env::var("ZK_ENSEMBLE_URL")
         .unwrap_or_else(|_| "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283".into());
@@ -120,9 +113,5 @@ fn main() -> ExitCode {
             label,
         ));
     }
-    let mut args = args;
-    if args.test_threads.is_none() {
-        args.test_threads = Some(1);
-    }
-    libtest_mimic::run(&args, trials).exit_code()
+    conformance_tests::run_trials(trials)
 }

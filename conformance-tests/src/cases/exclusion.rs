@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::support::{client, held, long_opts, opts};
+use super::support::{client, held, long_opts, opts, scene, Scene};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Eight independent clients race `try_acquire` on one name: exactly one wins.
@@ -45,8 +45,7 @@ pub async fn single_winner_among_racers(h: &dyn Harness) -> Result<(), Failure> 
 /// While held, other clients and the holder's own client get `None`; `acquire` without
 /// waiting gets `Timeout`. After release the lock is free.
 pub async fn held_lock_refuses_others(h: &dyn Harness) -> Result<(), Failure> {
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("held");
+    let Scene { a, b, name, .. } = scene(h, "held").await?;
     let opts = long_opts(h);
     let lease = held(a.try_acquire(&name, &opts).await?, "first try_acquire")?;
     ensure!(
@@ -147,8 +146,7 @@ pub async fn names_are_independent(h: &dyn Harness) -> Result<(), Failure> {
 
 /// Release frees the lock at once for another client.
 pub async fn release_frees_at_once(h: &dyn Harness) -> Result<(), Failure> {
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("free");
+    let Scene { a, b, name, .. } = scene(h, "free").await?;
     let opts = opts(h);
     for _ in 0..3 {
         let l = held(a.try_acquire(&name, &opts).await?, "holder")?;

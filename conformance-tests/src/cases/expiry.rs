@@ -6,16 +6,15 @@ use std::time::{Duration, Instant};
 use lock_core::{Lease, LeaseState};
 
 use super::support::{
-    acquire_when_free, client, faulty, held, long_opts, opts, sleep, sleep_until, within,
+    acquire_when_free, client, faulty, held, long_opts, opts, scene, sleep, sleep_until, within,
+    Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// A holder that vanishes (abandons its lease) blocks others until its `valid_until` and no
 /// longer than TTL + slack; a waiter is granted in that window.
 pub async fn abandoned_lease_frees_after_ttl(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("expire");
+    let Scene { t, a, b, name } = scene(h, "expire").await?;
     let opts = opts(h);
     let t0 = Instant::now();
     let lease = held(a.try_acquire(&name, &opts).await?, "holder")?;
@@ -187,9 +186,7 @@ pub async fn expired_lock_goes_to_exactly_one_racer(h: &dyn Harness) -> Result<(
 /// until the lease's `valid_until`: probes by another client in the last stretch before it
 /// never get the lock. Catches a TTL truncated on its way to the server.
 pub async fn odd_ttl_holds_until_valid_until(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("odd-ttl");
+    let Scene { t, a, b, name } = scene(h, "odd-ttl").await?;
     let odd = t.ttl + t.ttl / 3 + Duration::from_micros(7_777);
     let lease = held(a.try_acquire(&name, &opts(h).ttl(odd)).await?, "holder")?;
     let (vu, granted) = (lease.valid_until(), lease.ttl());

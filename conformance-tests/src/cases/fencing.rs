@@ -4,7 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use lock_core::{Fencing, FencingToken, Lease};
 
-use super::support::{acquire_when_free, client, held, long_opts, opts, sleep, sleep_until};
+use super::support::{
+    acquire_when_free, client, held, long_opts, opts, scene, sleep, sleep_until, Scene,
+};
 use std::time::{Duration, Instant};
 
 use crate::{ensure, fresh_name, Failure, Harness};
@@ -114,9 +116,7 @@ pub async fn tokens_follow_grant_order_under_contention(h: &dyn Harness) -> Resu
 
 /// A grant after the previous holder expired (without releasing) still gets a greater token.
 pub async fn token_increases_after_expiry(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("token-expiry");
+    let Scene { t, a, b, name } = scene(h, "token-expiry").await?;
     let first = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
     let t1 = token(first.as_ref())?;
     let vu = first.valid_until();
@@ -144,9 +144,7 @@ pub async fn token_increases_after_expiry(h: &dyn Harness) -> Result<(), Failure
 /// three TTLs (and the slack) still gets a greater token on its next grant. Catches a counter
 /// that expires with the lock, or per-name state dropped once nobody holds or waits.
 pub async fn token_survives_idle_name(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("token-idle");
+    let Scene { t, a, b, name } = scene(h, "token-idle").await?;
     let first = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
     let t1 = token(first.as_ref())?;
     let ttl = first.ttl();

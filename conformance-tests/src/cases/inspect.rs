@@ -2,15 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use super::support::{client, held, long_opts, opts, sleep_until};
+use super::support::{client, held, long_opts, opts, scene, sleep_until, Scene};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// `inspect` says free before and after, and while held reports the holder's fencing token
 /// (where it reports one) and a remaining time no longer than the TTL; it never takes the
 /// lock itself.
 pub async fn inspect_reports_the_holder(h: &dyn Harness) -> Result<(), Failure> {
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("inspect");
+    let Scene { a, b, name, .. } = scene(h, "inspect").await?;
     let opts = long_opts(h);
     ensure!(
         b.inspect(&name).await?.is_none(),

@@ -5,15 +5,13 @@ use std::time::{Duration, Instant};
 
 use lock_core::LeaseState;
 
-use super::support::{client, held, long_opts, opts, watch_lost, within};
+use super::support::{client, held, long_opts, opts, scene, watch_lost, within, Scene};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// An unrenewed holder's `valid_until` is not after the moment a waiter is granted the lock,
 /// its state is Lost by then, and its lost signal has resolved (within scheduling noise).
 pub async fn lost_fires_before_successor_is_granted(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("lost-first");
+    let Scene { t, a, b, name } = scene(h, "lost-first").await?;
     let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
     let ttl = lease.ttl();
     let lost = lease.lost();
@@ -54,9 +52,7 @@ pub async fn lost_fires_before_successor_is_granted(h: &dyn Harness) -> Result<(
 /// before a waiting client is granted it — also where the lock does not lapse on its own (a
 /// session or a file), and the watchdog must delete it.
 pub async fn lost_fires_before_max_hold_successor(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("lost-max-hold");
+    let Scene { t, a, b, name } = scene(h, "lost-max-hold").await?;
     let max_hold = t.ttl * 2;
     let t0 = Instant::now();
     let lease = held(
@@ -163,9 +159,7 @@ pub async fn lost_signal_resolves_on_release(h: &dyn Harness) -> Result<(), Fail
 /// the background, within the slack — and resolves its lost signal; nobody has to wait for
 /// its TTL.
 pub async fn dropped_lease_frees_promptly(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("drop-frees");
+    let Scene { t, a, b, name } = scene(h, "drop-frees").await?;
     let lease = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
     let lost = watch_lost(lease.as_ref());
     let dropped = Instant::now();

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Lease, LeaseState};
 
 use super::support::{
-    acquire_when_free, client, held, is_not_held, opts, sleep, sleep_until, within,
+    acquire_when_free, client, held, is_not_held, opts, scene, sleep, sleep_until, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -103,8 +103,7 @@ pub async fn dropped_stale_lease_keeps_successor(h: &dyn Harness) -> Result<(), 
 /// Ownership belongs to the lease, not the client: the same client's expired lease cannot
 /// release the lease that client holds now.
 pub async fn ownership_is_per_lease_not_per_client(h: &dyn Harness) -> Result<(), Failure> {
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("per-lease");
+    let Scene { a, b, name, .. } = scene(h, "per-lease").await?;
     let old = held(a.try_acquire(&name, &opts(h)).await?, "first lease")?;
     let new = expire_and_take_over(h, old.as_ref(), a.as_ref()).await?;
     ensure!(
@@ -152,9 +151,7 @@ pub async fn broken_lock_release_is_not_held(h: &dyn Harness) -> Result<(), Fail
 /// fails and does not extend the new one, which still ends at its own `valid_until` (plus
 /// the slack) when abandoned.
 pub async fn stale_renew_does_not_extend_new_lease(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("stale-renew-own");
+    let Scene { t, a, b, name } = scene(h, "stale-renew-own").await?;
     let old = held(a.try_acquire(&name, &opts(h)).await?, "first lease")?;
     let new = expire_and_take_over(h, old.as_ref(), a.as_ref()).await?;
     let new_t0 = Instant::now();

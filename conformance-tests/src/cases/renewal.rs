@@ -4,15 +4,13 @@ use std::time::Instant;
 
 use lock_core::LeaseState;
 
-use super::support::{client, held, opts, sleep, sleep_until, within};
-use crate::{ensure, fresh_name, Failure, Harness};
+use super::support::{held, opts, scene, sleep, sleep_until, within, Scene};
+use crate::{ensure, Failure, Harness};
 
 /// A manual renew before expiry moves `valid_until` forward and keeps others out past the
 /// original expiry.
 pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("renew");
+    let Scene { t, a, b, name } = scene(h, "renew").await?;
     let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
     let first = lease.valid_until();
     sleep(t.ttl / 2).await;
@@ -43,9 +41,7 @@ pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
 pub async fn renew_after_expiry_fails_and_does_not_recreate(
     h: &dyn Harness,
 ) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("no-resurrect");
+    let Scene { t, a, b, name } = scene(h, "no-resurrect").await?;
     let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
     // Past the server-side expiry too, not only the conservative valid_until.
     sleep_until(Instant::now() + lease.ttl() + t.slack).await;
@@ -69,9 +65,7 @@ pub async fn renew_after_expiry_fails_and_does_not_recreate(
 /// With automatic renewal a lease outlives several TTLs, stays Held, and its lost signal does
 /// not fire; after release the lock is free.
 pub async fn auto_renew_keeps_lock(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("auto");
+    let Scene { t, a, b, name } = scene(h, "auto").await?;
     let lease = held(
         a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
         "holder",
@@ -107,9 +101,7 @@ pub async fn auto_renew_keeps_lock(h: &dyn Harness) -> Result<(), Failure> {
 /// After release the watchdog never renews again: probed every quarter TTL for one and a half
 /// TTLs, the lock is always free (a watchdog that kept ticking would recreate or extend it).
 pub async fn watchdog_stops_after_release(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("wd-release");
+    let Scene { t, a, b, name } = scene(h, "wd-release").await?;
     // Release at different points of the renewal cycle.
     for phase in 0..3u32 {
         let lease = held(
@@ -133,9 +125,7 @@ pub async fn watchdog_stops_after_release(h: &dyn Harness) -> Result<(), Failure
 
 /// A dropped auto-renewed lease stops renewing: another client gets the lock within TTL + slack.
 pub async fn watchdog_stops_on_drop(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("wd-drop");
+    let Scene { t, a, b, name } = scene(h, "wd-drop").await?;
     let lease = held(
         a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
         "holder",
@@ -155,9 +145,7 @@ pub async fn watchdog_stops_on_drop(h: &dyn Harness) -> Result<(), Failure> {
 /// `max_hold` ends automatic renewal: the lease lives past max_hold, then is lost and granted to
 /// a waiter within one TTL (+ slack) after max_hold.
 pub async fn max_hold_ends_lease(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("max-hold");
+    let Scene { t, a, b, name } = scene(h, "max-hold").await?;
     let t0 = Instant::now();
     let lease = held(
         a.try_acquire(&name, &opts(h).auto_renew(Some(t.ttl * 2)))

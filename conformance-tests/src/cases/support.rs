@@ -7,12 +7,29 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Lease, LeaseState, LockName, LockOptions};
 use tokio::task::JoinHandle;
 
-use crate::{ensure, Failure, Faulty, Harness};
+use crate::{ensure, Failure, Faulty, Harness, Timing};
 
 pub(crate) async fn client(h: &dyn Harness) -> Result<Arc<dyn DistributedLock>, Failure> {
     h.client()
         .await
         .map_err(|e| Failure(format!("could not create a client: {e}")))
+}
+
+/// What most cases start from: the timings, two independent clients, and a fresh name.
+pub(crate) struct Scene {
+    pub(crate) t: Timing,
+    pub(crate) a: Arc<dyn DistributedLock>,
+    pub(crate) b: Arc<dyn DistributedLock>,
+    pub(crate) name: LockName,
+}
+
+pub(crate) async fn scene(h: &dyn Harness, tag: &str) -> Result<Scene, Failure> {
+    Ok(Scene {
+        t: h.timing(),
+        a: client(h).await?,
+        b: client(h).await?,
+        name: crate::fresh_name(tag),
+    })
 }
 
 /// A client behind a breakable link, delayed `delay` each way to begin with.

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use lock_core::Error;
 
 use super::support::{
-    client, faulty, handed_on_promptly, held, long_opts, opts, sleep, spawn_waiter, within,
+    client, faulty, handed_on_promptly, held, long_opts, opts, scene, sleep, spawn_waiter, within,
+    Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -24,9 +25,7 @@ pub async fn bounded_waiter_wakes_promptly_after_release(h: &dyn Harness) -> Res
 }
 
 async fn wakes_on_release(h: &dyn Harness, bound: Option<Duration>) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("wake");
+    let Scene { t, a, b, name } = scene(h, "wake").await?;
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
     let o = match bound {
         Some(d) => long_opts(h).wait_for(d),
@@ -48,9 +47,7 @@ async fn wakes_on_release(h: &dyn Harness, bound: Option<Duration>) -> Result<()
 /// `try_acquire` on a held lock makes one attempt and returns `None` at once (within the
 /// slack): it never waits for the holder.
 pub async fn try_acquire_does_not_wait(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("try-fast");
+    let Scene { t, a, b, name } = scene(h, "try-fast").await?;
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
     // Warm the client up first: a first request may set up a connection.
     let warm = fresh_name("try-fast-warm");
@@ -88,9 +85,7 @@ pub async fn try_acquire_does_not_wait(h: &dyn Harness) -> Result<(), Failure> {
 /// While a waiter waits on a held lock, the backend serves (almost) no requests: waiting is by
 /// notification, not polling.
 pub async fn waiting_is_idle(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("idle");
+    let Scene { t, a, b, name } = scene(h, "idle").await?;
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
     let (n, o) = (name.clone(), long_opts(h));
     let waiter = tokio::spawn(async move { b.acquire(&n, &o).await });
@@ -122,9 +117,7 @@ pub async fn waiting_is_idle(h: &dyn Harness) -> Result<(), Failure> {
 /// `acquire` with a bounded wait on a held lock returns `Timeout` after that wait, not earlier
 /// and not much later.
 pub async fn wait_timeout_is_respected(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("wait-timeout");
+    let Scene { t, a, b, name } = scene(h, "wait-timeout").await?;
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
     let wait = t.ttl;
     let start = Instant::now();
@@ -155,9 +148,7 @@ pub async fn wait_timeout_is_respected(h: &dyn Harness) -> Result<(), Failure> {
 
 /// `acquire` with `Wait::No` on a held lock returns `Timeout` at once.
 pub async fn no_wait_fails_fast(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
-    let (a, b) = (client(h).await?, client(h).await?);
-    let name = fresh_name("no-wait");
+    let Scene { t, a, b, name } = scene(h, "no-wait").await?;
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
     let start = Instant::now();
     let r = within(

@@ -44,8 +44,8 @@ pub(super) struct Shared {
     /// Lost-signal senders kept alive on purpose ([`Flaw::AbandonKeepsLostPending`]).
     pub(super) kept: Mutex<Vec<LeaseTracker>>,
     pub(super) next_client: AtomicU64,
-    /// When [`Harness::restart_backend`] last ran.
-    pub(super) restarted: Mutex<Option<Instant>>,
+    /// The store's latest token per name (before any offset).
+    pub(super) tokens: Mutex<HashMap<LockName, u64>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -124,7 +124,14 @@ impl Harness for FlawedHarness {
     /// The store keeps its state (a durable backend); under
     /// [`Flaw::CounterLostOnRestart`] its counters start again.
     async fn restart_backend(&self) -> std::result::Result<(), BoxError> {
-        *locked(&self.shared.restarted) = Some(Instant::now());
+        if self.flaw == Flaw::CounterLostOnRestart {
+            // Every counter starts again: the next token of each name is 1.
+            let tokens = locked(&self.shared.tokens).clone();
+            let mut idle = locked(&self.shared.idle);
+            for (name, last) in tokens {
+                idle.entry(name).or_insert((Instant::now(), 0)).1 = last;
+            }
+        }
         Ok(())
     }
 }

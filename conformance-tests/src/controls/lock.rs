@@ -147,6 +147,7 @@ impl FlawedLock {
         // Tokens restart at 1 for a name idle for two TTLs (the counter key expired).
         let mut offset = 0;
         if let Some(t) = lease.fencing_token() {
+            locked(&self.shared.tokens).insert(name.clone(), t.get());
             let mut idle = locked(&self.shared.idle);
             let entry = idle.entry(name.clone()).or_insert((Instant::now(), 0));
             if self.flaw == Flaw::CounterForgetsIdleNames && entry.0 + opts.ttl * 2 < Instant::now()

@@ -15,8 +15,22 @@ const AUTH: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr
 const TLS: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7002);
 const USER: &str = "locker";
 const PASSWORD: &str = "right-pw";
-const CA_FILE: &str = "/controls/test-ca.pem";
 const BACKEND: &str = "flawed-memory";
+
+/// The fake TLS server's CA: a file that exists (the PEM case reads it), whose content only
+/// stands for a certificate.
+fn ca_file() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let path =
+            std::env::temp_dir().join(format!("distlock-controls-ca-{}.pem", std::process::id()));
+        let _ = std::fs::write(
+            &path,
+            "-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n",
+        );
+        path.to_string_lossy().into_owned()
+    })
+}
 
 /// `flawed://[user:password@]host:port[?tls=true][&ca=<file>]`.
 fn url(p: &UrlParts<'_>) -> String {
@@ -35,12 +49,12 @@ pub(super) fn fake_secured(h: FlawedHarness) -> Secured {
         url,
     )
     .with_auth(AUTH, USER, PASSWORD)
-    .with_tls(TLS, CA_FILE)
+    .with_tls(TLS, ca_file())
     .with_tls_ca_pem(move |server, _pem| {
         // The CA file is fictional: any PEM stands for it, unless the flaw drops it.
         let url = match by_pem.flaw {
             Flaw::PemCaIgnored => format!("flawed://{server}?tls=true"),
-            _ => format!("flawed://{server}?tls=true&ca={CA_FILE}"),
+            _ => format!("flawed://{server}?tls=true&ca={}", ca_file()),
         };
         let h = by_pem.clone();
         connecting(async move { connect(&h, &url) })
@@ -86,13 +100,13 @@ fn connect(h: &FlawedHarness, url: &str) -> Result<FlawedLock> {
     if ca.is_some() && !tls {
         return Err(Error::config("a CA file needs tls=true"));
     }
-    if ca.as_deref().is_some_and(|c| c != CA_FILE) && flaw != Flaw::MissingCaFileIgnored {
+    if ca.as_deref().is_some_and(|c| c != ca_file()) && flaw != Flaw::MissingCaFileIgnored {
         return Err(Error::config("cannot read the CA file"));
     }
     let refuse = |what: &str| Error::unauthenticated(BACKEND, what.to_string());
     match server {
         TLS if !tls => Err(Error::unavailable(BACKEND, "the server speaks only TLS")),
-        TLS if ca.as_deref() != Some(CA_FILE) && flaw != Flaw::TrustsAnyCertificate => Err(
+        TLS if ca.as_deref() != Some(ca_file()) && flaw != Flaw::TrustsAnyCertificate => Err(
             Error::unavailable(BACKEND, "the server's certificate is not trusted"),
         ),
         AUTH if flaw != Flaw::AnyPasswordAccepted && user.is_none() => {
