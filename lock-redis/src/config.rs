@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{percent_decode, Query, Secret, TlsCa};
+use lock_core::driver::{MultiHostUrl, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
@@ -64,52 +64,43 @@ impl RedisConfig {
     /// without `tls_ca_file` the server's certificate must chain to a public root). User and
     /// password are percent-decoded. Errors are [`Error::Config`] and never echo the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parsed = url::Url::parse(url)
-            .map_err(|e| Error::config(format!("invalid Redis URL {}: {e}", redact_raw(url))))?;
-        let tls = match parsed.scheme() {
-            "redis" => false,
-            "rediss" => true,
-            other => {
-                return Err(Error::config(format!(
-                    "unsupported scheme {other:?} for the Redis driver (use redis:// or rediss://)"
-                )))
-            }
+        let (scheme, tls) =
+            match url.split_once("://").map(|(s, _)| s) {
+                Some("redis") => ("redis", false),
+                Some("rediss") => ("rediss", true),
+                _ => return Err(Error::config(
+                    "a Redis URL starts with redis:// or rediss:// (several masters: redlock://)",
+                )),
+            };
+        let parsed = MultiHostUrl::parse(url, scheme, "Redis")?;
+        let [server] = parsed.hosts.as_slice() else {
+            return Err(Error::config(format!(
+                "Redis URL {}: one server only (several masters: redlock://)",
+                parsed.redacted(scheme)
+            )));
         };
-        let host = parsed
-            .host_str()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| Error::config(format!("Redis URL {} has no host", redact(&parsed))))?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let mut cfg = RedisConfig::new(host, parsed.port().unwrap_or(6379));
+        let (host, port) = host_and_port(server).ok_or_else(|| {
+            Error::config(format!(
+                "Redis URL {}: {server:?} is not host[:port] or [IPv6][:port]",
+                parsed.redacted(scheme)
+            ))
+        })?;
+        let mut cfg = RedisConfig::new(host, port);
         cfg.tls = tls;
-        if !parsed.username().is_empty() {
-            cfg.username = Some(percent_decode(parsed.username()));
+        cfg.username = parsed.user.clone().filter(|u| !u.is_empty());
+        cfg.password = parsed.password.clone().map(Secret::new);
+        if let Some(path) = parsed.path.as_deref() {
+            let db = path.trim_start_matches('/');
+            cfg.db = db.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| {
+                Error::config(format!(
+                    "Redis URL {}: database {db:?} is not a non-negative number",
+                    parsed.redacted(scheme)
+                ))
+            })?;
         }
-        if let Some(p) = parsed.password() {
-            cfg.password = Some(Secret::new(percent_decode(p)));
-        }
-        let path = parsed.path().trim_start_matches('/');
-        if !path.is_empty() {
-            cfg.db = path
-                .parse::<i64>()
-                .ok()
-                .filter(|d| *d >= 0)
-                .ok_or_else(|| {
-                    Error::config(format!(
-                        "Redis URL {}: database {path:?} is not a non-negative number",
-                        redact(&parsed)
-                    ))
-                })?;
-        }
-        let pairs = parsed
-            .query_pairs()
-            .map(|(k, v)| (k.into_owned(), v.into_owned()));
         let q = Query::new(
             "Redis URL",
-            pairs.collect(),
+            parsed.query,
             &["prefix", "tls_ca_file", "allow_eviction"],
         )?;
         if let Some(prefix) = q.get("prefix") {
@@ -317,21 +308,28 @@ impl RedisConfig {
     }
 }
 
-fn redact(u: &url::Url) -> String {
-    let mut u = u.clone();
-    if u.password().is_some() {
-        let _ = u.set_password(Some("***"));
-    }
-    u.to_string()
-}
-
-/// Redacts a URL that did not parse: anything before the last `@` may be credentials.
-fn redact_raw(s: &str) -> String {
-    match (s.find("://"), s.rfind('@')) {
-        (Some(a), Some(b)) if b > a => format!("{}***{}", &s[..a + 3], &s[b..]),
-        (_, Some(b)) => format!("***{}", &s[b..]),
-        _ => s.to_string(),
-    }
+/// `host`, `host:port`, `[v6]` or `[v6]:port` (port 6379 when absent).
+fn host_and_port(server: &str) -> Option<(String, u16)> {
+    let (host, port) = match server.strip_prefix('[') {
+        Some(v6) => {
+            let (host, rest) = v6.split_once(']')?;
+            let port = if rest.is_empty() {
+                None
+            } else {
+                Some(rest.strip_prefix(':')?)
+            };
+            (host, port)
+        }
+        None => match server.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (server, None),
+        },
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => 6379,
+    };
+    (!host.is_empty()).then(|| (host.to_string(), port))
 }
 
 lock_core::driver::redacted_config!(RedisConfig {
@@ -354,6 +352,20 @@ mod tests {
         assert_eq!(c.prefix(), "p:");
         let d = RedisConfig::from_url("redis://127.0.0.1").unwrap();
         assert_eq!((d.port(), d.db(), d.prefix()), (6379, 0, DEFAULT_PREFIX));
+        for (url, host, port) in [
+            ("redis://[::1]:7000/1", "::1", 7000),
+            ("redis://[fe80::1]", "fe80::1", 6379),
+            ("redis://user@h", "h", 6379),
+        ] {
+            let c = RedisConfig::from_url(url).unwrap();
+            assert_eq!((c.host(), c.port()), (host, port), "{url}");
+        }
+        assert_eq!(
+            RedisConfig::from_url("redis://[::1]:7000")
+                .unwrap()
+                .redacted_url(),
+            "redis://[::1]:7000"
+        );
     }
 
     #[test]
@@ -366,6 +378,12 @@ mod tests {
             "redis://:hunter2@h:1/0?prefix={x}",
             "redis://:hunter2@",
             "not a url hunter2@",
+            "redis://:hunter2@a:1,b:2",
+            "redis://:hunter2@h:port",
+            "redis://:hunter2@h:99999",
+            "redis://:hunter2@[::1",
+            "redis://:hunter2@[::1]x",
+            "redis://:hunter2@:1",
         ] {
             let e = RedisConfig::from_url(bad).unwrap_err();
             assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
