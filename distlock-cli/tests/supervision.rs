@@ -139,8 +139,16 @@ fn assert_no_overlap(tag: &str, hb: &Path, start2: &Path) {
     );
 }
 
-fn code(o: &Output) -> Option<i32> {
-    o.status.code()
+/// [`finish`], then the exit code must be `code`.
+fn exits(child: Child, limit: Duration, promise: &str, code: i32) -> Output {
+    let out = finish(child, limit, promise);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{promise}: exit code; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// The holder's connections are blackholed; its command ignores SIGTERM. Another client gets
@@ -178,19 +186,17 @@ fn lost_lock_kills_before_the_next_holder(
         p.blackhole();
     }
     let second = second_run(direct, &name, &start2, "60s");
-    let out = finish(holder, Duration::from_secs(30), "holder cut off");
-    assert_eq!(
-        code(&out),
-        Some(70),
-        "{tag}: a lost lock exits 70: {}",
-        String::from_utf8_lossy(&out.stderr)
+    exits(
+        holder,
+        Duration::from_secs(30),
+        &format!("{tag}: holder cut off"),
+        70,
     );
-    let out2 = finish(second, Duration::from_secs(60), "second client");
-    assert_eq!(
-        code(&out2),
-        Some(0),
-        "{tag}: {}",
-        String::from_utf8_lossy(&out2.stderr)
+    exits(
+        second,
+        Duration::from_secs(60),
+        &format!("{tag}: second client"),
+        0,
     );
     assert_no_overlap(tag, &hb, &start2);
     for p in proxies {
@@ -276,12 +282,11 @@ fn supervisor_killed(tag: &str, url: &str) {
     kill("KILL", holder.id());
     let _ = holder.wait();
     let second = second_run(url, &name, &start2, "30s");
-    let out = finish(second, Duration::from_secs(40), "second run");
-    assert_eq!(
-        code(&out),
-        Some(0),
-        "{tag}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    exits(
+        second,
+        Duration::from_secs(40),
+        &format!("{tag}: second run"),
+        0,
     );
     assert_no_overlap(tag, &hb, &start2);
 }
@@ -325,20 +330,18 @@ fn descendants(tag: &str, url: &str, how: &str) {
         std::thread::sleep(Duration::from_millis(200));
         kill("TERM", holder.id());
     }
-    let out = finish(holder, Duration::from_secs(20), "holder");
     let expected = if how == "sigterm" { 143 } else { 0 };
-    assert_eq!(
-        code(&out),
-        Some(expected),
-        "{tag}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    exits(
+        holder,
+        Duration::from_secs(20),
+        &format!("{tag}: holder"),
+        expected,
     );
-    let out2 = finish(second, Duration::from_secs(30), "second run");
-    assert_eq!(
-        code(&out2),
-        Some(0),
-        "{tag}: {}",
-        String::from_utf8_lossy(&out2.stderr)
+    exits(
+        second,
+        Duration::from_secs(30),
+        &format!("{tag}: second run"),
+        0,
     );
     assert_no_overlap(tag, &hb, &start2);
 }
@@ -397,14 +400,14 @@ fn min_hold(tag: &str, url: &str) {
             "{tag}: machine too slow for the check"
         );
         assert_eq!(
-            code(&o),
+            o.status.code(),
             Some(75),
             "{tag}: a run {at} ms into --min-hold 2s got the lock: {}",
             String::from_utf8_lossy(&o.stderr)
         );
     }
     let out = finish(holder, Duration::from_secs(10), "min-hold holder");
-    assert_eq!(code(&out), Some(0), "{tag}: the command's status");
+    assert_eq!(out.status.code(), Some(0), "{tag}: the command's status");
     assert!(
         t.elapsed() >= Duration::from_secs(2),
         "{tag}: released after {:?}, before --min-hold",
@@ -414,7 +417,7 @@ fn min_hold(tag: &str, url: &str) {
         .output()
         .unwrap();
     assert_eq!(
-        code(&o),
+        o.status.code(),
         Some(0),
         "{tag}: after --min-hold: {}",
         String::from_utf8_lossy(&o.stderr)
@@ -519,7 +522,12 @@ fn the_default_directory_must_be_private() {
     let fresh = base.join("fresh");
     std::fs::create_dir_all(&fresh).unwrap();
     let o = run(&fresh, None);
-    assert_eq!(code(&o), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let made = fresh.join(format!("distlock-{uid}"));
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&made).unwrap().permissions());
@@ -535,7 +543,7 @@ fn the_default_directory_must_be_private() {
     assert!(chown.success(), "chown nobody (the tests run as root)");
     let o = run(&foreign, None);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(code(&o), Some(64), "{err}");
+    assert_eq!(o.status.code(), Some(64), "{err}");
     assert!(err.contains("another user"), "{err}");
     // Writable by others: refused.
     let open = base.join("open");
@@ -544,13 +552,18 @@ fn the_default_directory_must_be_private() {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let o = run(&open, None);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(code(&o), Some(64), "{err}");
+    assert_eq!(o.status.code(), Some(64), "{err}");
     assert!(err.contains("writable by others"), "{err}");
     // XDG_RUNTIME_DIR wins when set.
     let xdg = base.join("xdg");
     std::fs::create_dir_all(&xdg).unwrap();
     let o = run(&open, Some(&xdg));
-    assert_eq!(code(&o), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(xdg.join("distlock").join("d.lock").exists());
 }
 
@@ -583,6 +596,6 @@ fn any_duration_gives_a_working_run_or_a_usage_error() {
         let o = distlock(&url, &all).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
-        assert_eq!(code(&o), Some(want), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(want), "{args:?}: {err}");
     }
 }
