@@ -46,6 +46,7 @@ pub mod controls;
 mod link;
 mod proxy;
 mod runner;
+pub mod safety;
 mod secured;
 
 pub use cases::{record_states, Case, Facts, CASES};

@@ -6,8 +6,10 @@
 use std::process::ExitCode;
 
 use conformance_tests::controls::{Flaw, FlawedHarness};
+use conformance_tests::safety::{self, Kind, Workload};
 use conformance_tests::{run_case, CASES};
 use libtest_mimic::{Failed, Trial};
+use std::time::Duration;
 
 fn case(name: &str) -> Result<&'static conformance_tests::Case, Failed> {
     CASES
@@ -49,6 +51,34 @@ fn caught(flaw: Flaw) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The history checker reports `flaw` as a violation of the right kind, under the nemesis.
+fn checker_reports(flaw: Flaw, kind: Kind) -> Result<(), Failed> {
+    let h = FlawedHarness::new(flaw);
+    // One name, held most of the time (holds longer than the TTL), so that every fault lands
+    // on a holder with others waiting.
+    let w = Workload {
+        clients: 4,
+        names: 1,
+        grants: 300,
+        limit: Duration::from_secs(20),
+        hold: Duration::from_millis(400),
+        ..Workload::short(7)
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    let report = rt.block_on(safety::run(&h, &w))?;
+    let kinds: Vec<Kind> = report.violations.iter().map(|v| v.kind).collect();
+    if kinds.contains(&kind) {
+        eprintln!("{flaw:?}: {}", report.violations[0]);
+        Ok(())
+    } else {
+        Err(format!(
+            "{flaw:?}: the checker did not report {kind:?} ({} grants, faults {:?}); it found {kinds:?}",
+            report.grants, report.faults
+        )
+        .into())
+    }
+}
+
 fn main() -> ExitCode {
     let mut trials = vec![Trial::test(
         "unbroken_wrapper_passes_every_case",
@@ -60,6 +90,17 @@ fn main() -> ExitCode {
             .filter(|f| **f != Flaw::None)
             .map(|&flaw| Trial::test(format!("catches::{flaw:?}"), move || caught(flaw))),
     );
+    for (flaw, kind) in [
+        (Flaw::NoMutualExclusion, Kind::Overlap),
+        (Flaw::EarlyExpiry, Kind::Overlap),
+        (Flaw::LostSignalNeverFires, Kind::LossNotSeen),
+        (Flaw::NonMonotonicFencing, Kind::Fencing),
+        (Flaw::RenewResurrects, Kind::Overlap),
+    ] {
+        trials.push(Trial::test(format!("checker::{flaw:?}"), move || {
+            checker_reports(flaw, kind)
+        }));
+    }
     // One control at a time: the cases' timing margins (slack 150 ms on a 200 ms TTL) assume
     // the runtime is not starved; sixteen controls at once on a two-core machine made a
     // correct wrapper's wait end 200 ms late.

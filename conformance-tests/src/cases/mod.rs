@@ -20,6 +20,7 @@ pub mod inspect;
 pub mod lost;
 pub mod ownership;
 pub mod renewal;
+pub mod safety;
 pub mod security;
 pub mod waiting;
 
@@ -178,6 +179,7 @@ pub static CASES: &[Case] = &[
         faults::dropped_connection_is_survived_by_an_auto_renewed_lease,
         delays
     ),
+    case!(safety::history_is_clean, always),
     case!(security::right_credentials_lock_and_never_show, auth),
     case!(
         security::wrong_password_is_unauthenticated,

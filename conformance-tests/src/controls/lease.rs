@@ -86,6 +86,15 @@ impl Drop for FlawedLease {
     }
 }
 
+impl FlawedLease {
+    /// The `valid_until` of the lock a resurrecting renewal re-took, while it lasts.
+    fn resurrected_valid_until(&self) -> Option<Instant> {
+        let slot = self.resurrected.lock().ok()?;
+        let until = slot.as_ref()?.valid_until();
+        (until > Instant::now()).then_some(until)
+    }
+}
+
 #[async_trait]
 impl Lease for FlawedLease {
     fn name(&self) -> &LockName {
@@ -103,8 +112,19 @@ impl Lease for FlawedLease {
         self.opts.ttl
     }
     fn valid_until(&self) -> Instant {
+        // A resurrecting renewal reports the validity of the lock it re-took, as a driver
+        // that re-acquires would.
+        if let Some(until) = self.resurrected_valid_until() {
+            return until;
+        }
         match self.lock.flaw {
-            Flaw::NoExpiry | Flaw::EarlyExpiry | Flaw::TtlRoundedDown => self.claimed_valid_until,
+            // A linked lease already claims the full TTL from before each request (and keeps
+            // claiming it as it renews); an in-process one claims it once, at the grant.
+            Flaw::NoExpiry | Flaw::EarlyExpiry | Flaw::TtlRoundedDown
+                if self.lock.link.is_none() =>
+            {
+                self.claimed_valid_until
+            }
             Flaw::LostSignalNeverFires => Instant::now() + self.opts.ttl,
             _ => match self.shift {
                 Shift::Earlier(d) => self.inner.valid_until() - d,
@@ -113,6 +133,9 @@ impl Lease for FlawedLease {
         }
     }
     fn state(&self) -> LeaseState {
+        if self.resurrected_valid_until().is_some() {
+            return LeaseState::Held;
+        }
         match self.lock.flaw {
             Flaw::LostSignalNeverFires => LeaseState::Held,
             _ => self.inner.state(),
@@ -135,9 +158,9 @@ impl Lease for FlawedLease {
         };
         if r.is_err() && resurrect {
             let opts = self.lock.inner_opts(&self.opts).manual_renewal();
-            if self.lock.flaw == Flaw::StaleRenewExtendsSameClient {
-                self.lock.inner.break_lock(self.inner.name());
-            }
+            // Both set the lock blindly (a SET without a check of who holds it), over
+            // whoever took it meanwhile.
+            self.lock.inner.break_lock(self.inner.name());
             if let Some(l) = self
                 .lock
                 .inner

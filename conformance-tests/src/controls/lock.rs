@@ -130,7 +130,7 @@ impl FlawedLock {
         landed: Instant,
     ) -> Box<dyn Lease> {
         let lease = match &self.link {
-            Some(wire) => self.wired(lease, opts, wire.clone()),
+            Some(wire) => self.wired(lease, opts, started, wire.clone()),
             None => lease,
         };
         let name = lease.name().clone();
@@ -196,15 +196,24 @@ impl FlawedLock {
     }
 
     /// A store lease whose renewals cross `wire`, tracked as a networked driver's would be.
-    fn wired(&self, lease: Box<dyn Lease>, opts: &LockOptions, wire: Arc<Wire>) -> Box<dyn Lease> {
-        // Across a wire, validity allows for clock drift, as a networked driver's does.
+    /// Its validity is what a networked driver computes: from before the request, for the TTL
+    /// it asked for, drift subtracted — so a flaw that makes the store expire sooner
+    /// ([`Flaw::EarlyExpiry`], [`Flaw::TtlRoundedDown`]) is invisible to the holder, as it
+    /// would be.
+    fn wired(
+        &self,
+        lease: Box<dyn Lease>,
+        opts: &LockOptions,
+        started: Instant,
+        wire: Arc<Wire>,
+    ) -> Box<dyn Lease> {
         let grant = driver::Grant {
             token: lease.fencing_token(),
-            ttl: lease.ttl(),
-            valid_until: lease.valid_until() - driver::drift(lease.ttl()),
+            ttl: opts.ttl,
+            valid_until: started + opts.ttl - driver::drift(opts.ttl),
         };
         let name = lease.name().clone();
-        let ops = WiredOps::new(lease, wire, self.flaw);
+        let ops = WiredOps::new(lease, opts.ttl, wire, self.flaw);
         Box::new(driver::ManagedLease::new(name, grant, opts.renewal, ops))
     }
 

@@ -35,7 +35,8 @@ pub enum Flaw {
     EarlyExpiry,
     /// Release deletes the lock whoever holds it.
     ReleaseWithoutOwnerCheck,
-    /// Renew of a lost lease re-acquires the lock and reports success.
+    /// Renew of a lost lease sets the lock again, over whoever holds it now, and reports
+    /// success.
     RenewResurrects,
     /// After release of an auto-renewed lease, a leftover renewal re-acquires the lock.
     WatchdogResurrects,

@@ -93,10 +93,11 @@ pub(super) struct WiredOps {
 }
 
 impl WiredOps {
-    pub(super) fn new(lease: Box<dyn Lease>, wire: Arc<Wire>, flaw: Flaw) -> Self {
+    /// `ttl`: the TTL the client asked for (what it believes it renews by).
+    pub(super) fn new(lease: Box<dyn Lease>, ttl: Duration, wire: Arc<Wire>, flaw: Flaw) -> Self {
         WiredOps {
             name: lease.name().clone(),
-            ttl: lease.ttl(),
+            ttl,
             store: tokio::sync::Mutex::new(Some(lease)),
             cuts: wire.cuts.load(Ordering::Relaxed),
             wire,
@@ -129,7 +130,7 @@ impl LeaseOps for WiredOps {
         let store = self.store.lock().await;
         let lease = store.as_ref().ok_or_else(|| self.not_held())?;
         lease.renew().await?;
-        Ok(lease.valid_until() - drift(self.ttl))
+        Ok(start + self.ttl - drift(self.ttl))
     }
 
     async fn release(&self) -> Result<()> {

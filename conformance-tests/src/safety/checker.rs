@@ -1,0 +1,610 @@
+//! Reads a history and reports every violation of (a) no overlap, (b) fencing, (c) loss before
+//! re-grant and (d) liveness, with the operations involved.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::history::{Event, LeaseId, Op, NOBODY};
+
+/// Which promise a violation breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// (a) Two clients believed they held one name at the same instant.
+    Overlap,
+    /// (b) Tokens did not strictly increase in grant order, or the store accepted a write with
+    /// a token lower than one it had accepted.
+    Fencing,
+    /// (c) A holder that had not released was still believing it held (no lost signal, its
+    /// `valid_until` ahead) when the next holder's grant returned.
+    LossNotSeen,
+    /// (d) After the last fault healed, a name was not granted within the bound, or a client's
+    /// acquisition never finished.
+    Liveness,
+}
+
+/// One broken promise, with the evidence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Which promise.
+    pub kind: Kind,
+    /// The name (index into the run's names; `usize::MAX` if none).
+    pub name: usize,
+    /// The leases involved, earlier first.
+    pub leases: Vec<LeaseId>,
+    /// When it happened.
+    pub at: Instant,
+    /// What happened, in words (times relative to the start of the history).
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} on name {}: {}", self.kind, self.name, self.detail)
+    }
+}
+
+/// What the checker needs besides the history.
+#[derive(Clone, Copy, Debug)]
+pub struct Rules {
+    /// The driver gives fencing tokens: (b) applies.
+    pub fencing: bool,
+    /// (d): every name must be granted again within this long after the last fault healed.
+    pub recovery: Duration,
+    /// When the run stopped issuing operations (open beliefs end here).
+    pub end: Instant,
+}
+
+/// One lease's belief: the spans during which its holder believed it held the lock.
+#[derive(Debug)]
+struct Belief {
+    lease: LeaseId,
+    client: usize,
+    name: usize,
+    granted: Instant,
+    token: Option<u64>,
+    spans: Vec<(Instant, Instant)>,
+    /// Release or let-go, if the holder ended it itself.
+    let_go: Option<Instant>,
+    /// Its release returned `Ok`: it really held until then.
+    released_ok: bool,
+    lost_signal: Option<Instant>,
+}
+
+/// Every violation in `events` (time-ordered, as [`History::events`](super::History::events)
+/// gives them).
+pub fn check(events: &[Event], rules: &Rules) -> Vec<Violation> {
+    let origin = events.first().map_or(rules.end, |e| e.at);
+    let rel = |t: Instant| t.saturating_duration_since(origin);
+    let beliefs = beliefs(events, rules.end);
+    let mut out = Vec::new();
+    let mut by_name: BTreeMap<usize, Vec<&Belief>> = BTreeMap::new();
+    for b in beliefs.values() {
+        by_name.entry(b.name).or_default().push(b);
+    }
+    for (&name, leases) in &by_name {
+        overlaps(name, leases, &rel, &mut out);
+        if rules.fencing {
+            token_order(name, leases, &rel, &mut out);
+        }
+    }
+    store_order(events, &rel, &mut out);
+    liveness(events, rules, &by_name, &rel, &mut out);
+    out.sort_by_key(|v| (v.kind, v.at));
+    out
+}
+
+/// Each lease's belief spans: from the grant's return until the earliest of its release (or
+/// let-go), its lost signal and its `valid_until`; a look that finds the lease valid again
+/// after that (a resurrection) opens a new span.
+fn beliefs(events: &[Event], end: Instant) -> HashMap<LeaseId, Belief> {
+    let mut out: HashMap<LeaseId, Belief> = HashMap::new();
+    // Per lease: the open span's start and its current end (valid_until).
+    let mut open: HashMap<LeaseId, (Instant, Instant)> = HashMap::new();
+    let close = |b: &mut Belief, open: &mut HashMap<LeaseId, (Instant, Instant)>, at: Instant| {
+        if let Some((s, until)) = open.remove(&b.lease) {
+            let e = at.min(until);
+            if e > s {
+                b.spans.push((s, e));
+            }
+        }
+    };
+    for e in events {
+        match &e.op {
+            Op::Granted {
+                lease,
+                token,
+                valid_until,
+            } => {
+                out.insert(
+                    *lease,
+                    Belief {
+                        lease: *lease,
+                        client: e.client,
+                        name: e.name,
+                        granted: e.at,
+                        token: *token,
+                        spans: Vec::new(),
+                        let_go: None,
+                        released_ok: false,
+                        lost_signal: None,
+                    },
+                );
+                open.insert(*lease, (e.at, *valid_until));
+            }
+            Op::Looked {
+                lease,
+                valid_until,
+                lost,
+            } => {
+                let Some(b) = out.get_mut(lease) else {
+                    continue;
+                };
+                if b.let_go.is_some() {
+                    continue;
+                }
+                match open.get_mut(lease) {
+                    Some((_, until)) if e.at < *until => {
+                        if *lost {
+                            close(b, &mut open, e.at);
+                        } else {
+                            *until = (*until).max(*valid_until);
+                        }
+                    }
+                    Some(_) => {
+                        // Its own valid_until passed before this look: that span is over.
+                        close(b, &mut open, e.at);
+                        if !lost && *valid_until > e.at {
+                            open.insert(*lease, (e.at, *valid_until));
+                        }
+                    }
+                    None if !lost && *valid_until > e.at => {
+                        open.insert(*lease, (e.at, *valid_until));
+                    }
+                    None => {}
+                }
+            }
+            Op::LostSignal { lease } => {
+                if let Some(b) = out.get_mut(lease) {
+                    b.lost_signal.get_or_insert(e.at);
+                    close(b, &mut open, e.at);
+                }
+            }
+            Op::Released { lease, ok: true } => {
+                if let Some(b) = out.get_mut(lease) {
+                    b.released_ok = true;
+                }
+            }
+            Op::Release { lease } | Op::LetGo { lease } => {
+                if let Some(b) = out.get_mut(lease) {
+                    b.let_go.get_or_insert(e.at);
+                    close(b, &mut open, e.at);
+                }
+            }
+            _ => {}
+        }
+    }
+    for b in out.values_mut() {
+        close(b, &mut open, end);
+    }
+    out
+}
+
+fn overlaps(
+    name: usize,
+    leases: &[&Belief],
+    rel: &dyn Fn(Instant) -> Duration,
+    out: &mut Vec<Violation>,
+) {
+    let mut spans: Vec<(Instant, Instant, &Belief)> = leases
+        .iter()
+        .flat_map(|b| b.spans.iter().map(move |&(s, e)| (s, e, *b)))
+        .collect();
+    spans.sort_by_key(|s| s.0);
+    // The span reaching furthest so far.
+    let mut reach: Option<(Instant, Instant, &Belief)> = None;
+    for span in spans {
+        let (s, e, b) = span;
+        if let Some((rs, re, rb)) = reach {
+            if s < re && rb.lease != b.lease {
+                out.push(Violation {
+                    kind: Kind::Overlap,
+                    name,
+                    leases: vec![rb.lease, b.lease],
+                    at: s,
+                    detail: format!(
+                        "client {} (lease {}, believing {:?}..{:?}) and client {} (lease {}, \
+                         granted at {:?}) both believed they held it for {:?}",
+                        rb.client,
+                        rb.lease,
+                        rel(rs),
+                        rel(re),
+                        b.client,
+                        b.lease,
+                        rel(s),
+                        re.min(e) - s
+                    ),
+                });
+                // The earlier holder had lost the lock (it had not let go, and its release, if
+                // any, failed) yet did not know when the successor's grant returned.
+                if rb.let_go.map_or(true, |g| g > s) && !rb.released_ok && b.granted == s {
+                    out.push(Violation {
+                        kind: Kind::LossNotSeen,
+                        name,
+                        leases: vec![rb.lease, b.lease],
+                        at: s,
+                        detail: format!(
+                            "lease {} of client {} had not released and still believed it held \
+                             (lost signal {}, valid until {:?}) when lease {} of client {} was \
+                             granted at {:?}",
+                            rb.lease,
+                            rb.client,
+                            rb.lost_signal
+                                .map_or("never".to_string(), |t| format!("at {:?}", rel(t))),
+                            rel(re),
+                            b.lease,
+                            b.client,
+                            rel(s)
+                        ),
+                    });
+                }
+            }
+        }
+        if reach.map_or(true, |(_, re, _)| e > re) {
+            reach = Some(span);
+        }
+    }
+}
+
+fn token_order(
+    name: usize,
+    leases: &[&Belief],
+    rel: &dyn Fn(Instant) -> Duration,
+    out: &mut Vec<Violation>,
+) {
+    // A belief that starts again (a resurrected lease) after a newer grant holds an old token:
+    // its holder writes with a token the newer holder already superseded.
+    let mut starts: Vec<(Instant, &Belief)> = leases
+        .iter()
+        .flat_map(|b| b.spans.iter().map(move |&(s, _)| (s, *b)))
+        .collect();
+    starts.sort_by_key(|s| s.0);
+    let mut newest: Option<(u64, LeaseId)> = None;
+    for (s, b) in starts {
+        let Some(t) = b.token else { continue };
+        match newest {
+            Some((n, l)) if t < n && s > b.granted => out.push(Violation {
+                kind: Kind::Fencing,
+                name,
+                leases: vec![l, b.lease],
+                at: s,
+                detail: format!(
+                    "lease {} (token {t}) believed it held again at {:?}, after lease {l} was                      granted token {n}",
+                    b.lease,
+                    rel(s)
+                ),
+            }),
+            _ => {}
+        }
+        if newest.map_or(true, |(n, _)| t > n) {
+            newest = Some((t, b.lease));
+        }
+    }
+    // Grants that were believed at all, in the order they returned.
+    let mut held: Vec<&&Belief> = leases.iter().filter(|b| !b.spans.is_empty()).collect();
+    held.sort_by_key(|b| b.granted);
+    for w in held.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let ok = matches!((a.token, b.token), (Some(x), Some(y)) if y > x);
+        if !ok {
+            out.push(Violation {
+                kind: Kind::Fencing,
+                name,
+                leases: vec![a.lease, b.lease],
+                at: b.granted,
+                detail: format!(
+                    "lease {} granted at {:?} has token {:?}, not greater than {:?} of lease {} \
+                     granted at {:?}",
+                    b.lease,
+                    rel(b.granted),
+                    b.token,
+                    a.token,
+                    a.lease,
+                    rel(a.granted)
+                ),
+            });
+        }
+    }
+}
+
+/// The store itself: an accepted write never carries a token lower than one accepted before.
+fn store_order(events: &[Event], rel: &dyn Fn(Instant) -> Duration, out: &mut Vec<Violation>) {
+    let mut highest: HashMap<usize, (u64, LeaseId)> = HashMap::new();
+    for e in events {
+        if let Op::Write {
+            lease,
+            token: Some(t),
+            accepted: true,
+        } = e.op
+        {
+            let h = highest.entry(e.name).or_insert((t, lease));
+            if t < h.0 {
+                out.push(Violation {
+                    kind: Kind::Fencing,
+                    name: e.name,
+                    leases: vec![h.1, lease],
+                    at: e.at,
+                    detail: format!(
+                        "the store accepted token {t} of lease {lease} at {:?} after token {} \
+                         of lease {}",
+                        rel(e.at),
+                        h.0,
+                        h.1
+                    ),
+                });
+            } else {
+                *h = (t, lease);
+            }
+        }
+    }
+}
+
+fn liveness(
+    events: &[Event],
+    rules: &Rules,
+    by_name: &BTreeMap<usize, Vec<&Belief>>,
+    rel: &dyn Fn(Instant) -> Duration,
+    out: &mut Vec<Violation>,
+) {
+    let start = events.first().map_or(rules.end, |e| e.at);
+    let healed = events
+        .iter()
+        .filter(|e| matches!(e.op, Op::Heal { .. }))
+        .map(|e| e.at)
+        .max()
+        .unwrap_or(start);
+    let due = healed + rules.recovery;
+    if due <= rules.end {
+        let names: Vec<usize> = events
+            .iter()
+            .filter(|e| e.name != NOBODY)
+            .map(|e| e.name)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for name in names {
+            let again = by_name
+                .get(&name)
+                .into_iter()
+                .flatten()
+                .any(|b| b.granted > healed && b.granted <= due);
+            if !again {
+                out.push(Violation {
+                    kind: Kind::Liveness,
+                    name,
+                    leases: vec![],
+                    at: due,
+                    detail: format!(
+                        "not granted within {:?} of the last heal at {:?}",
+                        rules.recovery,
+                        rel(healed)
+                    ),
+                });
+            }
+        }
+    }
+    // Every acquisition finishes: a client's Acquire is followed by its outcome.
+    let mut pending: HashMap<usize, &Event> = HashMap::new();
+    for e in events {
+        match e.op {
+            Op::Acquire => {
+                pending.insert(e.client, e);
+            }
+            Op::Granted { .. } | Op::Refused { .. } | Op::Unknown => {
+                pending.remove(&e.client);
+            }
+            _ => {}
+        }
+    }
+    for (client, e) in pending {
+        out.push(Violation {
+            kind: Kind::Liveness,
+            name: e.name,
+            leases: vec![],
+            at: e.at,
+            detail: format!(
+                "client {client}'s acquisition begun at {:?} never finished",
+                rel(e.at)
+            ),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct H {
+        t0: Instant,
+        events: Vec<Event>,
+    }
+
+    impl H {
+        fn new() -> Self {
+            H {
+                t0: Instant::now(),
+                events: vec![],
+            }
+        }
+        fn ms(&self, ms: u64) -> Instant {
+            self.t0 + Duration::from_millis(ms)
+        }
+        fn at(&mut self, ms: u64, client: usize, op: Op) -> &mut Self {
+            let at = self.ms(ms);
+            self.events.push(Event {
+                at,
+                client,
+                name: 0,
+                op,
+            });
+            self
+        }
+        fn grant(
+            &mut self,
+            ms: u64,
+            client: usize,
+            lease: LeaseId,
+            token: u64,
+            until: u64,
+        ) -> &mut Self {
+            let valid_until = self.ms(until);
+            self.at(ms, client, Op::Acquire).at(
+                ms,
+                client,
+                Op::Granted {
+                    lease,
+                    token: Some(token),
+                    valid_until,
+                },
+            )
+        }
+        fn kinds(&self, end: u64) -> Vec<Kind> {
+            let rules = Rules {
+                fencing: true,
+                recovery: Duration::from_millis(500),
+                end: self.ms(end),
+            };
+            let mut events = self.events.clone();
+            events.sort_by_key(|e| e.at);
+            check(&events, &rules).into_iter().map(|v| v.kind).collect()
+        }
+    }
+
+    #[test]
+    fn hand_off_by_release_and_by_expiry_is_clean() {
+        let mut h = H::new();
+        h.grant(0, 1, 0, 1, 100)
+            .at(50, 1, Op::Release { lease: 0 })
+            .at(51, 1, Op::Released { lease: 0, ok: true })
+            .grant(52, 2, 1, 2, 152)
+            // Client 2 stops renewing; its lost signal fires at valid_until; client 3 after.
+            .at(152, 2, Op::LostSignal { lease: 1 })
+            .grant(160, 3, 2, 3, 260)
+            .at(200, 3, Op::Release { lease: 2 });
+        assert_eq!(h.kinds(300), vec![]);
+    }
+
+    #[test]
+    fn two_believers_at_once_are_an_overlap() {
+        let mut h = H::new();
+        h.grant(0, 1, 0, 1, 100).grant(10, 2, 1, 2, 110);
+        let k = h.kinds(300);
+        assert!(k.contains(&Kind::Overlap), "{k:?}");
+        assert!(k.contains(&Kind::LossNotSeen), "{k:?}");
+    }
+
+    #[test]
+    fn a_holder_that_released_is_not_a_loss_not_seen() {
+        let mut h = H::new();
+        // Released at 50, but the successor was granted at 40: a mutual-exclusion failure.
+        h.grant(0, 1, 0, 1, 100)
+            .grant(40, 2, 1, 2, 140)
+            .at(50, 1, Op::Release { lease: 0 })
+            .at(51, 1, Op::Released { lease: 0, ok: true });
+        let k = h.kinds(300);
+        assert!(k.contains(&Kind::Overlap), "{k:?}");
+        assert!(!k.contains(&Kind::LossNotSeen), "{k:?}");
+    }
+
+    #[test]
+    fn a_lost_signal_after_the_regrant_is_caught_unless_valid_until_passed() {
+        let mut h = H::new();
+        h.grant(0, 1, 0, 1, 100)
+            .grant(120, 2, 1, 2, 220)
+            .at(130, 1, Op::LostSignal { lease: 0 });
+        // valid_until (100) passed before the re-grant (120): the holder knew.
+        assert_eq!(h.kinds(300), vec![]);
+        let mut late = H::new();
+        // A look extends the belief to 200 (renewed), then the lock goes elsewhere.
+        let renewed = Op::Looked {
+            lease: 0,
+            valid_until: late.ms(200),
+            lost: false,
+        };
+        late.grant(0, 1, 0, 1, 100)
+            .at(50, 1, renewed)
+            .grant(120, 2, 1, 2, 220)
+            .at(130, 1, Op::LostSignal { lease: 0 });
+        let k = late.kinds(300);
+        assert!(k.contains(&Kind::LossNotSeen), "{k:?}");
+    }
+
+    #[test]
+    fn a_resurrected_belief_opens_a_new_span() {
+        let mut h = H::new();
+        h.grant(0, 1, 0, 1, 100)
+            .at(100, 1, Op::LostSignal { lease: 0 })
+            .grant(110, 2, 1, 2, 210);
+        let resurrected = Op::Looked {
+            lease: 0,
+            valid_until: h.ms(250),
+            lost: false,
+        };
+        h.at(150, 1, resurrected);
+        let k = h.kinds(300);
+        assert!(k.contains(&Kind::Overlap), "{k:?}");
+    }
+
+    #[test]
+    fn tokens_must_increase_in_grant_order() {
+        let mut h = H::new();
+        h.grant(0, 1, 0, 5, 100)
+            .at(10, 1, Op::Release { lease: 0 })
+            .grant(20, 2, 1, 5, 120)
+            .at(30, 2, Op::Release { lease: 1 });
+        assert_eq!(h.kinds(300), vec![Kind::Fencing]);
+    }
+
+    #[test]
+    fn the_store_must_not_accept_a_lower_token() {
+        let mut h = H::new();
+        h.at(
+            0,
+            1,
+            Op::Write {
+                lease: 1,
+                token: Some(7),
+                accepted: true,
+            },
+        )
+        .at(
+            5,
+            2,
+            Op::Write {
+                lease: 0,
+                token: Some(6),
+                accepted: true,
+            },
+        );
+        assert_eq!(h.kinds(10), vec![Kind::Fencing]);
+    }
+
+    #[test]
+    fn a_name_not_granted_after_the_last_heal_and_a_hung_acquire_are_liveness() {
+        let mut h = H::new();
+        h.grant(0, 1, 0, 1, 100)
+            .at(10, 1, Op::Release { lease: 0 })
+            .at(
+                20,
+                9,
+                Op::Heal {
+                    what: "blackhole".into(),
+                },
+            )
+            .at(30, 2, Op::Acquire);
+        let k = h.kinds(1000);
+        assert_eq!(k, vec![Kind::Liveness, Kind::Liveness], "{k:?}");
+        // A run that ends before the bound is not judged on (d)'s first part.
+        assert_eq!(h.kinds(400), vec![Kind::Liveness]);
+    }
+}

@@ -1,0 +1,136 @@
+//! The history a safety run records: every operation of every client, on one monotonic clock
+//! (all clients run in this process, so "at the same instant" is exact).
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// One lease, numbered in grant order within a run.
+pub type LeaseId = u64;
+
+/// What happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// A client asked for the name (a bounded wait).
+    Acquire,
+    /// The grant returned, with the lease's token and `valid_until` at that moment.
+    Granted {
+        /// The lease.
+        lease: LeaseId,
+        /// Its fencing token, if the driver gives one.
+        token: Option<u64>,
+        /// Its `valid_until` when the grant returned.
+        valid_until: Instant,
+    },
+    /// The attempt ended without a grant (timeout or error).
+    Refused {
+        /// Why, in the driver's words.
+        error: String,
+    },
+    /// The attempt outlived the workload's own limit and was cancelled: outcome unknown.
+    Unknown,
+    /// The holder looked at its lease: its `valid_until` then, and whether it was Lost.
+    Looked {
+        /// The lease.
+        lease: LeaseId,
+        /// `valid_until` as the lease reported it.
+        valid_until: Instant,
+        /// The lease said Lost.
+        lost: bool,
+    },
+    /// The lease's lost signal fired.
+    LostSignal {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// The holder called `release` (it stops believing it holds from here).
+    Release {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// `release` returned.
+    Released {
+        /// The lease.
+        lease: LeaseId,
+        /// It returned `Ok`.
+        ok: bool,
+    },
+    /// The holder let go without a release (dropped or abandoned the lease).
+    LetGo {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// A write to the fenced store.
+    Write {
+        /// The lease whose holder wrote.
+        lease: LeaseId,
+        /// The token it wrote with.
+        token: Option<u64>,
+        /// The store accepted it.
+        accepted: bool,
+    },
+    /// A fault began (nemesis).
+    Fault {
+        /// What and where.
+        what: String,
+    },
+    /// A fault was healed (nemesis).
+    Heal {
+        /// What and where.
+        what: String,
+    },
+}
+
+/// One entry of the history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// When, on the run's one monotonic clock.
+    pub at: Instant,
+    /// Which client (the nemesis is `usize::MAX`).
+    pub client: usize,
+    /// Which name (index into the run's names; `usize::MAX` for faults).
+    pub name: usize,
+    /// What.
+    pub op: Op,
+}
+
+/// The nemesis's "client" and "name" in events that concern no client or no name.
+pub const NOBODY: usize = usize::MAX;
+
+/// An append-only history, shared by the clients and the nemesis of a run.
+#[derive(Debug, Default)]
+pub struct History {
+    events: Mutex<Vec<Event>>,
+}
+
+impl History {
+    /// Records `op` now.
+    pub fn record(&self, client: usize, name: usize, op: Op) {
+        self.record_at(Instant::now(), client, name, op);
+    }
+
+    /// Records `op` at `at` (an instant taken earlier, such as a grant's return).
+    pub fn record_at(&self, at: Instant, client: usize, name: usize, op: Op) {
+        let e = Event {
+            at,
+            client,
+            name,
+            op,
+        };
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e);
+    }
+
+    /// Every event so far, in time order.
+    pub fn events(&self) -> Vec<Event> {
+        let mut v = self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        v.sort_by_key(|e| e.at);
+        v
+    }
+}

@@ -1,0 +1,38 @@
+//! Safety under faults, Jepsen-style: a [`Workload`] of independent clients over a few names,
+//! a nemesis that breaks their links and pauses them on a seeded schedule, a [`History`] of
+//! every operation on one monotonic clock, and a [`check`]er that reads the history and
+//! reports every violation of:
+//!
+//! - **(a) no overlap**: two clients never both believe they hold a name at the same instant
+//!   (a client believes from its grant's return until the earliest of its release, its
+//!   `valid_until` and its lost signal);
+//! - **(b) fencing**: tokens strictly increase in grant order per name, and the [`FencedStore`]
+//!   never accepts a token lower than one it accepted (skipped for `Fencing::None`);
+//! - **(c) loss before re-grant**: a holder that did not release saw its lost signal or passed
+//!   its `valid_until` before the next holder's grant returned;
+//! - **(d) liveness**: after the last fault healed, every name is granted again within a bound
+//!   derived from the TTL, and no acquisition hangs.
+//!
+//! The suite's `safety::history_is_clean` case runs [`Workload::short`] on every driver; the
+//! negative controls prove that the checker reports each broken promise as its own kind.
+//!
+//! ```no_run
+//! # async fn f(h: &dyn conformance_tests::Harness) -> Result<(), conformance_tests::Failure> {
+//! use conformance_tests::safety::{run, Workload};
+//! let report = run(h, &Workload::short(42)).await?;
+//! println!("{} grants, faults {:?}", report.grants, report.faults);
+//! report.verdict()?;
+//! # Ok(()) }
+//! ```
+
+mod checker;
+mod history;
+mod nemesis;
+mod store;
+mod workload;
+
+pub use checker::{check, Kind, Rules, Violation};
+pub use history::{Event, History, LeaseId, Op, NOBODY};
+pub use nemesis::{Rng, FAULT_KINDS};
+pub use store::FencedStore;
+pub use workload::{run, Report, Workload};

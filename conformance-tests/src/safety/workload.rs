@@ -1,0 +1,466 @@
+//! The workload: independent clients, each a loop over a few names — acquire (bounded wait),
+//! hold with auto-renewal while writing to the fenced store, then release (or abandon, or
+//! drop) — recorded in a [`History`], under the [`Nemesis`](super::nemesis).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::{DistributedLock, Fencing, Lease, LeaseState, LockName, LockOptions};
+
+use super::checker::{check, Rules, Violation};
+use super::history::{History, LeaseId, Op, NOBODY};
+use super::nemesis::{Nemesis, Rng, FAULT_KINDS};
+use super::store::FencedStore;
+use crate::{fresh_name, Failure, Fault, Harness, Link, Timing};
+
+/// How big a run is.
+#[derive(Clone, Copy, Debug)]
+pub struct Workload {
+    /// Independent clients (separate connections or sessions).
+    pub clients: usize,
+    /// Names they contend for.
+    pub names: usize,
+    /// Stop once this many grants were made (and the last fault is long healed)...
+    pub grants: u64,
+    /// ... or after this long, whichever comes first.
+    pub limit: Duration,
+    /// Seed of every random choice (names, hold times, faults).
+    pub seed: u64,
+    /// Run the nemesis.
+    pub faults: bool,
+    /// The longest a holder keeps a lock (each hold is random up to this).
+    pub hold: Duration,
+}
+
+impl Workload {
+    /// The short run of the conformance suite: 8 clients, 4 names, 2,000 grants, at most a
+    /// minute, faults on, holds of up to 40 ms.
+    pub fn short(seed: u64) -> Self {
+        Workload {
+            clients: 8,
+            names: 4,
+            grants: 2_000,
+            limit: Duration::from_secs(60),
+            seed,
+            faults: true,
+            hold: Duration::from_millis(40),
+        }
+    }
+}
+
+/// What a run did and what the checker found.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The seed (a failing run replays with it).
+    pub seed: u64,
+    /// Grants returned.
+    pub grants: u64,
+    /// Acquisitions that ended without a grant (timeouts, errors).
+    pub refused: u64,
+    /// Acquisitions cancelled by the workload's own limit (outcome unknown).
+    pub unknown: u64,
+    /// Writes the fenced store refused (a stale holder stopped by its token).
+    pub stale_writes_refused: u64,
+    /// Faults injected per kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// How long the run took.
+    pub elapsed: Duration,
+    /// From a holder's `valid_until` passing (unreleased) to its lost signal: the samples.
+    pub loss_to_signal: Vec<Duration>,
+    /// Every violation found.
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// A failure listing the violations (at most 10), or `Ok` if there are none.
+    pub fn verdict(&self) -> Result<(), Failure> {
+        if self.violations.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<String> = self
+            .violations
+            .iter()
+            .take(10)
+            .map(|v| v.to_string())
+            .collect();
+        Err(Failure(format!(
+            "{} violation(s) in a history of {} grants (seed {}, faults {:?}):\n  {}",
+            self.violations.len(),
+            self.grants,
+            self.seed,
+            self.faults,
+            shown.join("\n  ")
+        )))
+    }
+}
+
+/// Shared by the clients of one run.
+struct Shared {
+    history: Arc<History>,
+    store: FencedStore,
+    names: Vec<LockName>,
+    grants: AtomicU64,
+    refused: AtomicU64,
+    unknown: AtomicU64,
+    stale: AtomicU64,
+    next_lease: AtomicU64,
+    stop: AtomicBool,
+    timing: Timing,
+    hold: Duration,
+}
+
+/// Runs `w` against `h`'s driver and checks the history.
+pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
+    let timing = h.timing();
+    let ttl = timing.ttl;
+    let mut clients = Vec::new();
+    let mut links = Vec::new();
+    for i in 0..w.clients {
+        // Every other client sits behind a breakable link, where the harness gives one.
+        let faulty = if w.faults && i % 2 == 0 {
+            h.faulty_client(Duration::ZERO).await
+        } else {
+            None
+        };
+        let lock = match faulty {
+            Some(f) => {
+                let f = f.map_err(|e| Failure(format!("could not create a faulty client: {e}")))?;
+                f.link.set(crate::Fault::Healed);
+                links.push((i, Arc::<dyn Link>::from(f.link)));
+                f.lock
+            }
+            None => h
+                .client()
+                .await
+                .map_err(|e| Failure(format!("could not create a client: {e}")))?,
+        };
+        clients.push(lock);
+    }
+    let fencing = clients
+        .first()
+        .is_some_and(|c| c.capabilities().fencing != Fencing::None);
+    let shared = Arc::new(Shared {
+        history: Arc::new(History::default()),
+        store: FencedStore::default(),
+        names: (0..w.names)
+            .map(|i| fresh_name(&format!("safety-{i}")))
+            .collect(),
+        grants: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+        unknown: AtomicU64::new(0),
+        stale: AtomicU64::new(0),
+        next_lease: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        timing,
+        hold: w.hold,
+    });
+    let pauses: Vec<Arc<AtomicBool>> = (0..w.clients).map(|_| Arc::default()).collect();
+    let own_links: Vec<Option<Arc<dyn Link>>> = (0..w.clients)
+        .map(|i| links.iter().find(|(c, _)| *c == i).map(|(_, l)| l.clone()))
+        .collect();
+    let started = Instant::now();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, lock)| {
+            let rng = Rng::new(w.seed ^ (i as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
+            let me = Client {
+                c: i,
+                pause: pauses[i].clone(),
+                link: own_links[i].clone(),
+            };
+            tokio::spawn(client_loop(me, lock, shared.clone(), rng))
+        })
+        .collect();
+
+    // The recovery bound (d): a cut-off holder's lock expires within a TTL of the fault, a
+    // waiter is woken within the slack; twice that for a loaded machine.
+    let recovery = (ttl + timing.slack) * 4;
+    let mut nemesis = Nemesis {
+        links,
+        pauses,
+        history: shared.history.clone(),
+        rng: Rng::new(w.seed),
+        ttl,
+        counts: [0; 4],
+    };
+    let deadline = started + w.limit;
+    if w.faults {
+        // Faults while grants accumulate, none in the last stretch: (d) needs calm after them.
+        let calm_from = deadline.checked_sub(recovery * 2).unwrap_or(started);
+        let target = w.grants;
+        let until = async {
+            while shared.grants.load(Ordering::Relaxed) < target * 3 / 4
+                && Instant::now() < calm_from
+            {
+                tokio::time::sleep(ttl / 4).await;
+            }
+        };
+        tokio::select! {
+            _ = nemesis.run_until(calm_from) => {}
+            _ = until => {}
+        }
+    }
+    let calm_since = Instant::now();
+    while Instant::now() < deadline
+        && (shared.grants.load(Ordering::Relaxed) < w.grants
+            || (w.faults && calm_since.elapsed() < recovery + ttl))
+    {
+        tokio::time::sleep(ttl / 10).await;
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+    let end = Instant::now();
+    // Each acquisition is bounded; a client still busy well after that is stuck, and its open
+    // acquisition is reported by the checker.
+    let grace = ttl * 8 + timing.slack * 4;
+    for t in tasks {
+        let _ = tokio::time::timeout(grace, t).await;
+    }
+    let events = shared.history.events();
+    let violations = check(
+        &events,
+        &Rules {
+            fencing,
+            recovery,
+            end,
+        },
+    );
+    let mut faults = BTreeMap::new();
+    for (k, n) in FAULT_KINDS.iter().zip(nemesis.counts) {
+        faults.insert(*k, n);
+    }
+    Ok(Report {
+        seed: w.seed,
+        grants: shared.grants.load(Ordering::Relaxed),
+        refused: shared.refused.load(Ordering::Relaxed),
+        unknown: shared.unknown.load(Ordering::Relaxed),
+        stale_writes_refused: shared.stale.load(Ordering::Relaxed),
+        faults,
+        elapsed: started.elapsed(),
+        loss_to_signal: loss_to_signal(&events),
+        violations,
+    })
+}
+
+/// For each unreleased lease whose lost signal fired: how long after the `valid_until` its
+/// holder last saw (or after the grant's) the signal came; negative gaps (signal first) are 0.
+fn loss_to_signal(events: &[super::history::Event]) -> Vec<Duration> {
+    use std::collections::HashMap;
+    let mut last_vu: HashMap<LeaseId, Instant> = HashMap::new();
+    let mut released: std::collections::HashSet<LeaseId> = Default::default();
+    let mut out = Vec::new();
+    for e in events {
+        match &e.op {
+            Op::Granted {
+                lease, valid_until, ..
+            } => {
+                last_vu.insert(*lease, *valid_until);
+            }
+            Op::Looked {
+                lease,
+                valid_until,
+                lost: false,
+            } => {
+                last_vu.insert(*lease, *valid_until);
+            }
+            Op::Release { lease } | Op::LetGo { lease } => {
+                released.insert(*lease);
+            }
+            Op::LostSignal { lease } if !released.contains(lease) => {
+                if let Some(vu) = last_vu.get(lease) {
+                    out.push(e.at.saturating_duration_since(*vu));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One client of the run: its number, its pause switch, its link if it has one.
+struct Client {
+    c: usize,
+    pause: Arc<AtomicBool>,
+    link: Option<Arc<dyn Link>>,
+}
+
+impl Client {
+    /// A stopped process, if the nemesis asked for one: nothing of this client happens for
+    /// longer than the TTL — its holder stops, and where it has a link, nothing reaches the
+    /// backend, so its lease's renewals stop too, as a whole-process pause would stop them.
+    async fn maybe_pause(&self, s: &Shared) -> bool {
+        if !self.pause.swap(false, Ordering::Relaxed) {
+            return false;
+        }
+        let what = format!("pause client {}", self.c);
+        s.history
+            .record(self.c, NOBODY, Op::Fault { what: what.clone() });
+        if let Some(l) = &self.link {
+            l.set(Fault::Blackhole);
+        }
+        tokio::time::sleep(super::nemesis::pause(s.timing.ttl)).await;
+        if let Some(l) = &self.link {
+            l.set(Fault::Healed);
+        }
+        s.history.record(self.c, NOBODY, Op::Heal { what });
+        true
+    }
+}
+
+/// One client: acquire a random name, hold it a while writing to the store, let it go.
+async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>, mut rng: Rng) {
+    let c = me.c;
+    let ttl = s.timing.ttl;
+    let hold_max = s.hold;
+    // A bounded wait, and a limit of our own over it for a driver that overstays it.
+    let wait = ttl * 3;
+    let limit = wait + ttl * 4 + s.timing.slack * 2;
+    while !s.stop.load(Ordering::Relaxed) {
+        let n = rng.below(s.names.len() as u64) as usize;
+        let opts = LockOptions::new(ttl).wait_for(wait).auto_renew(None);
+        s.history.record(c, n, Op::Acquire);
+        let lease = match tokio::time::timeout(limit, lock.acquire(&s.names[n], &opts)).await {
+            Err(_) => {
+                s.history.record(c, n, Op::Unknown);
+                s.unknown.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            Ok(Err(e)) => {
+                s.history.record(
+                    c,
+                    n,
+                    Op::Refused {
+                        error: e.to_string(),
+                    },
+                );
+                s.refused.fetch_add(1, Ordering::Relaxed);
+                // Not a hot loop against a backend that refuses at once.
+                tokio::time::sleep(ttl / 20).await;
+                continue;
+            }
+            Ok(Ok(l)) => l,
+        };
+        let returned = Instant::now();
+        let id = s.next_lease.fetch_add(1, Ordering::Relaxed);
+        let token = lease.fencing_token().map(|t| t.get());
+        s.history.record_at(
+            returned,
+            c,
+            n,
+            Op::Granted {
+                lease: id,
+                token,
+                valid_until: lease.valid_until(),
+            },
+        );
+        s.grants.fetch_add(1, Ordering::Relaxed);
+        let lost = lease.lost();
+        let history = s.history.clone();
+        tokio::spawn(async move {
+            lost.wait().await;
+            history.record(c, n, Op::LostSignal { lease: id });
+        });
+        hold(c, n, id, token, lease.as_ref(), &s, &me, &mut rng, hold_max).await;
+        // Now and then a holder crashes (abandon: the lock stays until its TTL) or forgets its
+        // lease (drop: freed in the background); most release.
+        match rng.below(100) {
+            0 => {
+                s.history.record(c, n, Op::LetGo { lease: id });
+                lease.abandon();
+            }
+            1..=4 => {
+                s.history.record(c, n, Op::LetGo { lease: id });
+                drop(lease);
+            }
+            _ => {
+                s.history.record(c, n, Op::Release { lease: id });
+                let ok = tokio::time::timeout(limit, lease.release())
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+                s.history.record(c, n, Op::Released { lease: id, ok });
+            }
+        }
+    }
+}
+
+/// Holds lease `id`: a few writes, each after a look at the lease, only while its holder
+/// believes it holds. A paused holder stops between its look and its write for longer than
+/// the TTL, as a GC pause would, then writes with its old token: the store must refuse it if a
+/// newer holder wrote meanwhile.
+#[allow(clippy::too_many_arguments)]
+async fn hold(
+    c: usize,
+    n: usize,
+    id: LeaseId,
+    token: Option<u64>,
+    lease: &dyn Lease,
+    s: &Shared,
+    me: &Client,
+    rng: &mut Rng,
+    hold_max: Duration,
+) {
+    let writes = 1 + rng.below(3);
+    let each = rng.duration(Duration::ZERO, hold_max) / writes as u32;
+    for _ in 0..writes {
+        // Now and then a manual renewal on top of the watchdog's, as a careful user does
+        // before a long step; a failed one is the lease telling its holder it is gone.
+        if rng.chance(10) {
+            let _ = lease.renew().await;
+        }
+        let vu = lease.valid_until();
+        let lost = lease.state() == LeaseState::Lost;
+        s.history.record(
+            c,
+            n,
+            Op::Looked {
+                lease: id,
+                valid_until: vu,
+                lost,
+            },
+        );
+        if lost || Instant::now() >= vu {
+            // One more chance, as many holders give it: a renewal that succeeds means the
+            // lock is still (or again) theirs — if the driver says so, it had better be true.
+            if lease.renew().await.is_err() {
+                return;
+            }
+            let (vu, lost) = (lease.valid_until(), lease.state() == LeaseState::Lost);
+            s.history.record(
+                c,
+                n,
+                Op::Looked {
+                    lease: id,
+                    valid_until: vu,
+                    lost,
+                },
+            );
+            if lost || Instant::now() >= vu {
+                return;
+            }
+        }
+        if me.maybe_pause(s).await {
+            // Back from the pause, a careful holder renews before it goes on; the write
+            // below still uses the token it had (the store judges it), as a holder that
+            // checked before the pause would.
+            let _ = lease.renew().await;
+        }
+        let accepted = s.store.write(n, token);
+        if !accepted {
+            s.stale.fetch_add(1, Ordering::Relaxed);
+        }
+        s.history.record(
+            c,
+            n,
+            Op::Write {
+                lease: id,
+                token,
+                accepted,
+            },
+        );
+        if !each.is_zero() {
+            tokio::time::sleep(each).await;
+        }
+    }
+}
