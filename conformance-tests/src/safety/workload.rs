@@ -35,12 +35,12 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// The short run of the conformance suite: 8 clients, 4 names, 2,000 grants, at most a
+    /// The short run of the conformance suite: 8 clients, 6 names, 2,000 grants, at most a
     /// minute, faults on, holds of up to 40 ms.
     pub fn short(seed: u64) -> Self {
         Workload {
             clients: 8,
-            names: 4,
+            names: 6,
             grants: 2_000,
             limit: Duration::from_secs(60),
             seed,
