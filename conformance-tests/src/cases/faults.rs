@@ -4,10 +4,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::{Lease, LeaseState};
+use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{client, faulty, held, opts, record_states, sleep, watch_lost, within};
-use crate::{ensure, fresh_name, Failure, Fault, Harness};
+use crate::{ensure, fresh_name, Failure, Fault, Faulty, Harness, Timing};
+
+/// The timings, a client behind a healthy link (the holder to be), another client, a name.
+async fn holder_and_other(
+    h: &dyn Harness,
+    tag: &str,
+) -> Result<(Timing, Faulty, Arc<dyn DistributedLock>, LockName), Failure> {
+    let holder = faulty(h, Duration::ZERO).await?;
+    holder.link.set(Fault::Healed);
+    Ok((h.timing(), holder, client(h).await?, fresh_name(tag)))
+}
 
 /// A holder cut off from the backend (its link blackholed: nothing flows, connections stay
 /// open) learns that it lost the lock before any other client is granted it: its lost signal
@@ -18,11 +28,7 @@ use crate::{ensure, fresh_name, Failure, Fault, Harness};
 pub async fn partitioned_holder_knows_before_anyone_is_granted(
     h: &dyn Harness,
 ) -> Result<(), Failure> {
-    let t = h.timing();
-    let holder = faulty(h, Duration::ZERO).await?;
-    holder.link.set(Fault::Healed);
-    let other = client(h).await?;
-    let name = fresh_name("partition");
+    let (t, holder, other, name) = holder_and_other(h, "partition").await?;
     let lease: Arc<Box<dyn Lease>> = Arc::new(
         holder
             .lock
@@ -121,11 +127,7 @@ pub async fn partitioned_holder_knows_before_anyone_is_granted(
 pub async fn dropped_connection_is_survived_by_an_auto_renewed_lease(
     h: &dyn Harness,
 ) -> Result<(), Failure> {
-    let t = h.timing();
-    let holder = faulty(h, Duration::ZERO).await?;
-    holder.link.set(Fault::Healed);
-    let other = client(h).await?;
-    let name = fresh_name("cut");
+    let (t, holder, other, name) = holder_and_other(h, "cut").await?;
     let ttl = t.ttl * 3;
     let lease = holder
         .lock

@@ -385,6 +385,22 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
     }
 }
 
+/// Looks at lease `id` (recorded): whether its holder believes it still holds it.
+fn look(c: usize, n: usize, id: LeaseId, lease: &dyn Lease, s: &Shared) -> bool {
+    let valid_until = lease.valid_until();
+    let lost = lease.state() == LeaseState::Lost;
+    s.history.record(
+        c,
+        n,
+        Op::Looked {
+            lease: id,
+            valid_until,
+            lost,
+        },
+    );
+    !lost && Instant::now() < valid_until
+}
+
 /// Holds lease `id`: a few writes, each after a look at the lease, only while its holder
 /// believes it holds. A paused holder stops between its look and its write for longer than
 /// the TTL, as a GC pause would, then writes with its old token: the store must refuse it if a
@@ -409,36 +425,12 @@ async fn hold(
         if rng.chance(10) {
             let _ = lease.renew().await;
         }
-        let vu = lease.valid_until();
-        let lost = lease.state() == LeaseState::Lost;
-        s.history.record(
-            c,
-            n,
-            Op::Looked {
-                lease: id,
-                valid_until: vu,
-                lost,
-            },
-        );
-        if lost || Instant::now() >= vu {
-            // One more chance, as many holders give it: a renewal that succeeds means the
-            // lock is still (or again) theirs — if the driver says so, it had better be true.
-            if lease.renew().await.is_err() {
-                return;
-            }
-            let (vu, lost) = (lease.valid_until(), lease.state() == LeaseState::Lost);
-            s.history.record(
-                c,
-                n,
-                Op::Looked {
-                    lease: id,
-                    valid_until: vu,
-                    lost,
-                },
-            );
-            if lost || Instant::now() >= vu {
-                return;
-            }
+        // One more chance after a look that says it is over, as many holders give it: a
+        // renewal that succeeds means the lock is still (or again) theirs — if the driver
+        // says so, it had better be true.
+        if !look(c, n, id, lease, s) && (lease.renew().await.is_err() || !look(c, n, id, lease, s))
+        {
+            return;
         }
         if me.maybe_pause(s).await {
             // Back from the pause, a careful holder renews before it goes on; the write
