@@ -61,6 +61,8 @@ pub const FAULT_KINDS: [&str; 4] = ["blackhole", "delay", "cut", "pause"];
 pub(super) struct Nemesis {
     pub(super) links: Vec<(usize, Arc<dyn Link>)>,
     pub(super) pauses: Vec<Arc<AtomicBool>>,
+    /// Per client: whether it holds a lease right now.
+    pub(super) holding: Arc<Vec<AtomicBool>>,
     pub(super) history: Arc<History>,
     pub(super) rng: Rng,
     pub(super) ttl: Duration,
@@ -80,16 +82,24 @@ impl Nemesis {
         match kind {
             3 => {
                 // The client stops itself at its next step inside a hold (see the workload),
-                // so that the pause lands where it matters: between a look and a write.
-                let c = self.rng.below(self.pauses.len() as u64) as usize;
+                // so that the pause lands where it matters: between a look and a write. A
+                // client with a link is preferred: its renewals stop with it.
+                let linked: Vec<usize> = self.links.iter().map(|(c, _)| *c).collect();
+                let c = match self.pick(&linked) {
+                    Some(c) => c,
+                    None => self.rng.below(self.pauses.len() as u64) as usize,
+                };
                 if let Some(p) = self.pauses.get(c) {
                     p.store(true, Ordering::Relaxed);
                     self.counts[3] += 1;
                 }
             }
             k => {
-                let i = self.rng.below(self.links.len() as u64) as usize;
-                let Some((c, link)) = self.links.get(i) else {
+                let linked: Vec<usize> = self.links.iter().map(|(c, _)| *c).collect();
+                let Some(target) = self.pick(&linked) else {
+                    return;
+                };
+                let Some((c, link)) = self.links.iter().find(|(c, _)| *c == target) else {
                     return;
                 };
                 let (fault, what, lasts) = match k {
@@ -134,6 +144,27 @@ impl Nemesis {
                 );
             }
         }
+    }
+
+    /// One of `clients`, preferring those that hold a lease right now: a fault that lands
+    /// between a client's holds tests little.
+    fn pick(&mut self, clients: &[usize]) -> Option<usize> {
+        let holding: Vec<usize> = clients
+            .iter()
+            .copied()
+            .filter(|c| {
+                self.holding
+                    .get(*c)
+                    .is_some_and(|h| h.load(Ordering::Relaxed))
+            })
+            .collect();
+        let from = if holding.is_empty() {
+            clients
+        } else {
+            &holding
+        };
+        from.get(self.rng.below(from.len() as u64) as usize)
+            .copied()
     }
 
     /// Faults with random gaps until `until`; every fault is healed when this returns.

@@ -67,13 +67,23 @@ pub struct Report {
     pub faults: BTreeMap<&'static str, u64>,
     /// How long the run took.
     pub elapsed: Duration,
-    /// From a holder's `valid_until` passing (unreleased) to its lost signal: the samples.
+    /// For holders cut off or paused while holding: from the fault's start to their lost
+    /// signal (how long a cut-off holder went on believing), one sample per such lease.
     pub loss_to_signal: Vec<Duration>,
     /// Every violation found.
     pub violations: Vec<Violation>,
 }
 
 impl Report {
+    /// The `q`-quantile (0.0–1.0) of [`loss_to_signal`](Self::loss_to_signal), if any.
+    pub fn loss_to_signal_quantile(&self, q: f64) -> Option<Duration> {
+        let mut v = self.loss_to_signal.clone();
+        v.sort();
+        let last = v.len().checked_sub(1)?;
+        let i = ((last as f64) * q.clamp(0.0, 1.0)).round() as usize;
+        v.get(i).copied()
+    }
+
     /// A failure listing the violations (at most 10), or `Ok` if there are none.
     pub fn verdict(&self) -> Result<(), Failure> {
         if self.violations.is_empty() {
@@ -157,6 +167,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         hold: w.hold,
     });
     let pauses: Vec<Arc<AtomicBool>> = (0..w.clients).map(|_| Arc::default()).collect();
+    let holding: Arc<Vec<AtomicBool>> =
+        Arc::new((0..w.clients).map(|_| AtomicBool::new(false)).collect());
     let own_links: Vec<Option<Arc<dyn Link>>> = (0..w.clients)
         .map(|i| links.iter().find(|(c, _)| *c == i).map(|(_, l)| l.clone()))
         .collect();
@@ -169,6 +181,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
             let me = Client {
                 c: i,
                 pause: pauses[i].clone(),
+                holding: holding.clone(),
                 link: own_links[i].clone(),
             };
             tokio::spawn(client_loop(me, lock, shared.clone(), rng))
@@ -181,6 +194,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     let mut nemesis = Nemesis {
         links,
         pauses,
+        holding,
         history: shared.history.clone(),
         rng: Rng::new(w.seed),
         ttl,
@@ -244,33 +258,31 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     })
 }
 
-/// For each unreleased lease whose lost signal fired: how long after the `valid_until` its
-/// holder last saw (or after the grant's) the signal came; negative gaps (signal first) are 0.
+/// For each lease whose holder was cut off or paused while holding it (a blackhole or a pause
+/// of its client began after the grant) and that ended by its lost signal, not a release: how
+/// long after that fault began the signal fired — how long a cut-off holder went on believing.
 fn loss_to_signal(events: &[super::history::Event]) -> Vec<Duration> {
-    use std::collections::HashMap;
-    let mut last_vu: HashMap<LeaseId, Instant> = HashMap::new();
-    let mut released: std::collections::HashSet<LeaseId> = Default::default();
+    use std::collections::{HashMap, HashSet};
+    let mut holder: HashMap<LeaseId, (usize, Instant)> = HashMap::new();
+    let mut let_go: HashSet<LeaseId> = HashSet::new();
+    let mut struck: HashMap<usize, Instant> = HashMap::new();
     let mut out = Vec::new();
     for e in events {
         match &e.op {
-            Op::Granted {
-                lease, valid_until, ..
-            } => {
-                last_vu.insert(*lease, *valid_until);
+            Op::Granted { lease, .. } => {
+                holder.insert(*lease, (e.client, e.at));
             }
-            Op::Looked {
-                lease,
-                valid_until,
-                lost: false,
-            } => {
-                last_vu.insert(*lease, *valid_until);
+            Op::Fault { what } if what.starts_with("blackhole") || what.starts_with("pause") => {
+                struck.insert(e.client, e.at);
             }
             Op::Release { lease } | Op::LetGo { lease } => {
-                released.insert(*lease);
+                let_go.insert(*lease);
             }
-            Op::LostSignal { lease } if !released.contains(lease) => {
-                if let Some(vu) = last_vu.get(lease) {
-                    out.push(e.at.saturating_duration_since(*vu));
+            Op::LostSignal { lease } if !let_go.contains(lease) => {
+                if let Some((c, granted)) = holder.get(lease) {
+                    if let Some(at) = struck.get(c).filter(|at| *at >= granted) {
+                        out.push(e.at.saturating_duration_since(*at));
+                    }
                 }
             }
             _ => {}
@@ -283,10 +295,18 @@ fn loss_to_signal(events: &[super::history::Event]) -> Vec<Duration> {
 struct Client {
     c: usize,
     pause: Arc<AtomicBool>,
+    /// Every client's "holds a lease now" flag (this one's is `holding[c]`).
+    holding: Arc<Vec<AtomicBool>>,
     link: Option<Arc<dyn Link>>,
 }
 
 impl Client {
+    fn set_holding(&self, on: bool) {
+        if let Some(h) = self.holding.get(self.c) {
+            h.store(on, Ordering::Relaxed);
+        }
+    }
+
     /// A stopped process, if the nemesis asked for one: nothing of this client happens for
     /// longer than the TTL — its holder stops, and where it has a link, nothing reaches the
     /// backend, so its lease's renewals stop too, as a whole-process pause would stop them.
@@ -362,7 +382,9 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
             lost.wait().await;
             history.record(c, n, Op::LostSignal { lease: id });
         });
+        me.set_holding(true);
         hold(c, n, id, token, lease.as_ref(), &s, &me, &mut rng, hold_max).await;
+        me.set_holding(false);
         // Now and then a holder crashes (abandon: the lock stays until its TTL) or forgets its
         // lease (drop: freed in the background); most release.
         match rng.below(100) {
