@@ -2,7 +2,6 @@
 //! [`Harness::secured`].
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{DistributedLock, Error};
@@ -31,26 +30,26 @@ fn userinfo(user: &str, password: &str) -> String {
     )
 }
 
-/// A client for `url`, or the error that refused it: at `connect`, or at the first lock
-/// attempt for a driver that connects lazily. A lock attempt that is granted comes back as
-/// `Ok` (and is released).
-async fn attempt(
+/// The error that refuses a client for `url`: at `connect`, or at the first lock attempt for a
+/// driver that connects lazily. A granted lock fails the case, saying that `granted` happened.
+async fn refused(
     h: &dyn Harness,
     s: &Secured,
     url: String,
-) -> Result<Result<Arc<dyn DistributedLock>, Error>, Failure> {
+    granted: &str,
+) -> Result<Error, Failure> {
     within(CONNECT_LIMIT, "connecting", async {
         let lock = match s.connect(url).await {
             Ok(lock) => lock,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(e),
         };
         match lock.try_acquire(&fresh_name("sec"), &long_opts(h)).await {
             Ok(Some(l)) => {
                 l.release().await?;
-                Ok(Ok(lock))
+                Err(Failure(format!("{granted}: a lock was granted")))
             }
             Ok(None) => Err(Failure("a fresh name was busy".into())),
-            Err(e) => Ok(Err(e)),
+            Err(e) => Ok(e),
         }
     })
     .await?
@@ -118,24 +117,18 @@ pub async fn wrong_password_is_unauthenticated(h: &dyn Harness) -> Result<(), Fa
     let users = a.accounts.iter().map(|(u, _)| u.as_str()).chain(["nobody"]);
     for user in users {
         let info = userinfo(user, &wrong);
-        match attempt(h, &s, s.url(&UrlParts::plain(a.server, Some(&info)))).await? {
-            Ok(_) => {
-                return Err(Failure(format!(
-                    "a wrong password for {user:?} was accepted: a lock was granted"
-                )))
-            }
-            Err(e) => {
-                let text = format!("{e} {e:?}");
-                ensure!(
-                    !shows(&text, &wrong),
-                    "the wrong password shows in the error: {text}"
-                );
-                ensure!(
-                    matches!(e, Error::Unauthenticated { .. }),
-                    "a wrong password for {user:?} should be Unauthenticated, it was: {e:?}"
-                );
-            }
-        }
+        let url = s.url(&UrlParts::plain(a.server, Some(&info)));
+        let accepted = format!("a wrong password for {user:?} was accepted");
+        let e = refused(h, &s, url, &accepted).await?;
+        let text = format!("{e} {e:?}");
+        ensure!(
+            !shows(&text, &wrong),
+            "the wrong password shows in the error: {text}"
+        );
+        ensure!(
+            matches!(e, Error::Unauthenticated { .. }),
+            "a wrong password for {user:?} should be Unauthenticated, it was: {e:?}"
+        );
     }
     Ok(())
 }
@@ -144,18 +137,19 @@ pub async fn wrong_password_is_unauthenticated(h: &dyn Harness) -> Result<(), Fa
 pub async fn missing_credentials_are_unauthenticated(h: &dyn Harness) -> Result<(), Failure> {
     let s = secured(h)?;
     let a = auth_server(&s)?;
-    match attempt(h, &s, s.url(&UrlParts::plain(a.server, None))).await? {
-        Ok(_) => Err(Failure(
-            "a client without credentials was granted a lock on a server that requires them".into(),
-        )),
-        Err(e) => {
-            ensure!(
-                matches!(e, Error::Unauthenticated { .. }),
-                "a client without credentials should be Unauthenticated, it was: {e:?}"
-            );
-            Ok(())
-        }
-    }
+    let url = s.url(&UrlParts::plain(a.server, None));
+    let e = refused(
+        h,
+        &s,
+        url,
+        "a client without credentials on a server that requires them",
+    )
+    .await?;
+    ensure!(
+        matches!(e, Error::Unauthenticated { .. }),
+        "a client without credentials should be Unauthenticated, it was: {e:?}"
+    );
+    Ok(())
 }
 
 /// When the server cannot be reached, the error is `Unavailable` and retryable, names the
@@ -170,14 +164,8 @@ pub async fn password_never_shows_in_errors(h: &dyn Harness) -> Result<(), Failu
         "%2F%40",
     ] {
         let info = userinfo("locker", password);
-        let e = match attempt(h, &s, s.url(&UrlParts::plain(NOWHERE, Some(&info)))).await? {
-            Ok(_) => {
-                return Err(Failure(format!(
-                    "a lock was granted by {NOWHERE}, where nothing listens"
-                )))
-            }
-            Err(e) => e,
-        };
+        let url = s.url(&UrlParts::plain(NOWHERE, Some(&info)));
+        let e = refused(h, &s, url, &format!("{NOWHERE}, where nothing listens")).await?;
         let text = format!("{e} {e:?}");
         ensure!(
             !shows(&text, password),
@@ -264,18 +252,13 @@ pub async fn tls_refuses_an_untrusted_certificate(h: &dyn Harness) -> Result<(),
     let Some(t) = s.tls.clone() else {
         return Err(Failure("no TLS server".into()));
     };
-    match attempt(h, &s, s.url(&UrlParts::tls(t.server, None))).await? {
-        Ok(_) => Err(Failure(
-            "a certificate from an unknown CA was trusted: a lock was granted".into(),
-        )),
-        Err(e) => {
-            ensure!(
-                matches!(e, Error::Unavailable { .. } | Error::Config { .. }),
-                "an untrusted certificate should be Unavailable or Config, it was: {e:?}"
-            );
-            Ok(())
-        }
-    }
+    let url = s.url(&UrlParts::tls(t.server, None));
+    let e = refused(h, &s, url, "a certificate from an unknown CA was trusted").await?;
+    ensure!(
+        matches!(e, Error::Unavailable { .. } | Error::Config { .. }),
+        "an untrusted certificate should be Unavailable or Config, it was: {e:?}"
+    );
+    Ok(())
 }
 
 /// A CA file that does not exist is a `Config` error at once, never a silent fall-back to the
