@@ -48,12 +48,14 @@ mod proxy;
 mod runner;
 pub mod safety;
 mod secured;
+mod servers;
 
 pub use cases::{record_states, Case, Facts, CASES};
 pub use link::{Fault, Faulty, Link};
 pub use proxy::FaultProxy;
 pub use runner::{run, run_case, run_trials, run_with_args, trials, trials_prefixed};
 pub use secured::{Secured, UrlParts};
+pub use servers::Servers;
 
 /// What the suite needs from a driver's test.
 #[async_trait]
@@ -100,20 +102,31 @@ pub trait Harness: Send + Sync + 'static {
         None
     }
 
-    /// Whether [`restart_backend`](Harness::restart_backend) works. `false` (the default): the
-    /// cases that restart the backend are skipped.
+    /// The backend's server processes, which the safety nemesis freezes, and crashes and
+    /// restarts where [`Servers::restart_keeps_locks`]. `None` (the default): no server
+    /// faults in the safety runs.
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        None
+    }
+
+    /// Whether [`restart_backend`](Harness::restart_backend) works. By default: where
+    /// [`servers`](Harness::servers) can be restarted without losing locks.
     fn can_restart_backend(&self) -> bool {
-        false
+        self.servers().is_some_and(|s| s.restart_keeps_locks())
     }
 
     /// Crashes the backend's server (or servers) and starts it again on the data it had, as an
-    /// operator's restart or a host reboot would, and returns once it serves again — typically
-    /// `scripts/services.sh restart <name>`, which kills by pid with SIGKILL. Lets the suite
-    /// check that `Fencing::Strict` tokens survive a restart. Clients made before may have to
-    /// reconnect; the cases make new ones. For a backend with no server process (a directory
-    /// of lock files), a new client *is* a restart: return `Ok(())`.
+    /// operator's restart or a host reboot would, and returns once it serves again. Lets the
+    /// suite check that `Fencing::Strict` tokens survive a restart. Clients made before may
+    /// have to reconnect; the cases make new ones. By default: every member of
+    /// [`servers`](Harness::servers) at once. For a backend with no server
+    /// process (a directory of lock files), a new client *is* a restart: return `Ok(())`.
     async fn restart_backend(&self) -> Result<(), BoxError> {
-        Err("this harness cannot restart its backend".into())
+        let servers = self
+            .servers()
+            .ok_or("this harness cannot restart its backend")?;
+        let all: Vec<usize> = (0..servers.members().len()).collect();
+        servers.restart(&all).await
     }
 }
 

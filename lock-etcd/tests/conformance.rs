@@ -9,18 +9,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::{
-    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Servers, Timing, UrlParts,
 };
 use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_etcd::{EtcdConfig, EtcdLock};
+use test_support::ServicesSh;
 
 struct Etcd {
     config: EtcdConfig,
     /// The server's minimum lease TTL, measured by a first connection.
     ttl: Duration,
-    /// The services.sh names of its servers, crashed and restarted together.
-    servers: &'static [&'static str],
+    /// Its servers in services.sh, which the nemesis freezes and restarts.
+    servers: Arc<ServicesSh>,
     /// Whether this run also covers the secured servers (once per binary).
     secured: bool,
 }
@@ -56,11 +57,8 @@ impl Harness for Etcd {
     async fn backend_requests(&self) -> Option<u64> {
         test_support::etcd_grpc_messages_received(self.config.endpoints()).await
     }
-    fn can_restart_backend(&self) -> bool {
-        true
-    }
-    async fn restart_backend(&self) -> Result<(), BoxError> {
-        Ok(test_support::restart_servers(self.servers).await?)
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        Some(self.servers.clone())
     }
     /// `etcd-auth` (12779) and, with the `tls` feature, `etcd-tls` (12879) of
     /// `scripts/services.sh`.
@@ -130,9 +128,11 @@ fn main() -> ExitCode {
             .unwrap_or(Duration::from_secs(2));
         trials.extend(conformance_tests::trials_prefixed(
             Arc::new(Etcd {
+                servers: Arc::new(
+                    ServicesSh::new(servers, true).etcd_leader(config.endpoints().iter().cloned()),
+                ),
                 config,
                 ttl,
-                servers,
                 secured: label == "single",
             }),
             label,

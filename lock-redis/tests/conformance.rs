@@ -8,17 +8,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::{
-    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Servers, Timing, UrlParts,
 };
 use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, RedisLock};
+use test_support::ServicesSh;
 
 struct Redis {
     config: RedisConfig,
-    /// The services.sh name of a server the suite may crash and restart.
-    restartable: Option<&'static str>,
+    /// Its server in services.sh: frozen by the safety nemesis, and crashed and restarted
+    /// where it syncs every write (`redis-aof`).
+    servers: Arc<ServicesSh>,
+    /// Whether this run also covers the secured servers (the main server's run).
+    secured: bool,
 }
 
 impl Redis {
@@ -64,17 +68,13 @@ impl Harness for Redis {
             .await,
         )
     }
-    fn can_restart_backend(&self) -> bool {
-        self.restartable.is_some()
-    }
-    async fn restart_backend(&self) -> Result<(), BoxError> {
-        let name = self.restartable.ok_or("not restartable")?;
-        Ok(test_support::restart_servers(&[name]).await?)
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        Some(self.servers.clone())
     }
     /// `redis-auth` (16390) and, with the `tls` feature, `redis-tls` (16392) of
     /// `scripts/services.sh`; for the main server's run only.
     fn secured(&self) -> Option<Secured> {
-        if self.restartable.is_some() {
+        if !self.secured {
             return None;
         }
         let secured = Secured::new(lock_redis::DRIVER.connect, |p: &UrlParts<'_>| {
@@ -120,9 +120,11 @@ impl Harness for Redis {
 fn main() -> ExitCode {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into());
     let config = RedisConfig::from_url(&url).expect("REDIS_URL");
+    // Without persistence a restart forgets every lock: the nemesis only freezes it.
     let mut trials = conformance_tests::trials(Arc::new(Redis {
         config,
-        restartable: None,
+        servers: Arc::new(ServicesSh::new(&["redis"], false)),
+        secured: true,
     }));
     // The server that fsyncs every write (appendfsync always): fencing is Strict, and the suite
     // crashes and restarts it to prove it.
@@ -130,7 +132,8 @@ fn main() -> ExitCode {
     trials.extend(conformance_tests::trials_prefixed(
         Arc::new(Redis {
             config: aof,
-            restartable: Some("redis-aof"),
+            servers: Arc::new(ServicesSh::new(&["redis-aof"], true)),
+            secured: false,
         }),
         "aof",
     ));

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::{
-    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Servers, Timing, UrlParts,
 };
 use lock_core::{DistributedLock, LockName};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redlock::{RedlockConfig, RedlockLock};
+use test_support::ServicesSh;
 
 const DEFAULT_URL: &str =
     "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384";
@@ -22,6 +23,10 @@ const DEFAULT_URL: &str =
 struct Redlock {
     config: RedlockConfig,
     reads: AtomicU64,
+    /// The masters in services.sh. They keep no data on disk, so a restarted master forgets
+    /// its locks and counters (Redlock then needs a delayed restart): the nemesis only
+    /// freezes them.
+    masters: Arc<ServicesSh>,
 }
 
 impl Redlock {
@@ -58,6 +63,9 @@ impl Harness for Redlock {
         }
         let reads = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
         Some(total.saturating_sub(reads * self.config.masters().len() as u64))
+    }
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        Some(self.masters.clone())
     }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let keys = LockKeys::new(self.config.masters()[0].prefix(), name);
@@ -129,5 +137,9 @@ fn main() -> ExitCode {
     conformance_tests::run(Redlock {
         config,
         reads: AtomicU64::new(0),
+        masters: Arc::new(ServicesSh::new(
+            &["redlock1", "redlock2", "redlock3", "redlock4", "redlock5"],
+            false,
+        )),
     })
 }

@@ -9,17 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::{
-    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Timing, UrlParts,
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Servers, Timing, UrlParts,
 };
 use lock_core::{DistributedLock, LockName};
 use lock_zookeeper::{ZkConfig, ZkLock};
+use test_support::ServicesSh;
 
 const SESSION: Duration = Duration::from_millis(2000);
 
 struct Zk {
     config: ZkConfig,
-    /// The services.sh names of its servers, crashed and restarted together.
-    servers: &'static [&'static str],
+    /// Its servers in services.sh, which the nemesis freezes and restarts.
+    servers: Arc<ServicesSh>,
     /// Whether this run also covers the secured server (once per binary).
     secured: bool,
 }
@@ -49,11 +50,8 @@ impl Harness for Zk {
             .await,
         )
     }
-    fn can_restart_backend(&self) -> bool {
-        true
-    }
-    async fn restart_backend(&self) -> Result<(), BoxError> {
-        Ok(test_support::restart_servers(self.servers).await?)
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        Some(self.servers.clone())
     }
     /// `zk-auth` (12191) of `scripts/services.sh`, which enforces digest authentication. A
     /// digest identity is not checked against a user list: a wrong password is another
@@ -106,8 +104,10 @@ fn main() -> ExitCode {
             .with_session_timeout(SESSION);
         trials.extend(conformance_tests::trials_prefixed(
             Arc::new(Zk {
+                servers: Arc::new(
+                    ServicesSh::new(servers, true).zk_leader(config.hosts().split(',')),
+                ),
                 config,
-                servers,
                 secured: label == "single",
             }),
             label,

@@ -7,12 +7,18 @@
 //!   [`test_ca`]: the CA certificate of its TLS-only servers.
 //! - The servers' own request counters: [`redis_commands_processed`] / [`commands_processed`],
 //!   [`zk_packets_received`] / [`zk_mode`], [`etcd_grpc_messages_received`].
+//! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
+//!   restart by pid; which member leads).
 
 use std::future::Future;
 use std::process::Command;
 use std::sync::Mutex;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod servers;
+
+pub use servers::ServicesSh;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -175,4 +181,18 @@ pub async fn etcd_grpc_messages_received(endpoints: &[String]) -> Option<u64> {
             .sum::<f64>();
     }
     Some(total as u64)
+}
+
+/// An etcd member's own id and the id of the leader it follows, from its `/v3/maintenance/status`
+/// (the gRPC gateway on the client port).
+pub async fn etcd_status(endpoint: &str) -> Option<(String, String)> {
+    let request = b"POST /v3/maintenance/status HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}";
+    let out = ask(endpoint.trim_start_matches("http://"), request).await?;
+    // Ids are JSON strings: `"member_id":"123"` inside `header`, `"leader":"123"` at the top.
+    let field = |key: &str| -> Option<String> {
+        let at = out.find(&format!("\"{key}\":\""))? + key.len() + 4;
+        let len = out.get(at..)?.find('"')?;
+        out.get(at..at + len).map(str::to_string)
+    };
+    Some((field("member_id")?, field("leader")?))
 }

@@ -25,19 +25,6 @@ pub async fn history_is_clean(h: &dyn Harness) -> Result<(), Failure> {
     w.limit = w.limit.min(t.ttl * 50 + Duration::from_secs(20));
     w.hold = w.hold.min(t.ttl / 4);
     let report = run(h, &w).await?;
-    eprintln!(
-        "safety: {} grants in {:?} (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
-         cut-off holder to lost signal p50 {:?} p99 {:?} (n={}), seed {}",
-        report.grants,
-        report.elapsed,
-        report.refused,
-        report.unknown,
-        report.stale_writes_refused,
-        report.faults,
-        report.loss_to_signal_quantile(0.5),
-        report.loss_to_signal_quantile(0.99),
-        report.loss_to_signal.len(),
-        report.seed
-    );
+    eprintln!("safety: {}", report.summary());
     report.verdict()
 }

@@ -28,11 +28,13 @@
 mod checker;
 mod history;
 mod nemesis;
+mod report;
 mod store;
 mod workload;
 
 pub use checker::{check, Kind, Rules, Violation};
 pub use history::{Event, History, LeaseId, Op, NOBODY};
 pub use nemesis::{Rng, FAULT_KINDS};
+pub use report::{quantile, Report};
 pub use store::FencedStore;
-pub use workload::{run, Report, Workload};
+pub use workload::{run, Workload};

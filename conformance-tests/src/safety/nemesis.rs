@@ -1,13 +1,15 @@
 //! The nemesis: faults on a schedule drawn from a seed, each healed later. It breaks the links
-//! of the run's faulty clients (blackhole, delay, cut) and pauses holders (a GC pause or a
-//! stopped VM between a holder's check and its write).
+//! of the run's faulty clients (blackhole, delay, cut), pauses holders (a GC pause or a
+//! stopped VM between a holder's check and its write), and, where the harness gives its
+//! [`Servers`], freezes a server (SIGSTOP, then SIGCONT) or crashes and restarts one — half
+//! the time the leader, where there is one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::history::{History, Op, NOBODY};
-use crate::{Fault, Link};
+use crate::{Fault, Link, Servers};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same schedule.
 #[derive(Clone, Debug)]
@@ -55,7 +57,11 @@ pub(super) fn pause(ttl: Duration) -> Duration {
 }
 
 /// Kinds of fault the nemesis injects, for the report.
-pub const FAULT_KINDS: [&str; 4] = ["blackhole", "delay", "cut", "pause"];
+pub const FAULT_KINDS: [&str; 6] = ["blackhole", "delay", "cut", "pause", "freeze", "restart"];
+
+const PAUSE: usize = 3;
+const FREEZE: usize = 4;
+const RESTART: usize = 5;
 
 /// The nemesis's hold on the run: the clients' links and their pause switches.
 pub(super) struct Nemesis {
@@ -66,84 +72,152 @@ pub(super) struct Nemesis {
     pub(super) history: Arc<History>,
     pub(super) rng: Rng,
     pub(super) ttl: Duration,
+    /// The backend's servers, if the harness gives them.
+    pub(super) servers: Option<Arc<dyn Servers>>,
     /// Faults injected per kind, in [`FAULT_KINDS`] order.
-    pub(super) counts: [u64; 4],
+    pub(super) counts: [u64; 6],
+    /// Server faults that could not be injected or healed (the run is then not what it
+    /// claims: the report says so).
+    pub(super) errors: Vec<String>,
 }
 
 impl Nemesis {
-    /// Injects one fault and heals it (except a pause, which the client serves itself).
-    pub(super) async fn strike(&mut self) {
-        // Only pauses when there are no links to break; otherwise any of the four.
-        let kind = if self.links.is_empty() {
-            3
-        } else {
-            self.rng.below(4)
-        };
-        match kind {
-            3 => {
-                // The client stops itself at its next step inside a hold (see the workload),
-                // so that the pause lands where it matters: between a look and a write. A
-                // client with a link is preferred: its renewals stop with it.
-                let linked: Vec<usize> = self.links.iter().map(|(c, _)| *c).collect();
-                let c = match self.pick(&linked) {
-                    Some(c) => c,
-                    None => self.rng.below(self.pauses.len() as u64) as usize,
-                };
-                if let Some(p) = self.pauses.get(c) {
-                    p.store(true, Ordering::Relaxed);
-                    self.counts[3] += 1;
+    /// The kinds this run can inject: link faults where clients have links, pauses always,
+    /// server faults where the harness gives its servers (restarts only where they keep
+    /// locks).
+    fn kinds(&self) -> Vec<usize> {
+        let mut kinds = Vec::new();
+        if !self.links.is_empty() {
+            kinds.extend([0, 1, 2]);
+        }
+        kinds.push(PAUSE);
+        if let Some(s) = &self.servers {
+            if !s.members().is_empty() {
+                kinds.push(FREEZE);
+                if s.restart_keeps_locks() {
+                    kinds.push(RESTART);
                 }
-            }
-            k => {
-                let linked: Vec<usize> = self.links.iter().map(|(c, _)| *c).collect();
-                let Some(target) = self.pick(&linked) else {
-                    return;
-                };
-                let Some((c, link)) = self.links.iter().find(|(c, _)| *c == target) else {
-                    return;
-                };
-                let (fault, what, lasts) = match k {
-                    0 => (
-                        Fault::Blackhole,
-                        "blackhole",
-                        self.rng.duration(self.ttl / 2, self.ttl * 2),
-                    ),
-                    1 => {
-                        let d = self.rng.duration(
-                            Duration::from_millis(2),
-                            (self.ttl / 10).max(Duration::from_millis(3)),
-                        );
-                        (
-                            Fault::Delay(d),
-                            "delay",
-                            self.rng.duration(self.ttl / 2, self.ttl * 2),
-                        )
-                    }
-                    _ => (Fault::Cut, "cut", Duration::ZERO),
-                };
-                let c = *c;
-                link.set(fault);
-                self.history.record(
-                    c,
-                    NOBODY,
-                    Op::Fault {
-                        what: format!("{what} client {c} ({fault:?}) for {lasts:?}"),
-                    },
-                );
-                self.counts[k as usize] += 1;
-                tokio::time::sleep(lasts).await;
-                if fault != Fault::Cut {
-                    link.set(Fault::Healed);
-                }
-                self.history.record(
-                    c,
-                    NOBODY,
-                    Op::Heal {
-                        what: format!("{what} client {c}"),
-                    },
-                );
             }
         }
+        kinds
+    }
+
+    /// Injects one fault and heals it (except a pause, which the client serves itself).
+    pub(super) async fn strike(&mut self) {
+        let kinds = self.kinds();
+        let kind = kinds[self.rng.below(kinds.len() as u64) as usize];
+        match kind {
+            PAUSE => self.pause(),
+            FREEZE | RESTART => self.server_fault(kind).await,
+            k => self.link_fault(k).await,
+        }
+    }
+
+    /// Asks a client to stop itself at its next step inside a hold (see the workload), so that
+    /// the pause lands where it matters: between a look and a write. A client with a link is
+    /// preferred: its renewals stop with it.
+    fn pause(&mut self) {
+        let linked: Vec<usize> = self.links.iter().map(|(c, _)| *c).collect();
+        let c = match self.pick(&linked) {
+            Some(c) => c,
+            None => self.rng.below(self.pauses.len() as u64) as usize,
+        };
+        if let Some(p) = self.pauses.get(c) {
+            p.store(true, Ordering::Relaxed);
+            self.counts[PAUSE] += 1;
+        }
+    }
+
+    /// Breaks one holding client's link for a while (a cut is healed at once by nature).
+    async fn link_fault(&mut self, k: usize) {
+        let linked: Vec<usize> = self.links.iter().map(|(c, _)| *c).collect();
+        let Some(target) = self.pick(&linked) else {
+            return;
+        };
+        let Some((c, link)) = self.links.iter().find(|(c, _)| *c == target) else {
+            return;
+        };
+        let (fault, what, lasts) = match k {
+            0 => (
+                Fault::Blackhole,
+                "blackhole",
+                self.rng.duration(self.ttl / 2, self.ttl * 2),
+            ),
+            1 => {
+                let d = self.rng.duration(
+                    Duration::from_millis(2),
+                    (self.ttl / 10).max(Duration::from_millis(3)),
+                );
+                (
+                    Fault::Delay(d),
+                    "delay",
+                    self.rng.duration(self.ttl / 2, self.ttl * 2),
+                )
+            }
+            _ => (Fault::Cut, "cut", Duration::ZERO),
+        };
+        let c = *c;
+        link.set(fault);
+        self.history.record(
+            c,
+            NOBODY,
+            Op::Fault {
+                what: format!("{what} client {c} ({fault:?}) for {lasts:?}"),
+            },
+        );
+        self.counts[k] += 1;
+        tokio::time::sleep(lasts).await;
+        if fault != Fault::Cut {
+            link.set(Fault::Healed);
+        }
+        self.history.record(
+            c,
+            NOBODY,
+            Op::Heal {
+                what: format!("{what} client {c}"),
+            },
+        );
+    }
+
+    /// Freezes a server for a while, or crashes and restarts it: the leader half the time,
+    /// where there is one.
+    async fn server_fault(&mut self, kind: usize) {
+        let Some(servers) = self.servers.clone() else {
+            return;
+        };
+        let members = servers.members();
+        let leader = if self.rng.chance(50) {
+            servers.leader().await
+        } else {
+            None
+        };
+        let i = leader.unwrap_or_else(|| self.rng.below(members.len() as u64) as usize);
+        let Some(member) = members.get(i) else {
+            return;
+        };
+        let role = if leader.is_some() { " (leader)" } else { "" };
+        let frozen_for = (kind == FREEZE).then(|| self.rng.duration(self.ttl / 2, self.ttl * 2));
+        let what = match frozen_for {
+            Some(lasts) => format!("freeze server {member}{role} for {lasts:?}"),
+            None => format!("restart server {member}{role}"),
+        };
+        self.history
+            .record(NOBODY, NOBODY, Op::Fault { what: what.clone() });
+        self.counts[kind] += 1;
+        let done = match frozen_for {
+            Some(lasts) => match servers.freeze(i).await {
+                Ok(()) => {
+                    tokio::time::sleep(lasts).await;
+                    servers.thaw(i).await
+                }
+                Err(e) => Err(e),
+            },
+            None => servers.restart(&[i]).await,
+        };
+        if let Err(e) = done {
+            self.errors.push(format!("{what}: {e}"));
+        }
+        self.history.record(NOBODY, NOBODY, Op::Heal { what });
     }
 
     /// One of `clients`, preferring those that hold a lease right now: a fault that lands
@@ -167,14 +241,23 @@ impl Nemesis {
             .copied()
     }
 
-    /// Faults with random gaps until `until`; every fault is healed when this returns.
-    pub(super) async fn run_until(&mut self, until: Instant) {
+    /// Faults with random gaps until `until` or until `enough()` says so; every fault is
+    /// healed when this returns. Only the gaps look at the clock and at `enough`: a strike is
+    /// never cut short (a server left frozen would outlive the run), so do not cancel this
+    /// future either.
+    pub(super) async fn run_until(&mut self, until: Instant, enough: impl Fn() -> bool) {
         loop {
             let gap = self.rng.duration(self.ttl, self.ttl * 3);
-            if Instant::now() + gap >= until {
+            let strike_at = Instant::now() + gap;
+            if strike_at >= until {
                 return;
             }
-            tokio::time::sleep(gap).await;
+            while Instant::now() < strike_at {
+                if enough() {
+                    return;
+                }
+                tokio::time::sleep((self.ttl / 4).min(strike_at - Instant::now())).await;
+            }
             self.strike().await;
         }
     }

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Fencing, Lease, LeaseState, LockName, LockOptions};
 
-use super::checker::{check, Rules, Violation};
+use super::checker::{check, Rules};
 use super::history::{History, LeaseId, Op, NOBODY};
 use super::nemesis::{Nemesis, Rng, FAULT_KINDS};
+use super::report::{loss_to_signal, Report};
 use super::store::FencedStore;
 use crate::{fresh_name, Failure, Fault, Harness, Link, Timing};
 
@@ -47,62 +48,6 @@ impl Workload {
             faults: true,
             hold: Duration::from_millis(40),
         }
-    }
-}
-
-/// What a run did and what the checker found.
-#[derive(Clone, Debug)]
-pub struct Report {
-    /// The seed (a failing run replays with it).
-    pub seed: u64,
-    /// Grants returned.
-    pub grants: u64,
-    /// Acquisitions that ended without a grant (timeouts, errors).
-    pub refused: u64,
-    /// Acquisitions cancelled by the workload's own limit (outcome unknown).
-    pub unknown: u64,
-    /// Writes the fenced store refused (a stale holder stopped by its token).
-    pub stale_writes_refused: u64,
-    /// Faults injected per kind.
-    pub faults: BTreeMap<&'static str, u64>,
-    /// How long the run took.
-    pub elapsed: Duration,
-    /// For holders cut off or paused while holding: from the fault's start to their lost
-    /// signal (how long a cut-off holder went on believing), one sample per such lease.
-    pub loss_to_signal: Vec<Duration>,
-    /// Every violation found.
-    pub violations: Vec<Violation>,
-}
-
-impl Report {
-    /// The `q`-quantile (0.0–1.0) of [`loss_to_signal`](Self::loss_to_signal), if any.
-    pub fn loss_to_signal_quantile(&self, q: f64) -> Option<Duration> {
-        let mut v = self.loss_to_signal.clone();
-        v.sort();
-        let last = v.len().checked_sub(1)?;
-        let i = ((last as f64) * q.clamp(0.0, 1.0)).round() as usize;
-        v.get(i).copied()
-    }
-
-    /// A failure listing the violations (at most 10), or `Ok` if there are none.
-    pub fn verdict(&self) -> Result<(), Failure> {
-        if self.violations.is_empty() {
-            return Ok(());
-        }
-        let shown: Vec<String> = self
-            .violations
-            .iter()
-            .take(10)
-            .map(|v| v.to_string())
-            .collect();
-        Err(Failure(format!(
-            "{} violation(s) in a history of {} grants (seed {}, faults {:?}):\n  {}",
-            self.violations.len(),
-            self.grants,
-            self.seed,
-            self.faults,
-            shown.join("\n  ")
-        )))
     }
 }
 
@@ -198,24 +143,19 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         history: shared.history.clone(),
         rng: Rng::new(w.seed),
         ttl,
-        counts: [0; 4],
+        servers: if w.faults { h.servers() } else { None },
+        counts: [0; 6],
+        errors: Vec::new(),
     };
     let deadline = started + w.limit;
     if w.faults {
         // Faults while grants accumulate, none in the last stretch: (d) needs calm after them.
         let calm_from = deadline.checked_sub(recovery * 2).unwrap_or(started);
-        let target = w.grants;
-        let until = async {
-            while shared.grants.load(Ordering::Relaxed) < target * 3 / 4
-                && Instant::now() < calm_from
-            {
-                tokio::time::sleep(ttl / 4).await;
-            }
-        };
-        tokio::select! {
-            _ = nemesis.run_until(calm_from) => {}
-            _ = until => {}
-        }
+        let target = w.grants * 3 / 4;
+        let grants = &shared.grants;
+        nemesis
+            .run_until(calm_from, || grants.load(Ordering::Relaxed) >= target)
+            .await;
     }
     let calm_since = Instant::now();
     while Instant::now() < deadline
@@ -247,6 +187,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     }
     Ok(Report {
         seed: w.seed,
+        server_errors: nemesis.errors,
+        recovery: super::report::recovery(&events),
         grants: shared.grants.load(Ordering::Relaxed),
         refused: shared.refused.load(Ordering::Relaxed),
         unknown: shared.unknown.load(Ordering::Relaxed),
@@ -255,40 +197,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         elapsed: started.elapsed(),
         loss_to_signal: loss_to_signal(&events),
         violations,
+        events,
     })
-}
-
-/// For each lease whose holder was cut off or paused while holding it (a blackhole or a pause
-/// of its client began after the grant) and that ended by its lost signal, not a release: how
-/// long after that fault began the signal fired — how long a cut-off holder went on believing.
-fn loss_to_signal(events: &[super::history::Event]) -> Vec<Duration> {
-    use std::collections::{HashMap, HashSet};
-    let mut holder: HashMap<LeaseId, (usize, Instant)> = HashMap::new();
-    let mut let_go: HashSet<LeaseId> = HashSet::new();
-    let mut struck: HashMap<usize, Instant> = HashMap::new();
-    let mut out = Vec::new();
-    for e in events {
-        match &e.op {
-            Op::Granted { lease, .. } => {
-                holder.insert(*lease, (e.client, e.at));
-            }
-            Op::Fault { what } if what.starts_with("blackhole") || what.starts_with("pause") => {
-                struck.insert(e.client, e.at);
-            }
-            Op::Release { lease } | Op::LetGo { lease } => {
-                let_go.insert(*lease);
-            }
-            Op::LostSignal { lease } if !let_go.contains(lease) => {
-                if let Some((c, granted)) = holder.get(lease) {
-                    if let Some(at) = struck.get(c).filter(|at| *at >= granted) {
-                        out.push(e.at.saturating_duration_since(*at));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    out
 }
 
 /// One client of the run: its number, its pause switch, its link if it has one.

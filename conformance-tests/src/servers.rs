@@ -1,0 +1,69 @@
+//! The backend's server processes, which the safety nemesis freezes, crashes and restarts:
+//! what [`Harness::servers`](crate::Harness::servers) returns.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use lock_core::BoxError;
+
+/// The server processes behind a harness's backend (one, or the members of an ensemble or a
+/// cluster), with the means to break them as an operator's bad day would: by pid, on servers
+/// the tests started themselves.
+///
+/// ```
+/// use conformance_tests::{async_trait, BoxError, Servers};
+///
+/// /// A backend with no process to break (say, one served from memory).
+/// #[derive(Debug)]
+/// struct Nothing;
+///
+/// #[async_trait]
+/// impl Servers for Nothing {
+///     fn members(&self) -> Vec<String> {
+///         Vec::new()
+///     }
+///     async fn freeze(&self, _: usize) -> Result<(), BoxError> {
+///         Err("no such member".into())
+///     }
+///     async fn thaw(&self, _: usize) -> Result<(), BoxError> {
+///         Err("no such member".into())
+///     }
+///     async fn restart(&self, _: &[usize]) -> Result<(), BoxError> {
+///         Err("no such member".into())
+///     }
+///     fn restart_keeps_locks(&self) -> bool {
+///         false
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Servers: Send + Sync + fmt::Debug {
+    /// The members' names, for reports (`etcd-c2`), in a fixed order: member `i` is
+    /// `members()[i]`.
+    fn members(&self) -> Vec<String>;
+
+    /// Stops member `i` (SIGSTOP): its sockets stay open and nothing answers, as a stalled
+    /// disk or a paused VM would look from outside.
+    async fn freeze(&self, i: usize) -> Result<(), BoxError>;
+
+    /// Resumes member `i` after [`freeze`](Servers::freeze) (SIGCONT).
+    async fn thaw(&self, i: usize) -> Result<(), BoxError>;
+
+    /// Crashes `members` (SIGKILL), all of them before any starts again, and starts them again
+    /// on the data they had, returning once each serves again.
+    async fn restart(&self, members: &[usize]) -> Result<(), BoxError>;
+
+    /// Whether a crash and restart keeps every lock and fencing counter the backend granted
+    /// (a server that syncs its writes, or a quorum that outlives one member). `false` (a
+    /// Redis without `appendfsync always`, say): the nemesis does not restart these servers,
+    /// because forgetting locks on a restart is then the backend's documented limit, not a bug
+    /// a history could blame on the driver.
+    fn restart_keeps_locks(&self) -> bool;
+
+    /// The member that leads right now, for a backend with a leader (a ZooKeeper ensemble,
+    /// an etcd cluster); the nemesis aims half its server faults at it. `None`: no leader, or
+    /// not known.
+    async fn leader(&self) -> Option<usize> {
+        None
+    }
+}
