@@ -85,6 +85,18 @@ pub fn trials_prefixed(harness: Arc<dyn Harness>, prefix: &str) -> Vec<Trial> {
             )),
         }
     });
+    let soak = {
+        let h = harness.clone();
+        let label = if prefix.is_empty() { "default" } else { prefix }.to_string();
+        Trial::test(named_soak(prefix), move || {
+            let rt = runtime()?;
+            let r = rt.block_on(crate::cases::safety::soak(&*h, &label));
+            rt.shutdown_timeout(Duration::from_secs(2));
+            r.map_err(|f| f.0.into())
+        })
+        .with_ignored_flag(true)
+        .with_kind("soak")
+    };
     CASES
         .iter()
         .map(|case| match &facts {
@@ -104,7 +116,17 @@ pub fn trials_prefixed(harness: Arc<dyn Harness>, prefix: &str) -> Vec<Trial> {
                 }
             },
         })
+        .chain(std::iter::once(soak))
         .collect()
+}
+
+/// The soak's trial name: `safety::soak` under `prefix`.
+fn named_soak(prefix: &str) -> String {
+    if prefix.is_empty() {
+        "safety::soak".into()
+    } else {
+        format!("{prefix}::safety::soak")
+    }
 }
 
 /// Runs one case on a fresh runtime, with an overall time limit so a hang is a failure.

@@ -94,6 +94,17 @@ pub fn check(events: &[Event], rules: &Rules) -> Vec<Violation> {
     out
 }
 
+/// One span of belief, for pictures: `(client, name, from, to)`.
+pub(super) type Span = (usize, usize, Instant, Instant);
+
+/// Every belief span in `events` (see [`check`] for what a belief is), in no order.
+pub(super) fn belief_spans(events: &[Event], end: Instant) -> Vec<Span> {
+    beliefs(events, end)
+        .values()
+        .flat_map(|b| b.spans.iter().map(|&(s, e)| (b.client, b.name, s, e)))
+        .collect()
+}
+
 /// Each lease's belief spans: from the grant's return until the earliest of its release (or
 /// let-go), its lost signal and its `valid_until`; a look that finds the lease valid again
 /// after that (a resurrection) opens a new span.

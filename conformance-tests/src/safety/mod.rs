@@ -30,6 +30,7 @@ mod history;
 mod nemesis;
 mod report;
 mod store;
+mod timeline;
 mod workload;
 
 pub use checker::{check, Kind, Rules, Violation};
@@ -37,4 +38,5 @@ pub use history::{Event, History, LeaseId, Op, NOBODY};
 pub use nemesis::{Rng, FAULT_KINDS};
 pub use report::{quantile, Report};
 pub use store::FencedStore;
+pub use timeline::draw;
 pub use workload::{run, Workload};

@@ -34,6 +34,9 @@ pub struct Report {
     /// For each fault that stops progress (blackhole, pause, freeze, restart): from its heal to
     /// the next grant of the party it struck (that client; any client for a server fault).
     pub recovery: Vec<Duration>,
+    /// For each successful release of a name another client was waiting for: from the release
+    /// call to the next grant of that name (the hand-off as the waiter sees it).
+    pub handoff: Vec<Duration>,
     /// Every violation found.
     pub violations: Vec<Violation>,
     /// The history itself, in order.
@@ -60,6 +63,11 @@ impl Report {
         quantile(&self.recovery, q)
     }
 
+    /// The `q`-quantile (0.0–1.0) of [`handoff`](Self::handoff), if any.
+    pub fn handoff_quantile(&self, q: f64) -> Option<Duration> {
+        quantile(&self.handoff, q)
+    }
+
     /// Violations of each kind, in the order (a) overlap, (b) fencing, (c) loss not seen,
     /// (d) liveness.
     pub fn violations_by_kind(&self) -> [usize; 4] {
@@ -83,7 +91,8 @@ impl Report {
         format!(
             "{} grants in {:.1?} (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
              violations a/b/c/d {a}/{b}/{c}/{d}, cut-off holder to lost signal p50 {:?} p99 {:?} \
-             (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), seed {}",
+             (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), hand-off p50 {:?} p99 {:?} \
+             (n={}), seed {}",
             self.grants,
             self.elapsed,
             self.refused,
@@ -96,6 +105,9 @@ impl Report {
             self.recovery_quantile(0.5),
             self.recovery_quantile(0.99),
             self.recovery.len(),
+            self.handoff_quantile(0.5),
+            self.handoff_quantile(0.99),
+            self.handoff.len(),
             self.seed
         )
     }
@@ -185,6 +197,49 @@ pub(super) fn recovery(events: &[Event]) -> Vec<Duration> {
                     true
                 }
             }),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// For each release that returned `Ok` while another client was acquiring the same name: from
+/// the release call to that name's next grant.
+pub(super) fn handoff(events: &[Event]) -> Vec<Duration> {
+    let released_ok: HashSet<LeaseId> = events
+        .iter()
+        .filter_map(|e| match e.op {
+            Op::Released { lease, ok: true } => Some(lease),
+            _ => None,
+        })
+        .collect();
+    // Per client: the name it is acquiring, if any.
+    let mut acquiring: HashMap<usize, usize> = HashMap::new();
+    // Per name: when a release with a waiter began.
+    let mut released: HashMap<usize, Instant> = HashMap::new();
+    let mut out = Vec::new();
+    for e in events {
+        match &e.op {
+            Op::Acquire => {
+                acquiring.insert(e.client, e.name);
+            }
+            Op::Refused { .. } | Op::Unknown => {
+                acquiring.remove(&e.client);
+            }
+            Op::Granted { .. } => {
+                acquiring.remove(&e.client);
+                if let Some(at) = released.remove(&e.name) {
+                    out.push(e.at.saturating_duration_since(at));
+                }
+            }
+            Op::Release { lease } if released_ok.contains(lease) => {
+                let waited = acquiring
+                    .iter()
+                    .any(|(c, n)| *n == e.name && *c != e.client);
+                if waited {
+                    released.insert(e.name, e.at);
+                }
+            }
             _ => {}
         }
     }

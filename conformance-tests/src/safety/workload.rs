@@ -33,6 +33,12 @@ pub struct Workload {
     pub faults: bool,
     /// The longest a holder keeps a lock (each hold is random up to this).
     pub hold: Duration,
+    /// Holds (per thousand) that end by abandoning the lease, as a crashed holder would: the
+    /// lock stays until its TTL, and every client that picks the name meanwhile waits. Those
+    /// waits dominate the run's rate: about `1000 / abandon_per_mille` grants per TTL.
+    pub abandon_per_mille: u64,
+    /// Holds (per thousand) that end by dropping the lease (freed in the background).
+    pub drop_per_mille: u64,
 }
 
 impl Workload {
@@ -47,6 +53,25 @@ impl Workload {
             seed,
             faults: true,
             hold: Duration::from_millis(40),
+            abandon_per_mille: 10,
+            drop_per_mille: 40,
+        }
+    }
+
+    /// A soak: 16 clients over 8 names until `grants` grants (at most three hours), faults on,
+    /// holds of up to 20 ms; 2 ‰ of holds abandoned, 20 ‰ dropped (fewer than the short run,
+    /// whose abandons would hold a long run to about a hundred grants per TTL).
+    pub fn soak(seed: u64, grants: u64) -> Self {
+        Workload {
+            clients: 16,
+            names: 8,
+            grants,
+            limit: Duration::from_secs(3 * 3600),
+            seed,
+            faults: true,
+            hold: Duration::from_millis(20),
+            abandon_per_mille: 2,
+            drop_per_mille: 20,
         }
     }
 }
@@ -64,6 +89,8 @@ struct Shared {
     stop: AtomicBool,
     timing: Timing,
     hold: Duration,
+    abandon: u64,
+    drop: u64,
 }
 
 /// Runs `w` against `h`'s driver and checks the history.
@@ -110,6 +137,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         stop: AtomicBool::new(false),
         timing,
         hold: w.hold,
+        abandon: w.abandon_per_mille,
+        drop: w.drop_per_mille,
     });
     let pauses: Vec<Arc<AtomicBool>> = (0..w.clients).map(|_| Arc::default()).collect();
     let holding: Arc<Vec<AtomicBool>> =
@@ -189,6 +218,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         seed: w.seed,
         server_errors: nemesis.errors,
         recovery: super::report::recovery(&events),
+        handoff: super::report::handoff(&events),
         grants: shared.grants.load(Ordering::Relaxed),
         refused: shared.refused.load(Ordering::Relaxed),
         unknown: shared.unknown.load(Ordering::Relaxed),
@@ -297,12 +327,13 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
         me.set_holding(false);
         // Now and then a holder crashes (abandon: the lock stays until its TTL) or forgets its
         // lease (drop: freed in the background); most release.
-        match rng.below(100) {
-            0 => {
+        let ending = rng.below(1000);
+        match ending {
+            e if e < s.abandon => {
                 s.history.record(c, n, Op::LetGo { lease: id });
                 lease.abandon();
             }
-            1..=4 => {
+            e if e < s.abandon + s.drop => {
                 s.history.record(c, n, Op::LetGo { lease: id });
                 drop(lease);
             }

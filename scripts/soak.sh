@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The safety soak (RELIABILITY.md): each driver's conformance binary runs its `safety::soak`
+# trial (ignored in ordinary runs) for DISTLOCK_SOAK_GRANTS grants (default 100000) under the
+# seeded nemesis, in release mode, one driver after the other. Writes, per driver,
+# $DISTLOCK_SOAK_DIR/<driver>.svg (the timeline) and <driver>.md (its table row) and prints
+# the table. Needs the servers of `scripts/services.sh up`; never run it beside scripts/test.sh
+# (both freeze and restart the same servers).
+#
+#   scripts/soak.sh                 every driver
+#   scripts/soak.sh redis etcd      some of them (names below)
+#
+# DISTLOCK_SAFETY_SEED fixes the nemesis's schedule (default 20261124).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DISTLOCK_SOAK_GRANTS=${DISTLOCK_SOAK_GRANTS:-100000}
+export DISTLOCK_SAFETY_SEED=${DISTLOCK_SAFETY_SEED:-20261124}
+dir=${DISTLOCK_SOAK_DIR:-target/soak}
+mkdir -p "$dir"
+
+# name | crate | trial | label in the table
+runs="memory lock-core safety::soak memory
+file lock-file safety::soak file
+redis lock-redis safety::soak Redis
+redis-aof lock-redis aof::safety::soak Redis,_AOF_always
+redlock lock-redlock safety::soak Redlock_(5_masters)
+zk lock-zookeeper single::safety::soak ZooKeeper,_single
+zk-ensemble lock-zookeeper ensemble::safety::soak ZooKeeper,_ensemble_of_3
+etcd lock-etcd single::safety::soak etcd,_single
+etcd-cluster lock-etcd cluster::safety::soak etcd,_cluster_of_3"
+
+wanted=("$@")
+status=0
+while read -r name crate trial label; do
+  if [ ${#wanted[@]} -gt 0 ] && ! printf '%s\n' "${wanted[@]}" | grep -qx "$name"; then
+    continue
+  fi
+  echo "soak: $name ($DISTLOCK_SOAK_GRANTS grants, seed $DISTLOCK_SAFETY_SEED)" >&2
+  rm -f "$dir/$name.md"
+  DISTLOCK_SOAK_OUT="$dir/$name" DISTLOCK_SOAK_LABEL="${label//_/ }" \
+    cargo test -q --release -p "$crate" --test conformance -- --ignored --exact "$trial" >&2 ||
+    status=1
+done <<<"$runs"
+
+echo "| driver | grants | time | blackhole | delay | cut | pause | freeze | restart | violations (a) / (b) / (c) / (d) | stale writes refused | cut-off holder → lost signal p50 / p99 | heal → next grant p50 / p99 | hand-off p50 / p99 |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|"
+while read -r name _; do
+  [ -f "$dir/$name.md" ] && cat "$dir/$name.md"
+done <<<"$runs"
+exit $status
