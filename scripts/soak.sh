@@ -17,6 +17,7 @@ export DISTLOCK_SOAK_GRANTS=${DISTLOCK_SOAK_GRANTS:-100000}
 export DISTLOCK_SAFETY_SEED=${DISTLOCK_SAFETY_SEED:-20261124}
 dir=${DISTLOCK_SOAK_DIR:-target/soak}
 mkdir -p "$dir"
+dir=$(cd "$dir" && pwd) # the test binaries run in their crate's directory
 
 # name | crate | trial | label in the table
 runs="memory lock-core safety::soak memory

@@ -51,12 +51,12 @@ pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
     let report = run(h, &w).await?;
     eprintln!("soak: {}", report.summary());
     if let Ok(prefix) = std::env::var("DISTLOCK_SOAK_OUT") {
-        let svg = format!("{prefix}.svg");
-        crate::safety::draw(&report, label, w.names, w.clients, t.ttl, svg.as_ref())
-            .map_err(|e| Failure(format!("cannot draw {svg}: {e}")))?;
         let md = format!("{prefix}.md");
         std::fs::write(&md, format!("{}\n", table_row(label, &report)))
             .map_err(|e| Failure(format!("cannot write {md}: {e}")))?;
+        let svg = format!("{prefix}.svg");
+        crate::safety::draw(&report, label, w.names, w.clients, t.ttl, svg.as_ref())
+            .map_err(|e| Failure(format!("cannot draw {svg}: {e}")))?;
     }
     report.verdict()
 }

@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod belief;
 mod checker;
 mod history;
 mod nemesis;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use plotters::prelude::*;
 
-use super::checker::belief_spans;
+use super::belief::belief_spans;
 use super::history::{Event, Op, NOBODY};
 use super::report::Report;
 use lock_core::BoxError;
