@@ -16,22 +16,22 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 mod catalog;
 mod etcd_baselines;
 mod memory_baselines;
 mod redis_baselines;
+mod scenarios;
 mod subject;
 mod zk_baselines;
 
 use catalog::{baselines_for, driver_subject, Endpoints};
+use scenarios::{handoff, idle, summarize, throughput, uncontended, CountFuture, Sample, Timed};
 use subject::Subject;
 
 #[derive(Parser, Debug)]
@@ -150,241 +150,6 @@ struct Row {
     ratio: Option<f64>,
     /// Requests the server processed per measured operation (where the server counts them).
     server_requests_per_op: Option<f64>,
-}
-
-fn micros(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64 / 1000.0
-}
-
-#[allow(clippy::expect_used)] // constant bounds, checked once by any run
-fn new_hist() -> Histogram<u64> {
-    // 1 ns .. 60 s at 3 significant digits; larger values are clamped by `saturating_record`.
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
-}
-
-fn ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-static NAME_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// A lock name no other run used.
-fn fresh(tag: &str) -> String {
-    let n = NAME_SEQ.fetch_add(1, Ordering::Relaxed);
-    format!("bench-{}-{tag}-{n}", std::process::id())
-}
-
-struct Sample {
-    p50_us: Option<f64>,
-    p99_us: Option<f64>,
-    ops_per_sec: f64,
-    ops: u64,
-    requests_per_op: Option<f64>,
-}
-
-/// What the one-task loop times: the whole acquire + release cycle, or only the acquire (the
-/// latency a caller waits for a free lock; the release still runs, untimed, so every acquire
-/// finds the lock free).
-#[derive(Clone, Copy)]
-enum Timed {
-    Cycle,
-    Acquire,
-}
-
-async fn uncontended(s: &dyn Subject, iterations: u64, timed: Timed) -> Result<Sample, String> {
-    let name = fresh("unc");
-    let mut h = new_hist();
-    for _ in 0..iterations / 10 {
-        s.cycle(&name).await?; // warm-up: connections, scripts, caches
-    }
-    let start = Instant::now();
-    for _ in 0..iterations {
-        let t = Instant::now();
-        match timed {
-            Timed::Cycle => {
-                s.cycle(&name).await?;
-                h.saturating_record(ns(t.elapsed()));
-            }
-            Timed::Acquire => {
-                let guard = s.lock(&name).await?;
-                h.saturating_record(ns(t.elapsed()));
-                guard.unlock().await?;
-            }
-        }
-    }
-    let total = start.elapsed().as_secs_f64();
-    Ok(Sample {
-        p50_us: Some(micros(&h, 0.5)),
-        p99_us: Some(micros(&h, 0.99)),
-        ops_per_sec: iterations as f64 / total,
-        ops: iterations,
-        requests_per_op: None,
-    })
-}
-
-async fn throughput(
-    s: Arc<dyn Subject>,
-    tasks: usize,
-    duration: Duration,
-) -> Result<Sample, String> {
-    let count = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = start + duration;
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (s, count) = (s.clone(), count.clone());
-        let name = fresh("thr");
-        handles.push(tokio::spawn(async move {
-            while Instant::now() < deadline {
-                s.cycle(&name).await?;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, String>(())
-        }));
-    }
-    for h in handles {
-        h.await.map_err(|e| e.to_string())??;
-    }
-    let ops = count.load(Ordering::Relaxed);
-    Ok(Sample {
-        p50_us: None,
-        p99_us: None,
-        ops_per_sec: ops as f64 / start.elapsed().as_secs_f64(),
-        ops,
-        requests_per_op: None,
-    })
-}
-
-/// A true hand-off: after releasing, a task waits until some *other* task was granted before it
-/// contends again, so every measured grant goes to a waiter (a releaser that re-grabs its own
-/// lock would flatter clients that poll).
-async fn handoff(s: Arc<dyn Subject>, waiters: usize, handoffs: u64) -> Result<Sample, String> {
-    let name = fresh("hand");
-    let hist = Arc::new(Mutex::new(new_hist()));
-    // When the current holder started releasing; the next grant measures from it.
-    let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
-    let (grants, _) = tokio::sync::watch::channel(0u64);
-    let grants = Arc::new(grants);
-    let start = Instant::now();
-    let mut handles = Vec::new();
-    for _ in 0..waiters {
-        let (s, name, hist, released_at, grants) = (
-            s.clone(),
-            name.clone(),
-            hist.clone(),
-            released_at.clone(),
-            grants.clone(),
-        );
-        handles.push(tokio::spawn(async move {
-            let mut seen = grants.subscribe();
-            loop {
-                if *seen.borrow_and_update() >= handoffs {
-                    return Ok::<_, String>(());
-                }
-                let guard = s.lock(&name).await?;
-                let now = Instant::now();
-                if let Some(at) = released_at.lock().map_err(|e| e.to_string())?.take() {
-                    hist.lock()
-                        .map_err(|e| e.to_string())?
-                        .saturating_record(ns(now - at));
-                }
-                let mine = {
-                    let mut n = 0;
-                    grants.send_modify(|g| {
-                        *g += 1;
-                        n = *g;
-                    });
-                    n
-                };
-                seen.borrow_and_update();
-                *released_at.lock().map_err(|e| e.to_string())? = Some(Instant::now());
-                guard.unlock().await?;
-                if mine >= handoffs {
-                    return Ok(());
-                }
-                // Back of the line: contend again only after someone else got the lock.
-                while *seen.borrow_and_update() <= mine {
-                    if seen.changed().await.is_err() {
-                        return Ok(());
-                    }
-                }
-            }
-        }));
-    }
-    for h in handles {
-        h.await.map_err(|e| e.to_string())??;
-    }
-    let h = hist.lock().map_err(|e| e.to_string())?;
-    Ok(Sample {
-        p50_us: Some(micros(&h, 0.5)),
-        p99_us: Some(micros(&h, 0.99)),
-        ops_per_sec: h.len() as f64 / start.elapsed().as_secs_f64(),
-        ops: h.len(),
-        requests_per_op: None,
-    })
-}
-
-/// A pending read of the server's request counter.
-type CountFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<u64>> + Send>>;
-
-/// Server requests per second that one waiting `lock` call causes: the rate while a holder
-/// holds and a waiter waits, minus the rate while the holder holds alone (heartbeats, renewals).
-/// A waiter woken by notification adds ~0; a poller adds its polling rate.
-async fn idle(
-    s: Arc<dyn Subject>,
-    window: Duration,
-    count: impl Fn() -> CountFuture,
-) -> Result<Sample, String> {
-    let name = fresh("idle");
-    let holder = s.lock(&name).await?;
-    let rate = |before: Option<u64>, after: Option<u64>| match (before, after) {
-        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / window.as_secs_f64()),
-        _ => None,
-    };
-    let before = count().await;
-    tokio::time::sleep(window).await;
-    let alone = rate(before, count().await);
-    let (ws, wn) = (s.clone(), name.clone());
-    let waiter = tokio::spawn(async move { ws.lock(&wn).await });
-    tokio::time::sleep(Duration::from_millis(300)).await; // let the waiter settle
-    let before = count().await;
-    tokio::time::sleep(window).await;
-    let waiting = rate(before, count().await);
-    if waiter.is_finished() {
-        return Err(format!("{}: the waiter was granted a held lock", s.label()));
-    }
-    holder.unlock().await?;
-    waiter.await.map_err(|e| e.to_string())??.unlock().await?;
-    Ok(Sample {
-        p50_us: None,
-        p99_us: None,
-        ops_per_sec: 0.0,
-        ops: 1,
-        requests_per_op: match (waiting, alone) {
-            (Some(w), Some(a)) => Some((w - a).max(0.0)),
-            _ => None,
-        },
-    })
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
-/// Median of each figure over several runs.
-fn summarize(samples: Vec<Sample>) -> Sample {
-    let opt = |f: fn(&Sample) -> Option<f64>| {
-        let v: Vec<f64> = samples.iter().filter_map(f).collect();
-        (!v.is_empty()).then(|| median(v))
-    };
-    Sample {
-        p50_us: opt(|s| s.p50_us),
-        p99_us: opt(|s| s.p99_us),
-        ops_per_sec: median(samples.iter().map(|s| s.ops_per_sec).collect()),
-        ops: samples.iter().map(|s| s.ops).sum(),
-        requests_per_op: opt(|s| s.requests_per_op),
-    }
 }
 
 async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
