@@ -1,5 +1,6 @@
 //! For driver authors only: what a backend needs to implement the contract, and nothing an
-//! application calls. A driver implements [`DistributedLock::acquire_until`] and returns
+//! application calls. A driver implements [`DistributedLock::acquire_until`] for an
+//! [`Acquisition`] (whose TTL is validated already) and returns
 //! [`ManagedLease`]s made from its [`LeaseOps`]; the watchdog, the lease states and the
 //! release/renew ordering are shared here.
 //!
@@ -14,6 +15,7 @@
 //! assert_eq!(tracker.state(), lock_core::LeaseState::Held);
 //! ```
 
+pub use crate::acquisition::Acquisition;
 pub use crate::endpoint::{
     parse_bool_param, percent_decode, redacted_url, MultiHostUrl, Query, TlsCa,
 };

@@ -36,6 +36,7 @@
 //! [`Lease::state`] before each protected step, watch [`Lease::lost`], and pass the
 //! [`FencingToken`] to storage that rejects stale tokens where correctness matters.
 
+mod acquisition;
 mod caps;
 pub mod driver;
 mod endpoint;

@@ -6,6 +6,7 @@
 //! cancel-safe `acquire`, and a lost signal at expiry. Use it in examples and in your own unit
 //! tests; clones share one store and behave like independent clients of one server.
 
+use crate::driver::Acquisition;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -273,13 +274,8 @@ impl DistributedLock for MemoryLock {
         }))
     }
 
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         if deadline == Deadline::Now {
             return Ok(match self.store.attempt(name, ttl, None) {
                 Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
@@ -305,9 +301,7 @@ impl DistributedLock for MemoryLock {
             return match self.store.attempt(name, ttl, None) {
                 Attempt::Granted(grant) => Ok(Some(self.lease(name, ttl, opts, grant))),
                 // Lost a race with another client between the two steps: wait like the rest.
-                Attempt::Busy { .. } => {
-                    Box::pin(self.acquire_until(name, ttl, opts, deadline)).await
-                }
+                Attempt::Busy { .. } => Box::pin(self.acquire_until(req)).await,
             };
         };
         let _guard = QueueGuard {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::driver::Acquisition;
 use crate::{
     Capabilities, Deadline, FencingToken, LeaseState, LockName, LockOptions, LostSignal, Result,
 };
@@ -44,7 +45,9 @@ pub trait DistributedLock: Send + Sync + Debug {
 
     /// The one acquisition a driver implements; applications call
     /// [`try_acquire`](Self::try_acquire) or [`acquire`](Self::acquire), which validate the
-    /// options against [`capabilities`](Self::capabilities) and pass the effective `ttl` here.
+    /// options against [`capabilities`](Self::capabilities) into the
+    /// [`Acquisition`](crate::driver::Acquisition) passed here (its effective TTL, its
+    /// deadline).
     ///
     /// Returns the lease, or `Ok(None)` when the lock was not granted by `deadline`
     /// ([`Deadline::Now`]: it is held, or on FIFO backends waiters are queued ahead). Nothing of
@@ -56,13 +59,7 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// left: the driver undoes that grant in the background (conformance case
     /// `waiting::cancelled_in_flight_leaves_no_holder`). Only where no runtime is left to send
     /// the undo does such a grant stay until its TTL.
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>>;
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>>;
 
     /// One attempt. `Ok(None)` means someone else holds the lock (or, on FIFO backends, waiters
     /// are queued ahead). A losing attempt leaves nothing behind on the backend.
@@ -71,18 +68,18 @@ pub trait DistributedLock: Send + Sync + Debug {
         name: &LockName,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let ttl = opts.validate(&self.capabilities())?;
-        self.acquire_until(name, ttl, opts, Deadline::Now).await
+        let req = Acquisition::new(name, opts, &self.capabilities(), Deadline::Now)?;
+        self.acquire_until(req).await
     }
 
     /// Waits for the lock as long as `opts.wait` allows, then
     /// [`Error::Timeout`](crate::Error::Timeout). Cancel-safe, like
     /// [`acquire_until`](Self::acquire_until).
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let ttl = opts.validate(&self.capabilities())?;
         let start = Instant::now();
         let deadline = Deadline::from_wait(opts.wait, start);
-        match self.acquire_until(name, ttl, opts, deadline).await? {
+        let req = Acquisition::new(name, opts, &self.capabilities(), deadline)?;
+        match self.acquire_until(req).await? {
             Some(lease) => Ok(lease),
             None => Err(crate::Error::Timeout {
                 name: name.clone(),
@@ -203,14 +200,8 @@ macro_rules! forward {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
             }
-            async fn acquire_until(
-                &self,
-                name: &LockName,
-                ttl: Duration,
-                opts: &LockOptions,
-                deadline: Deadline,
-            ) -> Result<Option<Box<dyn Lease>>> {
-                (**self).acquire_until(name, ttl, opts, deadline).await
+            async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+                (**self).acquire_until(req).await
             }
             async fn try_acquire(
                 &self,

@@ -1,14 +1,13 @@
 //! `EtcdLock`: a lease per lock, a revision-ordered queue, a watch on the predecessor.
 
+use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
-use lock_core::{
-    Capabilities, Deadline, DistributedLock, FencingToken, Lease, LockName, LockOptions, Result,
-};
+use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
 
 use crate::spares::Spares;
 use crate::EtcdConfig;
@@ -65,14 +64,8 @@ impl DistributedLock for EtcdLock {
         self.inner.caps
     }
 
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, ttl, opts, deadline).await
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(req).await
     }
 
     /// The oldest key under the name (the holder): its `create_revision`, and its lease's

@@ -1,6 +1,7 @@
 //! The queue of contenders: one key per contender under the lock's name, ordered by
 //! `create_revision`; putting a contender's key, and finding its place.
 
+use lock_core::driver::Acquisition;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -8,7 +9,7 @@ use etcd_client::{
     TxnOpResponse,
 };
 use lock_core::driver::{drift, Grant, ManagedLease};
-use lock_core::{Deadline, Error, FencingToken, Lease, LockName, LockOptions, Result};
+use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
 
 use crate::client::{malformed, txn_call};
 use crate::lease::EtcdLeaseOps;
@@ -259,13 +260,8 @@ impl Drop for RevokeGuard {
 }
 
 impl EtcdLock {
-    pub(crate) async fn contend(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
+    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let Enqueued {
             id,
             ttl: granted_ttl,

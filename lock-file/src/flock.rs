@@ -2,13 +2,14 @@
 //! (woken in-process by the releasing lease, across processes by inotify, with a jittered
 //! back-off as the safety net).
 
+use lock_core::driver::Acquisition;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_core::driver::{Grant, ManagedLease};
-use lock_core::{Deadline, FencingToken, Lease, LockName, LockOptions, Renewal, Result};
+use lock_core::{FencingToken, Lease, LockName, LockOptions, Renewal, Result};
 
 use crate::client::{blocking, io_error, lock_file};
 use crate::lease::FileLeaseOps;
@@ -63,13 +64,8 @@ impl FileLock {
         ))))
     }
 
-    pub(crate) async fn contend(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
+    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let waker = self.waker(name);
         let path = self.path_of(name);
         // Releases by other processes (or other `FileLock`s), where the OS can tell us.

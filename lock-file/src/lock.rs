@@ -1,14 +1,12 @@
 //! `FileLock`: one advisory-locked file per name.
 
+use lock_core::driver::Acquisition;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{
-    Capabilities, Deadline, DistributedLock, Fencing, Lease, LockName, LockOptions, Result,
-};
+use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
 use tokio::sync::Notify;
 
 use crate::FileConfig;
@@ -43,14 +41,8 @@ impl DistributedLock for FileLock {
             .with_per_lock_ttl(false)
     }
 
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, ttl, opts, deadline).await
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(req).await
     }
 
     /// Held if the file's advisory lock cannot be taken; the token is the counter in the file.

@@ -1,5 +1,6 @@
 //! `RedisLock`: the driver.
 
+use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -206,13 +207,8 @@ impl DistributedLock for RedisLock {
         self.inner.caps
     }
 
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let keys = self.keys(name);
         if deadline == Deadline::Now {
             return Ok(self.attempt(name, &keys, ttl, opts).await?.ok());

@@ -1,13 +1,12 @@
 //! `RedlockLock`: quorum acquire, renew and release over independent masters.
 
+use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{
-    Capabilities, Deadline, DistributedLock, Fencing, Lease, LockName, LockOptions, Result,
-};
+use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
 use lock_redis::raw::RedisNode;
 
 use crate::RedlockConfig;
@@ -77,14 +76,8 @@ impl DistributedLock for RedlockLock {
         self.read_holder(name).await
     }
 
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, ttl, opts, deadline).await
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(req).await
     }
 }
 

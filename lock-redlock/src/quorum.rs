@@ -1,6 +1,7 @@
 //! Acquiring by majority: one attempt (a round on every master, decided at a majority, undone
 //! everywhere if it failed), the waiting loop around it, and the quorum read behind `inspect`.
 
+use lock_core::driver::Acquisition;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,13 +69,8 @@ impl RedlockLock {
             }))
     }
 
-    pub(crate) async fn contend(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
+    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let keys = self.keys(name);
         if deadline == Deadline::Now {
             return self.once(name, &keys, ttl, opts).await;

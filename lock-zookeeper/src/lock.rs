@@ -1,14 +1,12 @@
 //! `ZkLock`: the ephemeral-sequential recipe with a predecessor watch.
 
+use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{
-    Capabilities, Deadline, DistributedLock, FencingToken, Lease, LockName, LockOptions, Result,
-};
+use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
 use zookeeper_client::Client;
 
 use crate::ZkConfig;
@@ -95,14 +93,8 @@ impl DistributedLock for ZkLock {
         self.inner.caps
     }
 
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(name, ttl, opts, deadline).await
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(req).await
     }
 
     /// The lowest sequence node (the holder) and its `czxid`; the lock lives as long as its

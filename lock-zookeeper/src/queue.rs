@@ -1,11 +1,12 @@
 //! The queue of contenders: one ephemeral sequential node each under the lock's parent; the
 //! lowest holds the lock, every other watches the one just before its own.
 
+use lock_core::driver::Acquisition;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lock_core::driver::{drift, Grant, ManagedLease};
-use lock_core::{Deadline, Error, FencingToken, Lease, LockName, LockOptions, Renewal, Result};
+use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite};
@@ -152,19 +153,13 @@ impl ZkLock {
         }
     }
 
-    pub(crate) async fn contend(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
+    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         // A session that ends before the grant loses nothing (no lease was handed out): try
         // once more on a new session.
         let mut retried = false;
         loop {
             let client = self.live_session().await?;
-            match self.contend_on(&client, name, opts, ttl, deadline).await {
+            match self.contend_on(&client, req).await {
                 Err(_) if !retried && client.state().is_terminated() => retried = true,
                 r => return r,
             }
@@ -174,11 +169,9 @@ impl ZkLock {
     pub(crate) async fn contend_on(
         &self,
         client: &Client,
-        name: &LockName,
-        opts: &LockOptions,
-        ttl: Duration,
-        deadline: Deadline,
+        req: Acquisition<'_>,
     ) -> Result<Option<Box<dyn Lease>>> {
+        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let parent = self.parent(name);
         let (me, stat) = self.enqueue(client, &parent).await?;
         let path = format!("{parent}/{me}");

@@ -1,5 +1,6 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
+use lock_core::driver::Acquisition;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -297,14 +298,9 @@ impl DistributedLock for FlawedLock {
     }
     /// The flawed paths live in `try_acquire` and `acquire` (overridden, so a flaw can skip the
     /// TTL validation the provided ones do); this maps a deadline onto them.
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        _ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        let opts = match deadline {
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let (name, opts) = (req.name(), req.opts());
+        let opts = match req.deadline() {
             Deadline::Now => return self.try_acquire(name, opts).await,
             Deadline::At(t) => opts
                 .clone()

@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+use lock_core::driver::Acquisition;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,8 +29,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::driver::{connecting, drift, Driver, Grant, LeaseOps, ManagedLease};
 use lock_core::{
-    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
-    LockOptions, Result,
+    Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LockName, Result,
 };
 use tokio::sync::Notify;
 
@@ -160,13 +160,8 @@ impl DistributedLock for TableLock {
         Capabilities::new().with_fencing(Fencing::Strict)
     }
 
-    async fn acquire_until(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Box<dyn Lease>>> {
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed);
         loop {
             // Register for wake-ups *before* trying, so a release in between is not missed.

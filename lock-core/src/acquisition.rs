@@ -1,0 +1,79 @@
+//! [`Acquisition`]: one acquisition as a driver receives it, with its TTL already validated.
+
+use std::time::Duration;
+
+use crate::{Capabilities, Deadline, LockName, LockOptions, Result};
+
+/// One acquisition, as [`DistributedLock::acquire_until`](crate::DistributedLock::acquire_until)
+/// receives it. The only way to make one is [`new`](Self::new), which validates the options
+/// against the driver's capabilities: a driver cannot be handed an unchecked TTL, and cannot
+/// forget to check one.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use lock_core::driver::Acquisition;
+/// use lock_core::{Capabilities, Deadline, LockName, LockOptions};
+///
+/// let name = LockName::new("jobs")?;
+/// let caps = Capabilities::new().with_ttl_granularity(Duration::from_secs(1));
+/// let opts = LockOptions::new(Duration::from_millis(1500));
+/// let req = Acquisition::new(&name, &opts, &caps, Deadline::Now)?;
+/// assert_eq!(req.ttl(), Duration::from_secs(2)); // rounded up to the backend's granularity
+/// assert_eq!(req.deadline(), Deadline::Now);
+///
+/// let zero = LockOptions::new(Duration::ZERO);
+/// assert!(Acquisition::new(&name, &zero, &caps, Deadline::Now).is_err());
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Acquisition<'a> {
+    name: &'a LockName,
+    opts: &'a LockOptions,
+    ttl: Duration,
+    deadline: Deadline,
+}
+
+impl<'a> Acquisition<'a> {
+    /// An acquisition of `name` with `opts`, waiting until `deadline`; the TTL is
+    /// [`LockOptions::validate`]d against `caps` (the one place it is checked).
+    pub fn new(
+        name: &'a LockName,
+        opts: &'a LockOptions,
+        caps: &Capabilities,
+        deadline: Deadline,
+    ) -> Result<Self> {
+        let ttl = opts.validate(caps)?;
+        Ok(Acquisition {
+            name,
+            opts,
+            ttl,
+            deadline,
+        })
+    }
+
+    /// The same acquisition with another deadline (a driver that retries on a fresh session,
+    /// say, with what is left of the wait).
+    pub fn with_deadline(self, deadline: Deadline) -> Self {
+        Acquisition { deadline, ..self }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &'a LockName {
+        self.name
+    }
+
+    /// The options as the caller gave them (renewal, wait).
+    pub fn opts(&self) -> &'a LockOptions {
+        self.opts
+    }
+
+    /// The effective TTL: the caller's, validated and rounded up to the backend's granularity.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Until when the acquisition may wait.
+    pub fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+}
