@@ -4,7 +4,8 @@
 # seeded nemesis, in release mode, one driver after the other. Writes, per driver,
 # $DISTLOCK_SOAK_DIR/<driver>.svg (the timeline) and <driver>.md (its table row) and prints
 # the table. Needs the servers of `scripts/services.sh up`; never run it beside scripts/test.sh
-# (both freeze and restart the same servers).
+# (both freeze and restart the same servers). Soaks of different servers may run at once (as
+# RELIABILITY.md's were: three lanes), each invocation with its own drivers.
 #
 #   scripts/soak.sh                 every driver
 #   scripts/soak.sh redis etcd      some of them (names below)
@@ -38,9 +39,12 @@ while read -r name crate trial label; do
   fi
   echo "soak: $name ($DISTLOCK_SOAK_GRANTS grants, seed $DISTLOCK_SAFETY_SEED)" >&2
   rm -f "$dir/$name.md"
-  DISTLOCK_SOAK_OUT="$dir/$name" DISTLOCK_SOAK_LABEL="${label//_/ }" \
-    cargo test -q --release -p "$crate" --test conformance -- --ignored --exact "$trial" >&2 ||
-    status=1
+  # Build with cargo, run the binary itself: cargo keeps its build lock while tests run, and
+  # several soaks (of different servers) may run at once.
+  bin=$(cargo test -q --release -p "$crate" --test conformance --no-run --message-format=json |
+    grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
+  (cd "$crate" && DISTLOCK_SOAK_OUT="$dir/$name" DISTLOCK_SOAK_LABEL="${label//_/ }" \
+    "$bin" --ignored --exact "$trial") >&2 || status=1
 done <<<"$runs"
 
 echo "| driver | grants | time | blackhole | delay | cut | pause | freeze | restart | violations (a) / (b) / (c) / (d) | stale writes refused | cut-off holder → lost signal p50 / p99 | heal → next grant p50 / p99 | hand-off p50 / p99 |"

@@ -31,6 +31,12 @@ impl LeaseOps for ZkLeaseOps {
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         match self.client.check_stat(&self.path).await {
+            Ok(Some(_)) if !crate::queue::prompt(start, self.session_timeout) => {
+                Err(Error::unavailable(
+                    BACKEND,
+                    "the confirmation came back too late to vouch for the session",
+                ))
+            }
             Ok(Some(stat)) if stat.ephemeral_owner == self.session => Ok(start
                 + self
                     .session_timeout

@@ -3,7 +3,7 @@
 
 use lock_core::driver::Acquisition;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lock_core::driver::{drift, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result};
@@ -107,7 +107,7 @@ impl ZkLock {
     }
 
     /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, `t` = start of the request
-    /// that confirmed it. `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
+    /// that confirmed it, answered promptly (see [`prompt`]). `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
     pub(crate) async fn wait_turn(
         &self,
         client: &Client,
@@ -130,7 +130,16 @@ impl ZkLock {
                 });
             };
             if idx == 0 {
-                return Ok(Some(asked));
+                if prompt(asked, client.session_timeout()) {
+                    return Ok(Some(asked));
+                }
+                // A slow answer may come from a member that was stalled (a frozen leader, a
+                // GC pause) and answers from its old state after the ensemble expired this
+                // session: ask again rather than vouch for a lease on it.
+                if deadline.passed() {
+                    return Ok(None);
+                }
+                continue;
             }
             if deadline.passed() {
                 return Ok(None);
@@ -269,4 +278,14 @@ impl Drop for NodeGuard {
             drop(delete_in_background(&self.client, &path));
         }
     }
+}
+
+/// Whether an answer to a request sent at `asked` came back promptly enough (within a third of
+/// the session timeout) to vouch for the session: its start is then the basis of a lease's
+/// `valid_until`. A slower answer may come from a member that was stalled and answers from the
+/// state it had before — found by the safety soak: a leader frozen for 3.7 s answered a waiter's
+/// listing after the ensemble had expired that waiter's session and granted the lock to the
+/// next contender.
+pub(crate) fn prompt(asked: Instant, session_timeout: Duration) -> bool {
+    asked.elapsed() <= session_timeout / 3
 }
