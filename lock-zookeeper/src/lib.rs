@@ -34,7 +34,12 @@
 //! **Deletes are retried**: a lock node whose delete is lost with the connection would stay
 //! for the life of the session (which survives the reconnect); the delete is repeated until it
 //! succeeds or the session ends, and `release` waits for that at most one session timeout.
-//! **A crashed holder** frees its locks one session timeout later.
+//! **A crashed holder** frees its locks one session timeout later. **A stalled member** (a
+//! frozen leader, a long GC pause) can answer from its old state after the ensemble expired a
+//! session, so only answers within a third of the session timeout vouch for a lease. **A member
+//! cut off from its leader** but not from its clients keeps answering from its old state for up
+//! to `syncLimit × tickTime`, which no client can see: in an ensemble, fence the protected data
+//! with the token.
 //!
 //! Built on `zookeeper-client` with its `tokio` feature (without it the client panics with
 //! "no spawner"); the crate is re-exported.

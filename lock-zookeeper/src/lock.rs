@@ -27,8 +27,9 @@ pub(crate) const SEQ_DIGITS: usize = 10;
 /// holder frees its locks when the server expires the session, after the (negotiated) session
 /// timeout. Each lease is confirmed in the background every third of the session timeout (an
 /// `exists` on its own node, which also proves the node is still this session's), whatever the
-/// [`Renewal`](lock_core::Renewal) option says; `valid_until` is the start of the last confirmed request plus the
-/// session timeout minus drift. A disconnected holder turns AtRisk at its next confirmation
+/// [`Renewal`](lock_core::Renewal) option says; `valid_until` is the start of the last confirmed
+/// request plus the session timeout minus drift. Only an answer within a third of the session
+/// timeout confirms: a slower one may come from a stalled member answering from its old state. A disconnected holder turns AtRisk at its next confirmation
 /// — at most a third of the session timeout after the connection drops, plus a sixth when the
 /// request hangs (a partition) — and Lost no later than the server can expire its session,
 /// without waiting for the client library to report `Expired` (it does so only after 1.4× the
