@@ -130,15 +130,7 @@ impl EtcdLock {
             let full = ttl.saturating_sub(drift(ttl));
             if fresh_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
                 if let Ok((rev, head)) = self.put_key(name, &key, id).await {
-                    return Ok(Enqueued {
-                        id,
-                        ttl,
-                        valid_until: fresh_until,
-                        key,
-                        rev,
-                        head,
-                        guard,
-                    });
+                    return Ok(Enqueued::new(id, ttl, fresh_until, key, (rev, head), guard));
                 }
                 // Not what it seemed (it expired, or a request failed): start over below.
                 drop(guard);
@@ -155,15 +147,14 @@ impl EtcdLock {
                 self.put_key(name, &key, id)
             );
             if let (Ok(Some(ttl)), Ok((rev, head))) = (alive, put) {
-                return Ok(Enqueued {
+                return Ok(Enqueued::new(
                     id,
                     ttl,
-                    valid_until: start + ttl.saturating_sub(drift(ttl)),
+                    start + ttl.saturating_sub(drift(ttl)),
                     key,
-                    rev,
-                    head,
+                    (rev, head),
                     guard,
-                });
+                ));
             }
             // The spare had expired (or a request failed): the guard revokes it, which also
             // deletes a key put meanwhile; start over with a new lease.
@@ -188,15 +179,14 @@ impl EtcdLock {
         let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
         let key = self.key(name, id);
         let (rev, head) = self.put_key(name, &key, id).await?;
-        Ok(Enqueued {
+        Ok(Enqueued::new(
             id,
             ttl,
-            valid_until: start + ttl.saturating_sub(drift(ttl)),
+            start + ttl.saturating_sub(drift(ttl)),
             key,
-            rev,
-            head,
+            (rev, head),
             guard,
-        })
+        ))
     }
 }
 
@@ -213,6 +203,29 @@ pub(crate) struct Enqueued {
     /// Whether the key is the oldest (holds the lock).
     pub(crate) head: bool,
     pub(crate) guard: RevokeGuard,
+}
+
+impl Enqueued {
+    /// Lease `id` (of `ttl`, valid until `valid_until`) and its `key`, put at revision `rev`
+    /// (`head`: it holds the lock), revoked by `guard` unless granted.
+    fn new(
+        id: i64,
+        ttl: Duration,
+        valid_until: Instant,
+        key: String,
+        (rev, head): (i64, bool),
+        guard: RevokeGuard,
+    ) -> Self {
+        Enqueued {
+            id,
+            ttl,
+            valid_until,
+            key,
+            rev,
+            head,
+            guard,
+        }
+    }
 }
 
 pub(crate) enum Position {

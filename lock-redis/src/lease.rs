@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::driver::{drift, LeaseOps};
-use lock_core::{Error, LockName, Result};
+use lock_core::{Error, Result};
 use redis::aio::ConnectionManager;
 
 use crate::client::RedisNode;
@@ -33,7 +33,7 @@ impl LeaseOps for RedisLeaseOps {
         {
             Ok(Ok(true)) => Ok(start + self.ttl.saturating_sub(drift(self.ttl))),
             Ok(Ok(false)) => Err(Error::NotHeld {
-                name: name_of(&self.keys),
+                name: self.keys.name(),
             }),
             Ok(Err(e)) => Err(self.node.error(&e)),
             Err(_) => Err(self.node.unavailable("renew timed out")),
@@ -50,21 +50,10 @@ impl LeaseOps for RedisLeaseOps {
         {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(Error::NotHeld {
-                name: name_of(&self.keys),
+                name: self.keys.name(),
             }),
             Ok(Err(e)) => Err(self.node.error(&e)),
             Err(_) => Err(self.node.unavailable("release timed out")),
         }
     }
-}
-
-/// Recovers the lock name from its key (`<prefix>{name}`) for error messages.
-pub(crate) fn name_of(keys: &LockKeys) -> LockName {
-    let inner = keys
-        .lock
-        .rsplit_once('{')
-        .map(|(_, r)| r.trim_end_matches('}'))
-        .unwrap_or("");
-    LockName::new(inner)
-        .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
 }

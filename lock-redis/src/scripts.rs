@@ -67,6 +67,24 @@ impl LockKeys {
             lock,
         }
     }
+
+    /// The lock's name, recovered from its key (`<prefix>{name}`), for errors; `unknown` if
+    /// the key does not hold a valid name.
+    ///
+    /// ```
+    /// let k = lock_redis::raw::scripts::LockKeys::new("distlock:", &"jobs".parse()?);
+    /// assert_eq!(k.name().as_str(), "jobs");
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn name(&self) -> LockName {
+        let inner = self
+            .lock
+            .rsplit_once('{')
+            .map(|(_, r)| r.trim_end_matches('}'))
+            .unwrap_or("");
+        LockName::new(inner)
+            .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
+    }
 }
 
 /// What the acquire script answered.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::driver::LeaseOps;
-use lock_core::{Error, LockName, Result};
+use lock_core::{Error, Result};
 use lock_redis::raw::scripts::{self, LockKeys};
 use lock_redis::raw::RedisNode;
 
@@ -21,19 +21,6 @@ pub(crate) struct RedlockLeaseOps {
     pub(crate) drift: Duration,
     pub(crate) node_timeout: Duration,
     pub(crate) quorum: usize,
-}
-
-impl RedlockLeaseOps {
-    pub(crate) fn name(&self) -> LockName {
-        let inner = self
-            .keys
-            .lock
-            .rsplit_once('{')
-            .map(|(_, r)| r.trim_end_matches('}'))
-            .unwrap_or("");
-        LockName::new(inner)
-            .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
-    }
 }
 
 #[async_trait]
@@ -58,7 +45,9 @@ impl LeaseOps for RedlockLeaseOps {
         // Masters that were extended stay extended: undoing them would only shorten a lease
         // that a later renewal may still save.
         if not_held > self.nodes.len() - self.quorum {
-            return Err(Error::NotHeld { name: self.name() });
+            return Err(Error::NotHeld {
+                name: self.keys.name(),
+            });
         }
         Err(Error::QuorumNotReached {
             granted: extended,
@@ -79,7 +68,9 @@ impl LeaseOps for RedlockLeaseOps {
         if released >= self.quorum {
             Ok(())
         } else if not_held > self.nodes.len() - self.quorum || released + not_held >= self.quorum {
-            Err(Error::NotHeld { name: self.name() })
+            Err(Error::NotHeld {
+                name: self.keys.name(),
+            })
         } else {
             Err(Error::QuorumNotReached {
                 granted: released,

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use lock_core::{Lease, LeaseState};
 
 use super::support::{
-    acquire_when_free, client, faulty, held, long_opts, opts, scene, sleep, sleep_until, within,
-    Scene,
+    acquire_when_free, client, faulty, held, in_state, long_opts, opts, scene, sleep, sleep_until,
+    within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -61,11 +61,7 @@ pub async fn valid_until_is_within_ttl(h: &dyn Harness) -> Result<(), Failure> {
     let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
     let after = Instant::now();
     let vu = lease.valid_until();
-    ensure!(
-        lease.state() == LeaseState::Held,
-        "fresh lease is {:?}",
-        lease.state()
-    );
+    in_state(&*lease, LeaseState::Held, "right after the grant")?;
     ensure!(
         vu > after,
         "fresh lease's valid_until is already in the past"
@@ -104,11 +100,7 @@ pub async fn unrenewed_lease_turns_lost_at_valid_until(h: &dyn Harness) -> Resul
         "lost signal fired {:?} before valid_until",
         vu - at
     );
-    ensure!(
-        lease.state() == LeaseState::Lost,
-        "state is {:?} after valid_until",
-        lease.state()
-    );
+    in_state(&*lease, LeaseState::Lost, "after valid_until")?;
     let _ = lease.release().await;
     Ok(())
 }

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
-use super::support::{client, faulty, held, opts, record_states, sleep, watch_lost, within};
+use super::support::{
+    client, faulty, held, in_state, opts, record_states, sleep, watch_lost, within,
+};
 use crate::{ensure, fresh_name, Failure, Fault, Faulty, Harness, Timing};
 
 /// The timings, a client behind a healthy link (the holder to be), another client, a name.
@@ -109,11 +111,11 @@ pub async fn partitioned_holder_knows_before_anyone_is_granted(
             }
         }
     }
-    ensure!(
-        lease.state() == LeaseState::Lost,
-        "the partitioned lease is {:?} again after the link healed",
-        lease.state()
-    );
+    in_state(
+        lease.as_ref().as_ref(),
+        LeaseState::Lost,
+        "after the link healed (a partitioned lease stays Lost)",
+    )?;
     ensure!(
         lease.renew().await.is_err(),
         "renew of the partitioned lease succeeded after the link healed"

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::LeaseState;
 
-use super::support::{client, held, long_opts, opts, scene, watch_lost, within, Scene};
+use super::support::{client, held, in_state, long_opts, opts, scene, watch_lost, within, Scene};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// An unrenewed holder's `valid_until` is not after the moment a waiter is granted the lock,
@@ -30,11 +30,11 @@ pub async fn lost_fires_before_successor_is_granted(h: &dyn Harness) -> Result<(
         lease.valid_until() <= granted,
         "the old holder's valid_until is after the successor's grant"
     );
-    ensure!(
-        lease.state() == LeaseState::Lost,
-        "old holder reports {:?} while another client holds the lock",
-        lease.state()
-    );
+    in_state(
+        &*lease,
+        LeaseState::Lost,
+        "(the old holder) while another client holds the lock",
+    )?;
     let fired = within(t.slack, "the old holder's lost signal", watcher)
         .await?
         .map_err(|e| Failure(format!("watcher panicked: {e}")))?;
@@ -125,11 +125,7 @@ pub async fn lost_fires_when_renewal_refused(h: &dyn Harness) -> Result<(), Fail
         Instant::now() < vu,
         "lost signal only fired at valid_until, not on the refused renewal"
     );
-    ensure!(
-        lease.state() == LeaseState::Lost,
-        "lease reports {:?} after a refused renewal",
-        lease.state()
-    );
+    in_state(&*lease, LeaseState::Lost, "after a refused renewal")?;
     ensure!(
         lease.renew().await.is_err(),
         "manual renew succeeded after the lock was deleted"

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Lease, LeaseState};
 
 use super::support::{
-    acquire_when_free, client, held, is_not_held, opts, scene, sleep, sleep_until, within, Scene,
+    acquire_when_free, client, held, in_state, is_not_held, opts, scene, sleep, sleep_until,
+    within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -64,20 +65,12 @@ pub async fn stale_renew_keeps_successor(h: &dyn Harness) -> Result<(), Failure>
         stale.renew().await.is_err(),
         "renew of an expired lease succeeded while another client holds the lock"
     );
-    ensure!(
-        stale.state() == LeaseState::Lost,
-        "expired lease reports {:?}",
-        stale.state()
-    );
+    in_state(&*stale, LeaseState::Lost, "after it expired")?;
     ensure!(
         c.try_acquire(&name, &opts(h)).await?.is_none(),
         "a stale renew freed the successor's lock"
     );
-    ensure!(
-        successor.state() == LeaseState::Held,
-        "successor is {:?}",
-        successor.state()
-    );
+    in_state(&*successor, LeaseState::Held, "(the successor)")?;
     successor.release().await?;
     drop(stale);
     Ok(())

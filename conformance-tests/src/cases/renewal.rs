@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use lock_core::LeaseState;
 
-use super::support::{held, opts, scene, sleep, sleep_until, within, Scene};
+use super::support::{held, in_state, opts, scene, sleep, sleep_until, within, Scene};
 use crate::{ensure, Failure, Harness};
 
 /// A manual renew before expiry moves `valid_until` forward and keeps others out past the
@@ -23,11 +23,11 @@ pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
         Instant::now() < second,
         "test too slow to check the renewed window"
     );
-    ensure!(
-        lease.state() == LeaseState::Held,
-        "renewed lease is {:?}",
-        lease.state()
-    );
+    in_state(
+        &*lease,
+        LeaseState::Held,
+        "after a renewal, past its original expiry",
+    )?;
     ensure!(
         b.try_acquire(&name, &opts(h)).await?.is_none(),
         "lock granted to another client after its holder renewed it"
@@ -49,11 +49,7 @@ pub async fn renew_after_expiry_fails_and_does_not_recreate(
         lease.renew().await.is_err(),
         "renew of an expired lease succeeded"
     );
-    ensure!(
-        lease.state() == LeaseState::Lost,
-        "expired lease reports {:?}",
-        lease.state()
-    );
+    in_state(&*lease, LeaseState::Lost, "after it expired")?;
     let other = held(
         b.try_acquire(&name, &opts(h)).await?,
         "another client after a refused renew (was the lock recreated?)",
@@ -76,11 +72,7 @@ pub async fn auto_renew_keeps_lock(h: &dyn Harness) -> Result<(), Failure> {
         !lost.is_lost(),
         "lost signal fired on an auto-renewed lease"
     );
-    ensure!(
-        lease.state() == LeaseState::Held,
-        "auto-renewed lease is {:?}",
-        lease.state()
-    );
+    in_state(&*lease, LeaseState::Held, "while auto-renewed")?;
     ensure!(
         lease.valid_until() > Instant::now(),
         "auto-renewed lease's valid_until passed"
@@ -177,11 +169,7 @@ pub async fn max_hold_ends_lease(h: &dyn Harness) -> Result<(), Failure> {
         lost.is_lost(),
         "lost signal had not fired when the lock went to another client"
     );
-    ensure!(
-        lease.state() == LeaseState::Lost,
-        "lease past max_hold is {:?}",
-        lease.state()
-    );
+    in_state(&*lease, LeaseState::Lost, "past max_hold")?;
     next.release().await?;
     drop(lease);
     Ok(())

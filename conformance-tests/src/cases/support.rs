@@ -50,6 +50,19 @@ pub(crate) fn long_opts(h: &dyn Harness) -> LockOptions {
     LockOptions::new(h.timing().ttl * 40)
 }
 
+/// `Ok` if `lease` is in state `want`, else a failure naming the state it is in and `when`
+/// (say, "after a refused renewal").
+pub(crate) fn in_state(lease: &dyn Lease, want: LeaseState, when: &str) -> Result<(), Failure> {
+    let state = lease.state();
+    if state == want {
+        Ok(())
+    } else {
+        Err(Failure(format!(
+            "lease is {state:?} {when}, expected {want:?}"
+        )))
+    }
+}
+
 pub(crate) fn held(lease: Option<Box<dyn Lease>>, what: &str) -> Result<Box<dyn Lease>, Failure> {
     lease.ok_or_else(|| {
         Failure(format!(

@@ -241,11 +241,16 @@ impl Nemesis {
             .copied()
     }
 
-    /// Faults with random gaps until `until` or until `enough()` says so; every fault is
-    /// healed when this returns. Only the gaps look at the clock and at `enough`: a strike is
+    /// Faults with random gaps until `until`, or until `enough()` says so once at least
+    /// `at_least` faults were injected; every fault is healed when this returns. Only the gaps look at the clock and at `enough`: a strike is
     /// never cut short (a server left frozen would outlive the run), so do not cancel this
     /// future either.
-    pub(super) async fn run_until(&mut self, until: Instant, enough: impl Fn() -> bool) {
+    pub(super) async fn run_until(
+        &mut self,
+        until: Instant,
+        at_least: u64,
+        enough: impl Fn() -> bool,
+    ) {
         loop {
             let gap = self.rng.duration(self.ttl, self.ttl * 3);
             let strike_at = Instant::now() + gap;
@@ -253,7 +258,7 @@ impl Nemesis {
                 return;
             }
             while Instant::now() < strike_at {
-                if enough() {
+                if enough() && self.counts.iter().sum::<u64>() >= at_least {
                     return;
                 }
                 tokio::time::sleep((self.ttl / 4).min(strike_at - Instant::now())).await;
