@@ -17,9 +17,10 @@ fn seed() -> u64 {
         })
 }
 
-/// Six clients over three names make 2,000 grants (or run for a minute) while the nemesis
-/// breaks the links of the clients behind [`Harness::faulty_client`] and pauses holders; the
-/// checker then finds no overlap, no fencing violation, no loss noticed after a re-grant, and
+/// Eight clients over six names make 2,000 grants and meet at least six faults (or run for a
+/// minute) while the nemesis breaks the links of the clients behind
+/// [`Harness::faulty_client`], pauses holders, and freezes and restarts the
+/// [`Harness::servers`]; the checker then finds no overlap, no fencing violation, no loss noticed after a re-grant, and
 /// every name granted again after the last fault healed. The seed is in any failure; set
 /// `DISTLOCK_SAFETY_SEED` to replay it.
 pub async fn history_is_clean(h: &dyn Harness) -> Result<(), Failure> {
