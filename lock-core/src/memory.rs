@@ -6,7 +6,6 @@
 //! cancel-safe `acquire`, and a lost signal at expiry. Use it in examples and in your own unit
 //! tests; clones share one store and behave like independent clients of one server.
 
-use crate::driver::Acquisition;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +15,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::driver::{LeaseOps, ManagedLease};
+use crate::driver::{Acquisition, LeaseOps, ManagedLease};
 use crate::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
     LockName, LockOptions, Result,

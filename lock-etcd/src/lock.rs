@@ -1,12 +1,12 @@
 //! `EtcdLock`: a lease per lock, a revision-ordered queue, a watch on the predecessor.
 
-use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
 
 use crate::spares::Spares;

@@ -1,14 +1,13 @@
 //! The queue of contenders: one key per contender under the lock's name, ordered by
 //! `create_revision`; putting a contender's key, and finding its place.
 
-use lock_core::driver::Acquisition;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
-use lock_core::driver::{drift, Grant, ManagedLease};
+use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
 
 use crate::client::{malformed, txn_call};

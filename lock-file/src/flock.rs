@@ -2,13 +2,12 @@
 //! (woken in-process by the releasing lease, across processes by inotify, with a jittered
 //! back-off as the safety net).
 
-use lock_core::driver::Acquisition;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::driver::{Grant, ManagedLease};
+use lock_core::driver::{Acquisition, Grant, ManagedLease};
 use lock_core::{FencingToken, Lease, LockName, LockOptions, Renewal, Result};
 
 use crate::client::{blocking, io_error, lock_file};

@@ -1,11 +1,11 @@
 //! `FileLock`: one advisory-locked file per name.
 
-use lock_core::driver::Acquisition;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
 use tokio::sync::Notify;
 

@@ -1,12 +1,11 @@
 //! `RedisLock`: the driver.
 
-use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, Grant, ManagedLease};
+use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
     LockOptions, Result,

@@ -1,11 +1,11 @@
 //! `RedlockLock`: quorum acquire, renew and release over independent masters.
 
-use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
 use lock_redis::raw::RedisNode;
 

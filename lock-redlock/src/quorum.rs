@@ -1,12 +1,11 @@
 //! Acquiring by majority: one attempt (a round on every master, decided at a majority, undone
 //! everywhere if it failed), the waiting loop around it, and the quorum read behind `inspect`.
 
-use lock_core::driver::Acquisition;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use lock_core::driver::{Grant, ManagedLease};
+use lock_core::driver::{Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Result};
 use lock_redis::raw::scripts::{self, Acquired, LockKeys};
 use lock_redis::raw::ReleaseOnDrop;

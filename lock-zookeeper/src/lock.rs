@@ -1,11 +1,11 @@
 //! `ZkLock`: the ephemeral-sequential recipe with a predecessor watch.
 
-use lock_core::driver::Acquisition;
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
 use zookeeper_client::Client;
 

@@ -1,11 +1,10 @@
 //! The queue of contenders: one ephemeral sequential node each under the lock's parent; the
 //! lowest holds the lock, every other watches the one just before its own.
 
-use lock_core::driver::Acquisition;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lock_core::driver::{drift, Grant, ManagedLease};
+use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
@@ -107,7 +106,8 @@ impl ZkLock {
     }
 
     /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, `t` = start of the request
-    /// that confirmed it, answered promptly (see [`prompt`]). `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
+    /// that confirmed it, answered promptly (see [`prompt`]). `Ok(None)`: not granted by the
+    /// deadline (at once, for `Deadline::Now`).
     pub(crate) async fn wait_turn(
         &self,
         client: &Client,

@@ -1,12 +1,11 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
-use lock_core::driver::Acquisition;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{self, LeaseTracker};
+use lock_core::driver::{self, Acquisition, LeaseTracker};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, FencingToken, Lease, LockName, LockOptions,
     Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,

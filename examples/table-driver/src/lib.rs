@@ -20,14 +20,13 @@
 //! # Ok(()) }
 //! ```
 
-use lock_core::driver::Acquisition;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{connecting, drift, Driver, Grant, LeaseOps, ManagedLease};
+use lock_core::driver::{connecting, drift, Acquisition, Driver, Grant, LeaseOps, ManagedLease};
 use lock_core::{
     Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LockName, Result,
 };
