@@ -3,6 +3,8 @@
 # Stops only the servers it started itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One clean build: incremental caches would only add ~18 GB to target/ (caller may override).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 scripts/services.sh install
 started_here=0
