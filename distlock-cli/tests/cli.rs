@@ -2,18 +2,16 @@
 //! `scripts/services.sh up` and on files.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use test_support::kill;
+use test_support::{kill, scratch, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("distlock-cli-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmp(tag: &str) -> Scratch {
+    scratch(&format!("distlock-cli-{tag}-"))
 }
 
 fn file_url(dir: &Path) -> String {

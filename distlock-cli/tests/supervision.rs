@@ -3,20 +3,17 @@
 //! a file every 50 ms (a heartbeat), so an overlap with the next holder shows exactly.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use conformance_tests::FaultProxy;
-use test_support::kill;
+use test_support::{kill, scratch, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("distlock-sup-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmp(tag: &str) -> Scratch {
+    scratch(&format!("distlock-sup-{tag}-"))
 }
 
 fn unique(tag: &str) -> String {
@@ -482,7 +479,7 @@ fn passwords_never_appear_in_any_output() {
                 c.args(&args)
                     .env("RUST_LOG", "trace")
                     .env("DISTLOCK_URL", if env { url.as_str() } else { "memory://" })
-                    .env("TMPDIR", &dir)
+                    .env("TMPDIR", &*dir)
                     .stdin(Stdio::null());
                 let o = c.output().unwrap();
                 let text = format!(

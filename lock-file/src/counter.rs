@@ -167,12 +167,14 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
-    fn temp(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("lock-file-counter-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join(name);
-        let _ = std::fs::remove_file(&p);
-        p
+    /// A path in a fresh directory that goes when the returned guard drops.
+    fn temp(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::Builder::new()
+            .prefix("lock-file-counter-")
+            .tempdir()
+            .unwrap();
+        let p = dir.path().join(name);
+        (dir, p)
     }
 
     fn rw(path: &Path) -> File {
@@ -185,7 +187,7 @@ mod tests {
 
     #[test]
     fn a_new_file_counts_from_one() {
-        let p = temp("new.lock");
+        let (_dir, p) = temp("new.lock");
         create(&p).unwrap();
         let f = rw(&p);
         assert_eq!(read(&f).unwrap(), 0);
@@ -199,7 +201,7 @@ mod tests {
     #[test]
     fn an_empty_or_foreign_counter_is_an_error_not_zero() {
         for content in ["", "\n", "hello\n", "-3\n", "99999999999999999999999\n"] {
-            let p = temp("bad.lock");
+            let (_dir, p) = temp("bad.lock");
             std::fs::write(&p, content).unwrap();
             let f = rw(&p);
             assert!(read(&f).is_err(), "{content:?} read as a counter");
@@ -214,7 +216,7 @@ mod tests {
 
     #[test]
     fn a_legacy_counter_is_converted() {
-        let p = temp("legacy.lock");
+        let (_dir, p) = temp("legacy.lock");
         std::fs::write(&p, "41\n").unwrap();
         let f = rw(&p);
         assert_eq!(bump(&f).unwrap(), 42);

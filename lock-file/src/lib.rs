@@ -59,6 +59,7 @@
 //! let lease = locks.acquire(&name, &LockOptions::new(Duration::from_secs(30))).await?;
 //! assert!(lease.fencing_token().is_some());
 //! lease.release().await?;
+//! # let _ = std::fs::remove_dir_all(&dir);
 //! # Ok(()) }
 //! ```
 

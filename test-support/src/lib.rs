@@ -7,6 +7,7 @@
 //!   [`test_ca`]: the CA certificate of its TLS-only servers.
 //! - The servers' own request counters: [`redis_commands_processed`] / [`commands_processed`],
 //!   [`zk_packets_received`] / [`zk_mode`], [`etcd_grpc_messages_received`].
+//! - [`scratch`]: a temporary directory that is removed when the test ends, however it ends.
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
 //!   restart by pid; which member leads).
 
@@ -195,4 +196,31 @@ pub async fn etcd_status(endpoint: &str) -> Option<(String, String)> {
         out.get(at..at + len).map(str::to_string)
     };
     Some((field("member_id")?, field("leader")?))
+}
+
+/// A directory under the system's temporary directory, removed (with its content) on drop.
+/// Dereferences to its [`Path`](std::path::Path).
+#[derive(Debug)]
+pub struct Scratch(tempfile::TempDir);
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
+/// A fresh, empty [`Scratch`] directory whose name starts with `prefix` (a test's leftovers
+/// used to pile up in `/tmp`, one directory per test and run).
+///
+/// # Panics
+/// If the directory cannot be created (test code: a panic is the failure report).
+#[allow(clippy::expect_used)]
+pub fn scratch(prefix: &str) -> Scratch {
+    Scratch(
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .expect("a temporary directory"),
+    )
 }
