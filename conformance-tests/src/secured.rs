@@ -195,3 +195,40 @@ impl fmt::Debug for Secured {
             .finish()
     }
 }
+
+/// Asserts that `parse` (a driver config's `from_url`) refuses every URL in `bad` with an
+/// [`Error::Config`](lock_core::Error::Config) whose message does not show `secret`, the
+/// password the URLs carry. For a driver's unit tests of its URL grammar.
+///
+/// ```
+/// conformance_tests::assert_bad_urls_rejected(
+///     |u: &str| u.parse::<u16>().map_err(|_| lock_core::Error::config("not a port")),
+///     &["pw", "99999pw"],
+///     "pw",
+/// );
+/// ```
+///
+/// # Panics
+/// On the first URL that parses, fails with another error, or shows the secret.
+#[track_caller]
+pub fn assert_bad_urls_rejected<T: fmt::Debug>(
+    parse: impl Fn(&str) -> lock_core::Result<T>,
+    bad: &[&str],
+    secret: &str,
+) {
+    for url in bad {
+        match parse(url) {
+            Ok(parsed) => panic!("{url} parsed, as {parsed:?}"),
+            Err(e) => {
+                assert!(
+                    matches!(e, lock_core::Error::Config { .. }),
+                    "{url}: not a Config error: {e:?}"
+                );
+                assert!(
+                    !e.to_string().contains(secret),
+                    "{url}: shows the secret: {e}"
+                );
+            }
+        }
+    }
+}

@@ -50,6 +50,19 @@ fn spawn(mut c: Command) -> Child {
         .unwrap()
 }
 
+/// Starts `distlock run <args> -- sh -c "touch started; <then>"` in `dir` and returns once the
+/// command runs, that is once it holds the lock.
+fn holding(url: &str, dir: &Path, args: &[&str], then: &str) -> Child {
+    let started = dir.join("started");
+    let script = format!("touch {}; {then}", started.display());
+    let mut argv = vec!["run"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--", "sh", "-c", &script]);
+    let child = spawn(distlock(url, &argv));
+    wait_for(&started, Duration::from_secs(10));
+    child
+}
+
 #[test]
 fn bad_arguments_urls_and_names_exit_64_with_one_line() {
     let dir = tmp("usage");
@@ -137,13 +150,7 @@ fn exit_status_environment_and_signals_pass_through() {
 
     // SIGTERM to distlock reaches the command, which dies of it; distlock reports 128+15 and
     // releases the lock.
-    let started = dir.join("started");
-    let script = format!("touch {}; exec sleep 30", started.display());
-    let mut holder = spawn(distlock(
-        &url,
-        &["run", "--name", "sig", "--", "sh", "-c", &script],
-    ));
-    wait_for(&started, Duration::from_secs(10));
+    let mut holder = holding(&url, &dir, &["--name", "sig"], "exec sleep 30");
     kill("TERM", holder.id());
     let st = holder.wait().unwrap();
     assert_eq!(st.code(), Some(143));
@@ -158,13 +165,7 @@ fn exit_status_environment_and_signals_pass_through() {
 fn no_wait_on_a_held_lock_exits_75_within_a_second() {
     let dir = tmp("nowait");
     let url = file_url(&dir);
-    let started = dir.join("started");
-    let script = format!("touch {}; sleep 3", started.display());
-    let mut holder = spawn(distlock(
-        &url,
-        &["run", "--name", "busy", "--", "sh", "-c", &script],
-    ));
-    wait_for(&started, Duration::from_secs(10));
+    let mut holder = holding(&url, &dir, &["--name", "busy"], "sleep 3");
     let t = Instant::now();
     let o = output(distlock(
         &url,
@@ -192,16 +193,9 @@ fn no_wait_on_a_held_lock_exits_75_within_a_second() {
 fn a_lost_lock_stops_the_command_and_exits_70() {
     let dir = tmp("lost");
     let url = file_url(&dir);
-    let started = dir.join("started");
-    let script = format!("touch {}; exec sleep 30", started.display());
     let t = Instant::now();
-    let holder = spawn(distlock(
-        &url,
-        &[
-            "run", "--name", "lost", "--ttl", "1s", "--grace", "1s", "--", "sh", "-c", &script,
-        ],
-    ));
-    wait_for(&started, Duration::from_secs(10));
+    let args = ["--name", "lost", "--ttl", "1s", "--grace", "1s"];
+    let holder = holding(&url, &dir, &args, "exec sleep 30");
     // An operator breaks the lock: the holder's next check finds its file gone.
     std::fs::remove_file(dir.join("locks").join("lost.lock")).unwrap();
     let out = holder.wait_with_output().unwrap();
@@ -223,15 +217,8 @@ fn a_lost_lock_stops_the_command_and_exits_70() {
 fn a_lock_deleted_on_the_server_stops_the_command_and_exits_70() {
     let dir = tmp("lost-redis");
     let name = format!("lost-redis-{}", std::process::id());
-    let started = dir.join("started");
-    let script = format!("touch {}; exec sleep 30", started.display());
-    let holder = spawn(distlock(
-        "redis://127.0.0.1:16379",
-        &[
-            "run", "--name", &name, "--ttl", "1s", "--grace", "1s", "--", "sh", "-c", &script,
-        ],
-    ));
-    wait_for(&started, Duration::from_secs(10));
+    let args = ["--name", &name, "--ttl", "1s", "--grace", "1s"];
+    let holder = holding("redis://127.0.0.1:16379", &dir, &args, "exec sleep 30");
     // An operator deletes the lock key: the next renewal is refused.
     let del = Command::new("redis-cli")
         .args(["-p", "16379", "DEL", &format!("distlock:{{{name}}}")])
@@ -314,15 +301,7 @@ fn two_runs_never_overlap_on_every_backend() {
 fn killed_holder_frees(url: &str, tag: &str, within: Duration) {
     let dir = tmp(tag);
     let name = format!("killed-{tag}-{}", std::process::id());
-    let started = dir.join("started");
-    let script = format!("touch {}; sleep 5", started.display());
-    let mut holder = spawn(distlock(
-        url,
-        &[
-            "run", "--name", &name, "--ttl", "2s", "--", "sh", "-c", &script,
-        ],
-    ));
-    wait_for(&started, Duration::from_secs(10));
+    let mut holder = holding(url, &dir, &["--name", &name, "--ttl", "2s"], "sleep 5");
     kill("KILL", holder.id());
     let _ = holder.wait();
     let t = Instant::now();

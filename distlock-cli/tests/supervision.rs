@@ -115,9 +115,11 @@ fn read_stamp(file: &Path) -> u128 {
         .unwrap()
 }
 
-/// No heartbeat of the first command after the second command started; and none at all a
-/// while later (its processes are gone, not just quiet).
-fn assert_no_overlap(tag: &str, hb: &Path, start2: &Path) {
+/// The second run (`second`) exits 0 within `limit`; no heartbeat of the first command came
+/// after the second command started, and none at all a while later (its processes are gone,
+/// not just quiet).
+fn second_ran_alone(tag: &str, second: Child, limit: Duration, hb: &Path, start2: &Path) {
+    exits(second, limit, &format!("{tag}: second run"), 0);
     let second = read_stamp(start2);
     let first = beats(hb);
     let last = *first.iter().max().unwrap();
@@ -189,13 +191,7 @@ fn lost_lock_kills_before_the_next_holder(
         &format!("{tag}: holder cut off"),
         70,
     );
-    exits(
-        second,
-        Duration::from_secs(60),
-        &format!("{tag}: second client"),
-        0,
-    );
-    assert_no_overlap(tag, &hb, &start2);
+    second_ran_alone(tag, second, Duration::from_secs(60), &hb, &start2);
     for p in proxies {
         p.heal();
     }
@@ -279,13 +275,7 @@ fn supervisor_killed(tag: &str, url: &str) {
     kill("KILL", holder.id());
     let _ = holder.wait();
     let second = second_run(url, &name, &start2, "30s");
-    exits(
-        second,
-        Duration::from_secs(40),
-        &format!("{tag}: second run"),
-        0,
-    );
-    assert_no_overlap(tag, &hb, &start2);
+    second_ran_alone(tag, second, Duration::from_secs(40), &hb, &start2);
 }
 
 #[test]
@@ -334,13 +324,7 @@ fn descendants(tag: &str, url: &str, how: &str) {
         &format!("{tag}: holder"),
         expected,
     );
-    exits(
-        second,
-        Duration::from_secs(30),
-        &format!("{tag}: second run"),
-        0,
-    );
-    assert_no_overlap(tag, &hb, &start2);
+    second_ran_alone(tag, second, Duration::from_secs(30), &hb, &start2);
 }
 
 #[test]

@@ -78,3 +78,106 @@ macro_rules! __redacted_config {
         }
     };
 }
+
+/// The TLS setters every TLS-capable driver's config has, with the same names and meaning:
+/// `with_tls`, `with_tls_ca_pem`, `with_tls_ca_file`, `is_tls` and `tls_ca`. The config needs
+/// the fields `tls: bool` and `tls_ca: Option<TlsCa>`.
+///
+/// ```
+/// use lock_core::driver::TlsCa;
+///
+/// #[derive(Default)]
+/// pub struct MyConfig {
+///     tls: bool,
+///     tls_ca: Option<TlsCa>,
+/// }
+/// impl MyConfig {
+///     lock_core::driver::tls_setters!();
+/// }
+///
+/// let c = MyConfig::default().with_tls_ca_file("/etc/ssl/my-ca.pem");
+/// assert!(c.is_tls(), "a CA implies TLS");
+/// assert_eq!(c.tls_ca(), Some(&TlsCa::File("/etc/ssl/my-ca.pem".into())));
+/// ```
+#[doc(inline)]
+pub use crate::__tls_setters as tls_setters;
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tls_setters {
+    () => {
+        /// Connects with TLS (needs the driver crate's `tls` feature). The server's
+        /// certificate must chain to a public root unless a CA is set.
+        pub fn with_tls(mut self, on: bool) -> Self {
+            self.tls = on;
+            self
+        }
+        /// Trusts the certificate authority in this PEM (instead of the public roots) to sign
+        /// the server's certificate: a private CA, a managed service's own. Implies TLS.
+        pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+            self.tls = true;
+            self.tls_ca = Some($crate::driver::TlsCa::Pem(pem.into().into()));
+            self
+        }
+        /// Like `with_tls_ca_pem`, read from this file when connecting (an unreadable file is
+        /// an `Error::Config` then). Implies TLS.
+        pub fn with_tls_ca_file(mut self, path: impl Into<::std::path::PathBuf>) -> Self {
+            self.tls = true;
+            self.tls_ca = Some($crate::driver::TlsCa::File(path.into()));
+            self
+        }
+        /// Whether TLS is on.
+        pub fn is_tls(&self) -> bool {
+            self.tls
+        }
+        /// The certificate authority trusted instead of the public roots, if one is set.
+        pub fn tls_ca(&self) -> Option<&$crate::driver::TlsCa> {
+            self.tls_ca.as_ref()
+        }
+    };
+}
+
+/// The credential setter and getter of a driver whose server takes a user and a password:
+/// `with_credentials(user, password)` and `user()`. The config needs the fields
+/// `user: Option<String>` and `password: Option<Secret>` (a [`Secret`], so that no way of
+/// printing the config shows it).
+///
+/// ```
+/// use lock_core::driver::Secret;
+///
+/// #[derive(Default)]
+/// pub struct MyConfig {
+///     user: Option<String>,
+///     password: Option<Secret>,
+/// }
+/// impl MyConfig {
+///     lock_core::driver::credential_setters!();
+/// }
+///
+/// let c = MyConfig::default().with_credentials("locker", "pw");
+/// assert_eq!(c.user(), Some("locker"));
+/// assert_eq!(c.password.as_ref().map(Secret::expose), Some("pw"));
+/// ```
+#[doc(inline)]
+pub use crate::__credential_setters as credential_setters;
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __credential_setters {
+    () => {
+        /// Authenticates as `user` with `password` (kept as a `Secret`: never printed).
+        pub fn with_credentials(
+            mut self,
+            user: impl Into<String>,
+            password: impl Into<String>,
+        ) -> Self {
+            self.user = Some(user.into());
+            self.password = Some($crate::driver::Secret::new(password));
+            self
+        }
+        /// The user, if any.
+        pub fn user(&self) -> Option<&str> {
+            self.user.as_deref()
+        }
+    };
+}

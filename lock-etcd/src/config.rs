@@ -92,16 +92,9 @@ impl EtcdConfig {
         Ok(cfg)
     }
 
-    /// User and password (etcd's own authentication; the role needs read/write on the prefix).
-    pub fn with_credentials(
-        mut self,
-        user: impl Into<String>,
-        password: impl Into<String>,
-    ) -> Self {
-        self.user = Some(user.into());
-        self.password = Some(Secret::new(password));
-        self
-    }
+    // etcd's own authentication (the role needs read/write on the prefix): with_credentials,
+    // user.
+    lock_core::driver::credential_setters!();
     /// Key prefix of every lock (default `/distlock`): keys are `<prefix>/<name>/<lease-hex>`.
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
         let ok = prefix.starts_with('/')
@@ -118,33 +111,8 @@ impl EtcdConfig {
         self.prefix = prefix.to_string();
         Ok(self)
     }
-    /// Talks to the members over TLS (`https://`; needs this crate's `tls` feature). The
-    /// members' certificates must chain to a public root unless a CA is set.
-    pub fn with_tls(mut self, on: bool) -> Self {
-        self.tls = on;
-        self
-    }
-    /// Trusts the certificate authority in this PEM for the members' certificates (implies
-    /// TLS).
-    pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls = true;
-        self.tls_ca = Some(TlsCa::Pem(pem.into().into()));
-        self
-    }
-    /// Like [`with_tls_ca_pem`](Self::with_tls_ca_pem), read from this file when connecting.
-    pub fn with_tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.tls = true;
-        self.tls_ca = Some(TlsCa::File(path.into()));
-        self
-    }
-    /// Whether TLS is on.
-    pub fn is_tls(&self) -> bool {
-        self.tls
-    }
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    pub(crate) fn tls_ca(&self) -> Option<&TlsCa> {
-        self.tls_ca.as_ref()
-    }
+    // Talks to the members over TLS (`https://`): with_tls, with_tls_ca_pem, ...
+    lock_core::driver::tls_setters!();
     /// Deadline of each request (the lock's own waiting is bounded by `LockOptions`, not this).
     pub fn with_request_timeout(mut self, d: Duration) -> Self {
         self.request_timeout = d;
@@ -163,10 +131,6 @@ impl EtcdConfig {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
-    }
-    /// The user, if any.
-    pub fn user(&self) -> Option<&str> {
-        self.user.as_deref()
     }
     /// Request deadline.
     pub fn request_timeout(&self) -> Duration {
@@ -206,26 +170,23 @@ mod tests {
 
     #[test]
     fn rejects_bad_urls_without_the_password() {
-        for bad in [
-            "http://u:secretpw@a:1",
-            "etcd://u:secretpw@a:1,,b:2",
-            "etcd://u:secretpw@a:1/",
-            "etcd://u:secretpw@a:1/x/",
-            "etcd://u:secretpw@a:1?timeout_ms=soon",
-            "etcd://u:secretpw@a:1?what=1",
-            "etcd://:secretpw@a:1",
-            "etcd://u@a:1",
-            "etcd://u:secretpw@a:1?tls=maybe",
-            "etcd://u:secretpw@a:1?tls_ca_file=/ca.pem",
-        ] {
-            match EtcdConfig::from_url(bad) {
-                Err(e) => {
-                    assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
-                    assert!(!e.to_string().contains("secretpw"), "{e}");
-                }
-                Ok(c) if bad == "etcd://u:secretpw@a:1/" => assert_eq!(c.prefix(), "/distlock"),
-                Ok(c) => panic!("{bad} parsed: {c:?}"),
-            }
-        }
+        conformance_tests::assert_bad_urls_rejected(
+            EtcdConfig::from_url,
+            &[
+                "http://u:secretpw@a:1",
+                "etcd://u:secretpw@a:1,,b:2",
+                "etcd://u:secretpw@a:1/x/",
+                "etcd://u:secretpw@a:1?timeout_ms=soon",
+                "etcd://u:secretpw@a:1?what=1",
+                "etcd://:secretpw@a:1",
+                "etcd://u@a:1",
+                "etcd://u:secretpw@a:1?tls=maybe",
+                "etcd://u:secretpw@a:1?tls_ca_file=/ca.pem",
+            ],
+            "secretpw",
+        );
+        // A bare `/` is no path: the default prefix.
+        let c = EtcdConfig::from_url("etcd://u:secretpw@a:1/").unwrap();
+        assert_eq!(c.prefix(), "/distlock");
     }
 }

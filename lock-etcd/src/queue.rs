@@ -45,14 +45,7 @@ impl EtcdLock {
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
             TxnOp::get(
                 self.dir(name),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only()
-                        .with_max_create_revision(rev - 1)
-                        .with_sort(SortTarget::Create, SortOrder::Descend)
-                        .with_limit(1),
-                ),
+                Some(queue_end(SortOrder::Descend).with_max_create_revision(rev - 1)),
             ),
         ]);
         let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
@@ -84,16 +77,7 @@ impl EtcdLock {
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
-                TxnOp::get(
-                    self.dir(name),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_keys_only()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend)
-                            .with_limit(1),
-                    ),
-                ),
+                TxnOp::get(self.dir(name), Some(queue_end(SortOrder::Ascend))),
             ]);
         let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
         if !resp.succeeded() {
@@ -373,4 +357,14 @@ impl EtcdLock {
             ops,
         ))))
     }
+}
+
+/// One end of a name's queue, by creation: its head (`Ascend`) or its tail (`Descend`), keys
+/// only.
+fn queue_end(order: SortOrder) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, order)
+        .with_limit(1)
 }

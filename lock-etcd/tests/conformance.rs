@@ -29,10 +29,11 @@ struct Etcd {
 #[async_trait]
 impl Harness for Etcd {
     async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
-        let lock = EtcdLock::connect(self.config.clone()).await.map_err(|e| {
-            format!("{e} — is etcd running? start it with: scripts/services.sh up etcd etcd-c1 etcd-c2 etcd-c3")
-        })?;
-        Ok(Arc::new(lock))
+        test_support::connected(
+            EtcdLock::connect(self.config.clone()),
+            "etcd etcd-c1 etcd-c2 etcd-c3",
+        )
+        .await
     }
     fn timing(&self) -> Timing {
         // etcd leases are whole seconds and the server revokes expired ones on a 500 ms tick.

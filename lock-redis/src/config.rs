@@ -30,7 +30,7 @@ pub struct RedisConfig {
     host: String,
     port: u16,
     db: i64,
-    username: Option<String>,
+    user: Option<String>,
     password: Option<Secret>,
     tls: bool,
     tls_ca: Option<TlsCa>,
@@ -48,7 +48,7 @@ impl RedisConfig {
             host: host.into(),
             port,
             db: 0,
-            username: None,
+            user: None,
             password: None,
             tls: false,
             tls_ca: None,
@@ -87,7 +87,7 @@ impl RedisConfig {
         })?;
         let mut cfg = RedisConfig::new(host, port);
         cfg.tls = tls;
-        cfg.username = parsed.user.clone().filter(|u| !u.is_empty());
+        cfg.user = parsed.user.clone().filter(|u| !u.is_empty());
         cfg.password = parsed.password.clone().map(Secret::new);
         if let Some(path) = parsed.path.as_deref() {
             let db = path.trim_start_matches('/');
@@ -125,15 +125,8 @@ impl RedisConfig {
         Ok(cfg)
     }
 
-    /// An ACL user and its password.
-    pub fn with_credentials(
-        mut self,
-        user: impl Into<String>,
-        password: impl Into<String>,
-    ) -> Self {
-        self.username = Some(user.into());
-        self.with_password(password)
-    }
+    // An ACL user and its password: with_credentials, user.
+    lock_core::driver::credential_setters!();
     /// The password of the `default` user (`requirepass`), or of the user already set.
     pub fn with_password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(Secret::new(password));
@@ -144,25 +137,7 @@ impl RedisConfig {
         self.db = db;
         self
     }
-    /// Connects with TLS (requires the `tls` feature).
-    pub fn with_tls(mut self, on: bool) -> Self {
-        self.tls = on;
-        self
-    }
-    /// Trusts the certificate authority in this PEM (instead of the public roots) to sign the
-    /// server's certificate: a private CA, a managed service's own. Implies TLS.
-    pub fn with_tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls = true;
-        self.tls_ca = Some(TlsCa::Pem(pem.into().into()));
-        self
-    }
-    /// Like [`with_tls_ca_pem`](Self::with_tls_ca_pem), read from this file when connecting
-    /// (an unreadable file is an [`Error::Config`] then).
-    pub fn with_tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.tls = true;
-        self.tls_ca = Some(TlsCa::File(path.into()));
-        self
-    }
+    lock_core::driver::tls_setters!();
     /// The PEM of the configured TLS certificate authority, if any, read from its file off the
     /// runtime's threads.
     pub(crate) async fn tls_ca_pem(&self) -> Result<Option<Vec<u8>>> {
@@ -235,14 +210,6 @@ impl RedisConfig {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
-    /// The user name, if any.
-    pub fn user(&self) -> Option<&str> {
-        self.username.as_deref()
-    }
-    /// Whether TLS is on.
-    pub fn is_tls(&self) -> bool {
-        self.tls
-    }
     pub(crate) fn secret(&self) -> Option<&Secret> {
         self.password.as_ref()
     }
@@ -250,7 +217,7 @@ impl RedisConfig {
     /// The URL with the password replaced by `***`: safe for logs and errors.
     pub fn redacted_url(&self) -> String {
         let scheme = if self.tls { "rediss" } else { "redis" };
-        let auth = match (&self.username, &self.password) {
+        let auth = match (&self.user, &self.password) {
             (Some(u), Some(_)) => format!("{u}:***@"),
             (Some(u), None) => format!("{u}@"),
             (None, Some(_)) => ":***@".to_string(),
@@ -298,7 +265,7 @@ impl RedisConfig {
         let mut settings = redis::RedisConnectionInfo::default()
             .set_db(self.db)
             .set_protocol(redis::ProtocolVersion::RESP3);
-        if let Some(u) = &self.username {
+        if let Some(u) = &self.user {
             settings = settings.set_username(u);
         }
         if let Some(p) = &self.password {
@@ -370,25 +337,25 @@ mod tests {
 
     #[test]
     fn rejects_bad_urls_without_leaking_the_password() {
-        for bad in [
-            "http://h:1",
-            "redis://:hunter2@h:1/notanumber",
-            "redis://:hunter2@h:1/-1",
-            "redis://:hunter2@h:1/0?nope=1",
-            "redis://:hunter2@h:1/0?prefix={x}",
-            "redis://:hunter2@",
-            "not a url hunter2@",
-            "redis://:hunter2@a:1,b:2",
-            "redis://:hunter2@h:port",
-            "redis://:hunter2@h:99999",
-            "redis://:hunter2@[::1",
-            "redis://:hunter2@[::1]x",
-            "redis://:hunter2@:1",
-        ] {
-            let e = RedisConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
-            assert!(!e.to_string().contains("hunter2"), "{bad}: {e}");
-        }
+        conformance_tests::assert_bad_urls_rejected(
+            RedisConfig::from_url,
+            &[
+                "http://h:1",
+                "redis://:hunter2@h:1/notanumber",
+                "redis://:hunter2@h:1/-1",
+                "redis://:hunter2@h:1/0?nope=1",
+                "redis://:hunter2@h:1/0?prefix={x}",
+                "redis://:hunter2@",
+                "not a url hunter2@",
+                "redis://:hunter2@a:1,b:2",
+                "redis://:hunter2@h:port",
+                "redis://:hunter2@h:99999",
+                "redis://:hunter2@[::1",
+                "redis://:hunter2@[::1]x",
+                "redis://:hunter2@:1",
+            ],
+            "hunter2",
+        );
     }
 
     #[test]

@@ -42,10 +42,7 @@ impl Redis {
 #[async_trait]
 impl Harness for Redis {
     async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
-        let lock = RedisLock::connect(self.config.clone()).await.map_err(|e| {
-            format!("{e} — is the test server running? start it with: scripts/services.sh up redis")
-        })?;
-        Ok(Arc::new(lock))
+        test_support::connected(RedisLock::connect(self.config.clone()), "redis redis-aof").await
     }
     fn timing(&self) -> Timing {
         Timing::for_ttl(Duration::from_millis(500))

@@ -47,10 +47,11 @@ impl Redlock {
 #[async_trait]
 impl Harness for Redlock {
     async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
-        let lock = RedlockLock::connect(self.config.clone()).await.map_err(|e| {
-            format!("{e} — are the masters running? start them with: scripts/services.sh up redlock1 redlock2 redlock3 redlock4 redlock5")
-        })?;
-        Ok(Arc::new(lock))
+        test_support::connected(
+            RedlockLock::connect(self.config.clone()),
+            "redlock1 redlock2 redlock3 redlock4 redlock5",
+        )
+        .await
     }
     fn timing(&self) -> Timing {
         Timing::for_ttl(Duration::from_millis(500))

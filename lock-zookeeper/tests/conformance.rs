@@ -28,10 +28,11 @@ struct Zk {
 #[async_trait]
 impl Harness for Zk {
     async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
-        let lock = ZkLock::connect(self.config.clone()).await.map_err(|e| {
-            format!("{e} — is ZooKeeper running? start it with: scripts/services.sh up zk zk-ens1 zk-ens2 zk-ens3")
-        })?;
-        Ok(Arc::new(lock))
+        test_support::connected(
+            ZkLock::connect(self.config.clone()),
+            "zk zk-ens1 zk-ens2 zk-ens3",
+        )
+        .await
     }
     fn timing(&self) -> Timing {
         // The lock's TTL cannot be below the session timeout.

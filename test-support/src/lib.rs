@@ -224,3 +224,21 @@ pub fn scratch(prefix: &str) -> Scratch {
             .expect("a temporary directory"),
     )
 }
+
+/// A harness's client: the driver's `connect`, whose failure names the `scripts/services.sh`
+/// command that starts `servers` (the usual cause is that nobody started them).
+///
+/// # Errors
+/// The driver's error, with the hint.
+pub async fn connected<L: lock_core::DistributedLock + 'static>(
+    connect: impl Future<Output = lock_core::Result<L>>,
+    servers: &str,
+) -> Result<std::sync::Arc<dyn lock_core::DistributedLock>, conformance_tests::BoxError> {
+    match connect.await {
+        Ok(lock) => Ok(std::sync::Arc::new(lock)),
+        Err(e) => Err(format!(
+            "{e} — are its servers running? start them with: scripts/services.sh up {servers}"
+        )
+        .into()),
+    }
+}
