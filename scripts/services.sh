@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Real servers for distlock's tests, on 127.0.0.1 only, as plain background processes.
 #
-#   scripts/services.sh install        apt-get the server packages if missing (no daemons left running)
+#   scripts/services.sh install        apt-get the server packages if missing (no daemons left running), and the
+#                                      foreign clients of the interoperability tests (etcdctl, Curator + javac,
+#                                      kazoo and redis-py in a virtualenv)
+#   scripts/services.sh foreign        the directory of those clients (its venv/bin/python has kazoo, redis)
 #   scripts/services.sh up [NAME...]   start every server (or the named ones) not already running; wait until each answers
 #   scripts/services.sh down [NAME...] stop what this script started (by pid) and delete its data
 #   scripts/services.sh restart NAME... kill (SIGKILL) and start again on the same data, wait until each answers
@@ -16,6 +19,9 @@ set -euo pipefail
 STATE=${DISTLOCK_SERVICES_DIR:-/tmp/distlock-services}
 SHM=${DISTLOCK_SERVICES_SHM:-/dev/shm/distlock-services}
 READY_TIMEOUT=${DISTLOCK_READY_TIMEOUT:-60}
+# The foreign clients' virtualenv (kazoo, redis-py), kept across `down`: it is a toolchain.
+FOREIGN=${DISTLOCK_FOREIGN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/distlock-foreign}
+FOREIGN_PIP=(kazoo==2.11.0 redis==8.1.0)
 ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
 
 # name:port. Redis: single, five Redlock masters, one with a password and an ACL user, one for
@@ -79,6 +85,29 @@ alive() {
 
 # ---------------------------------------------------------------- install
 
+# Debian's python3 (a pyenv shim first on PATH may lack venv); any python3 otherwise.
+system_python() {
+  if [ -x /usr/bin/python3 ]; then echo /usr/bin/python3; else command -v python3 || echo python3; fi
+}
+
+# kazoo and redis-py from PyPI into $FOREIGN/venv, pinned; skipped when already there.
+install_venv() {
+  local py="$FOREIGN/venv/bin/python"
+  if [ -x "$py" ] && "$py" -c 'import kazoo, redis' 2>/dev/null; then
+    return 0
+  fi
+  log "install: ${FOREIGN_PIP[*]} into $FOREIGN/venv"
+  mkdir -p "$FOREIGN"
+  "$(system_python)" -m venv "$FOREIGN/venv" || die "python3 -m venv $FOREIGN/venv failed"
+  "$py" -m pip install -q --disable-pip-version-check "${FOREIGN_PIP[@]}" ||
+    die "pip install ${FOREIGN_PIP[*]} failed"
+}
+
+cmd_foreign() {
+  [ -x "$FOREIGN/venv/bin/python" ] || die "no foreign clients in $FOREIGN (run: scripts/services.sh install)"
+  echo "$FOREIGN"
+}
+
 cmd_install() {
   local missing=()
   command -v redis-server >/dev/null || missing+=(redis-server)
@@ -92,8 +121,13 @@ cmd_install() {
   command -v etcdctl >/dev/null || missing+=(etcd-client)
   command -v protoc >/dev/null || missing+=(protobuf-compiler)
   [ -f /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
+  # Foreign clients: Curator (compiled against at test time) and Python for kazoo/redis-py.
+  command -v javac >/dev/null || missing+=(default-jdk-headless)
+  [ -f /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
+  "$(system_python)" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
   if [ ${#missing[@]} -eq 0 ]; then
-    log "install: everything present"
+    log "install: every package present"
+    install_venv
     return 0
   fi
   log "install: ${missing[*]}"
@@ -113,6 +147,7 @@ cmd_install() {
   } || rc=$?
   [ $had_policy -eq 1 ] || $sudo rm -f /usr/sbin/policy-rc.d
   [ $rc -eq 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+  install_venv
   # On a host where a daemon did start anyway, stop it: tests own these ports.
   local svc
   for svc in redis-server zookeeper etcd; do
@@ -426,6 +461,7 @@ case "${1:-}" in
   restart) shift; cmd_restart "$@" ;;
   status) shift; cmd_status "$@" ;;
   pid) shift; cmd_pid "$@" ;;
+  foreign) cmd_foreign ;;
   names) all_names ;;
-  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
+  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
 esac

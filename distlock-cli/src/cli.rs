@@ -32,6 +32,8 @@ keeper process. Nothing of it runs without the lock:
     that it is dead before the lease can expire and the lock move to someone else.
     There the grace is capped at a third of the lease's validity window: a --grace as long
     as the TTL or longer is shortened to TTL/3 in that case. distlock then exits 70.
+The command's environment adds DISTLOCK_NAME, DISTLOCK_BACKEND, DISTLOCK_FENCING_TOKEN (where
+the backend fences) and DISTLOCK_KEY (the lock's key, node or file on the backend).
 SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes.
 The command does not run in the terminal's foreground group: it cannot read from the terminal.
 

@@ -312,6 +312,10 @@ impl Keeper {
             Some(t) => cmd.env("DISTLOCK_FENCING_TOKEN", t.get().to_string()),
             None => cmd.env_remove("DISTLOCK_FENCING_TOKEN"),
         };
+        match lease.backend_key() {
+            Some(k) => cmd.env("DISTLOCK_KEY", k),
+            None => cmd.env_remove("DISTLOCK_KEY"),
+        };
         // A lock held by open files (file://) is handed to the keeper too, so that it stays
         // held until the keeper has killed the command even if distlock dies first (the
         // kernel would otherwise free it with distlock's descriptors, a moment before the

@@ -14,18 +14,18 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
         Err(f) => return f.report(secrets),
     };
     let info = match locks.inspect(&name).await {
-        Ok(info) => info.map(|h| (h.fencing_token.map(|t| t.get()), h.remaining)),
+        Ok(info) => info.map(|h| (h.fencing_token.map(|t| t.get()), h.remaining, h.foreign)),
         // Backends that cannot inspect (third-party drivers may not): probe with a non-waiting
         // acquisition.
         Err(Error::Unsupported { .. }) => match probe(locks.as_ref(), &name).await {
-            Ok(true) => Some((None, None)),
+            Ok(true) => Some((None, None, false)),
             Ok(false) => None,
             Err(error) => return query_failed(error).report(secrets),
         },
         Err(error) => return query_failed(error).report(secrets),
     };
     let state = if info.is_some() { "held" } else { "free" };
-    let (token, remaining) = info.unwrap_or((None, None));
+    let (token, remaining, foreign) = info.unwrap_or((None, None, false));
     if a.json {
         println!(
             "{}",
@@ -34,11 +34,15 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
                 "backend": locks.backend(),
                 "state": state,
                 "fencing_token": token,
+                "foreign_holder": foreign,
                 "remaining_ms": remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             })
         );
     } else {
         let mut details = Vec::new();
+        if foreign {
+            details.push("held by another client".to_string());
+        }
         if let Some(t) = token {
             details.push(format!("fencing token {t}"));
         }

@@ -137,7 +137,7 @@ fn exit_status_environment_and_signals_pass_through() {
     let url = file_url(&dir);
     let env_file = dir.join("env");
     let script = format!(
-        "echo \"$DISTLOCK_NAME $DISTLOCK_BACKEND $DISTLOCK_FENCING_TOKEN\" > {}; exit 3",
+        "echo \"$DISTLOCK_NAME $DISTLOCK_BACKEND $DISTLOCK_FENCING_TOKEN $DISTLOCK_KEY\" > {}; exit 3",
         env_file.display()
     );
     let o = output(distlock(
@@ -146,7 +146,12 @@ fn exit_status_environment_and_signals_pass_through() {
     ));
     assert_eq!(code(&o), 3);
     let env = std::fs::read_to_string(&env_file).unwrap();
-    assert_eq!(env.trim(), "pass file 1", "environment of the command");
+    let key = dir.join("locks").join("pass.lock");
+    assert_eq!(
+        env.trim(),
+        format!("pass file 1 {}", key.display()),
+        "environment of the command"
+    );
 
     // SIGTERM to distlock reaches the command, which dies of it; distlock reports 128+15 and
     // releases the lock.

@@ -17,7 +17,7 @@
 
 pub use crate::acquisition::Acquisition;
 pub use crate::endpoint::{
-    parse_bool_param, percent_decode, redacted_url, MultiHostUrl, Query, TlsCa,
+    parse_bool_param, percent_decode, percent_encode, redacted_url, MultiHostUrl, Query, TlsCa,
 };
 pub use crate::managed::{drift, Grant, LeaseOps, ManagedLease};
 pub use crate::registry::{connecting, ConnectFuture, Driver};

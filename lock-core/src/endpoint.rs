@@ -170,6 +170,23 @@ pub fn percent_decode(s: &str) -> String {
         .into_owned()
 }
 
+/// Encodes `s` for a URL's query value or user info: everything but ASCII letters, digits
+/// and `-._~` becomes `%XX`, so that [`percent_decode`] gives `s` back.
+///
+/// ```
+/// use lock_core::driver::{percent_decode, percent_encode};
+/// assert_eq!(percent_encode("team/jobs a&b"), "team%2Fjobs%20a%26b");
+/// assert_eq!(percent_decode(&percent_encode("p@ss/100%")), "p@ss/100%");
+/// ```
+pub fn percent_encode(s: &str) -> String {
+    const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
+}
+
 /// The query parameters of a lock URL, checked once against the keys the driver knows: an
 /// unknown key is an [`Error::Config`] that lists the known ones, a repeated key one that says
 /// so (which of two values was meant cannot be known). Values are read by key, typed.

@@ -63,6 +63,11 @@ pub trait LeaseOps: Send + Sync + 'static {
     /// Called by [`Lease::abandon`]. The default does nothing: the lock expires.
     fn abandon(&self) {}
 
+    /// What [`Lease::backend_key`] returns; the default: none.
+    fn backend_key(&self) -> Option<String> {
+        None
+    }
+
     /// What [`Lease::inheritable_fds`] returns; the default: none.
     #[cfg(unix)]
     fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
@@ -314,6 +319,10 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         self.finished = true;
         self.shared.tracker.mark_released();
         result
+    }
+
+    fn backend_key(&self) -> Option<String> {
+        self.shared.ops.backend_key()
     }
 
     #[cfg(unix)]

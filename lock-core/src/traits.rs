@@ -109,6 +109,10 @@ pub trait DistributedLock: Send + Sync + Debug {
 /// use lock_core::{FencingToken, HolderInfo};
 /// let h = HolderInfo::new(Some(FencingToken::new(7)), Some(Duration::from_secs(3)));
 /// assert_eq!(h.fencing_token.map(|t| t.get()), Some(7));
+/// assert!(!h.foreign);
+/// // Held through the same key by a client that is not distlock: no token of ours to show.
+/// let other = HolderInfo::foreign(Some(Duration::from_secs(9)));
+/// assert!(other.foreign && other.fencing_token.is_none());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -118,6 +122,9 @@ pub struct HolderInfo {
     /// How long the lock lasts if its holder stops renewing, where the backend can tell
     /// (`None` for session- or process-scoped locks).
     pub remaining: Option<Duration>,
+    /// Held by another client than distlock on the same key (redis-py, redsync, ...), where
+    /// the backend can tell; then there is no fencing token to report.
+    pub foreign: bool,
 }
 
 impl HolderInfo {
@@ -126,6 +133,15 @@ impl HolderInfo {
         HolderInfo {
             fencing_token,
             remaining,
+            foreign: false,
+        }
+    }
+    /// A holder that is another client than distlock.
+    pub const fn foreign(remaining: Option<Duration>) -> Self {
+        HolderInfo {
+            fencing_token: None,
+            remaining,
+            foreign: true,
         }
     }
 }
@@ -174,6 +190,14 @@ pub trait Lease: Send + Sync + Debug {
     /// crashed: the lock frees however the backend frees a dead holder's lock (TTL or session
     /// expiry; at once for file locks, which the kernel drops with the file handle).
     fn abandon(self: Box<Self>);
+
+    /// Where this grant lives on the backend, in the backend's own terms: the etcd key, the
+    /// ZooKeeper node's path (below the chroot), the Redis key, the lock file's path. For
+    /// operators and foreign clients that look at the backend directly (`distlock run` exports
+    /// it as `DISTLOCK_KEY`). `None` (the default) where the driver does not say.
+    fn backend_key(&self) -> Option<String> {
+        None
+    }
 
     /// Duplicates of the descriptors whose open files hold this lock, for a supervisor that
     /// starts processes (`distlock run`): a child that inherits them keeps the lock held until

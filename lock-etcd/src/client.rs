@@ -46,8 +46,12 @@ impl EtcdLock {
                 )
             })?
             .map_err(|e| connect_error(e, &config))?;
-        // Health: a linearizable read needs a leader and a quorum.
-        let prefix = config.prefix();
+        // Health: a linearizable read needs a leader and a quorum. The key is the prefix (its
+        // readers' role covers it), or `/` without one: etcd has no empty key.
+        let prefix = match config.prefix() {
+            "" => "/",
+            p => p,
+        };
         call(&config, &client, limit, |mut c| async move {
             c.get(prefix, Some(GetOptions::new().with_count_only()))
                 .await

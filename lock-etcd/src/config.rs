@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret, TlsCa};
+use lock_core::driver::{percent_encode, redacted_url, MultiHostUrl, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// Where the cluster is and how this client talks to it.
@@ -45,8 +45,20 @@ impl EtcdConfig {
         }
     }
 
-    /// Parses `etcd://[user:password@]h1:p1,h2:p2[/prefix][?timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
-    /// (`tls=true` needs this crate's `tls` feature).
+    /// Parses `etcd://[user:password@]h1:p1,h2:p2[/prefix][?prefix=P&timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
+    /// (`tls=true` needs this crate's `tls` feature). The path is an absolute prefix; the
+    /// `prefix` parameter may also be relative or empty (`prefix=`: none, the key layout of
+    /// `etcdctl lock <name>`), and not both.
+    ///
+    /// ```
+    /// use lock_etcd::EtcdConfig;
+    /// assert_eq!(EtcdConfig::from_url("etcd://h:1")?.prefix(), "/distlock");
+    /// assert_eq!(EtcdConfig::from_url("etcd://h:1/team/locks")?.prefix(), "/team/locks");
+    /// assert_eq!(EtcdConfig::from_url("etcd://h:1?prefix=")?.prefix(), "");
+    /// assert_eq!(EtcdConfig::from_url("etcd://h:1?prefix=jobs")?.prefix(), "jobs");
+    /// assert!(EtcdConfig::from_url("etcd://h:1/a?prefix=b").is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
     pub fn from_url(url: &str) -> Result<Self> {
         let u = MultiHostUrl::parse(url, "etcd", "etcd")?;
         let mut cfg = EtcdConfig::new(u.hosts);
@@ -61,14 +73,27 @@ impl EtcdConfig {
                 ))
             }
         }
-        if let Some(p) = u.path {
-            cfg = cfg.with_prefix(&p)?;
-        }
         let q = Query::new(
             "etcd URL",
             u.query,
-            &["timeout_ms", "connect_timeout_ms", "tls", "tls_ca_file"],
+            &[
+                "prefix",
+                "timeout_ms",
+                "connect_timeout_ms",
+                "tls",
+                "tls_ca_file",
+            ],
         )?;
+        match (u.path, q.get("prefix")) {
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    "etcd URL: the prefix is either the path or the `prefix` parameter, not both",
+                ))
+            }
+            (Some(p), None) => cfg = cfg.with_prefix(&p)?,
+            (None, Some(p)) => cfg = cfg.with_prefix(p)?,
+            (None, None) => {}
+        }
         if let Some(d) = q.millis("timeout_ms")? {
             cfg = cfg.with_request_timeout(d);
         }
@@ -95,21 +120,33 @@ impl EtcdConfig {
     // etcd's own authentication (the role needs read/write on the prefix): with_credentials,
     // user.
     lock_core::driver::credential_setters!();
-    /// Key prefix of every lock (default `/distlock`): keys are `<prefix>/<name>/<lease-hex>`.
+    /// Key prefix of every lock (default `/distlock`): keys are `<prefix>/<name>/<lease-hex>`,
+    /// or `<name>/<lease-hex>` with the empty prefix, which is how `etcdctl lock <name>` and
+    /// etcd's `Lock` RPC lay out theirs. Absolute (`/distlock`) or relative (`jobs`); no
+    /// trailing or double slash, whitespace or control characters.
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
-        let ok = prefix.starts_with('/')
-            && prefix.len() > 1
-            && !prefix.ends_with('/')
-            && !prefix.contains("//")
-            && !prefix.chars().any(|c| c.is_control() || c.is_whitespace());
+        let ok = prefix.is_empty()
+            || (prefix != "/"
+                && !prefix.ends_with('/')
+                && !prefix.contains("//")
+                && !prefix.chars().any(|c| c.is_control() || c.is_whitespace()));
         if !ok {
             return Err(Error::config(format!(
-                "etcd key prefix {:?} must look like /distlock (absolute, no trailing slash)",
+                "etcd key prefix {:?} must look like /distlock or jobs (no trailing slash; \
+                 the empty prefix is none)",
                 prefix.escape_debug().to_string()
             )));
         }
         self.prefix = prefix.to_string();
         Ok(self)
+    }
+    /// Where the keys of lock `name` go: `<prefix>/<name>/`, or `<name>/` without a prefix.
+    pub(crate) fn name_dir(&self, name: &lock_core::LockName) -> String {
+        if self.prefix.is_empty() {
+            format!("{name}/")
+        } else {
+            format!("{}/{name}/", self.prefix)
+        }
     }
     // Talks to the members over TLS (`https://`): with_tls, with_tls_ca_pem, ...
     lock_core::driver::tls_setters!();
@@ -149,12 +186,21 @@ impl EtcdConfig {
 
     /// The URL without the password.
     pub fn redacted_url(&self) -> String {
-        let path = (self.prefix != "/distlock").then_some(self.prefix.as_str());
-        let url = redacted_url("etcd", self.user.as_deref(), &self.endpoints, path);
+        // An absolute prefix is the path; a relative or empty one can only be a parameter.
+        let absolute = self.prefix.starts_with('/');
+        let path = (absolute && self.prefix != "/distlock").then_some(self.prefix.as_str());
+        let mut query = Vec::new();
+        if !absolute {
+            query.push(format!("prefix={}", percent_encode(&self.prefix)));
+        }
         if self.tls {
-            url + "?tls=true"
-        } else {
+            query.push("tls=true".into());
+        }
+        let url = redacted_url("etcd", self.user.as_deref(), &self.endpoints, path);
+        if query.is_empty() {
             url
+        } else {
+            format!("{url}?{}", query.join("&"))
         }
     }
 }
@@ -185,8 +231,44 @@ mod tests {
             ],
             "secretpw",
         );
+        // A relative prefix cannot be the URL's path (a path is absolute).
+        conformance_tests::assert_bad_urls_rejected(
+            EtcdConfig::from_url,
+            &[
+                "etcd://u:secretpw@a:1/x?prefix=y",
+                "etcd://u:secretpw@a:1?prefix=/",
+                "etcd://u:secretpw@a:1?prefix=a//b",
+                "etcd://u:secretpw@a:1?prefix=a%20b",
+                "etcd://u:secretpw@a:1?prefix=a&prefix=",
+            ],
+            "secretpw",
+        );
         // A bare `/` is no path: the default prefix.
         let c = EtcdConfig::from_url("etcd://u:secretpw@a:1/").unwrap();
         assert_eq!(c.prefix(), "/distlock");
+    }
+
+    /// Every prefix prints as a URL that parses back to it, with its keys where `etcdctl lock`
+    /// puts them when the prefix is empty.
+    #[test]
+    fn prefixes_round_trip_through_the_redacted_url() {
+        let name = lock_core::LockName::new("mylock").unwrap();
+        for (prefix, dir) in [
+            ("/distlock", "/distlock/mylock/"),
+            ("/team/jobs", "/team/jobs/mylock/"),
+            ("jobs", "jobs/mylock/"),
+            ("a&b=c%", "a&b=c%/mylock/"),
+            ("a b", "a b/mylock/"),
+            ("", "mylock/"),
+        ] {
+            // Spaces are refused; the rest round-trips.
+            let Ok(c) = EtcdConfig::new(["h:1"]).with_prefix(prefix) else {
+                assert!(prefix.contains(' '), "{prefix:?} refused");
+                continue;
+            };
+            assert_eq!(c.name_dir(&name), dir);
+            let again = EtcdConfig::from_url(&c.redacted_url()).unwrap();
+            assert_eq!(again.prefix(), prefix, "{}", c.redacted_url());
+        }
     }
 }

@@ -29,6 +29,10 @@ pub(crate) struct EtcdLeaseOps {
 
 #[async_trait]
 impl LeaseOps for EtcdLeaseOps {
+    fn backend_key(&self) -> Option<String> {
+        Some(self.key.clone())
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         let limit = self.config.request_timeout();

@@ -19,12 +19,17 @@
 //!
 //! ## Keys
 //!
-//! `<prefix>/<name>/<lease-id-hex>`, prefix `/distlock` by default; the value is empty.
+//! `<prefix>/<name>/<lease-id-hex>`, prefix `/distlock` by default; the value is empty. The
+//! prefix may be relative (`?prefix=jobs`) or empty (`?prefix=`: keys `<name>/<lease-id-hex>`),
+//! which is the layout of `etcdctl lock <name>`, etcd's `Lock` RPC and Go's
+//! `concurrency.Mutex`: they and distlock then queue in one line, in order of creation.
 //!
 //! ## Fencing: `Strict`
 //!
 //! The key's `create_revision`: strictly increasing across the whole cluster, across restarts
-//! (etcd persists it) and across holders of every name.
+//! (etcd persists it) and across holders of every name. It is also the fencing token across
+//! clients: an `etcdctl lock` holder's key has one too. (etcdctl's `ETCD_LOCK_REV` is the
+//! revision at which it saw its grant, not its key's `create_revision`: not comparable.)
 //!
 //! ## Failure modes
 //!
@@ -38,7 +43,7 @@
 //!
 //! ## URL
 //!
-//! `etcd://[user:password@]h1:p1,h2:p2[/prefix][?timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
+//! `etcd://[user:password@]h1:p1,h2:p2[/prefix][?prefix=P&timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
 //! (`tls=true` needs this crate's `tls` feature). Unknown or repeated parameters are refused;
 //! the password never shows.
 //!

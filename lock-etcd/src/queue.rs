@@ -18,11 +18,11 @@ use crate::waiting::{keep_alive, WaitingLease, Woken};
 impl EtcdLock {
     /// The key a lease of `name` with lease id `lease` uses.
     pub(crate) fn key(&self, name: &LockName, lease: i64) -> String {
-        format!("{}/{name}/{lease:016x}", self.inner.config.prefix())
+        format!("{}{lease:016x}", self.inner.config.name_dir(name))
     }
 
     pub(crate) fn dir(&self, name: &LockName) -> String {
-        format!("{}/{name}/", self.inner.config.prefix())
+        self.inner.config.name_dir(name)
     }
 
     /// The keys (no values) under `name`, narrowed by `opts`.

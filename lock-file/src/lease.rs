@@ -40,6 +40,10 @@ impl FileLeaseOps {
 
 #[async_trait]
 impl LeaseOps for FileLeaseOps {
+    fn backend_key(&self) -> Option<String> {
+        Some(self.path.to_string_lossy().into_owned())
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         let (file, path, id) = (self.file.clone(), self.path.clone(), self.id);

@@ -38,6 +38,7 @@ pub struct RedisConfig {
     connect_timeout: Duration,
     request_timeout: Duration,
     allow_eviction: bool,
+    plain_keys: bool,
 }
 
 impl RedisConfig {
@@ -56,10 +57,11 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(1),
             allow_eviction: false,
+            plain_keys: false,
         }
     }
 
-    /// Parses `redis://[user[:password]@]host[:port][/db][?prefix=P]` (port 6379 by default)
+    /// Parses `redis://[user[:password]@]host[:port][/db][?prefix=P&keys=plain]` (port 6379 by default)
     /// or `rediss://...[?tls_ca_file=/path/ca.pem]` (TLS; needs this crate's `tls` feature;
     /// without `tls_ca_file` the server's certificate must chain to a public root). User and
     /// password are percent-decoded. Errors are [`Error::Config`] and never echo the password.
@@ -101,8 +103,18 @@ impl RedisConfig {
         let q = Query::new(
             "Redis URL",
             parsed.query,
-            &["prefix", "tls_ca_file", "allow_eviction"],
+            &["prefix", "tls_ca_file", "allow_eviction", "keys"],
         )?;
+        match q.get("keys") {
+            None | Some("tagged") => {}
+            Some("plain") => cfg = cfg.with_plain_keys(true),
+            Some(other) => {
+                return Err(Error::config(format!(
+                    "Redis URL: keys={:?} is neither tagged nor plain",
+                    other.escape_debug().to_string()
+                )))
+            }
+        }
         if let Some(prefix) = q.get("prefix") {
             cfg = cfg.with_prefix(prefix)?;
         }
@@ -170,6 +182,20 @@ impl RedisConfig {
     pub fn with_allow_eviction(mut self, allow: bool) -> Self {
         self.allow_eviction = allow;
         self
+    }
+    /// Plain-key mode (URL: `keys=plain`), to share locks with redis-py's `Lock`, redsync,
+    /// node-redlock and the redis.io single-instance recipe: the lock is the key
+    /// `<prefix><name>` (no hash tag) holding the owner's token, as they lay it out. With the
+    /// empty prefix (`prefix=`), distlock's lock `jobs` is their lock `jobs`. There is no
+    /// fencing counter: the foreign clients would not advance it, so `RedisLock` declares
+    /// `Fencing::None`.
+    pub fn with_plain_keys(mut self, on: bool) -> Self {
+        self.plain_keys = on;
+        self
+    }
+    /// Whether [`with_plain_keys`](Self::with_plain_keys) is on.
+    pub fn plain_keys(&self) -> bool {
+        self.plain_keys
     }
     /// Whether [`with_allow_eviction`](Self::with_allow_eviction) is on.
     pub fn allow_eviction(&self) -> bool {
@@ -303,7 +329,8 @@ lock_core::driver::redacted_config!(RedisConfig {
     prefix,
     connect_timeout,
     request_timeout,
-    allow_eviction
+    allow_eviction,
+    plain_keys
 });
 
 #[cfg(test)]
@@ -353,9 +380,18 @@ mod tests {
                 "redis://:hunter2@[::1",
                 "redis://:hunter2@[::1]x",
                 "redis://:hunter2@:1",
+                "redis://:hunter2@h:1?keys=flat",
             ],
             "hunter2",
         );
+    }
+
+    #[test]
+    fn plain_keys_with_the_empty_prefix() {
+        let c = RedisConfig::from_url("redis://h:1?keys=plain&prefix=").unwrap();
+        assert!(c.plain_keys());
+        assert_eq!(c.prefix(), "");
+        assert!(!RedisConfig::from_url("redis://h:1").unwrap().plain_keys());
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub(crate) struct RedisLeaseOps {
 
 #[async_trait]
 impl LeaseOps for RedisLeaseOps {
+    fn backend_key(&self) -> Option<String> {
+        Some(self.keys.lock.clone())
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         let mut conn = self.conn.clone();

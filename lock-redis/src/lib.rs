@@ -24,7 +24,17 @@
 //! `<prefix>{<name>}` (owner token, PX expiry) and `<prefix>{<name>}:fence` (counter, no expiry)
 //! share a hash tag, so both live in one Cluster slot. The prefix defaults to `distlock:`. The
 //! fence key stays after the lock is released — one small key per lock name ever used — because
-//! a token must never repeat.
+//! a token must never repeat. Owner tokens are `distlock-<uuid>`.
+//!
+//! **Plain keys** (`keys=plain`, [`RedisConfig::with_plain_keys`]) share locks with redis-py's
+//! `Lock`, redsync, node-redlock and the redis.io recipe: the lock is the key `<prefix><name>`
+//! holding the owner token (with `prefix=`, just `<name>`), released by compare-and-delete and
+//! renewed by compare-and-`PEXPIRE`, as they do it. There is no counter, so fencing is `None`.
+//!
+//! **Other clients on the key** (in either layout) announce no release. A waiter that finds a
+//! holder whose value lacks the `distlock-` tag looks again every 100 ms (redis-py's own
+//! interval) rather than sleeping until the holder's `PTTL`; `inspect` reports such a holder as
+//! [`HolderInfo::foreign`](lock_core::HolderInfo::foreign), with no token.
 //!
 //! ## Fencing: `BestEffort` unless the server is durable
 //!
@@ -57,7 +67,7 @@
 //!
 //! ## URL
 //!
-//! `redis://[user[:password]@]host[:port][/db][?prefix=P&allow_eviction=true]`; `rediss://` with the
+//! `redis://[user[:password]@]host[:port][/db][?prefix=P&keys=tagged|plain&allow_eviction=true]`; `rediss://` with the
 //! `tls` feature (`?tls_ca_file=PATH` trusts a private CA). Unknown or repeated parameters are
 //! refused. Passwords never appear in `Debug`, `Display`, logs or errors.
 //!

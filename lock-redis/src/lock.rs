@@ -59,7 +59,8 @@ impl RedisLock {
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let node = RedisNode::connect(config).await?;
         // An evicted counter restarts at 1: with eviction accepted, no tokens at all.
-        let fencing = if node.config().allow_eviction() {
+        // Plain keys: foreign holders take the lock without advancing any counter.
+        let fencing = if node.config().allow_eviction() || node.config().plain_keys() {
             Fencing::None
         } else {
             durable_fencing(&node.connection()).await
@@ -93,7 +94,12 @@ impl RedisLock {
     }
 
     fn keys(&self, name: &LockName) -> Arc<LockKeys> {
-        Arc::new(LockKeys::new(self.config().prefix(), name))
+        let prefix = self.config().prefix();
+        Arc::new(if self.config().plain_keys() {
+            LockKeys::plain(prefix, name)
+        } else {
+            LockKeys::new(prefix, name)
+        })
     }
 
     /// One attempt: granted lease, or the holder's remaining TTL.
@@ -103,13 +109,13 @@ impl RedisLock {
         keys: &Arc<LockKeys>,
         ttl: Duration,
         opts: &LockOptions,
-    ) -> Result<std::result::Result<Box<dyn Lease>, Option<Duration>>> {
+    ) -> Result<std::result::Result<Box<dyn Lease>, Busy>> {
         let node = &self.inner.node;
         let cfg = node.config();
         // After a reconnect the server may be another one (a failover, a restart with another
         // configuration): check it before granting on it.
         node.verify(cfg.request_timeout()).await?;
-        let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        let token: Arc<str> = scripts::new_token().into();
         // Cancelled between sending and settling: release in the background (no ghost holder).
         let mut undo = ReleaseOnDrop::new(
             self.inner.nodes.clone(),
@@ -126,9 +132,9 @@ impl RedisLock {
         .await;
         let valid_until = start + ttl.saturating_sub(drift(ttl));
         let failure = match reply {
-            Ok(Ok(Acquired::Busy { remaining })) => {
+            Ok(Ok(Acquired::Busy { remaining, foreign })) => {
                 undo.disarm(); // refused: nothing of ours is stored
-                return Ok(Err(remaining));
+                return Ok(Err(Busy { remaining, foreign }));
             }
             Ok(Ok(Acquired::Granted { fence })) if Instant::now() < valid_until => {
                 undo.disarm(); // the lease owns the token from here
@@ -183,21 +189,28 @@ impl DistributedLock for RedisLock {
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
         let keys = self.keys(name);
         let mut conn = self.inner.node.connection();
-        let (pttl, fence): (i64, Option<u64>) = redis::pipe()
+        let (pttl, fence, holder): (i64, Option<u64>, Option<String>) = redis::pipe()
             .cmd("PTTL")
             .arg(&keys.lock)
             .cmd("GET")
             .arg(&keys.fence)
+            .cmd("GET")
+            .arg(&keys.lock)
             .query_async(&mut conn)
             .await
             .map_err(|e| self.inner.node.error(&e))?;
+        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
         Ok(match pttl {
             -2 => None, // no such key: free
-            ms => Some(lock_core::HolderInfo::new(
+            // The counter counts distlock's grants only: never show it for another client.
+            _ if !holder.is_some_and(|h| h.starts_with(scripts::TOKEN_TAG)) => {
+                Some(lock_core::HolderInfo::foreign(remaining))
+            }
+            _ => Some(lock_core::HolderInfo::new(
                 fence
                     .filter(|_| self.inner.caps.fencing != Fencing::None)
                     .map(FencingToken::new),
-                u64::try_from(ms).ok().map(Duration::from_millis),
+                remaining,
             )),
         })
     }
@@ -234,11 +247,11 @@ impl DistributedLock for RedisLock {
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
-            let remaining = match self.attempt(name, &keys, ttl, opts).await {
+            let busy = match self.attempt(name, &keys, ttl, opts).await {
                 Ok(Ok(lease)) => return Ok(Some(lease)),
-                Ok(Err(remaining)) => {
+                Ok(Err(busy)) => {
                     backoff = MIN_BACKOFF;
-                    remaining
+                    busy
                 }
                 Err(e) => {
                     ride_out(e, &mut backoff, deadline).await?;
@@ -253,9 +266,15 @@ impl DistributedLock for RedisLock {
             };
             // A lost message costs at most the holder's remaining TTL; a key without expiry
             // (-1: set by someone else) is re-checked every second.
-            let sleep_for = match remaining {
+            let sleep_for = match busy.remaining {
                 Some(d) => d + Duration::from_millis(1),
                 None => Duration::from_secs(1),
+            };
+            // Another client's release announces nothing: look again soon.
+            let sleep_for = if busy.foreign {
+                sleep_for.min(FOREIGN_POLL)
+            } else {
+                sleep_for
             };
             let wake = Instant::now() + sleep_for;
             let wake = deadline.at().map_or(wake, |d| wake.min(d));
@@ -268,6 +287,18 @@ impl DistributedLock for RedisLock {
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How long a waiter sleeps at most while another client than distlock holds the lock (it
+/// publishes no release): redis-py's own `Lock` polls every 100 ms.
+pub(crate) const FOREIGN_POLL: Duration = Duration::from_millis(100);
+
+/// Why an attempt was refused.
+struct Busy {
+    /// The holder's remaining time, if it has one.
+    remaining: Option<Duration>,
+    /// Whether the holder is another client than distlock.
+    foreign: bool,
+}
 
 /// A transient error while waiting is retried after a growing pause (50 ms doubling to 1 s)
 /// as long as the wait allows; otherwise it is returned. `Deadline::Now` never retries.

@@ -3,7 +3,11 @@
 //! Keys of one lock share a hash tag, so they live in one Redis Cluster slot:
 //! `<prefix>{<name>}` holds the owner token with a PX expiry, `<prefix>{<name>}:fence` the
 //! fencing counter (no expiry: a token must never repeat). Releases are announced on the
-//! channel `<prefix>{<name>}:released`.
+//! channel `<prefix>{<name>}:released`. In plain-key mode the lock is `<prefix><name>`, the
+//! layout of redis-py, redsync and the redis.io recipe, and there is no counter.
+//!
+//! Owner tokens start with [`TOKEN_TAG`], so that a holder whose value lacks it is known to be
+//! another client: one that announces no release.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -11,13 +15,25 @@ use std::time::Duration;
 use lock_core::LockName;
 use redis::aio::ConnectionLike;
 
-/// `SET lock token NX PX ttl`, then `INCR fence` → `{1, token}`; busy → `{0, pttl}`.
+/// `SET lock token NX PX ttl`, then `INCR fence` (when there is a fence key) → `{1, token}`
+/// (`{1, 0}` without); busy → `{0, pttl, holder's value}`.
 const ACQUIRE_LUA: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
+  if KEYS[2] then
+    return {1, redis.call('INCR', KEYS[2])}
+  end
+  return {1, 0}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1])}
 ";
+
+/// What every owner token distlock writes starts with.
+pub const TOKEN_TAG: &str = "distlock-";
+
+/// A fresh owner token: [`TOKEN_TAG`] and a random UUID.
+pub fn new_token() -> String {
+    format!("{TOKEN_TAG}{}", uuid::Uuid::new_v4().simple())
+}
 
 /// Compare token, `DEL`, `PUBLISH` the token → 1; not the owner → 0. The token as payload
 /// lets a client that hears one release from several masters (Redlock) count it once; the
@@ -48,6 +64,9 @@ pub struct LockKeys {
     pub fence: String,
     /// Release announcements.
     pub channel: String,
+    /// Whether there is a fencing counter (not in plain-key mode).
+    pub fenced: bool,
+    name: LockName,
 }
 
 impl LockKeys {
@@ -65,11 +84,32 @@ impl LockKeys {
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
             lock,
+            fenced: true,
+            name: name.clone(),
         }
     }
 
-    /// The lock's name, recovered from its key (`<prefix>{name}`), for errors; `unknown` if
-    /// the key does not hold a valid name.
+    /// Plain-key mode: the lock is `<prefix><name>`, without a fencing counter.
+    ///
+    /// ```
+    /// let k = lock_redis::raw::scripts::LockKeys::plain("", &"jobs".parse()?);
+    /// assert_eq!(k.lock, "jobs");
+    /// assert_eq!(k.name().as_str(), "jobs");
+    /// assert!(!k.fenced);
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn plain(prefix: &str, name: &LockName) -> Self {
+        let lock = format!("{prefix}{name}");
+        LockKeys {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+            fenced: false,
+            name: name.clone(),
+        }
+    }
+
+    /// The lock's name (for errors).
     ///
     /// ```
     /// let k = lock_redis::raw::scripts::LockKeys::new("distlock:", &"jobs".parse()?);
@@ -77,13 +117,7 @@ impl LockKeys {
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn name(&self) -> LockName {
-        let inner = self
-            .lock
-            .rsplit_once('{')
-            .map(|(_, r)| r.trim_end_matches('}'))
-            .unwrap_or("");
-        LockName::new(inner)
-            .unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
+        self.name.clone()
     }
 }
 
@@ -99,6 +133,9 @@ pub enum Acquired {
     Busy {
         /// The holder's remaining PTTL.
         remaining: Option<Duration>,
+        /// Whether the holder is another client than distlock (its value lacks
+        /// [`TOKEN_TAG`]): no release message will come.
+        foreign: bool,
     },
 }
 
@@ -157,9 +194,28 @@ pub async fn acquire<C: ConnectionLike + Send>(
     ttl: Duration,
 ) -> redis::RedisResult<Acquired> {
     let ttl = ms(ttl).to_string();
-    let (granted, value): (i64, i64) =
-        run(conn, &ACQUIRE, &[&keys.lock, &keys.fence], &[token, &ttl]).await?;
-    Ok(acquired(granted, value))
+    let both = [keys.lock.as_str(), keys.fence.as_str()];
+    let keys = if keys.fenced { &both[..] } else { &both[..1] };
+    let reply: Vec<redis::Value> = run(conn, &ACQUIRE, keys, &[token, &ttl]).await?;
+    let int = |i: usize| match reply.get(i) {
+        Some(v) => redis::from_redis_value_ref::<i64>(v).ok(),
+        None => None,
+    };
+    let holder = match reply.get(2) {
+        Some(v) => redis::from_redis_value_ref::<String>(v).ok(),
+        None => None,
+    };
+    Ok(match (int(0), int(1)) {
+        (Some(1), fence) => Acquired::Granted {
+            fence: fence.and_then(|f| u64::try_from(f).ok()).unwrap_or(0),
+        },
+        (_, pttl) => Acquired::Busy {
+            remaining: pttl
+                .and_then(|p| u64::try_from(p).ok())
+                .map(Duration::from_millis),
+            foreign: holder.is_some_and(|h| !h.starts_with(TOKEN_TAG)),
+        },
+    })
 }
 
 /// Like [`acquire`] without the fencing counter: `Granted { fence: 0 }` when granted.
@@ -188,20 +244,11 @@ pub async fn acquire_unfenced<C: ConnectionLike + Send>(
     Ok(if set.is_some() {
         Acquired::Granted { fence: 0 }
     } else {
-        acquired(0, pttl)
-    })
-}
-
-fn acquired(granted: i64, value: i64) -> Acquired {
-    if granted == 1 {
-        Acquired::Granted {
-            fence: u64::try_from(value).unwrap_or(0),
-        }
-    } else {
         Acquired::Busy {
-            remaining: u64::try_from(value).ok().map(Duration::from_millis),
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            foreign: false,
         }
-    }
+    })
 }
 
 /// Runs the release script; `true` when this token held the lock and it is now deleted.

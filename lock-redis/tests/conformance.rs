@@ -52,7 +52,11 @@ impl Harness for Redis {
         test_support::commands_processed(&mut c).await
     }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
-        let keys = LockKeys::new(self.config.prefix(), name);
+        let keys = if self.config.plain_keys() {
+            LockKeys::plain(self.config.prefix(), name)
+        } else {
+            LockKeys::new(self.config.prefix(), name)
+        };
         Some(
             async {
                 let mut c = self.raw().await?;
@@ -105,6 +109,7 @@ impl Harness for Redis {
                 let a = proxy.addr();
                 let config = RedisConfig::new(a.ip().to_string(), a.port())
                     .with_database(self.config.db())
+                    .with_plain_keys(self.config.plain_keys())
                     .with_prefix(self.config.prefix())?;
                 let lock = RedisLock::connect(config).await?;
                 Ok(Faulty::new(Arc::new(lock), vec![proxy]))
@@ -133,6 +138,19 @@ fn main() -> ExitCode {
             secured: false,
         }),
         "aof",
+    ));
+    // Plain keys (the layout redis-py and redsync share): the whole contract holds there too,
+    // without fencing.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let plain = RedisConfig::from_url(&format!("{url}{sep}keys=plain&prefix=plain-keys:"))
+        .expect("plain-key URL");
+    trials.extend(conformance_tests::trials_prefixed(
+        Arc::new(Redis {
+            config: plain,
+            servers: Arc::new(ServicesSh::new(&["redis"], false)),
+            secured: false,
+        }),
+        "plain",
     ));
     conformance_tests::run_trials(trials)
 }

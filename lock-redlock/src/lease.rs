@@ -25,6 +25,10 @@ pub(crate) struct RedlockLeaseOps {
 
 #[async_trait]
 impl LeaseOps for RedlockLeaseOps {
+    fn backend_key(&self) -> Option<String> {
+        Some(self.keys.lock.clone())
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         let (keys, token, ttl) = (self.keys.clone(), self.token.clone(), self.ttl);

@@ -153,7 +153,7 @@ impl RedlockLock {
         let node_timeout = cfg.node_timeout_for(ttl);
         // Masters not checked since their connection dropped get no vote in this attempt.
         let unchecked = self.verify_masters(node_timeout).await?;
-        let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        let token: Arc<str> = lock_redis::raw::scripts::new_token().into();
         // If this future is dropped between sending and deciding, the guard releases the token
         // everywhere in the background: a cancelled acquire leaves no ghost holder.
         let mut undo = ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout);
@@ -170,7 +170,7 @@ impl RedlockLock {
         while let Some((i, r)) = round.next().await {
             match r {
                 Ok(Ok(Acquired::Granted { .. })) => granted += 1,
-                Ok(Ok(Acquired::Busy { remaining: r })) => {
+                Ok(Ok(Acquired::Busy { remaining: r, .. })) => {
                     busy += 1;
                     refused[i] = true;
                     if let Some(r) = r {

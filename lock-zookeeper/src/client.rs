@@ -37,6 +37,10 @@ impl ZkLock {
         };
         let config = &lock.inner.config;
         let opts = CreateMode::Persistent.with_acls(lock.acls());
+        // The root always exists (and cannot be made).
+        if config.base_path() == "/" {
+            return Ok(lock);
+        }
         let mut made = client.mkdir(config.base_path(), &opts).await;
         if let (Err(zookeeper_client::Error::NoNode), Some(chroot)) = (&made, config.chroot()) {
             // The chroot itself is missing: create it from a session without one.

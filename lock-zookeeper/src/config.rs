@@ -25,6 +25,7 @@ pub struct ZkConfig {
     password: Option<Secret>,
     session_timeout: Duration,
     base_path: String,
+    persistent_parents: bool,
 }
 
 impl ZkConfig {
@@ -37,10 +38,23 @@ impl ZkConfig {
             password: None,
             session_timeout: Duration::from_secs(6),
             base_path: "/distlock".into(),
+            persistent_parents: false,
         }
     }
 
-    /// Parses `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/path]`.
+    /// Parses `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/path&parents=persistent]`.
+    ///
+    /// ```
+    /// use lock_core::LockName;
+    /// use lock_zookeeper::ZkConfig;
+    /// let name = LockName::new("mylock")?;
+    /// let c = ZkConfig::from_url("zk://h:1?base=/")?;
+    /// assert_eq!(c.lock_path(&name), "/mylock");
+    /// let c = ZkConfig::from_url("zk://h:1?base=/locks&parents=persistent")?;
+    /// assert_eq!(c.lock_path(&name), "/locks/mylock");
+    /// assert!(c.persistent_parents());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
     pub fn from_url(url: &str) -> Result<Self> {
         let u = MultiHostUrl::parse(url, "zk", "ZooKeeper")?;
         let mut cfg = ZkConfig::new(u.hosts.join(","));
@@ -59,7 +73,21 @@ impl ZkConfig {
         if let Some(c) = u.path {
             cfg = cfg.with_chroot(&c)?;
         }
-        let q = Query::new("ZooKeeper URL", u.query, &["session_timeout_ms", "base"])?;
+        let q = Query::new(
+            "ZooKeeper URL",
+            u.query,
+            &["session_timeout_ms", "base", "parents"],
+        )?;
+        match q.get("parents") {
+            None | Some("container") => {}
+            Some("persistent") => cfg = cfg.with_persistent_parents(true),
+            Some(other) => {
+                return Err(Error::config(format!(
+                    "ZooKeeper URL: parents={:?} is neither container nor persistent",
+                    other.escape_debug().to_string()
+                )))
+            }
+        }
         if let Some(d) = q.millis("session_timeout_ms")? {
             cfg = cfg.with_session_timeout(d);
         }
@@ -82,10 +110,36 @@ impl ZkConfig {
         self.chroot = Some(valid_path(chroot, "chroot")?);
         Ok(self)
     }
-    /// Parent of every lock's node (default `/distlock`).
+    /// Parent of every lock's node (default `/distlock`); `/` puts lock `name` at `/name`,
+    /// where Curator's and kazoo's lock recipes put a lock path of one segment.
     pub fn with_base_path(mut self, base: &str) -> Result<Self> {
-        self.base_path = valid_path(base, "base path")?;
+        self.base_path = if base == "/" {
+            base.to_string()
+        } else {
+            valid_path(base, "base path")?
+        };
         Ok(self)
+    }
+    /// Creates each lock's node as a persistent node instead of a container (URL:
+    /// `parents=persistent`). ZooKeeper removes an empty container after a while; a kazoo
+    /// `Lock` object that is reused then fails with `NoNodeError`. Persistent nodes stay, one
+    /// per name ever locked.
+    pub fn with_persistent_parents(mut self, on: bool) -> Self {
+        self.persistent_parents = on;
+        self
+    }
+    /// Whether lock nodes are persistent rather than containers.
+    pub fn persistent_parents(&self) -> bool {
+        self.persistent_parents
+    }
+    /// The node of lock `name`, whose sequential children are its contenders:
+    /// `<base>/<name>` (relative to the chroot, if any).
+    pub fn lock_path(&self, name: &lock_core::LockName) -> String {
+        if self.base_path == "/" {
+            format!("/{name}")
+        } else {
+            format!("{}/{name}", self.base_path)
+        }
     }
 
     /// `h1:p1,h2:p2`.
@@ -152,7 +206,8 @@ fn valid_path(p: &str, what: &str) -> Result<String> {
 
 lock_core::driver::redacted_config!(ZkConfig {
     session_timeout,
-    base_path
+    base_path,
+    persistent_parents
 });
 
 #[cfg(test)]

@@ -28,6 +28,10 @@ impl ZkLeaseOps {
 
 #[async_trait]
 impl LeaseOps for ZkLeaseOps {
+    fn backend_key(&self) -> Option<String> {
+        Some(self.path.clone())
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         match self.client.check_stat(&self.path).await {

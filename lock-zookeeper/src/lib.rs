@@ -19,7 +19,12 @@
 //! nodes count**: every child of the lock node whose name ends in a ZooKeeper sequence suffix
 //! (ten digits) is a contender, ordered by that number, whoever made it — Curator's
 //! `_c_<uuid>-lock-`, kazoo's `<id>__lock__`, the WriteLock recipe's `x-<session>-`. A foreign
-//! holder therefore holds the lock for distlock too, in waiting and in `inspect`.
+//! holder therefore holds the lock for distlock too, in waiting and in `inspect`. `base=/`
+//! puts lock `name` at `/name`: Curator's `InterProcessMutex(client, "/name")` and kazoo's
+//! `Lock(client, "/name")` (with `extra_lock_patterns=["-lock-"]`, so that kazoo counts
+//! distlock's nodes) are then the same lock; see the README's Interoperability section. Lock
+//! nodes are containers, which ZooKeeper removes once empty; `parents=persistent` keeps them
+//! (a reused kazoo `Lock` object needs its node to stay).
 //!
 //! ## Fencing: `Strict`
 //!
@@ -46,7 +51,7 @@
 //!
 //! ## URL
 //!
-//! `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock]`.
+//! `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock&parents=container|persistent]`.
 //! Digest credentials are sent before the first request, lock nodes then carry ACLs that only
 //! that user can delete, and the password never appears in `Debug`, `Display` or errors.
 //! Unknown or repeated parameters are refused.

@@ -14,7 +14,7 @@ use crate::lock::{contenders, lock_name, ZkLock, MARK};
 
 impl ZkLock {
     pub(crate) fn parent(&self, name: &LockName) -> String {
-        format!("{}/{}", self.inner.config.base_path(), name)
+        self.inner.config.lock_path(name)
     }
 
     /// Creates this contender's node; after a connection loss, finds it by its unique prefix
@@ -32,7 +32,12 @@ impl ZkLock {
             armed: true,
         };
         let node_opts = CreateMode::EphemeralSequential.with_acls(self.acls());
-        let parent_opts = CreateMode::Container.with_acls(self.acls());
+        let parent_mode = if self.inner.config.persistent_parents() {
+            CreateMode::Persistent
+        } else {
+            CreateMode::Container
+        };
+        let parent_opts = parent_mode.with_acls(self.acls());
         let mut last = None;
         for _ in 0..5 {
             match client

@@ -42,7 +42,7 @@ impl Harness for Zk {
         Some(
             async {
                 let admin = zookeeper_client::Client::connect(self.config.hosts()).await?;
-                let parent = format!("{}/{}", self.config.base_path(), name);
+                let parent = self.config.lock_path(name);
                 for child in admin.list_children(&parent).await? {
                     admin.delete(&format!("{parent}/{child}"), None).await?;
                 }

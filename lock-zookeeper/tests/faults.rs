@@ -337,7 +337,7 @@ fn a_create_lost_with_the_connection_is_found_not_repeated() {
             .acquire(&name, &LockOptions::new(session))
             .await
             .unwrap();
-        let parent = format!("{}/{}", holder.config().base_path(), name);
+        let parent = holder.config().lock_path(&name);
         proxy.lose_replies(parent.as_bytes(), 2);
         let w = waiter.clone();
         let n = name.clone();

@@ -21,7 +21,7 @@ async fn distlock() -> ZkLock {
 /// A foreign client's session with its contender node under `name`'s lock node.
 async fn foreign_holder(lock: &ZkLock, name: &LockName, prefix: &str) -> (Client, String) {
     let client = Client::connect(HOSTS).await.unwrap();
-    let parent = format!("{}/{name}", lock.config().base_path());
+    let parent = lock.config().lock_path(name);
     let _ = client
         .create(
             &parent,

@@ -1,0 +1,447 @@
+//! distlock and other clients on one lock, each side running its own code: `etcdctl lock`
+//! (etcd's Go `concurrency.Mutex`), Curator's `InterProcessMutex` (compiled here with javac),
+//! kazoo's `Lock` and redis-py's `Lock`, against the servers of `scripts/services.sh up`,
+//! installed by `scripts/services.sh install`. For every pair, both ways:
+//! 1. while the foreign client holds, `distlock run --no-wait` exits 75;
+//! 2. while distlock holds, the foreign client does not get the lock;
+//! 3. a waiter of either kind gets the lock promptly after the other releases;
+//! 4. a mixed queue is served in arrival order, where the backend queues (etcd, ZooKeeper).
+//!
+//! Every holder, distlock's or foreign, runs the same protocol: it prints `acquired` when it
+//! holds the lock and releases once its release file exists.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use test_support::{scratch, Scratch};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+const FOREIGN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/foreign");
+const ZK_HOSTS: &str = "127.0.0.1:12181";
+/// How soon after a release the next waiter must hold the lock: both backends wake waiters
+/// by a watch, in milliseconds; this leaves room for a busy machine.
+const PROMPT: Duration = Duration::from_secs(2);
+/// How long a waiter is watched not to get a held lock.
+const EXCLUDED_FOR: Duration = Duration::from_millis(1500);
+
+/// A client that can take the lock: distlock or a foreign one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Client {
+    Distlock,
+    Etcdctl,
+    Curator,
+    Kazoo,
+    RedisPy,
+}
+
+/// A backend and the name of one lock on it, as each client spells it.
+struct Lock {
+    /// distlock's URL: the key layout the foreign clients use.
+    url: &'static str,
+    name: String,
+    dir: Scratch,
+    /// Classes compiled for Curator, when a test uses it.
+    classes: Option<PathBuf>,
+}
+
+impl Lock {
+    fn etcd(tag: &str) -> Lock {
+        Lock::new("etcd://127.0.0.1:12379?prefix=", tag)
+    }
+    fn zk(tag: &str) -> Lock {
+        Lock::new("zk://127.0.0.1:12181?base=/&session_timeout_ms=4000", tag)
+    }
+    /// Plain keys with no prefix: distlock's lock `n` is redis-py's `r.lock("n")`.
+    fn redis(tag: &str) -> Lock {
+        Lock::new("redis://127.0.0.1:16379?keys=plain&prefix=", tag)
+    }
+    fn new(url: &'static str, tag: &str) -> Lock {
+        Lock {
+            url,
+            name: format!("interop-{tag}-{}", std::process::id()),
+            dir: scratch(&format!("distlock-interop-{tag}-")),
+            classes: None,
+        }
+    }
+
+    /// Starts `client` on this lock; `n` tells its files apart from the other holders'.
+    fn start(&mut self, client: Client, n: usize) -> Holder {
+        let release = self.dir.join(format!("release-{n}"));
+        let r = release.display().to_string();
+        let hold = format!("echo acquired; while [ ! -e {r} ]; do sleep 0.02; done");
+        let path = format!("/{}", self.name);
+        let mut cmd = match client {
+            Client::Distlock => {
+                let mut c = Command::new(BIN);
+                c.env("DISTLOCK_URL", self.url)
+                    .env("RUST_LOG", "error")
+                    .args(["run", "--name", &self.name, "--wait", "60s"])
+                    .args(["--", "sh", "-c", &hold]);
+                c
+            }
+            Client::Etcdctl => {
+                let mut c = Command::new("etcdctl");
+                c.env("ETCDCTL_API", "3")
+                    .args(["--endpoints=127.0.0.1:12379", "lock", &self.name])
+                    .args(["sh", "-c", &hold]);
+                c
+            }
+            Client::Kazoo => python("kazoo_hold.py", [ZK_HOSTS, &path, &r]),
+            Client::RedisPy => python("redis_hold.py", ["127.0.0.1:16379", &self.name, &r]),
+            Client::Curator => {
+                let classes = self.curator_classes();
+                let mut c = Command::new("java");
+                c.args(["-cp", &format!("{}:{}", classes.display(), curator_jars())])
+                    .args(["CuratorHold", ZK_HOSTS, &path, &r]);
+                c
+            }
+        };
+        Holder::spawn(format!("{client:?} #{n}"), &mut cmd, release)
+    }
+
+    fn curator_classes(&mut self) -> PathBuf {
+        if let Some(c) = &self.classes {
+            return c.clone();
+        }
+        let out = self.dir.join("classes");
+        std::fs::create_dir_all(&out).unwrap();
+        let javac = Command::new("javac")
+            .args(["-d", &out.display().to_string(), "-cp", &curator_jars()])
+            .arg(format!("{FOREIGN}/CuratorHold.java"))
+            .output()
+            .expect("javac (scripts/services.sh install puts it there)");
+        assert!(
+            javac.status.success(),
+            "javac CuratorHold.java: {}",
+            String::from_utf8_lossy(&javac.stderr)
+        );
+        self.classes = Some(out.clone());
+        out
+    }
+
+    /// `distlock run --no-wait` on the held lock exits 75 (busy) within a few seconds.
+    fn no_wait_is_busy(&self, holder: &str) {
+        let out = Command::new(BIN)
+            .env("DISTLOCK_URL", self.url)
+            .env("RUST_LOG", "error")
+            .args(["run", "--name", &self.name, "--no-wait", "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "`distlock run --no-wait` while {holder} holds: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The contenders queued on the backend (holder included); Redis has no queue, so there
+    /// the holder and `n − 1` waiters are assumed after a second.
+    fn contenders(&self, n: usize) -> usize {
+        if self.url.starts_with("redis") {
+            std::thread::sleep(Duration::from_secs(1));
+            n
+        } else if self.url.starts_with("etcd") {
+            let out = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args([
+                    "--endpoints=127.0.0.1:12379",
+                    "get",
+                    "--prefix",
+                    "--keys-only",
+                ])
+                .arg(format!("{}/", self.name))
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count()
+        } else {
+            let path = format!("/{}", self.name);
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let c = lock_zookeeper::zookeeper_client::Client::connect(ZK_HOSTS)
+                        .await
+                        .unwrap();
+                    c.list_children(&path).await.map_or(0, |v| v.len())
+                })
+        }
+    }
+
+    /// Waits until `n` contenders are queued: a waiter that was started is in line.
+    fn queued(&self, n: usize, who: &str) {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = self.contenders(n);
+            if now >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "{who} not in the queue after 20 s ({now} of {n} contenders)"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `python <script> <args>` in the virtualenv of `scripts/services.sh install`.
+fn python<'a>(script: &str, args: impl IntoIterator<Item = &'a str>) -> Command {
+    let venv = test_support::services(&["foreign"]);
+    let mut c = Command::new(format!("{venv}/venv/bin/python"));
+    c.arg(format!("{FOREIGN}/{script}")).args(args);
+    c
+}
+
+/// The jars Curator's recipes need, from Debian's `libcurator-recipes-java`.
+fn curator_jars() -> String {
+    [
+        "curator-recipes",
+        "curator-framework",
+        "curator-client",
+        "zookeeper",
+        "zookeeper-jute",
+        "guava",
+        "slf4j-api",
+        "slf4j-nop",
+    ]
+    .map(|j| format!("/usr/share/java/{j}.jar"))
+    .join(":")
+}
+
+/// One running holder (or waiter) process.
+struct Holder {
+    what: String,
+    child: Child,
+    acquired: mpsc::Receiver<Instant>,
+    release: PathBuf,
+}
+
+impl Holder {
+    fn spawn(what: String, cmd: &mut Command, release: PathBuf) -> Holder {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {what}: {e} (scripts/services.sh install)"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, acquired) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.trim() == "acquired" {
+                    let _ = tx.send(Instant::now());
+                }
+            }
+        });
+        Holder {
+            what,
+            child,
+            acquired,
+            release,
+        }
+    }
+
+    /// When it printed `acquired`, if it did within `limit`.
+    fn acquired_within(&self, limit: Duration) -> Option<Instant> {
+        self.acquired.recv_timeout(limit).ok()
+    }
+
+    fn holds(&self) {
+        assert!(
+            self.acquired_within(Duration::from_secs(30)).is_some(),
+            "{} did not get the free lock within 30 s",
+            self.what
+        );
+    }
+
+    /// Releases and waits for the process to exit 0; returns when the release was asked.
+    fn release(mut self) -> Instant {
+        let at = Instant::now();
+        std::fs::write(&self.release, b"").unwrap();
+        let end = at + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                assert!(st.success(), "{} exited {st}: {err}", self.what);
+                return at;
+            }
+            assert!(
+                Instant::now() < end,
+                "{} still running 20 s after its release",
+                self.what
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.release, b"");
+        if matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// `waiter` gets the lock within [`PROMPT`] of `holder`'s release, and not before it.
+fn hand_off(holder: Holder, waiter: &Holder) {
+    assert!(
+        waiter.acquired_within(EXCLUDED_FOR).is_none(),
+        "{} got the lock while {} held it",
+        waiter.what,
+        holder.what
+    );
+    let (from, what) = (holder.what.clone(), waiter.what.clone());
+    let released = holder.release();
+    let got = waiter.acquired_within(PROMPT + Duration::from_secs(10));
+    let got = got.unwrap_or_else(|| panic!("{what} not woken within 10 s of {from}'s release"));
+    let after = got.saturating_duration_since(released);
+    assert!(
+        after <= PROMPT,
+        "{what} got the lock {after:?} after {from}'s release (promised within {PROMPT:?})"
+    );
+}
+
+/// Promises 1–3 between distlock and `foreign`, both ways.
+fn exclusion_both_ways(mut lock: Lock, foreign: Client) {
+    // The foreign client holds: distlock is busy, then waits and is handed the lock.
+    let f = lock.start(foreign, 1);
+    f.holds();
+    lock.no_wait_is_busy(&f.what);
+    let d = lock.start(Client::Distlock, 2);
+    lock.queued(2, &d.what);
+    hand_off(f, &d);
+    // distlock holds: the foreign client waits, and is handed the lock.
+    let f = lock.start(foreign, 3);
+    lock.queued(2, &f.what);
+    hand_off(d, &f);
+    f.release();
+}
+
+/// Promise 4: holder, then waiters queued in the order `order`; each release hands the lock to
+/// the next in that order.
+fn arrival_order(mut lock: Lock, order: &[Client]) {
+    let mut line: Vec<Holder> = Vec::new();
+    for (n, &client) in order.iter().enumerate() {
+        let h = lock.start(client, n);
+        if n == 0 {
+            h.holds();
+        } else {
+            lock.queued(n + 1, &h.what);
+        }
+        line.push(h);
+    }
+    let mut line = line.into_iter();
+    let mut holder = line.next().unwrap();
+    for next in line {
+        hand_off(holder, &next);
+        holder = next;
+    }
+    holder.release();
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcdctl_lock_and_distlock_exclude_each_other() {
+    exclusion_both_ways(Lock::etcd("etcdctl"), Client::Etcdctl);
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcdctl_and_distlock_waiters_are_served_in_arrival_order() {
+    use Client::{Distlock, Etcdctl};
+    arrival_order(
+        Lock::etcd("etcd-fifo"),
+        &[Distlock, Etcdctl, Distlock, Etcdctl, Distlock],
+    );
+}
+
+/// `DISTLOCK_KEY` is the key etcdctl sees: the holder's key under `<name>/`.
+#[cfg(feature = "etcd")]
+#[test]
+fn distlock_key_is_the_key_etcdctl_sees() {
+    let lock = Lock::etcd("key");
+    let out = Command::new(BIN)
+        .env("DISTLOCK_URL", lock.url)
+        .args(["run", "--name", &lock.name, "--", "sh", "-c"])
+        .arg("ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:12379 get --prefix --keys-only \"$DISTLOCK_NAME/\"; echo \"key=$DISTLOCK_KEY\"")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let keys: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with("key="))
+        .collect();
+    let key = text.lines().find_map(|l| l.strip_prefix("key=")).unwrap();
+    assert!(key.starts_with(&format!("{}/", lock.name)), "{text}");
+    assert_eq!(keys, [key], "etcdctl's view of the lock: {text}");
+}
+
+#[test]
+fn curator_and_distlock_exclude_each_other() {
+    exclusion_both_ways(Lock::zk("curator"), Client::Curator);
+}
+
+#[test]
+fn curator_and_distlock_waiters_are_served_in_arrival_order() {
+    use Client::{Curator, Distlock};
+    arrival_order(
+        Lock::zk("curator-fifo"),
+        &[Curator, Distlock, Curator, Distlock],
+    );
+}
+
+#[test]
+fn kazoo_and_distlock_exclude_each_other() {
+    exclusion_both_ways(Lock::zk("kazoo"), Client::Kazoo);
+}
+
+#[test]
+fn kazoo_and_distlock_waiters_are_served_in_arrival_order() {
+    use Client::{Curator, Distlock, Kazoo};
+    arrival_order(
+        Lock::zk("kazoo-fifo"),
+        &[Distlock, Kazoo, Distlock, Kazoo, Curator],
+    );
+}
+
+#[test]
+fn redis_py_and_distlock_exclude_each_other() {
+    exclusion_both_ways(Lock::redis("redis-py"), Client::RedisPy);
+}
+
+/// `distlock status` on a lock redis-py holds: held by another client, and no token (the
+/// counter, had there been one, would be an earlier distlock holder's).
+#[test]
+fn status_names_a_redis_py_holder_as_another_client() {
+    let mut lock = Lock::redis("redis-py-status");
+    let f = lock.start(Client::RedisPy, 1);
+    f.holds();
+    let out = Command::new(BIN)
+        .env("DISTLOCK_URL", lock.url)
+        .args(["status", "--name", &lock.name, "--json"])
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(json.contains("\"state\":\"held\""), "{json}");
+    assert!(json.contains("\"foreign_holder\":true"), "{json}");
+    assert!(json.contains("\"fencing_token\":null"), "{json}");
+    f.release();
+}
