@@ -83,7 +83,8 @@ pub async fn try_acquire_does_not_wait(h: &dyn Harness) -> Result<(), Failure> {
 }
 
 /// While a waiter waits on a held lock, the backend serves (almost) no requests: waiting is by
-/// notification, not polling.
+/// notification, not polling. The counter is the server's, which any other client on it also
+/// moves: one quiet window of three is proof enough, and a poller is busy in all three.
 pub async fn waiting_is_idle(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { t, a, b, name } = scene(h, "idle").await?;
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
@@ -91,20 +92,28 @@ pub async fn waiting_is_idle(h: &dyn Harness) -> Result<(), Failure> {
     let waiter = tokio::spawn(async move { b.acquire(&n, &o).await });
     sleep(t.ttl / 2).await; // let the waiter settle
     let window = t.ttl.max(Duration::from_millis(500));
-    let before = h
-        .backend_requests()
-        .await
-        .ok_or_else(|| Failure("request counter vanished".into()))?;
-    sleep(window).await;
-    let after = h
-        .backend_requests()
-        .await
-        .ok_or_else(|| Failure("request counter vanished".into()))?;
-    // The counter reads themselves may count; a poller would show dozens.
-    let used = after.saturating_sub(before);
+    let mut windows = Vec::new();
+    for _ in 0..3 {
+        let before = h
+            .backend_requests()
+            .await
+            .ok_or_else(|| Failure("request counter vanished".into()))?;
+        sleep(window).await;
+        let after = h
+            .backend_requests()
+            .await
+            .ok_or_else(|| Failure("request counter vanished".into()))?;
+        // The counter reads themselves may count; a poller would show dozens.
+        let used = after.saturating_sub(before);
+        windows.push(used);
+        if used <= 6 {
+            break;
+        }
+    }
     ensure!(
-        used <= 6,
-        "the backend served {used} requests in {window:?} while one waiter waited (polling?)"
+        windows.iter().any(|&used| used <= 6),
+        "the backend served {windows:?} requests in three windows of {window:?} while one \
+         waiter waited (polling?)"
     );
     holder.release().await?;
     let l = within(t.ttl * 10, "waiter after release", waiter)
