@@ -32,6 +32,7 @@ const EXCLUDED_FOR: Duration = Duration::from_millis(1500);
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Client {
     Distlock,
+    #[cfg(feature = "etcd")] // etcd is not in the CLI's default features
     Etcdctl,
     Curator,
     Kazoo,
@@ -49,6 +50,7 @@ struct Lock {
 }
 
 impl Lock {
+    #[cfg(feature = "etcd")]
     fn etcd(tag: &str) -> Lock {
         Lock::new("etcd://127.0.0.1:12379?prefix=", tag)
     }
@@ -83,6 +85,7 @@ impl Lock {
                     .args(["--", "sh", "-c", &hold]);
                 c
             }
+            #[cfg(feature = "etcd")]
             Client::Etcdctl => {
                 let mut c = Command::new("etcdctl");
                 c.env("ETCDCTL_API", "3")

@@ -55,6 +55,9 @@ pub(crate) async fn baselines_for(
 ) -> Result<Vec<Arc<dyn Subject>>, String> {
     match backend {
         "memory" => Ok(vec![Arc::new(TokioMutex::default())]),
+        "redis-plain" => Ok(vec![Arc::new(
+            crate::redis_baselines::RawFloor::redis_py(&ep.redis_url, PLAIN_PREFIX).await?,
+        )]),
         "redis" => Ok(vec![
             Arc::new(crate::redis_baselines::RawFloor::connect(&ep.redis_url).await?),
             Arc::new(crate::redis_baselines::Rslock::new(vec![ep
@@ -71,6 +74,7 @@ pub(crate) async fn baselines_for(
                 Arc::new(Driver {
                     lock: single,
                     opts: LockOptions::new(Duration::from_secs(10)),
+                    label: None,
                 }),
                 Arc::new(crate::redis_baselines::Rslock::new(masters)),
             ])
@@ -87,7 +91,7 @@ pub(crate) async fn baselines_for(
             ])
         }
         other => Err(format!(
-            "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
+            "unknown backend {other:?} (available: memory, redis, redis-plain, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
         )),
     }
 }
@@ -101,6 +105,7 @@ pub(crate) async fn driver_subject(
     let url = match backend {
         "memory" => "memory://lock-bench".to_string(),
         "redis" => ep.redis_url.clone(),
+        "redis-plain" => format!("{}?keys=plain&prefix={PLAIN_PREFIX}", ep.redis_url),
         "redlock" => ep.redlock_url.clone(),
         b if ep.zk(b).is_some() => format!("zk://{}", ep.zk(b).unwrap_or_default().0),
         b if ep.etcd(b).is_some() => {
@@ -108,7 +113,7 @@ pub(crate) async fn driver_subject(
         }
         other => {
             return Err(format!(
-                "unknown backend {other:?} (available: memory, redis, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
+                "unknown backend {other:?} (available: memory, redis, redis-plain, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
             ))
         }
     };
@@ -116,5 +121,24 @@ pub(crate) async fn driver_subject(
     Ok(Arc::new(Driver {
         lock,
         opts: LockOptions::new(Duration::from_secs(10)),
+        label: (backend == "redis-plain").then_some("distlock redis, plain keys (keys=plain)"),
     }))
+}
+
+/// The key prefix of the `redis-plain` backend: distlock and redis-py's algorithm on the same
+/// keys.
+const PLAIN_PREFIX: &str = "bench-plain:";
+
+/// Another client than distlock on the same keys, to hold the lock in the `foreign-handoff`
+/// scenario; only backends that share their layout with one have it.
+pub(crate) async fn foreign_holder(
+    backend: &str,
+    ep: &Endpoints,
+) -> Result<Option<Arc<dyn Subject>>, String> {
+    Ok(match backend {
+        "redis-plain" => Some(Arc::new(
+            crate::redis_baselines::RawFloor::redis_py(&ep.redis_url, PLAIN_PREFIX).await?,
+        )),
+        _ => None,
+    })
 }

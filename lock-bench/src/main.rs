@@ -11,6 +11,8 @@
 //! - `throughput`: K tasks on K distinct names for a fixed time; ops/s.
 //! - `handoff`: K tasks contend for one name; latency from the holder starting its release to
 //!   the next holder's acquire returning; p50/p99.
+//! - `foreign-handoff` (backends that share their keys with another client: `redis-plain`):
+//!   that client holds, each subject waits; latency from the release to the grant.
 //!
 //! Output: a markdown table on stdout (and `--markdown FILE`) and a JSON file (`--json FILE`).
 
@@ -31,21 +33,25 @@ mod subject;
 mod zk_baselines;
 
 use catalog::{baselines_for, driver_subject, Endpoints};
-use scenarios::{handoff, idle, summarize, throughput, uncontended, CountFuture, Sample, Timed};
+use scenarios::{
+    foreign_handoff, handoff, idle, summarize, throughput, uncontended, CountFuture, Sample, Timed,
+};
 use subject::Subject;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
 struct Args {
-    /// Backends to measure (comma separated). Available: memory, redis, redlock, zookeeper,
-    /// zookeeper-ensemble, etcd, etcd-cluster.
+    /// Backends to measure (comma separated). Available: memory, redis, redis-plain (plain
+    /// keys, beside redis-py's algorithm), redlock, zookeeper, zookeeper-ensemble, etcd,
+    /// etcd-cluster.
     #[arg(long, default_value = "memory", value_delimiter = ',')]
     backend: Vec<String>,
-    /// Scenarios to run (comma separated): uncontended, acquire, throughput, handoff, idle.
+    /// Scenarios to run (comma separated): uncontended, acquire, throughput, handoff, idle,
+    /// foreign-handoff.
     #[arg(
         long,
         value_enum,
-        default_value = "uncontended,acquire,throughput,handoff,idle",
+        default_value = "uncontended,acquire,throughput,handoff,idle,foreign-handoff",
         value_delimiter = ','
     )]
     scenarios: Vec<Scenario>,
@@ -107,22 +113,24 @@ struct Args {
 
 /// What is measured; each is described in the crate docs.
 #[derive(clap::ValueEnum, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 enum Scenario {
     Uncontended,
     Acquire,
     Throughput,
     Handoff,
     Idle,
+    ForeignHandoff,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 5] = [
+    const ALL: [Scenario; 6] = [
         Scenario::Uncontended,
         Scenario::Acquire,
         Scenario::Throughput,
         Scenario::Handoff,
         Scenario::Idle,
+        Scenario::ForeignHandoff,
     ];
 
     fn name(self) -> &'static str {
@@ -132,6 +140,7 @@ impl Scenario {
             Scenario::Throughput => "throughput",
             Scenario::Handoff => "handoff",
             Scenario::Idle => "idle",
+            Scenario::ForeignHandoff => "foreign-handoff",
         }
     }
 }
@@ -166,6 +175,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
         subjects.push((b, true));
     }
     subjects.push((driver_subject(backend, &ep).await?, false));
+    let foreign = catalog::foreign_holder(backend, &ep).await?;
     let mut rows = Vec::new();
     for scenario in Scenario::ALL {
         if !args.scenarios.contains(&scenario) {
@@ -175,7 +185,17 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
         let mut per_subject: Vec<Vec<Sample>> = subjects.iter().map(|_| Vec::new()).collect();
         for _ in 0..args.runs.max(1) {
             for (i, (s, _)) in subjects.iter().enumerate() {
-                if matches!(scenario, Scenario::Handoff | Scenario::Idle) && !s.waits() {
+                if matches!(
+                    scenario,
+                    Scenario::Handoff | Scenario::Idle | Scenario::ForeignHandoff
+                ) && !s.waits()
+                {
+                    continue;
+                }
+                if scenario == Scenario::ForeignHandoff {
+                    let Some(holder) = &foreign else { continue };
+                    per_subject[i]
+                        .push(foreign_handoff(holder.clone(), s.clone(), args.handoffs / 4).await?);
                     continue;
                 }
                 if scenario == Scenario::Idle {
@@ -198,7 +218,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
                     Scenario::Throughput => {
                         throughput(s.clone(), args.concurrency, args.duration).await?
                     }
-                    Scenario::Handoff | Scenario::Idle => {
+                    Scenario::Handoff | Scenario::Idle | Scenario::ForeignHandoff => {
                         handoff(s.clone(), args.waiters, args.handoffs).await?
                     }
                 };

@@ -14,10 +14,15 @@ const COMPARE_AND_DELETE: &str =
 
 /// The physical floor of a correct Redis lock cycle with the same client crate: `SET NX PX`,
 /// then a compare-and-delete script by `EVALSHA`. No fencing, no notification, no lease state.
-/// It cannot wait, so it sits out the handoff scenario.
+/// As a floor it cannot wait, so it sits out the handoff scenario; [`RawFloor::redis_py`] is
+/// the same cycle waiting the way redis-py's `Lock` waits, polling every 100 ms.
 pub(crate) struct RawFloor {
     conn: MultiplexedConnection,
     release: Arc<Script>,
+    /// Keys are `<prefix><name>`.
+    prefix: String,
+    /// Pause between attempts while the lock is busy; `None`: do not wait.
+    poll: Option<Duration>,
 }
 
 impl RawFloor {
@@ -30,6 +35,18 @@ impl RawFloor {
         Ok(RawFloor {
             conn,
             release: Arc::new(Script::new(COMPARE_AND_DELETE)),
+            prefix: "bench-raw:".into(),
+            poll: None,
+        })
+    }
+
+    /// redis-py's `Lock` (the redis.io recipe): the key `<prefix><name>`, and while it is
+    /// busy, another `SET NX PX` every 100 ms (redis-py's default `sleep=0.1`).
+    pub(crate) async fn redis_py(url: &str, prefix: &str) -> Result<Self, String> {
+        Ok(RawFloor {
+            prefix: prefix.into(),
+            poll: Some(Duration::from_millis(100)),
+            ..RawFloor::connect(url).await?
         })
     }
 }
@@ -62,26 +79,33 @@ impl Guard for RawGuard {
 #[async_trait]
 impl Subject for RawFloor {
     fn label(&self) -> String {
-        "baseline: raw SET NX PX + EVALSHA del".into()
+        match self.poll {
+            None => "baseline: raw SET NX PX + EVALSHA del".into(),
+            Some(_) => "baseline: redis-py's Lock algorithm (SET NX PX, 100 ms polls)".into(),
+        }
     }
     fn waits(&self) -> bool {
-        false
+        self.poll.is_some()
     }
     async fn lock(&self, name: &str) -> Result<Box<dyn Guard>, String> {
-        let key = format!("bench-raw:{name}");
+        let key = format!("{}{name}", self.prefix);
         let token = uuid::Uuid::new_v4().simple().to_string();
         let mut conn = self.conn.clone();
-        let ok: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        if ok.is_none() {
-            return Err("raw floor: lock busy (it never waits)".into());
+        loop {
+            let ok: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            match (ok, self.poll) {
+                (Some(_), _) => break,
+                (None, Some(pause)) => tokio::time::sleep(pause).await,
+                (None, None) => return Err("raw floor: lock busy (it never waits)".into()),
+            }
         }
         Ok(Box::new(RawGuard {
             conn,

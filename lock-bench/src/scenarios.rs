@@ -189,6 +189,43 @@ pub(crate) async fn handoff(
     })
 }
 
+/// Another client (`holder`) holds the lock; `waiter` waits for it; the holder releases at a
+/// random moment of 0–100 ms after the waiter started waiting (so that a waiter that polls is
+/// caught at every phase of its cycle). Latency from the holder starting its release to the
+/// waiter's acquire returning; `n` hand-offs.
+pub(crate) async fn foreign_handoff(
+    holder: Arc<dyn Subject>,
+    waiter: Arc<dyn Subject>,
+    n: u64,
+) -> Result<Sample, String> {
+    let name = fresh("foreign-hand");
+    let mut hist = new_hist();
+    let start = Instant::now();
+    for i in 0..n {
+        let held = holder.lock(&name).await?;
+        let (w, nm) = (waiter.clone(), name.clone());
+        let waiting = tokio::spawn(async move {
+            let g = w.lock(&nm).await;
+            (Instant::now(), g)
+        });
+        // A settle time, then a pseudo-random phase (no rand crate needed for a spread).
+        let phase = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 100;
+        tokio::time::sleep(Duration::from_millis(20 + phase)).await;
+        let released = Instant::now();
+        held.unlock().await?;
+        let (granted, guard) = waiting.await.map_err(|e| e.to_string())?;
+        hist.saturating_record(ns(granted.saturating_duration_since(released)));
+        guard?.unlock().await?;
+    }
+    Ok(Sample {
+        p50_us: Some(micros(&hist, 0.5)),
+        p99_us: Some(micros(&hist, 0.99)),
+        ops_per_sec: hist.len() as f64 / start.elapsed().as_secs_f64(),
+        ops: hist.len(),
+        requests_per_op: None,
+    })
+}
+
 /// A pending read of the server's request counter.
 pub(crate) type CountFuture =
     std::pin::Pin<Box<dyn std::future::Future<Output = Option<u64>> + Send>>;

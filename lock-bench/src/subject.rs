@@ -34,11 +34,16 @@ pub(crate) trait Guard: Send {
 pub(crate) struct Driver {
     pub(crate) lock: Arc<dyn DistributedLock>,
     pub(crate) opts: LockOptions,
+    /// Row label, where the backend's name does not say enough.
+    pub(crate) label: Option<&'static str>,
 }
 
 #[async_trait]
 impl Subject for Driver {
     fn label(&self) -> String {
+        if let Some(l) = self.label {
+            return l.into();
+        }
         match self.lock.backend() {
             "redis" => "distlock redis (1 node)".into(),
             "redlock" => "distlock redlock (5 masters)".into(),
