@@ -266,7 +266,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
 /// The server's own count of processed requests, where the backend has one.
 async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
     match backend {
-        "redis" => test_support::redis_commands_processed(&ep.redis_url).await,
+        "redis" | "redis-plain" => test_support::redis_commands_processed(&ep.redis_url).await,
         "redlock" => {
             let mut total = 0;
             for url in ep.redlock_url.trim_start_matches("redlock://").split(',') {

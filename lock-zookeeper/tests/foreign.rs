@@ -116,3 +116,44 @@ async fn a_later_foreign_node_queues_behind_the_holder() {
         "after the release the foreign contender is first"
     );
 }
+
+/// With `base=/` lock `name` is the node `/name`, where Curator and kazoo put the lock path
+/// `/name`. With `parents=persistent` that node stays after the release. (Whether a default
+/// node is a container cannot be read back: the server reports a container's ephemeral owner
+/// as 0, and reaps it only after `znode.container.checkIntervalMs`, a minute by default.)
+#[tokio::test]
+async fn base_root_and_persistent_parents() {
+    for persistent in [false, true] {
+        let url = format!(
+            "zk://{HOSTS}?base=/&session_timeout_ms=4000{}",
+            if persistent {
+                "&parents=persistent"
+            } else {
+                ""
+            }
+        );
+        let locks = ZkLock::connect(ZkConfig::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(locks.config().persistent_parents(), persistent);
+        let name = fresh_name("root-base");
+        let path = locks.config().lock_path(&name);
+        assert_eq!(path, format!("/{name}"));
+        let lease = locks
+            .try_acquire(&name, &LockOptions::new(Duration::from_secs(4)))
+            .await
+            .unwrap()
+            .unwrap();
+        let admin = Client::connect(HOSTS).await.unwrap();
+        let children = admin.list_children(&path).await.unwrap();
+        assert_eq!(children.len(), 1, "{url}: the holder's node under {path}");
+        lease.release().await.unwrap();
+        if persistent {
+            assert!(
+                admin.check_stat(&path).await.unwrap().is_some(),
+                "{url}: the persistent lock node went with the release"
+            );
+            admin.delete(&path, None).await.unwrap(); // nobody else reaps it
+        }
+    }
+}
