@@ -272,6 +272,35 @@ impl Query {
             .map(|v| parse_bool_param(&self.what, key, v))
             .transpose()
     }
+
+    /// `key` as one of `choices`; any other value is an [`Error::Config`] that lists them.
+    ///
+    /// ```
+    /// use lock_core::driver::Query;
+    /// let q = Query::new("my URL", vec![("keys".into(), "plain".into())], &["keys"])?;
+    /// assert_eq!(q.choice("keys", &["tagged", "plain"])?, Some("plain"));
+    /// let q = Query::new("my URL", vec![("keys".into(), "flat".into())], &["keys"])?;
+    /// assert!(q.choice("keys", &["tagged", "plain"]).is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn choice(&self, key: &str, choices: &[&'static str]) -> Result<Option<&'static str>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        choices
+            .iter()
+            .find(|c| **c == v)
+            .copied()
+            .map(Some)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "{}: {key}={:?} is not one of {}",
+                    self.what,
+                    v.escape_debug().to_string(),
+                    choices.join(", ")
+                ))
+            })
+    }
 }
 
 #[cfg(test)]

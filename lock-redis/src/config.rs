@@ -105,15 +105,8 @@ impl RedisConfig {
             parsed.query,
             &["prefix", "tls_ca_file", "allow_eviction", "keys"],
         )?;
-        match q.get("keys") {
-            None | Some("tagged") => {}
-            Some("plain") => cfg = cfg.with_plain_keys(true),
-            Some(other) => {
-                return Err(Error::config(format!(
-                    "Redis URL: keys={:?} is neither tagged nor plain",
-                    other.escape_debug().to_string()
-                )))
-            }
+        if q.choice("keys", &["tagged", "plain"])? == Some("plain") {
+            cfg = cfg.with_plain_keys(true);
         }
         if let Some(prefix) = q.get("prefix") {
             cfg = cfg.with_prefix(prefix)?;

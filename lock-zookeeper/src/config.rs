@@ -78,15 +78,8 @@ impl ZkConfig {
             u.query,
             &["session_timeout_ms", "base", "parents"],
         )?;
-        match q.get("parents") {
-            None | Some("container") => {}
-            Some("persistent") => cfg = cfg.with_persistent_parents(true),
-            Some(other) => {
-                return Err(Error::config(format!(
-                    "ZooKeeper URL: parents={:?} is neither container nor persistent",
-                    other.escape_debug().to_string()
-                )))
-            }
+        if q.choice("parents", &["container", "persistent"])? == Some("persistent") {
+            cfg = cfg.with_persistent_parents(true);
         }
         if let Some(d) = q.millis("session_timeout_ms")? {
             cfg = cfg.with_session_timeout(d);
@@ -226,6 +219,7 @@ mod tests {
                 "zk://u:topsecret@h:1?x=1",
                 "zk://nocolon@h:1",
                 "zk://u:topsecret@h:1?base=relative",
+            "zk://u:topsecret@h:1?parents=maybe",
             ],
             "topsecret",
         );
