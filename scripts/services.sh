@@ -13,7 +13,8 @@
 #   scripts/services.sh names          every server name
 #
 # State (pids, configs, logs) lives in $DISTLOCK_SERVICES_DIR (default /tmp/distlock-services);
-# etcd data lives on /dev/shm (fsync on disk is too slow for etcd's own health checks).
+# etcd and PostgreSQL data live on /dev/shm (fsync on disk is too slow for etcd's own health
+# checks). PostgreSQL and pgbouncer run as the `postgres` user (they refuse root).
 set -euo pipefail
 
 STATE=${DISTLOCK_SERVICES_DIR:-/tmp/distlock-services}
@@ -35,6 +36,12 @@ REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 r
 ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
 # etcd: single, a 3-member cluster, one with auth enabled, one serving clients over TLS only.
 ETCD=(etcd:12379 etcd-c1:12479 etcd-c2:12579 etcd-c3:12679 etcd-auth:12779 etcd-tls:12879)
+# PostgreSQL 15: plain (trust on loopback), one that requires a password (scram-sha-256), one
+# that speaks only TLS; pgbouncer in transaction-pooling mode in front of `pg`.
+PG=(pg:15432 pg-auth:15433 pg-tls:15434 pgbouncer:16432)
+PG_BIN=${DISTLOCK_PG_BIN:-/usr/lib/postgresql/15/bin}
+PG_USER=locker
+PG_PASSWORD=locker-pw
 
 # Credentials of the auth-enabled servers (test-only, loopback-only).
 REDIS_PASSWORD=distlock-test-pw
@@ -51,12 +58,12 @@ log() { echo "services.sh: $*" >&2; }
 
 all_names() {
   local e
-  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}"; do echo "${e%%:*}"; done
+  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}" "${PG[@]}"; do echo "${e%%:*}"; done
 }
 
 port_of() {
   local e
-  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}"; do
+  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}" "${PG[@]}"; do
     [ "${e%%:*}" = "$1" ] && { echo "${e##*:}"; return 0; }
   done
   die "unknown server '$1' (known: $(all_names | tr '\n' ' '))"
@@ -67,6 +74,8 @@ kind_of() {
     redis* | redlock*) echo redis ;;
     zk*) echo zk ;;
     etcd*) echo etcd ;;
+    pgbouncer) echo pgbouncer ;;
+    pg*) echo pg ;;
     *) die "unknown server '$1'" ;;
   esac
 }
@@ -121,6 +130,9 @@ cmd_install() {
   command -v etcdctl >/dev/null || missing+=(etcd-client)
   command -v protoc >/dev/null || missing+=(protobuf-compiler)
   [ -f /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
+  [ -x "$PG_BIN/postgres" ] || missing+=(postgresql-15)
+  command -v pg_isready >/dev/null || missing+=(postgresql-client)
+  command -v pgbouncer >/dev/null || missing+=(pgbouncer)
   # Foreign clients: Curator (compiled against at test time) and Python for kazoo/redis-py.
   command -v javac >/dev/null || missing+=(default-jdk-headless)
   [ -f /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
@@ -150,7 +162,7 @@ cmd_install() {
   install_venv
   # On a host where a daemon did start anyway, stop it: tests own these ports.
   local svc
-  for svc in redis-server zookeeper etcd; do
+  for svc in redis-server zookeeper etcd postgresql pgbouncer; do
     if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
       $sudo systemctl stop "$svc" || true
       $sudo systemctl disable "$svc" 2>/dev/null || true
@@ -269,6 +281,86 @@ etcd_cluster_of() {
     etcd-c*) echo "etcd-c1=http://127.0.0.1:12480,etcd-c2=http://127.0.0.1:12580,etcd-c3=http://127.0.0.1:12680" ;;
     *) echo "$1=http://127.0.0.1:$(($2 + 1))" ;;
   esac
+}
+
+# PostgreSQL refuses to run as root: the cluster belongs to the `postgres` user the package
+# creates, and `setpriv` execs the server as that user, so that `$!` is the server's own pid
+# (not a subshell's: that is why this is an array, not a function).
+# Data lives on /dev/shm with fsync off: a killed server loses nothing that was committed (the
+# page cache outlives it; synchronous_commit stays on), only a machine crash would.
+AS_PG=()
+[ "$(id -u)" -ne 0 ] || AS_PG=(setpriv --reuid=postgres --regid=postgres --init-groups)
+
+start_pg() {
+  local name=$1 port=$2 dir=$STATE/$1 data=$SHM/$1
+  if ! [[ -n ${KEEP_DATA:-} && -f $data/PG_VERSION ]]; then
+    rm -rf "$data"
+    mkdir -p "$data"
+    chown postgres:postgres "$data" "$dir" 2>/dev/null || true
+    local auth=trust pwfile=()
+    if [ "$name" = pg-auth ]; then
+      auth=scram-sha-256
+      printf '%s\n' "$PG_PASSWORD" >"$dir/pw"
+      chown postgres "$dir/pw" 2>/dev/null || true
+      pwfile=(--pwfile="$dir/pw")
+    fi
+    "${AS_PG[@]}" "$PG_BIN/initdb" -D "$data" -U "$PG_USER" --auth="$auth" "${pwfile[@]}" \
+      --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 || die "initdb for $name failed: $dir/initdb.log"
+  fi
+  local opts=(-c listen_addresses=127.0.0.1 -c port="$port" -c unix_socket_directories="$data"
+    -c fsync=off -c full_page_writes=off -c max_connections=200
+    -c log_min_messages=warning)
+  if [ "$name" = pg-tls ]; then
+    make_test_certs "$dir"
+    cp "$dir/server.crt" "$dir/server.key" "$data/"
+    chown postgres:postgres "$data/server.crt" "$data/server.key" 2>/dev/null || true
+    chmod 600 "$data/server.key"
+    # TLS only: every TCP connection must be hostssl.
+    printf 'local all all trust\nhostssl all all 127.0.0.1/32 trust\n' >"$data/pg_hba.conf"
+    opts+=(-c ssl=on -c ssl_cert_file="$data/server.crt" -c ssl_key_file="$data/server.key")
+  fi
+  # After a SIGKILL the old server's children take a moment to notice and leave; until then
+  # the new one refuses the shared memory they hold. Try again for a few seconds.
+  local attempt
+  for attempt in $(seq 1 20); do
+    nohup "${AS_PG[@]}" "$PG_BIN/postgres" -D "$data" "${opts[@]}" >>"$dir/log" 2>&1 &
+    echo $! >"$(pidfile "$name")"
+    sleep 0.3
+    alive "$name" && return 0
+    sleep 0.5
+  done
+}
+
+pg_ready() {
+  pg_isready -q -h 127.0.0.1 -p "$2" -U "$PG_USER" -d postgres -t 2
+}
+
+# pgbouncer in transaction-pooling mode in front of `pg`: the pooler that silently breaks
+# session advisory locks, for the driver's refusal test.
+start_pgbouncer() {
+  local name=$1 port=$2 dir=$STATE/$1 upstream
+  upstream=$(port_of pg)
+  {
+    echo "[databases]"
+    echo "* = host=127.0.0.1 port=$upstream"
+    echo "[pgbouncer]"
+    echo "listen_addr = 127.0.0.1"
+    echo "listen_port = $port"
+    echo "unix_socket_dir ="
+    echo "auth_type = trust"
+    echo "auth_file = $dir/users.txt"
+    echo "pool_mode = transaction"
+    echo "default_pool_size = 4"
+    echo "logfile = $dir/server.log"
+  } >"$dir/pgbouncer.ini"
+  printf '"%s" ""\n' "$PG_USER" >"$dir/users.txt"
+  chown -R postgres "$dir" 2>/dev/null || true
+  nohup "${AS_PG[@]}" pgbouncer "$dir/pgbouncer.ini" >"$dir/log" 2>&1 &
+  echo $! >"$(pidfile "$name")"
+}
+
+pgbouncer_ready() {
+  pg_isready -q -h 127.0.0.1 -p "$2" -U "$PG_USER" -d postgres -t 2
 }
 
 start_etcd() {
