@@ -12,8 +12,9 @@
 //!   that nobody will use does not hold the lock until its TTL.
 //! - **Release** compares the token, deletes, and `PUBLISH`es on the lock's channel, atomically.
 //!   **Renew** compares the token and `PEXPIRE`s; it never recreates a missing key.
-//! - **Waiting** never polls: the one multiplexed RESP3 connection of a `RedisLock` subscribes to
-//!   the channel of each name that has waiters (once, however many wait). A waiter subscribes
+//! - **Waiting** never polls behind a distlock holder (behind another client's, see Keys): the
+//!   one multiplexed RESP3 connection of a `RedisLock` subscribes to the channel of each name
+//!   that has waiters (once, however many wait). A waiter subscribes
 //!   before it retries, then sleeps until a release message or the holder's `PTTL`, whichever
 //!   comes first, so a lost message costs at most one `PTTL`, never a hang.
 //! - **Lost-lease signal**: `valid_until` = acquisition start + TTL − (TTL·1 % + 2 ms), on the

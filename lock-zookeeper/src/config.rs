@@ -219,7 +219,7 @@ mod tests {
                 "zk://u:topsecret@h:1?x=1",
                 "zk://nocolon@h:1",
                 "zk://u:topsecret@h:1?base=relative",
-            "zk://u:topsecret@h:1?parents=maybe",
+                "zk://u:topsecret@h:1?parents=maybe",
             ],
             "topsecret",
         );
