@@ -39,6 +39,19 @@ pub(crate) struct Sample {
     pub(crate) requests_per_op: Option<f64>,
 }
 
+impl Sample {
+    /// The quantiles of the hand-off latencies in `h`, recorded since `start`.
+    fn of_hand_offs(h: &Histogram<u64>, start: Instant) -> Sample {
+        Sample {
+            p50_us: Some(micros(h, 0.5)),
+            p99_us: Some(micros(h, 0.99)),
+            ops_per_sec: h.len() as f64 / start.elapsed().as_secs_f64(),
+            ops: h.len(),
+            requests_per_op: None,
+        }
+    }
+}
+
 /// What the one-task loop times: the whole acquire + release cycle, or only the acquire (the
 /// latency a caller waits for a free lock; the release still runs, untimed, so every acquire
 /// finds the lock free).
@@ -180,13 +193,7 @@ pub(crate) async fn handoff(
         h.await.map_err(|e| e.to_string())??;
     }
     let h = hist.lock().map_err(|e| e.to_string())?;
-    Ok(Sample {
-        p50_us: Some(micros(&h, 0.5)),
-        p99_us: Some(micros(&h, 0.99)),
-        ops_per_sec: h.len() as f64 / start.elapsed().as_secs_f64(),
-        ops: h.len(),
-        requests_per_op: None,
-    })
+    Ok(Sample::of_hand_offs(&h, start))
 }
 
 /// Another client (`holder`) holds the lock; `waiter` waits for it; the holder releases at a
@@ -217,13 +224,7 @@ pub(crate) async fn foreign_handoff(
         hist.saturating_record(ns(granted.saturating_duration_since(released)));
         guard?.unlock().await?;
     }
-    Ok(Sample {
-        p50_us: Some(micros(&hist, 0.5)),
-        p99_us: Some(micros(&hist, 0.99)),
-        ops_per_sec: hist.len() as f64 / start.elapsed().as_secs_f64(),
-        ops: hist.len(),
-        requests_per_op: None,
-    })
+    Ok(Sample::of_hand_offs(&hist, start))
 }
 
 /// A pending read of the server's request counter.

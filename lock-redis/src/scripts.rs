@@ -79,14 +79,7 @@ impl LockKeys {
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn new(prefix: &str, name: &LockName) -> Self {
-        let lock = format!("{prefix}{{{name}}}");
-        LockKeys {
-            fence: format!("{lock}:fence"),
-            channel: format!("{lock}:released"),
-            lock,
-            fenced: true,
-            name: name.clone(),
-        }
+        Self::around(format!("{prefix}{{{name}}}"), true, name)
     }
 
     /// Plain-key mode: the lock is `<prefix><name>`, without a fencing counter.
@@ -99,12 +92,16 @@ impl LockKeys {
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn plain(prefix: &str, name: &LockName) -> Self {
-        let lock = format!("{prefix}{name}");
+        Self::around(format!("{prefix}{name}"), false, name)
+    }
+
+    /// The names derived from the lock key.
+    fn around(lock: String, fenced: bool, name: &LockName) -> Self {
         LockKeys {
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
             lock,
-            fenced: false,
+            fenced,
             name: name.clone(),
         }
     }
