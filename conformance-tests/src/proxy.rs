@@ -29,6 +29,8 @@ struct Shared {
     accepted: AtomicU64,
     /// See [`FaultProxy::lose_replies`]: the bytes to look for and how many more times.
     trap: Mutex<Option<(Vec<u8>, u32)>>,
+    /// See [`FaultProxy::server_keepalive`].
+    keepalive: Mutex<Option<Duration>>,
 }
 
 impl Shared {
@@ -95,6 +97,7 @@ impl FaultProxy {
             bytes_down: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             trap: Mutex::new(None),
+            keepalive: Mutex::new(None),
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -170,6 +173,19 @@ impl FaultProxy {
     /// retransmissions, and flow after [`heal`](Self::heal).
     pub fn blackhole(&self) {
         self.shared.mode.send_replace(Mode::Blackhole);
+    }
+
+    /// In a partition, what the server's TCP keepalive does to a client it no longer hears:
+    /// each connection's server side is closed once `after` has passed since the last bytes
+    /// that reached the server (the client side stays open and silent, as a partition leaves
+    /// it; it is closed when the partition heals, as the server's reset would). A userspace
+    /// proxy otherwise hides a partition from the server: its own socket answers the server's
+    /// keepalive probes. For backends whose lock is the connection's session (PostgreSQL);
+    /// give the earliest moment the real server could give up.
+    pub fn server_keepalive(&self, after: Option<Duration>) {
+        if let Ok(mut k) = self.shared.keepalive.lock() {
+            *k = after;
+        }
     }
 
     /// Forwards each chunk of data `d` late, in both directions.
@@ -279,12 +295,14 @@ async fn connection(
         let _ = server.set_nodelay(true);
         let (cr, cw) = client.into_split();
         let (sr, sw) = server.into_split();
+        let heard = Heard::default();
         let up = pump(
             cr,
             sw,
             shared.mode.subscribe(),
             Direction::Up(&shared),
             &trapped,
+            &heard,
         );
         let down = pump(
             sr,
@@ -292,8 +310,9 @@ async fn connection(
             shared.mode.subscribe(),
             Direction::Down(&shared),
             &trapped,
+            &heard,
         );
-        tokio::join!(up, down);
+        tokio::join!(up, down, reaper(&shared, &heard));
         Some(())
     };
     let linger = async {
@@ -308,6 +327,53 @@ async fn connection(
         _ = shutdown.changed() => {}
         _ = linger => {}
         _ = work => {}
+    }
+}
+
+/// When the server last heard from one connection's client, and whether the server has given
+/// up on it (see [`FaultProxy::server_keepalive`]).
+struct Heard {
+    last: Mutex<std::time::Instant>,
+    reaped: watch::Sender<bool>,
+}
+
+impl Default for Heard {
+    fn default() -> Self {
+        Heard {
+            last: Mutex::new(std::time::Instant::now()),
+            reaped: watch::channel(false).0,
+        }
+    }
+}
+
+impl Heard {
+    fn now(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = std::time::Instant::now();
+        }
+    }
+}
+
+/// Gives the connection up on the server's behalf once it has heard nothing for the keepalive
+/// time during a partition. Returns when that happened or the connection ended.
+async fn reaper(shared: &Shared, heard: &Heard) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Both pumps have ended: so has the connection.
+        if heard.reaped.receiver_count() == 0 {
+            return;
+        }
+        let after = shared.keepalive.lock().ok().and_then(|k| *k);
+        let silent = heard.last.lock().map(|l| l.elapsed()).unwrap_or_default();
+        let partitioned = *shared.mode.borrow() == Mode::Blackhole;
+        if let Some(after) = after.filter(|a| partitioned && silent >= *a) {
+            tracing::debug!(
+                ?after,
+                "fault proxy: the server gives up on a silent client"
+            );
+            heard.reaped.send_replace(true);
+            return;
+        }
     }
 }
 
@@ -362,16 +428,38 @@ async fn pump(
     mut mode: watch::Receiver<Mode>,
     direction: Direction<'_>,
     trapped: &Trapped,
+    heard: &Heard,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut reaped = heard.reaped.subscribe();
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let next = async {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => n,
+            };
+            wait_passable(&mut mode).await.map(|()| n)
         };
-        if wait_passable(&mut mode).await.is_none() {
-            break;
-        }
+        let n = tokio::select! {
+            n = next => n,
+            _ = async { reaped.wait_for(|r| *r).await.is_ok() } => {
+                // The server gave up on this client: its side closes now; the client's side
+                // stays open and silent until the partition heals.
+                match direction {
+                    Direction::Up(_) => {
+                        let _ = to.shutdown().await;
+                        drop(to);
+                        let _ = wait_passable(&mut mode).await;
+                    }
+                    Direction::Down(_) => {
+                        drop(from);
+                        let _ = wait_passable(&mut mode).await;
+                    }
+                }
+                return;
+            }
+        };
+        let Some(n) = n else { break };
         let counter = match direction {
             Direction::Up(shared) => {
                 // Sprung before the request is forwarded, so no part of its reply can slip by.
@@ -385,6 +473,9 @@ async fn pump(
         };
         if to.write_all(&buf[..n]).await.is_err() {
             break;
+        }
+        if matches!(direction, Direction::Up(_)) {
+            heard.now();
         }
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }

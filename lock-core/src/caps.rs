@@ -57,6 +57,12 @@ pub struct Capabilities {
     /// [`DistributedLock::inspect`](crate::DistributedLock::inspect) answers (who holds a lock,
     /// without acquiring it).
     pub inspect: bool,
+    /// A held lock outlives its client's connection dropping: the driver reconnects and the
+    /// lease carries on (a key with a TTL, an etcd lease, a ZooKeeper session). False where the
+    /// lock belongs to the connection itself (a PostgreSQL session advisory lock): a dropped
+    /// connection frees the lock on the server at once, and the lease turns Lost the moment
+    /// the client sees its connection close.
+    pub outlives_connection: bool,
 }
 
 impl Capabilities {
@@ -72,6 +78,7 @@ impl Capabilities {
             ttl_granularity: Duration::from_millis(1),
             lost_notification: true,
             inspect: false,
+            outlives_connection: true,
         }
     }
     /// Sets [`Capabilities::fencing`].
@@ -112,6 +119,11 @@ impl Capabilities {
     /// Sets [`Capabilities::inspect`].
     pub const fn with_inspect(mut self, inspect: bool) -> Self {
         self.inspect = inspect;
+        self
+    }
+    /// Sets [`Capabilities::outlives_connection`].
+    pub const fn with_outlives_connection(mut self, outlives: bool) -> Self {
+        self.outlives_connection = outlives;
         self
     }
 }

@@ -63,6 +63,13 @@ pub trait LeaseOps: Send + Sync + 'static {
     /// Called by [`Lease::abandon`]. The default does nothing: the lock expires.
     fn abandon(&self) {}
 
+    /// For a lock that is its connection's session (PostgreSQL): a future that resolves once
+    /// that connection has closed, which has freed the lock on the server. The lease then
+    /// turns Lost at once instead of at its next renewal. The default: none.
+    fn ended(&self) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+        None
+    }
+
     /// What [`Lease::backend_key`] returns; the default: none.
     fn backend_key(&self) -> Option<String> {
         None
@@ -101,6 +108,8 @@ pub struct ManagedLease<O: LeaseOps> {
     ttl: Duration,
     shared: Arc<Shared<O>>,
     watchdog: Option<JoinHandle<()>>,
+    /// Marks the lease Lost when [`LeaseOps::ended`] resolves.
+    ender: Option<JoinHandle<()>>,
     finished: bool,
 }
 
@@ -162,12 +171,24 @@ impl<O: LeaseOps> ManagedLease<O> {
                 }
             },
         };
+        let ender = shared.ops.ended().and_then(|ended| {
+            let rt = tokio::runtime::Handle::try_current().ok()?;
+            let (shared, name) = (shared.clone(), name.clone());
+            Some(rt.spawn(async move {
+                ended.await;
+                if !shared.released.load(Ordering::SeqCst) {
+                    tracing::warn!(lock = %name, "connection closed: the lock went with its session");
+                    shared.tracker.mark_lost();
+                }
+            }))
+        });
         ManagedLease {
             name,
             token,
             ttl,
             shared,
             watchdog,
+            ender,
             finished: false,
         }
     }
@@ -178,7 +199,10 @@ impl<O: LeaseOps> ManagedLease<O> {
     }
 
     fn stop_watchdog(&mut self) {
-        if let Some(h) = self.watchdog.take() {
+        for h in [self.watchdog.take(), self.ender.take()]
+            .into_iter()
+            .flatten()
+        {
             h.abort();
         }
     }

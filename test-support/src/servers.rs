@@ -25,6 +25,8 @@ pub struct ServicesSh {
     names: Vec<&'static str>,
     keeps_locks: bool,
     leader: Leader,
+    /// Signal the recorded process's children too (PostgreSQL: one process per session).
+    children: bool,
 }
 
 impl ServicesSh {
@@ -35,7 +37,16 @@ impl ServicesSh {
             names: names.to_vec(),
             keeps_locks,
             leader: Leader::None,
+            children: false,
         }
+    }
+
+    /// Freezes and thaws the recorded process's children with it: a PostgreSQL server is a
+    /// postmaster and one backend per session, and freezing the postmaster alone leaves every
+    /// open session answering.
+    pub fn with_children(mut self) -> Self {
+        self.children = true;
+        self
     }
 
     /// A ZooKeeper ensemble whose members answer on `hosts` (`h:p`, in member order).
@@ -61,12 +72,19 @@ impl ServicesSh {
     /// `kill -SIG` the pid services.sh recorded for member `i`, off the runtime's threads.
     async fn signal(&self, i: usize, sig: &'static str) -> Result<(), BoxError> {
         let name = self.name(i)?;
+        let children = self.children;
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
         tokio::task::spawn_blocking(move || -> Result<(), BoxError> {
             let out = Command::new(script).args(["pid", name]).output()?;
             let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
             if !out.status.success() || pid.is_empty() {
                 return Err(format!("services.sh pid {name}: no pid").into());
+            }
+            if children {
+                // Exits 1 when there is no child: not an error.
+                Command::new("pkill")
+                    .args([format!("-{sig}"), "-P".into(), pid.clone()])
+                    .status()?;
             }
             let ok = Command::new("kill")
                 .args([format!("-{sig}"), pid.clone()])
@@ -79,7 +97,10 @@ impl ServicesSh {
                 Command::new("sh")
                     .args([
                         "-c",
-                        &format!("sleep {FREEZE_AT_MOST}; kill -CONT {pid} 2>/dev/null"),
+                        &format!(
+                            "sleep {FREEZE_AT_MOST}; kill -CONT {pid} 2>/dev/null; \
+                             pkill -CONT -P {pid} 2>/dev/null"
+                        ),
                     ])
                     .stdin(std::process::Stdio::null())
                     .stdout(std::process::Stdio::null())

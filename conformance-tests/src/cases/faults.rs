@@ -174,3 +174,63 @@ pub async fn dropped_connection_is_survived_by_an_auto_renewed_lease(
     .await?;
     Ok(())
 }
+
+/// Where the lock belongs to the connection (`outlives_connection = false`, a PostgreSQL
+/// session): a dropped connection frees the lock on the server at once, so the lease must turn
+/// Lost at once too — when the client sees its connection close, not at its next renewal —
+/// and its late release or renewal must not touch the next holder.
+pub async fn dropped_connection_is_lost_at_once(h: &dyn Harness) -> Result<(), Failure> {
+    let (t, holder, other, name) = holder_and_other(h, "cut-lost").await?;
+    let lease = holder
+        .lock
+        .acquire(&name, &opts(h).auto_renew(None))
+        .await?;
+    let lost = watch_lost(lease.as_ref());
+    // Right after the grant, so that the next renewal is about a third of the TTL away: a
+    // driver that only learns of the loss by renewing misses the bound.
+    holder.link.set(Fault::Cut);
+    let cut_at = Instant::now();
+    let bound = t.ttl / 6;
+    let fired = within(
+        bound * 4,
+        "the lost signal after the connection dropped",
+        lost,
+    )
+    .await?
+    .map_err(|e| Failure(format!("watcher failed: {e}")))?;
+    ensure!(
+        fired.saturating_duration_since(cut_at) <= bound,
+        "the lease turned Lost {:?} after its connection dropped (bound {bound:?}): the server \
+         freed the lock at once, and another client could hold it meanwhile",
+        fired.saturating_duration_since(cut_at)
+    );
+    in_state(
+        lease.as_ref(),
+        LeaseState::Lost,
+        "after its connection dropped",
+    )?;
+    let next = other
+        .acquire(&name, &opts(h).wait_for(t.slack))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "the lock was not free {:?} after its holder's connection dropped: {e}",
+                cut_at.elapsed()
+            ))
+        })?;
+    holder.link.set(Fault::Healed);
+    ensure!(
+        lease.renew().await.is_err(),
+        "renew succeeded after the connection dropped"
+    );
+    ensure!(
+        lease.release().await.is_err(),
+        "release of a lease whose connection dropped succeeded"
+    );
+    ensure!(
+        other.try_acquire(&name, &opts(h)).await?.is_none(),
+        "the dropped lease's release freed the next holder's lock"
+    );
+    next.release().await?;
+    Ok(())
+}

@@ -177,7 +177,11 @@ pub static CASES: &[Case] = &[
     ),
     case!(
         faults::dropped_connection_is_survived_by_an_auto_renewed_lease,
-        delays
+        delays_and_outlives
+    ),
+    case!(
+        faults::dropped_connection_is_lost_at_once,
+        delays_and_connection_bound
     ),
     case!(safety::history_is_clean, always),
     case!(security::right_credentials_lock_and_never_show, auth),

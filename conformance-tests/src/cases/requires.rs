@@ -62,6 +62,20 @@ pub(super) fn delays(f: &Facts) -> Need {
         "harness gives no client behind a breakable link",
     )
 }
+pub(super) fn delays_and_outlives(f: &Facts) -> Need {
+    delays(f)?;
+    need(
+        f.caps.outlives_connection,
+        "outlives_connection = false: the lock is the connection's session",
+    )
+}
+pub(super) fn delays_and_connection_bound(f: &Facts) -> Need {
+    delays(f)?;
+    need(
+        !f.caps.outlives_connection,
+        "outlives_connection = true: a dropped connection does not free the lock",
+    )
+}
 pub(super) fn partitions(f: &Facts) -> Need {
     delays(f).and(lost_notification(f))
 }

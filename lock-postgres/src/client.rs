@@ -1,0 +1,408 @@
+//! Connecting: TLS, opening a session and setting it up, making the fencing table, refusing a
+//! transaction-pooling proxy; PostgreSQL errors mapped onto the contract's variants without
+//! the password.
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{CancelToken, Client, NoTls};
+
+use lock_core::driver::ClientError;
+use lock_core::{Error, LockName, Result};
+
+use crate::lock::BACKEND;
+use crate::session::{Keepalive, Session, Sql, Statements};
+use crate::PgConfig;
+
+/// The advisory-lock key of a lock name: the first 8 bytes of the SHA-256 of its UTF-8 bytes,
+/// read as a big-endian signed 64-bit integer. In SQL (PostgreSQL 11 and later):
+/// `('x' || left(encode(sha256(convert_to(name, 'UTF8')), 'hex'), 16))::bit(64)::bigint`.
+///
+/// ```
+/// use lock_core::LockName;
+/// let key = lock_postgres::advisory_key(&LockName::new("reindex")?);
+/// assert_eq!(key, lock_postgres::advisory_key(&LockName::new("reindex")?));
+/// assert_ne!(key, lock_postgres::advisory_key(&LockName::new("reindex2")?));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+pub fn advisory_key(name: &LockName) -> i64 {
+    let digest = Sha256::digest(name.as_str().as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// How connections are made: plain, or TLS through rustls. Also sends cancel requests, which
+/// open a connection of their own.
+#[derive(Clone)]
+pub(crate) enum Connector {
+    Plain,
+    #[cfg(feature = "tls")]
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Connector {
+    pub(crate) async fn new(config: &PgConfig) -> Result<Self> {
+        if !config.is_tls() && !config.tls_preferred() {
+            return Ok(Connector::Plain);
+        }
+        #[cfg(feature = "tls")]
+        {
+            tls_connector(config).await
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            if config.is_tls() {
+                return Err(Error::config(
+                    "PostgreSQL URL asks for TLS (sslmode), but lock-postgres was built without \
+                     its `tls` feature (distlock: feature `postgres-tls`)",
+                ));
+            }
+            Ok(Connector::Plain) // `prefer`: plain is what there is
+        }
+    }
+
+    async fn connect(
+        &self,
+        pg: &tokio_postgres::Config,
+    ) -> std::result::Result<(Client, Driven), tokio_postgres::Error> {
+        match self {
+            Connector::Plain => {
+                let (client, conn) = pg.connect(NoTls).await?;
+                Ok((client, drive(conn)))
+            }
+            #[cfg(feature = "tls")]
+            Connector::Rustls(tls) => {
+                let (client, conn) = pg.connect(tls.clone()).await?;
+                Ok((client, drive(conn)))
+            }
+        }
+    }
+
+    pub(crate) async fn cancel(
+        &self,
+        token: &CancelToken,
+    ) -> std::result::Result<(), tokio_postgres::Error> {
+        match self {
+            Connector::Plain => token.cancel_query(NoTls).await,
+            #[cfg(feature = "tls")]
+            Connector::Rustls(tls) => token.cancel_query(tls.clone()).await,
+        }
+    }
+}
+
+/// A connection's task, and a flag it raises when the connection has closed.
+pub(crate) type Driven = (JoinHandle<()>, watch::Receiver<bool>);
+
+/// The connection's own task: it carries every request and reply of the session, and says
+/// when the connection closed (the server ended the session, or the network dropped it).
+fn drive<F>(conn: F) -> Driven
+where
+    F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>
+        + Send
+        + 'static,
+{
+    let (closed, rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "PostgreSQL connection ended");
+        }
+        closed.send_replace(true);
+    });
+    (task, rx)
+}
+
+#[cfg(feature = "tls")]
+async fn tls_connector(config: &PgConfig) -> Result<Connector> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    match config.tls_ca() {
+        Some(ca) => {
+            let pem = ca.load().await?;
+            for cert in CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert.map_err(|e| {
+                    Error::config_with("PostgreSQL TLS CA: not a PEM certificate", e)
+                })?;
+                roots.add(cert).map_err(|e| {
+                    Error::config_with("PostgreSQL TLS CA: unusable certificate", e)
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(Error::config(
+                    "PostgreSQL TLS CA: no certificate in the PEM",
+                ));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::config_with("PostgreSQL TLS", e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Connector::Rustls(
+        tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+    ))
+}
+
+/// What a PgLock needs to open sessions.
+pub(crate) struct Opener {
+    pub(crate) config: PgConfig,
+    pub(crate) pg: tokio_postgres::Config,
+    pub(crate) connector: Connector,
+    pub(crate) keepalive: Keepalive,
+    pub(crate) sql: Sql,
+}
+
+/// A connection with its server settings made, not yet prepared.
+pub(crate) struct Opened {
+    client: Client,
+    driven: Driven,
+    pid: i32,
+    user_timeout: bool,
+}
+
+impl Opener {
+    pub(crate) async fn new(config: PgConfig) -> Result<Self> {
+        Ok(Opener {
+            pg: config.client_config()?,
+            connector: Connector::new(&config).await?,
+            keepalive: Keepalive::for_bound(config.session_timeout()),
+            sql: Sql::for_table(config.table()),
+            config,
+        })
+    }
+
+    /// Connects and applies the session settings (one round trip after the login).
+    pub(crate) async fn open(&self) -> Result<Opened> {
+        let (client, driven) = self
+            .connector
+            .connect(&self.pg)
+            .await
+            .map_err(|e| self.error(e))?;
+        let batch = client
+            .simple_query(&self.keepalive.setup_sql())
+            .await
+            .map_err(|e| self.error(e))?;
+        let row = batch
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            })
+            .find(|r| r.len() == 3)
+            .ok_or_else(|| self.odd("no pid in the session set-up's reply"))?;
+        let pid: i32 = row
+            .get(0)
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| self.odd("unreadable backend pid"))?;
+        if row.get(1) == Some("true") {
+            return Err(Error::config(format!(
+                "{} is a standby (in recovery): advisory locks there do not exclude the \
+                 primary's clients; connect to the primary",
+                self.config.redacted_url()
+            )));
+        }
+        Ok(Opened {
+            client,
+            driven,
+            pid,
+            user_timeout: row.get(2) == Some("true"),
+        })
+    }
+
+    /// A new session, prepared.
+    pub(crate) async fn session(&self) -> Result<Session> {
+        self.prepare(self.open().await?).await
+    }
+
+    pub(crate) async fn prepare(&self, o: Opened) -> Result<Session> {
+        let c = &o.client;
+        let prepared = tokio::try_join!(
+            c.prepare(&self.sql.try_grant),
+            c.prepare(&self.sql.wait_grant),
+            c.prepare(&self.sql.check),
+            c.prepare(&self.sql.unlock),
+        );
+        let (try_grant, wait_grant, check, unlock) = prepared.map_err(|e| self.error(e))?;
+        let (task, closed) = o.driven;
+        Ok(Session {
+            client: o.client,
+            task,
+            closed,
+            pid: o.pid,
+            stmts: Statements {
+                try_grant,
+                wait_grant,
+                check,
+                unlock,
+            },
+        })
+    }
+
+    /// Creates the fencing table if it is absent (concurrent creators are fine).
+    pub(crate) async fn ensure_table(&self, o: &Opened) -> Result<()> {
+        let exists = o
+            .client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[&self.config.table()],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        if exists.try_get::<_, bool>(0).unwrap_or(false) {
+            return Ok(());
+        }
+        match o.client.batch_execute(&self.sql.create_table).await {
+            Ok(()) => Ok(()),
+            Err(e)
+                if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                    || e.code() == Some(&SqlState::DUPLICATE_TABLE) =>
+            {
+                Ok(()) // another client made it at the same moment
+            }
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Refuses a transaction-pooling proxy (PgBouncer's `pool_mode = transaction`, say)
+    /// before the first grant: it hands each transaction to whichever server connection is
+    /// free, so a session advisory lock lands on a connection this client does not own and
+    /// stays there, held, after the client lets go. Two signs, either one enough: a second
+    /// connection, inside an open transaction, finds the first connection's backend (its pid,
+    /// or a session setting the first one made); or the first connection's next statement
+    /// runs on another backend. A direct connection, or a proxy that keeps sessions (a TCP
+    /// proxy, `pool_mode = session`), shows neither.
+    pub(crate) async fn refuse_pooler(&self, first: &Opened) -> Result<()> {
+        let marker = uuid_like(first.pid);
+        let pid_and_marker = "SELECT pg_backend_pid(), current_setting('distlock.probe', true)";
+        first
+            .client
+            .query_one("SELECT set_config('distlock.probe', $1, false)", &[&marker])
+            .await
+            .map_err(|e| self.error(e))?;
+        let second = self.open().await?;
+        let pinned = second.client.batch_execute("BEGIN").await;
+        let other = match pinned {
+            Ok(()) => second.client.query_one(pid_and_marker, &[]).await,
+            Err(e) => Err(e),
+        };
+        let again = first.client.query_one(pid_and_marker, &[]).await;
+        drop(second); // closes it; the open transaction ends with it
+        let pooled = |why: String| {
+            Err(Error::config(format!(
+                "{} goes through a transaction-pooling proxy ({why}): a session advisory lock \
+                 would stay on a server connection this client no longer has. Connect to \
+                 PostgreSQL directly, or through a pool in session mode (PgBouncer: \
+                 pool_mode = session)",
+                self.config.redacted_url()
+            )))
+        };
+        let other = match other {
+            Ok(r) => r,
+            // A statement-pooling proxy refuses the transaction itself.
+            Err(e) if e.code().is_none() => return Err(self.error(e)),
+            Err(e) => return pooled(format!("a transaction was refused: {}", self.scrub(&e))),
+        };
+        let again = again.map_err(|e| self.error(e))?;
+        let (other_pid, other_marker): (i32, Option<String>) = (other.get(0), other.get(1));
+        let (again_pid, again_marker): (i32, Option<String>) = (again.get(0), again.get(1));
+        if other_pid == first.pid || other_marker.as_deref() == Some(marker.as_str()) {
+            return pooled(format!(
+                "a second connection was served by the first one's backend, pid {other_pid}"
+            ));
+        }
+        if again_pid != first.pid || again_marker.as_deref() != Some(marker.as_str()) {
+            return pooled(format!(
+                "one connection's statements ran on backends {} and {again_pid}",
+                first.pid
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether this server drops a vanished client's session by `tcp_user_timeout` as well as
+    /// by keepalives (PostgreSQL 12 and later on Linux).
+    pub(crate) fn warn_unbounded(&self, o: &Opened) {
+        if !o.user_timeout {
+            tracing::info!(
+                url = %self.config.redacted_url(),
+                "server has no tcp_user_timeout: a vanished client's session ends by keepalives only"
+            );
+        }
+    }
+
+    pub(crate) fn scrub(&self, e: &tokio_postgres::Error) -> String {
+        lock_core::driver::scrub(&e, self.config.secret())
+    }
+
+    fn odd(&self, what: &str) -> Error {
+        Error::backend(BACKEND, format!("{what} ({})", self.config.redacted_url()))
+    }
+
+    pub(crate) fn error(&self, e: tokio_postgres::Error) -> Error {
+        map_error(e, &self.config)
+    }
+}
+
+/// A value for the pooler probe's session setting, unique enough per connection attempt.
+fn uuid_like(pid: i32) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{pid}-{nanos}")
+}
+
+/// PostgreSQL's errors onto the contract: refused logins and missing privileges are
+/// `Unauthenticated`, a lost or refused connection `Unavailable`, anything else `Backend`; the
+/// client's error kept whole (downcastable) behind a scrubbed message.
+pub(crate) fn map_error(e: tokio_postgres::Error, config: &PgConfig) -> Error {
+    let text = lock_core::driver::scrub(&e, config.secret());
+    let cause = std::error::Error::source(&e)
+        .map(|s| lock_core::driver::scrub(&s, config.secret()))
+        .unwrap_or_default();
+    let code = e.code().cloned();
+    let keep = |e| ClientError::new(e, config.secret()).context(config.redacted_url());
+    match code {
+        Some(c)
+            if c == SqlState::INVALID_PASSWORD
+                || c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                || c == SqlState::INSUFFICIENT_PRIVILEGE =>
+        {
+            let detail = e.as_db_error().map_or(text.clone(), |d| {
+                lock_core::driver::scrub(&d.message(), config.secret())
+            });
+            Error::unauthenticated(
+                BACKEND,
+                format!(
+                    "PostgreSQL refused user {:?}: {detail}",
+                    config.user().unwrap_or("")
+                ),
+            )
+        }
+        Some(c)
+            if c == SqlState::ADMIN_SHUTDOWN
+                || c == SqlState::CRASH_SHUTDOWN
+                || c == SqlState::CANNOT_CONNECT_NOW
+                || c == SqlState::TOO_MANY_CONNECTIONS
+                || c == SqlState::QUERY_CANCELED
+                || c.code().starts_with("08") =>
+        {
+            Error::unavailable(BACKEND, keep(e))
+        }
+        Some(_) => Error::backend(BACKEND, keep(e)),
+        // The client asked for a password the URL does not have.
+        None if cause.contains("password missing") => Error::unauthenticated(
+            BACKEND,
+            format!(
+                "PostgreSQL asks user {:?} for a password and the URL has none",
+                config.user().unwrap_or("")
+            ),
+        ),
+        None => Error::unavailable(BACKEND, keep(e)),
+    }
+}

@@ -1,0 +1,361 @@
+//! `PgConfig`: server, credentials, database, TLS, the session bound, the fencing table.
+
+use std::time::Duration;
+
+use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret, TlsCa};
+use lock_core::{Error, Result};
+
+/// The URL schemes this driver serves.
+pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// Where the server is, who to log in as, and how long a vanished client's session may live.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_postgres::PgConfig;
+/// let cfg = PgConfig::from_url(
+///     "postgres://locker:s3cret@127.0.0.1:15433/jobs?session_timeout_ms=3000&table=ops.fences",
+/// )?;
+/// assert_eq!(cfg.hosts(), ["127.0.0.1:15433"]);
+/// assert_eq!(cfg.dbname(), Some("jobs"));
+/// assert_eq!(cfg.session_timeout(), Duration::from_secs(3));
+/// assert_eq!(cfg.table(), "ops.fences");
+/// assert!(!format!("{cfg:?} {cfg}").contains("s3cret"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct PgConfig {
+    hosts: Vec<String>,
+    user: Option<String>,
+    password: Option<Secret>,
+    dbname: Option<String>,
+    tls: bool,
+    tls_preferred: bool,
+    tls_ca: Option<TlsCa>,
+    application_name: String,
+    connect_timeout: Duration,
+    session_timeout: Duration,
+    table: String,
+}
+
+impl PgConfig {
+    /// `hosts` is `host[:port]` (port 5432 by default). User `postgres`, the database of the
+    /// same name as the user, no TLS, session timeout 6 s, fencing table `distlock_fencing`.
+    pub fn new(host: impl Into<String>) -> Self {
+        PgConfig {
+            hosts: vec![host.into()],
+            user: Some("postgres".into()),
+            password: None,
+            dbname: None,
+            tls: false,
+            tls_preferred: false,
+            tls_ca: None,
+            application_name: "distlock".into(),
+            connect_timeout: Duration::from_secs(10),
+            session_timeout: Duration::from_secs(6),
+            table: "distlock_fencing".into(),
+        }
+    }
+
+    /// Parses a libpq-style URL:
+    /// `postgres[ql]://[user[:password]@]host[:port][,host2[:port]][/dbname][?param=value&...]`
+    /// (user `postgres` if none is given; the database named like the user if none is).
+    ///
+    /// Parameters: `sslmode` (`disable`, `prefer` — the default —, `require`, `verify-ca`,
+    /// `verify-full`), `sslrootcert` (a PEM file), `connect_timeout` (seconds),
+    /// `application_name`, and distlock's own `session_timeout_ms` (how long the server keeps
+    /// the session, and its locks, of a client that vanished) and `table` (the fencing
+    /// counter's table, `[schema.]name`). Unknown or repeated parameters are refused.
+    ///
+    /// **TLS is always verified**: every mode that uses TLS checks the certificate's chain and
+    /// host name (libpq's `require` and `prefer` do not), against the public roots or
+    /// `sslrootcert`. `prefer` uses TLS when the server offers it (and the crate's `tls`
+    /// feature is on), else plain TCP.
+    ///
+    /// ```
+    /// use lock_postgres::PgConfig;
+    /// let c = PgConfig::from_url("postgresql://app@db.internal/app?sslmode=verify-full&sslrootcert=/etc/ca.pem")?;
+    /// assert!(c.is_tls());
+    /// assert!(PgConfig::from_url("postgres://app@h?sslmode=allow").is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let scheme = SCHEMES
+            .iter()
+            .rev() // "postgresql" before its prefix "postgres"
+            .find(|s| url.strip_prefix(**s).is_some_and(|r| r.starts_with("://")))
+            .copied()
+            .unwrap_or("postgres");
+        let u = MultiHostUrl::parse(url, scheme, "PostgreSQL")?;
+        for h in &u.hosts {
+            valid_host(h)?;
+        }
+        let mut cfg = PgConfig::new(String::new());
+        cfg.hosts = u.hosts;
+        match (u.user, u.password) {
+            (Some(user), _) if user.is_empty() => {
+                return Err(Error::config("PostgreSQL URL: empty user name"))
+            }
+            (Some(user), Some(password)) => cfg = cfg.with_credentials(user, password),
+            (Some(user), None) => cfg.user = Some(user),
+            (None, _) => {} // user `postgres`
+        }
+        if let Some(path) = u.path {
+            let db = path.trim_start_matches('/');
+            if db.is_empty() || db.contains('/') || db.chars().any(char::is_control) {
+                return Err(Error::config(format!(
+                    "PostgreSQL URL: {:?} is not a database name",
+                    path.escape_debug().to_string()
+                )));
+            }
+            cfg.dbname = Some(db.to_string());
+        }
+        let q = Query::new(
+            "PostgreSQL URL",
+            u.query,
+            &[
+                "sslmode",
+                "sslrootcert",
+                "connect_timeout",
+                "application_name",
+                "session_timeout_ms",
+                "table",
+            ],
+        )?;
+        let modes = ["disable", "prefer", "require", "verify-ca", "verify-full"];
+        match q.choice("sslmode", &modes)?.unwrap_or("prefer") {
+            "disable" => {}
+            "prefer" => cfg.tls_preferred = true,
+            _ => cfg.tls = true,
+        }
+        if let Some(path) = q.get("sslrootcert") {
+            if !cfg.tls && !cfg.tls_preferred {
+                return Err(Error::config(
+                    "PostgreSQL URL: sslrootcert with sslmode=disable",
+                ));
+            }
+            cfg = cfg.with_tls_ca_file(path);
+        }
+        if let Some(s) = q.number::<u64>("connect_timeout")? {
+            cfg = cfg.with_connect_timeout(Duration::from_secs(s.max(1)));
+        }
+        if let Some(name) = q.get("application_name") {
+            cfg.application_name = name.to_string();
+        }
+        if let Some(d) = q.millis("session_timeout_ms")? {
+            cfg = cfg.with_session_timeout(d)?;
+        }
+        if let Some(t) = q.get("table") {
+            cfg = cfg.with_table(t)?;
+        }
+        Ok(cfg)
+    }
+
+    // with_credentials and user: a password login (scram-sha-256 or md5, as the server asks).
+    lock_core::driver::credential_setters!();
+    // with_tls, with_tls_ca_pem, with_tls_ca_file, is_tls, tls_ca: TLS is then required.
+    lock_core::driver::tls_setters!();
+
+    /// The database (default: the user's name, as the server decides).
+    pub fn with_dbname(mut self, dbname: impl Into<String>) -> Self {
+        self.dbname = Some(dbname.into());
+        self
+    }
+    /// How long the server keeps the session, and with it every lock, of a client that
+    /// vanished (crashed host, cut network): the driver sets the server's TCP keepalive and
+    /// user-timeout settings for its sessions to this, and a lease's TTL may not be shorter.
+    /// At least 1 s (the keepalive settings count whole seconds).
+    pub fn with_session_timeout(mut self, d: Duration) -> Result<Self> {
+        if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
+            return Err(Error::config(format!(
+                "PostgreSQL session timeout {d:?} is outside 1 s ..= 1 h"
+            )));
+        }
+        self.session_timeout = d;
+        Ok(self)
+    }
+    /// How long to wait for a connection (default 10 s).
+    pub fn with_connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+    /// The table of fencing counters, `name` or `schema.name` (letters, digits, `_`; created
+    /// if absent). Default `distlock_fencing`.
+    pub fn with_table(mut self, table: &str) -> Result<Self> {
+        let ok = table.split('.').count() <= 2
+            && table.split('.').all(|part| {
+                let mut chars = part.chars();
+                chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                    && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                    && part.len() <= 63
+            });
+        if !ok {
+            return Err(Error::config(format!(
+                "PostgreSQL fencing table {:?}: use name or schema.name in lower-case letters, \
+                 digits and _",
+                table.escape_debug().to_string()
+            )));
+        }
+        self.table = table.to_string();
+        Ok(self)
+    }
+
+    /// `host[:port]` entries, in the order tried.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+    /// The database, if named.
+    pub fn dbname(&self) -> Option<&str> {
+        self.dbname.as_deref()
+    }
+    /// The session timeout asked for.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+    /// The fencing counters' table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+    /// Whether TLS is used when the server offers it (`sslmode=prefer`).
+    pub fn tls_preferred(&self) -> bool {
+        self.tls_preferred
+    }
+    pub(crate) fn secret(&self) -> Option<&Secret> {
+        self.password.as_ref()
+    }
+
+    /// The client library's configuration (TLS is chosen by the connector).
+    pub(crate) fn client_config(&self) -> Result<tokio_postgres::Config> {
+        let mut c = tokio_postgres::Config::new();
+        for h in &self.hosts {
+            let (host, port) = split_host(h)?;
+            c.host(host).port(port);
+        }
+        if let Some(u) = &self.user {
+            c.user(u);
+        }
+        if let Some(p) = &self.password {
+            c.password(p.expose());
+        }
+        if let Some(db) = &self.dbname {
+            c.dbname(db);
+        }
+        c.application_name(&self.application_name)
+            .connect_timeout(self.connect_timeout)
+            // A standby would grant locks its primary's clients cannot see.
+            .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite)
+            .ssl_mode(if self.tls {
+                tokio_postgres::config::SslMode::Require
+            } else if self.tls_preferred {
+                tokio_postgres::config::SslMode::Prefer
+            } else {
+                tokio_postgres::config::SslMode::Disable
+            })
+            // The client side notices a vanished server too (its own keepalives).
+            .keepalives(true)
+            .keepalives_idle((self.session_timeout / 3).max(Duration::from_secs(1)));
+        Ok(c)
+    }
+
+    /// The URL without the password (and without the query).
+    pub fn redacted_url(&self) -> String {
+        let path = self.dbname.as_ref().map(|d| format!("/{d}"));
+        redacted_url(
+            "postgres",
+            self.user.as_deref(),
+            &self.hosts,
+            path.as_deref(),
+        )
+    }
+}
+
+fn valid_host(h: &str) -> Result<()> {
+    split_host(h).map(|_| ())
+}
+
+/// `host[:port]` or `[v6]:port`; a Unix socket path is not accepted (its URL form is too easy
+/// to get wrong, and the keepalive bound does not apply to it).
+fn split_host(h: &str) -> Result<(&str, u16)> {
+    let bad = || {
+        Error::config(format!(
+            "PostgreSQL URL: {:?} is not host[:port]",
+            h.escape_debug().to_string()
+        ))
+    };
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']').ok_or_else(bad)?;
+        match after.strip_prefix(':') {
+            Some(p) => (v6, Some(p)),
+            None if after.is_empty() => (v6, None),
+            None => return Err(bad()),
+        }
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, p)) => (host, Some(p)),
+            None => (h, None),
+        }
+    };
+    let bracketed = h.starts_with('[');
+    if host.is_empty() || (!bracketed && host.contains(['/', ':', '[', ']'])) {
+        return Err(bad());
+    }
+    let port = match port {
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(bad)?,
+        None => 5432,
+    };
+    Ok((host, port))
+}
+
+lock_core::driver::redacted_config!(PgConfig {
+    tls,
+    tls_preferred,
+    session_timeout,
+    table
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_urls_without_the_password() {
+        conformance_tests::assert_bad_urls_rejected(
+            PgConfig::from_url,
+            &[
+                "redis://h:1",
+                "postgres://u:topsecret@",
+                "postgres://u:topsecret@h:notaport/db",
+                "postgres://u:topsecret@h:0/db",
+                "postgres://u:topsecret@h/db/extra",
+                "postgres://u:topsecret@h?sslmode=allow",
+                "postgres://u:topsecret@h?sslmode=disable&sslrootcert=/ca.pem",
+                "postgres://u:topsecret@h?session_timeout_ms=soon",
+                "postgres://u:topsecret@h?session_timeout_ms=10",
+                "postgres://u:topsecret@h?table=Robert');DROP",
+                "postgres://u:topsecret@h?table=a.b.c",
+                "postgres://u:topsecret@h?x=1",
+                "postgres://u:topsecret@h?sslmode=disable&sslmode=require",
+                "postgres://:topsecret@h/db",
+            ],
+            "topsecret",
+        );
+    }
+
+    #[test]
+    fn parses_libpq_urls() {
+        let c =
+            PgConfig::from_url("postgresql://a%3Ab:p%40w@h1:1,[::1]:2/db?sslmode=require").unwrap();
+        assert_eq!(c.user(), Some("a:b"));
+        assert_eq!(c.secret().map(Secret::expose), Some("p@w"));
+        assert_eq!(c.hosts(), ["h1:1", "[::1]:2"]);
+        assert!(c.is_tls());
+        assert_eq!(c.redacted_url(), "postgres://a:b:***@h1:1,[::1]:2/db");
+        let c = PgConfig::from_url("postgres://u@h").unwrap();
+        assert!(c.tls_preferred() && !c.is_tls());
+        assert_eq!(split_host("h").unwrap(), ("h", 5432));
+        assert_eq!(split_host("[::1]").unwrap(), ("::1", 5432));
+        assert_eq!(c.table(), "distlock_fencing");
+    }
+}

@@ -1,0 +1,174 @@
+//! The backend half of a held PostgreSQL lock: its session keeps it; a confirmation proves
+//! the session (and the lock in it) alive; release unlocks and gives the session back.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use lock_core::driver::{drift, LeaseOps};
+use lock_core::{Error, LockName, Result};
+
+use crate::lock::{Inner, PgLock};
+use crate::session::Session;
+
+pub(crate) struct PgLeaseOps {
+    inner: Arc<Inner>,
+    /// The session holding the lock; taken out by release (or abandon).
+    session: std::sync::Mutex<Option<Arc<Session>>>,
+    key: i64,
+    name: LockName,
+    /// The lease's current `valid_until`, as the confirmations moved it.
+    valid_until: std::sync::Mutex<Instant>,
+}
+
+impl PgLeaseOps {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        session: Session,
+        key: i64,
+        name: LockName,
+        valid_until: Instant,
+    ) -> Self {
+        PgLeaseOps {
+            inner,
+            session: std::sync::Mutex::new(Some(Arc::new(session))),
+            key,
+            name,
+            valid_until: std::sync::Mutex::new(valid_until),
+        }
+    }
+
+    fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn current(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn take(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    fn ended(&self, why: &str) -> Error {
+        Error::Lost {
+            name: self.name.clone(),
+            reason: format!("PostgreSQL session {why}: its locks are gone with it"),
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseOps for PgLeaseOps {
+    fn backend_key(&self) -> Option<String> {
+        Some(self.key.to_string())
+    }
+
+    /// Finds the lock among its own session's in `pg_locks`. A closed connection is final:
+    /// the session is gone (or going), and with it the lock.
+    ///
+    /// A lease that is over (refused, or its confirmation still unanswered at `valid_until`,
+    /// when the watchdog gives up on it) closes its connection: a session that may still hold
+    /// the lock on the server must not outlive the lease's belief in it.
+    async fn renew(&self) -> Result<Instant> {
+        let session = self.current().ok_or_else(|| self.ended("was closed"))?;
+        if session.is_closed() {
+            drop(self.take());
+            return Err(self.ended("ended (connection closed or backend terminated)"));
+        }
+        let mut expired = CloseIfExpired {
+            ops: self,
+            at: self.valid_until(),
+            armed: true,
+        };
+        let start = Instant::now();
+        let held = session
+            .client
+            .query_one(&session.stmts.check, &[&self.key])
+            .await
+            .and_then(|r| r.try_get::<_, bool>(0));
+        expired.armed = false;
+        let outcome = match held {
+            Ok(true) => {
+                let bound = self.inner.opener.config.session_timeout();
+                let until = start + bound - drift(bound);
+                *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+                return Ok(until);
+            }
+            Ok(false) => Error::NotHeld {
+                name: self.name.clone(),
+            },
+            Err(_) if session.is_closed() => {
+                self.ended("ended (connection closed or backend terminated)")
+            }
+            Err(e) => return Err(self.inner.opener.error(e)),
+        };
+        drop(self.take());
+        Err(outcome)
+    }
+
+    /// Unlocks; the session then goes back to the idle pool. If the unlock cannot be
+    /// confirmed, the connection is closed instead, which ends the session and the lock.
+    async fn release(&self) -> Result<()> {
+        let session = self.take().ok_or_else(|| self.ended("was closed"))?;
+        if session.is_closed() {
+            return Err(self.ended("ended before the release"));
+        }
+        let unlocked = session
+            .client
+            .query_one(&session.stmts.unlock, &[&self.key])
+            .await
+            .and_then(|r| r.try_get::<_, bool>(0));
+        match unlocked {
+            Ok(true) => {
+                if let Ok(s) = Arc::try_unwrap(session) {
+                    PgLock::put_back(&self.inner, s);
+                }
+                Ok(())
+            }
+            Ok(false) => Err(Error::NotHeld {
+                name: self.name.clone(),
+            }),
+            Err(_) if session.is_closed() => Err(self.ended("ended before the release")),
+            // Dropping the session closes the connection: the lock goes with the session.
+            Err(e) => Err(self.inner.opener.error(e)),
+        }
+    }
+
+    fn lapses_without_renewal(&self) -> bool {
+        false
+    }
+
+    /// The lock went with the session when its connection closed.
+    fn ended(&self) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+        Some(Box::pin(self.current()?.ended()))
+    }
+
+    /// As if the holder had crashed: the connection is closed without unlocking, and the
+    /// server frees the lock when it sees the session end.
+    fn abandon(&self) {
+        drop(self.take());
+    }
+}
+
+/// Closes the lease's connection if a confirmation is abandoned at or after `valid_until`
+/// (the watchdog's timeout): the server may still hold the lock for a lease that is Lost.
+struct CloseIfExpired<'a> {
+    ops: &'a PgLeaseOps,
+    at: Instant,
+    armed: bool,
+}
+
+impl Drop for CloseIfExpired<'_> {
+    fn drop(&mut self) {
+        if self.armed && Instant::now() >= self.at {
+            drop(self.ops.take());
+        }
+    }
+}

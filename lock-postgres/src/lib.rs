@@ -1,0 +1,101 @@
+//! # lock-postgres: distlock on PostgreSQL
+//!
+//! [`PgLock`] implements [`lock_core::DistributedLock`] with session advisory locks: the
+//! database most applications already run, without the footguns that usually come with it.
+//!
+//! ## Algorithm
+//!
+//! Each lease owns a connection (a session) for its whole life; idle sessions are kept for the
+//! next acquisitions. `try_acquire` is one statement: `pg_try_advisory_lock` on the name's key
+//! and, if granted, the fencing counter's increment. A waiting `acquire` runs the blocking
+//! `pg_advisory_lock` instead: the waiter waits in the server's own lock queue (FIFO, no
+//! polling) and is granted the moment the holder unlocks or its session ends. A waiter that
+//! gives up (its deadline, or its future dropped) sends a cancel request and closes its
+//! connection: nothing stays queued, and a grant that raced the cancel is freed with the
+//! session.
+//!
+//! **The session is the lease**, as with ZooKeeper. For each session the driver sets the
+//! server's `tcp_keepalives_idle` / `_interval` / `_count` and `tcp_user_timeout` so that
+//! the server ends the session of a client that vanished — and frees its locks — no sooner
+//! than the session timeout after it last heard from the client, and at most one keepalive
+//! interval later (a crashed host, a cut cable: by default TCP takes hours to notice). Each
+//! lease confirms its session every third of the session timeout; `valid_until` is the start
+//! of the last confirmed query plus the session timeout, minus drift, so the holder turns
+//! AtRisk, then Lost, before the server can free the lock. It also turns off, for its own
+//! sessions, the `statement_timeout` and `idle_session_timeout` an administrator may have set:
+//! they would cut a waiting acquire, or end a holder's idle session and free its lock.
+//!
+//! **What it costs.** A connection (a server process) per held or awaited lock. A waiter's
+//! statement holds a snapshot while it waits, which holds back the `xmin` horizon (and
+//! vacuum) for as long as it waits, like any long-running statement. Every grant writes one
+//! row (the counter), so it costs a commit.
+//!
+//! ## Keys
+//!
+//! The advisory lock's key is [`advisory_key`]: the first 8 bytes of the name's SHA-256, a
+//! big-endian `bigint`; in SQL `('x' || left(encode(sha256(convert_to(name, 'UTF8')), 'hex'),
+//! 16))::bit(64)::bigint`. Advisory locks are per database; other programs' advisory locks on
+//! the same key are the same lock. `distlock run` exports the key as `DISTLOCK_KEY`.
+//!
+//! ## Fencing: `Strict`
+//!
+//! A per-name counter in the table `distlock_fencing` (`table=` to change it; created if
+//! absent: `name text PRIMARY KEY, token bigint, holder_pid int, granted_at timestamptz`),
+//! incremented in the statement that takes the lock and committed before `acquire` returns:
+//! strictly increasing, and durable across server restarts. A failover to an asynchronous
+//! replica can lose the last increments (and every advisory lock: they are not replicated).
+//!
+//! ## Failure modes
+//!
+//! **A vanished holder** (crash, partition) frees its lock between one session timeout and
+//! one keepalive interval more after the server last heard from it ([`PgLock::frees_within`]).
+//! **A terminated backend** (`pg_terminate_backend`) or a server restart frees the lock at
+//! once: the lease learns it at its next confirmation, at most a third of the session timeout
+//! later, and is Lost — an operator's act, like deleting a lock node. **A transaction-pooling
+//! proxy** (PgBouncer's `pool_mode = transaction`) would move a session's statements between
+//! server connections, so a lock would stay on a connection nobody owns: connecting through
+//! one is refused with a `Config` error; connect directly, or through `pool_mode = session`.
+//! **A standby** is refused (its locks would not exclude the primary's clients).
+//!
+//! ## URL
+//!
+//! `postgres[ql]://[user[:password]@]host[:port][/dbname][?sslmode=…&sslrootcert=…&session_timeout_ms=N&table=…]`;
+//! see [`PgConfig::from_url`]. TLS (`sslmode=require`, `verify-ca`, `verify-full`, or
+//! `prefer` when the server offers it) needs the `tls` feature and always verifies the
+//! certificate. The password never appears in `Debug`, `Display` or errors.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+//! use std::time::Duration;
+//! use lock_core::{DistributedLock, LockName, LockOptions};
+//! let locks = lock_postgres::PgLock::from_url("postgres://app:pw@db.internal/app").await?;
+//! // The TTL must be at least the session timeout (6 s by default).
+//! let opts = LockOptions::new(Duration::from_secs(10)).auto_renew(None);
+//! let lease = locks.acquire(&LockName::new("reindex")?, &opts).await?;
+//! let token = lease.fencing_token(); // the name's counter
+//! # let _ = token;
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod config;
+mod lease;
+mod lock;
+mod session;
+
+pub use client::advisory_key;
+pub use config::PgConfig;
+pub use lock::PgLock;
+pub use lock_core;
+pub use tokio_postgres;
+
+/// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
+/// ([`PgLock::from_url`]).
+pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
+    backend: lock::BACKEND,
+    schemes: config::SCHEMES,
+    connect: |url| lock_core::driver::connecting(async move { PgLock::from_url(&url).await }),
+};

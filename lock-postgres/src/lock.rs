@@ -1,0 +1,311 @@
+//! `PgLock`: a session advisory lock on a connection of the lock's own, counted in the same
+//! statement.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
+use lock_core::{
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
+    LockName, Renewal, Result,
+};
+
+use crate::client::{advisory_key, Opener};
+use crate::lease::PgLeaseOps;
+use crate::session::Session;
+use crate::PgConfig;
+
+pub(crate) const BACKEND: &str = "postgres";
+/// Idle sessions kept for the next acquisitions; more are closed on release.
+const IDLE_SESSIONS: usize = 16;
+
+/// A PostgreSQL lock client: sessions of its own, one per held or awaited lock.
+///
+/// **Exclusion** is a session advisory lock on the key [`advisory_key`](crate::advisory_key)
+/// of the name, taken on a connection this client owns for as long as the lease lives (kept
+/// in a small pool of idle sessions between leases). **Waiting** is the blocking
+/// `pg_advisory_lock`: the waiter sits in the server's own lock queue, FIFO, without polling.
+/// A waiter that gives up (deadline, or its future dropped) sends a cancel request and closes
+/// its connection, so no waiter — and no grant that raced the cancel — stays behind.
+///
+/// **The session is the lease.** The driver sets the server's TCP keepalive settings (and
+/// `tcp_user_timeout`) for each session, so that the server drops the session of a client
+/// that vanished, and with it the lock, no sooner than the session timeout after it last
+/// heard from it (and at most one keepalive interval later). Each lease confirms its session
+/// every third of the session timeout, whatever the [`Renewal`](lock_core::Renewal) option
+/// says (a query that finds the lock among the session's own in `pg_locks`); `valid_until` is
+/// the start of the last confirmed query plus the session timeout, minus drift. A closed
+/// connection, a terminated backend or a failed confirmation makes the lease AtRisk, then
+/// Lost before the server can free the lock.
+///
+/// **TTL option**: the TTL must be at least the session timeout (`InvalidOptions` below it);
+/// a vanished holder frees the lock after the session timeout, whatever the TTL. `max_hold`
+/// is honoured by unlocking.
+///
+/// **Fencing (Strict)**: a per-name counter in the fencing table, incremented in the
+/// statement that takes the lock, committed before `acquire` returns.
+#[derive(Clone)]
+pub struct PgLock {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) opener: Opener,
+    pub(crate) idle: std::sync::Mutex<Vec<Session>>,
+    pub(crate) caps: Capabilities,
+}
+
+impl PgLock {
+    /// Connects, refuses a standby and a transaction-pooling proxy, and creates the fencing
+    /// table if it is absent. The first session stays open for the first acquisition.
+    pub async fn connect(config: PgConfig) -> Result<Self> {
+        let opener = Opener::new(config).await?;
+        let first = opener.open().await?;
+        opener.refuse_pooler(&first).await?;
+        opener.ensure_table(&first).await?;
+        opener.warn_unbounded(&first);
+        let session = opener.prepare(first).await?;
+        let bound = opener.config.session_timeout();
+        Ok(PgLock {
+            inner: Arc::new(Inner {
+                caps: Capabilities::new()
+                    .with_fencing(Fencing::Strict)
+                    .with_fifo(true)
+                    .with_inspect(true)
+                    .with_per_lock_ttl(false)
+                    .with_outlives_connection(false)
+                    .with_min_ttl(bound),
+                idle: std::sync::Mutex::new(vec![session]),
+                opener,
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) from a `postgres://` or `postgresql://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(PgConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PgConfig {
+        &self.inner.opener.config
+    }
+
+    /// The longest a vanished holder's lock stays held: the session timeout plus one
+    /// keepalive interval.
+    pub fn frees_within(&self) -> Duration {
+        let bound = self.config().session_timeout();
+        self.inner.opener.keepalive.frees_within(bound)
+    }
+
+    /// An idle session (one whose connection is still open), or a new one.
+    pub(crate) async fn session(&self) -> Result<(Session, bool)> {
+        loop {
+            let idle = self
+                .inner
+                .idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            match idle {
+                Some(s) if s.is_closed() => continue,
+                Some(s) => return Ok((s, true)),
+                None => return Ok((self.inner.opener.session().await?, false)),
+            }
+        }
+    }
+
+    /// Keeps a session that holds nothing for the next acquisition.
+    pub(crate) fn put_back(inner: &Inner, session: Session) {
+        if session.is_closed() {
+            return;
+        }
+        let mut idle = inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < IDLE_SESSIONS {
+            idle.push(session);
+        }
+    }
+
+    async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        // A session kept idle may have died with the server since: one more try on a new one.
+        let (session, reused) = self.session().await?;
+        match self.contend_on(session, req).await {
+            Err(e) if reused && e.is_retryable() && !req.deadline().passed() => {
+                let session = self.inner.opener.session().await?;
+                self.contend_on(session, req).await
+            }
+            r => r,
+        }
+    }
+
+    async fn contend_on(
+        &self,
+        session: Session,
+        req: Acquisition<'_>,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let name = req.name();
+        let key = advisory_key(name);
+        let opener = &self.inner.opener;
+        // Until it holds a lease, the session is cancelled and closed if this future is
+        // dropped: a waiter in the server's queue, or a grant on its way, must not outlive it.
+        let mut pending = Pending(Some(session), &opener.connector);
+        let s = pending.session()?;
+        let text = name.as_str();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &text];
+        let sent = Instant::now();
+        let granted = match req.deadline() {
+            Deadline::Now => s.client.query_opt(&s.stmts.try_grant, &params).await,
+            Deadline::At(at) => {
+                let wait = s.client.query_opt(&s.stmts.wait_grant, &params);
+                match tokio::time::timeout_at(at.into(), wait).await {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None), // `pending` cancels the wait
+                }
+            }
+            Deadline::Never => s.client.query_opt(&s.stmts.wait_grant, &params).await,
+        };
+        let row = match granted {
+            Ok(Some(row)) => row,
+            Ok(None) => {
+                // Not granted, nothing taken: the session stays usable.
+                if let Some(s) = pending.0.take() {
+                    PgLock::put_back(&self.inner, s);
+                }
+                return Ok(None);
+            }
+            Err(e) => return Err(opener.error(e)),
+        };
+        let token: i64 = row
+            .try_get(0)
+            .map_err(|e| Error::backend(BACKEND, opener.scrub(&e)))?;
+        let pid: i32 = row
+            .try_get(1)
+            .map_err(|e| Error::backend(BACKEND, opener.scrub(&e)))?;
+        if pid != pending.session()?.pid {
+            return Err(self.pooled_after_all());
+        }
+        let token = u64::try_from(token)
+            .map_err(|_| Error::backend(BACKEND, format!("fencing counter {token} < 0")))?;
+        // A wait may have lasted longer than the session's bound: only a query sent after the
+        // grant vouches for the session now. A try was sent just now: it vouches by itself.
+        let confirmed_at = if matches!(req.deadline(), Deadline::Now) {
+            sent
+        } else {
+            let s = pending.session()?;
+            let start = Instant::now();
+            let held: bool = s
+                .client
+                .query_one(&s.stmts.check, &[&key])
+                .await
+                .and_then(|r| r.try_get(0))
+                .map_err(|e| opener.error(e))?;
+            if !held {
+                return Err(self.pooled_after_all());
+            }
+            start
+        };
+        let bound = opener.config.session_timeout();
+        let session = pending.0.take().ok_or_else(|| self.pooled_after_all())?;
+        let grant = Grant {
+            token: Some(FencingToken::new(token)),
+            ttl: req.ttl(),
+            valid_until: confirmed_at + bound - drift(bound),
+        };
+        let ops = PgLeaseOps::new(
+            self.inner.clone(),
+            session,
+            key,
+            name.clone(),
+            grant.valid_until,
+        );
+        // The session is confirmed in the background whatever the renewal option says: the
+        // lock lives as long as the session, so only confirmations can vouch for it.
+        let renewal = match req.opts().renewal {
+            Renewal::Manual => Renewal::Auto { max_hold: None },
+            auto => auto,
+        };
+        Ok(Some(Box::new(ManagedLease::new(
+            name.clone(),
+            grant,
+            renewal,
+            ops,
+        ))))
+    }
+
+    fn pooled_after_all(&self) -> Error {
+        Error::config(format!(
+            "{}: the lock granted on this connection is not held by its session; a \
+             transaction-pooling proxy is in the way",
+            self.config().redacted_url()
+        ))
+    }
+}
+
+/// A session between being taken and becoming a lease's: dropped with it still inside (an
+/// error, a timeout, a cancelled future), it is cancelled and closed.
+struct Pending<'a>(Option<Session>, &'a crate::client::Connector);
+
+impl Pending<'_> {
+    fn session(&self) -> Result<&Session> {
+        self.0
+            .as_ref()
+            .ok_or_else(|| Error::backend(BACKEND, "session already handed on"))
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.cancel_and_close(self.1);
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for PgLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        self.contend(req).await
+    }
+
+    /// The holder's token, from the fencing table, if the session that holds the advisory
+    /// lock is the one the table names; a holder that is not distlock (another program
+    /// locking the same key) is reported as foreign. The lock lives as long as its holder's
+    /// session, so there is no remaining time to report.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let (session, _) = self.session().await?;
+        let opener = &self.inner.opener;
+        let rows = session
+            .client
+            .query(&opener.sql.inspect, &[&advisory_key(name), &name.as_str()])
+            .await
+            .map_err(|e| opener.error(e));
+        PgLock::put_back(&self.inner, session);
+        let Some(row) = rows?.into_iter().next() else {
+            return Ok(None);
+        };
+        let token: Option<i64> = row.try_get(0).unwrap_or(None);
+        let ours: bool = row.try_get(1).unwrap_or(false);
+        Ok(Some(match token.and_then(|t| u64::try_from(t).ok()) {
+            Some(t) if ours => HolderInfo::new(Some(FencingToken::new(t)), None),
+            _ => HolderInfo::foreign(None),
+        }))
+    }
+}
+
+impl fmt::Debug for PgLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLock")
+            .field("config", self.config())
+            .finish_non_exhaustive()
+    }
+}

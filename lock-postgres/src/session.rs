@@ -1,0 +1,235 @@
+//! One server session on a connection of the driver's own: how it is bounded (the server's
+//! keepalive settings), its four prepared statements, and how it ends (cancelled and closed,
+//! so that no waiter or lock of it outlives the caller).
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::{CancelToken, Client, Statement};
+
+use crate::client::Connector;
+
+/// How the server is told to drop a vanished client's session within the session timeout:
+/// TCP keepalives (whole seconds), and `tcp_user_timeout` where the server has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Keepalive {
+    pub(crate) idle_s: u64,
+    pub(crate) interval_s: u64,
+    pub(crate) count: u64,
+    pub(crate) user_timeout_ms: u128,
+}
+
+impl Keepalive {
+    /// Probes start after a third of the bound, one per `interval` (a sixth, at least 1 s),
+    /// and enough of them that `idle + count × interval` reaches the bound: the server cannot
+    /// drop the session sooner than `bound` after it last heard from the client (with or
+    /// without `tcp_user_timeout`), nor much later than `bound + interval`.
+    pub(crate) fn for_bound(bound: Duration) -> Self {
+        let b = bound.as_secs().max(1);
+        let idle_s = (b / 3).max(1);
+        let interval_s = (b / 6).max(1);
+        let count = b.saturating_sub(idle_s).div_ceil(interval_s).max(1);
+        Keepalive {
+            idle_s,
+            interval_s,
+            count,
+            user_timeout_ms: bound.as_millis(),
+        }
+    }
+
+    /// The longest a vanished client's session can outlive its last word.
+    pub(crate) fn frees_within(&self, bound: Duration) -> Duration {
+        bound + Duration::from_secs(self.interval_s)
+    }
+
+    /// One simple-query batch that sets this session's server settings and reports the
+    /// backend pid, whether the server is a standby, and whether `tcp_user_timeout` exists.
+    /// Settings the server does not have (older versions) are skipped, not errors. Timeouts
+    /// an administrator may have set for every session are turned off for this one: a
+    /// `statement_timeout` would cut a waiting `pg_advisory_lock`, an `idle_session_timeout`
+    /// would end a holder's idle session and free its lock. `client_connection_check_interval`
+    /// makes a backend waiting for a lock notice that its client closed the connection.
+    pub(crate) fn setup_sql(&self) -> String {
+        let settings = [
+            ("tcp_keepalives_idle", self.idle_s.to_string()),
+            ("tcp_keepalives_interval", self.interval_s.to_string()),
+            ("tcp_keepalives_count", self.count.to_string()),
+            ("tcp_user_timeout", self.user_timeout_ms.to_string()),
+            ("statement_timeout", "0".into()),
+            ("lock_timeout", "0".into()),
+            ("idle_session_timeout", "0".into()),
+            ("idle_in_transaction_session_timeout", "0".into()),
+            ("client_connection_check_interval", "1000".into()),
+        ];
+        let values: Vec<String> = settings
+            .iter()
+            .map(|(k, v)| format!("('{k}', '{v}')"))
+            .collect();
+        format!(
+            "SELECT set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) \
+             WHERE s.name IN (SELECT name FROM pg_catalog.pg_settings); \
+             SELECT pg_backend_pid()::text, pg_is_in_recovery()::text, \
+             (current_setting('tcp_user_timeout', true) IS NOT NULL)::text",
+            values.join(", ")
+        )
+    }
+}
+
+/// The SQL of the four statements every session prepares, for one fencing table.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) try_grant: String,
+    pub(crate) wait_grant: String,
+    pub(crate) check: String,
+    pub(crate) unlock: String,
+    pub(crate) inspect: String,
+    pub(crate) create_table: String,
+}
+
+/// `"schema"."name"` from a validated `[schema.]name`.
+fn quoted(table: &str) -> String {
+    table
+        .split('.')
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The advisory lock `$1` (a bigint key) among `pg_locks`' rows: a bigint key shows as its
+/// high half in `classid`, its low half in `objid`, with `objsubid` 1.
+const KEY_IS: &str = "l.locktype = 'advisory' AND l.objsubid = 1 \
+                      AND ((l.classid::int8 << 32) | l.objid::int8) = $1";
+
+impl Sql {
+    pub(crate) fn for_table(table: &str) -> Self {
+        let t = quoted(table);
+        // Lock and count in one statement: a grant costs one round trip, and the counter
+        // moves only under the lock. On any error the session is closed, never reused: a
+        // session advisory lock taken in a transaction that failed stays held.
+        let grant = |lock: &str| {
+            format!(
+                "WITH l AS (SELECT {lock}) \
+                 INSERT INTO {t} AS f (name, token, holder_pid, granted_at) \
+                 SELECT $2, 1, pg_backend_pid(), now() FROM l WHERE l.got \
+                 ON CONFLICT (name) DO UPDATE SET token = f.token + 1, \
+                 holder_pid = excluded.holder_pid, granted_at = excluded.granted_at \
+                 RETURNING f.token, pg_backend_pid()"
+            )
+        };
+        Sql {
+            try_grant: grant("pg_try_advisory_lock($1) AS got"),
+            wait_grant: grant("pg_advisory_lock($1), true AS got"),
+            check: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
+                 WHERE {KEY_IS} AND l.granted AND l.pid = pg_backend_pid())"
+            ),
+            unlock: "SELECT pg_advisory_unlock($1)".into(),
+            // The holder is ours if the counter row names its session: same pid, and granted
+            // after that backend started (a pid reused by a foreign session is not ours).
+            inspect: format!(
+                "SELECT f.token, coalesce(f.holder_pid = l.pid \
+                 AND f.granted_at >= a.backend_start, false) \
+                 FROM pg_catalog.pg_locks l \
+                 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+                 LEFT JOIN {t} f ON f.name = $2 \
+                 WHERE {KEY_IS} AND l.granted AND l.database = \
+                 (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"
+            ),
+            create_table: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (name text PRIMARY KEY, token bigint NOT NULL, \
+                 holder_pid int, granted_at timestamptz)"
+            ),
+        }
+    }
+}
+
+/// The prepared statements of one session.
+pub(crate) struct Statements {
+    pub(crate) try_grant: Statement,
+    pub(crate) wait_grant: Statement,
+    pub(crate) check: Statement,
+    pub(crate) unlock: Statement,
+}
+
+/// A server session: a connection the driver owns, set up and prepared. Dropping it closes
+/// the connection at once (the connection task is aborted), which ends the session on the
+/// server and frees every lock it holds.
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    pub(crate) task: JoinHandle<()>,
+    /// Turns true when the connection has closed.
+    pub(crate) closed: tokio::sync::watch::Receiver<bool>,
+    /// The backend's pid, which every grant must report again (else a pooler is in the way).
+    pub(crate) pid: i32,
+    pub(crate) stmts: Statements,
+}
+
+impl Session {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed() || self.task.is_finished() || *self.closed.borrow()
+    }
+
+    /// Resolves once the connection has closed (or the session was dropped).
+    pub(crate) fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut closed = self.closed.clone();
+        async move {
+            let _ = closed.wait_for(|c| *c).await;
+        }
+    }
+
+    /// Ends a session that may be waiting in the server's lock queue, in a task of its own
+    /// that a cancelled caller does not stop: a cancel request interrupts the wait (the
+    /// protocol's equivalent of `pg_cancel_backend`), and closing the connection ends the
+    /// session, so a grant that raced the cancel is freed too.
+    pub(crate) fn cancel_and_close(self, connector: &Connector) {
+        let token: CancelToken = self.client.cancel_token();
+        let connector = connector.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let cancelled =
+                        tokio::time::timeout(Duration::from_secs(10), connector.cancel(&token))
+                            .await;
+                    if !matches!(cancelled, Ok(Ok(()))) {
+                        tracing::debug!(
+                            "cancel request not confirmed; the closed connection ends the wait"
+                        );
+                    }
+                    drop(self);
+                });
+            }
+            Err(_) => drop(self), // the runtime is gone, and the connection with it
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_reach_the_bound_and_not_much_more() {
+        for secs in [1, 2, 3, 5, 6, 10, 30, 60, 3600] {
+            let bound = Duration::from_secs(secs);
+            let k = Keepalive::for_bound(bound);
+            let kill = k.idle_s + k.count * k.interval_s;
+            assert!(kill >= secs, "{secs} s: probes give up after {kill} s");
+            assert!(kill <= secs + k.interval_s, "{secs} s: {kill} s");
+            assert_eq!(k.user_timeout_ms, bound.as_millis());
+        }
+    }
+
+    #[test]
+    fn table_names_are_quoted() {
+        let sql = Sql::for_table("ops.fences");
+        assert!(sql
+            .try_grant
+            .contains("INSERT INTO \"ops\".\"fences\" AS f"));
+    }
+}

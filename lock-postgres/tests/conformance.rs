@@ -1,0 +1,143 @@
+//! The shared conformance suite against a real PostgreSQL 15 (`PG_URL`, default
+//! `postgres://locker@127.0.0.1:15432/postgres`, from `scripts/services.sh up`), with the
+//! password server `pg-auth` and, with the `tls` feature, the TLS-only `pg-tls` for the
+//! `security` cases.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{
+    async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Servers, Timing, UrlParts,
+};
+use lock_core::driver::connecting;
+use lock_core::{DistributedLock, LockName};
+use lock_postgres::{advisory_key, PgConfig, PgLock};
+use test_support::ServicesSh;
+
+const SESSION: Duration = Duration::from_millis(2000);
+
+struct Pg {
+    config: PgConfig,
+    servers: Arc<ServicesSh>,
+}
+
+/// A plain connection for the harness's own statements.
+async fn admin(config: &PgConfig) -> Result<tokio_postgres::Client, BoxError> {
+    let host = &config.hosts()[0];
+    let (h, p) = host.rsplit_once(':').unwrap_or((host, "5432"));
+    let (client, conn) = tokio_postgres::Config::new()
+        .host(h)
+        .port(p.parse()?)
+        .user(config.user().unwrap_or("postgres"))
+        .dbname(config.dbname().unwrap_or("postgres"))
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+#[async_trait]
+impl Harness for Pg {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        test_support::connected(PgLock::connect(self.config.clone()), "pg").await
+    }
+    fn timing(&self) -> Timing {
+        // The lock's TTL cannot be below the session timeout.
+        Timing::for_ttl(SESSION)
+    }
+    /// An operator's `pg_terminate_backend` of the session that holds the lock.
+    async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
+        Some(
+            async {
+                let admin = admin(&self.config).await?;
+                let rows = admin
+                    .query(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = \
+                         'advisory' AND granted AND objsubid = 1 \
+                         AND ((classid::int8 << 32) | objid::int8) = $1",
+                        &[&advisory_key(name)],
+                    )
+                    .await?;
+                if rows.is_empty() {
+                    return Err(format!("nobody holds {name}").into());
+                }
+                Ok(())
+            }
+            .await,
+        )
+    }
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        Some(self.servers.clone())
+    }
+    /// Advisory locks do not survive a restart (the sessions end), but the fencing counters
+    /// must: the restart case checks that tokens keep increasing.
+    fn can_restart_backend(&self) -> bool {
+        true
+    }
+    /// `pg-auth` (15433, scram) and, with the `tls` feature, the TLS-only `pg-tls` (15434).
+    fn secured(&self) -> Option<Secured> {
+        let secured = Secured::new(lock_postgres::DRIVER.connect, |p: &UrlParts<'_>| {
+            let extra: &[&str] = if p.tls {
+                &["session_timeout_ms=2000", "sslmode=verify-full"]
+            } else {
+                &["session_timeout_ms=2000", "sslmode=disable"]
+            };
+            let query = p.query(extra, None, "sslrootcert");
+            // services.sh's servers know only the user `locker`.
+            let user = p
+                .userinfo
+                .map_or("locker@".to_string(), |u| format!("{u}@"));
+            format!("postgres://{user}{}/postgres{query}", p.server)
+        })
+        .with_auth(test_support::loopback(15433), "locker", "locker-pw");
+        Some(if cfg!(feature = "tls") {
+            secured
+                .with_tls(
+                    test_support::loopback(15434),
+                    test_support::test_ca("pg-tls"),
+                )
+                .with_tls_ca_pem(|server, pem| {
+                    let config = PgConfig::new(server.to_string())
+                        .with_credentials("locker", "")
+                        .with_dbname("postgres")
+                        .with_tls_ca_pem(pem);
+                    connecting(PgLock::connect(config))
+                })
+        } else {
+            secured
+        })
+    }
+    async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
+        Some(
+            async {
+                let keep = FaultProxy::in_front_of(self.config.hosts(), delay)?;
+                // The earliest the server's keepalive could end a partitioned session.
+                for proxy in &keep {
+                    proxy.server_keepalive(Some(self.config.session_timeout()));
+                }
+                let mut config = self.config.clone();
+                let hosts: Vec<String> = keep.iter().map(|p| p.addr().to_string()).collect();
+                config = PgConfig::from_url(&format!(
+                    "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={}",
+                    hosts.join(","),
+                    config.session_timeout().as_millis()
+                ))?;
+                Ok(Faulty::new(Arc::new(PgLock::connect(config).await?), keep))
+            }
+            .await,
+        )
+    }
+}
+
+fn main() -> ExitCode {
+    let url = std::env::var("PG_URL")
+        .unwrap_or_else(|_| "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable".into());
+    let config = PgConfig::from_url(&url)
+        .expect("PostgreSQL URL")
+        .with_session_timeout(SESSION)
+        .expect("session timeout");
+    let servers = Arc::new(ServicesSh::new(&["pg"], false).with_children());
+    conformance_tests::run_trials(conformance_tests::trials(Arc::new(Pg { config, servers })))
+}
