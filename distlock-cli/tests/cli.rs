@@ -288,6 +288,10 @@ fn never_overlap(url: &str, tag: &str) {
     );
 }
 
+/// `pg` of `scripts/services.sh`.
+const PG: &str =
+    "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000";
+
 #[test]
 fn two_runs_never_overlap_on_every_backend() {
     let dir = tmp("overlap-file");
@@ -298,6 +302,7 @@ fn two_runs_never_overlap_on_every_backend() {
         "redlock",
     );
     never_overlap("zk://127.0.0.1:12181?session_timeout_ms=2000", "zookeeper");
+    never_overlap(PG, "postgres");
     #[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
     never_overlap("etcd://127.0.0.1:12379", "etcd");
 }
@@ -327,6 +332,8 @@ fn a_killed_holder_frees_the_lock() {
     killed_holder_frees(&file_url(&dir), "file", Duration::from_secs(1));
     // Servers: within the TTL (2 s) plus a margin.
     killed_holder_frees("redis://127.0.0.1:16379", "redis", Duration::from_secs(4));
+    // The kernel closes a dead process's connection, and the server ends its session at once.
+    killed_holder_frees(PG, "postgres", Duration::from_secs(1));
     #[cfg(feature = "etcd")]
     killed_holder_frees("etcd://127.0.0.1:12379", "etcd", Duration::from_secs(5));
 }

@@ -238,6 +238,24 @@ fn lost_lock_etcd() {
     );
 }
 
+/// The server's own keepalive (set by the driver to the session timeout) cannot see a
+/// partition behind a userspace proxy; the proxy gives the session up on its behalf, at the
+/// earliest moment the server could (see `FaultProxy::server_keepalive`).
+#[test]
+fn lost_lock_postgres() {
+    let p = proxy(15432);
+    p.server_keepalive(Some(Duration::from_secs(2)));
+    lost_lock_kills_before_the_next_holder(
+        "lost-pg",
+        &format!(
+            "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms=2000",
+            p.addr()
+        ),
+        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+        &[p],
+    );
+}
+
 #[test]
 fn lost_lock_zookeeper() {
     let p = proxy(12181);

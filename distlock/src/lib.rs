@@ -1,7 +1,7 @@
 //! distlock: one distributed-lock contract, many backends.
 //!
 //! Depend on this crate, enable the drivers you want as cargo features (`file` — the default —
-//! `redis`, `redlock`, `zookeeper`, `etcd`, or `full`), and pick the backend at run time from a
+//! `redis`, `redlock`, `zookeeper`, `etcd`, `postgres`, or `full`), and pick the backend at run time from a
 //! URL:
 //!
 //! ```
@@ -27,6 +27,8 @@
 //! | `redlock://h1,h2,h3` | `redlock` | `lock_redlock::RedlockLock` |
 //! | `zk://h1,h2[/chroot]` | `zookeeper` | `lock_zookeeper::ZkLock` |
 //! | `etcd://h1,h2[/prefix]` | `etcd` | `lock_etcd::EtcdLock` |
+//! | `postgres://user:pw@h/db` (or `postgresql://`) | `postgres` | `lock_postgres::PgLock` |
+//! | `postgres://…?sslmode=verify-full` | `postgres-tls` | `lock_postgres::PgLock` over TLS |
 //!
 //! A scheme whose feature is not compiled in is an [`Error::Config`] that names the feature.
 //! Third-party drivers add their scheme with [`register`]. URLs are never echoed in errors:
@@ -48,6 +50,8 @@ pub use lock_core::{
 pub use lock_etcd;
 #[cfg(feature = "file")]
 pub use lock_file;
+#[cfg(feature = "postgres")]
+pub use lock_postgres;
 #[cfg(feature = "redis")]
 pub use lock_redis;
 #[cfg(feature = "redlock")]
@@ -71,6 +75,7 @@ const FEATURES: &[(&str, &[&str])] = &[
     ("redlock", &["redlock"]),
     ("zookeeper", &["zk"]),
     ("etcd", &["etcd"]),
+    ("postgres", &["postgres", "postgresql"]),
 ];
 
 /// The drivers this build compiles in, each declaring its own schemes.
@@ -87,6 +92,8 @@ fn compiled_in() -> Vec<Driver> {
         lock_zookeeper::DRIVER,
         #[cfg(feature = "etcd")]
         lock_etcd::DRIVER,
+        #[cfg(feature = "postgres")]
+        lock_postgres::DRIVER,
     ]
 }
 

@@ -155,6 +155,21 @@ async fn zookeeper_urls_connect() {
     .await;
 }
 
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_urls_connect() {
+    round_trip(
+        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+        "postgres",
+    )
+    .await;
+    round_trip(
+        "postgresql://locker:locker-pw@127.0.0.1:15433/postgres?sslmode=disable",
+        "postgres",
+    )
+    .await;
+}
+
 #[cfg(feature = "etcd")]
 #[tokio::test]
 async fn etcd_urls_connect() {

@@ -43,6 +43,10 @@ fn parse_any(url: &str) -> Option<Result<String, lock_core::Error>> {
         "zk" => lock_zookeeper::ZkConfig::from_url(url).map(|c| format!("{c:?} {c}")),
         #[cfg(feature = "etcd")]
         "etcd" => lock_etcd::EtcdConfig::from_url(url).map(|c| format!("{c:?} {c}")),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            lock_postgres::PgConfig::from_url(url).map(|c| format!("{c:?} {c}"))
+        }
         _ => return None,
     })
 }
@@ -55,7 +59,10 @@ proptest! {
     /// Random text after each scheme: no panic, a `Config` error or a config, no leak.
     #[test]
     fn random_urls_never_panic_or_leak(
-        scheme in prop_oneof![Just("redis"), Just("rediss"), Just("redlock"), Just("zk"), Just("etcd")],
+        scheme in prop_oneof![
+            Just("redis"), Just("rediss"), Just("redlock"), Just("zk"), Just("etcd"),
+            Just("postgres"), Just("postgresql"),
+        ],
         tail in any::<String>(),
         pw in password(),
     ) {
@@ -104,6 +111,20 @@ proptest! {
         let want: Vec<(String, u16, i64)> = ports.iter().map(|p| (h.clone(), *p, 3)).collect();
         prop_assert_eq!(got, want);
         assert_hidden("redlock", &format!("{c:?} {c}"), &pw)?;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_urls_round_trip(h in host(), port in 1u16.., db in "[a-z][a-z0-9_]{0,8}", pw in password()) {
+        let url = format!("postgresql://locker:{}@{h}:{port}/{db}?sslmode=disable", encode(&pw));
+        let c = lock_postgres::PgConfig::from_url(&url).unwrap();
+        prop_assert_eq!(c.hosts(), [format!("{h}:{port}")]);
+        prop_assert_eq!(c.dbname(), Some(db.as_str()));
+        prop_assert_eq!(c.user(), Some("locker"));
+        assert_hidden("postgres", &format!("{c:?} {c} {}", c.redacted_url()), &pw)?;
+        // The redacted URL parses back to the same place.
+        let again = lock_postgres::PgConfig::from_url(&c.redacted_url()).unwrap();
+        prop_assert_eq!((again.hosts(), again.dbname()), (c.hosts(), c.dbname()));
     }
 
     #[cfg(feature = "zookeeper")]

@@ -26,6 +26,7 @@ const TEMPLATES: &[&str] = &[
     "redlock://locker:{pw}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
     "zk://locker:{pw}@127.0.0.1:1/chroot",
     "etcd://locker:{pw}@127.0.0.1:1/prefix",
+    "postgres://locker:{pw}@127.0.0.1:1/db?sslmode=disable",
     "file://u:{pw}@/tmp/x",
     "memory://u:{pw}@store",
     "nosuch://u:{pw}@h",
@@ -84,6 +85,8 @@ fn config_types_never_show_the_password() {
     each(TEMPLATES[4], distlock::lock_zookeeper::ZkConfig::from_url);
     #[cfg(feature = "etcd")]
     each(TEMPLATES[5], distlock::lock_etcd::EtcdConfig::from_url);
+    #[cfg(feature = "postgres")]
+    each(TEMPLATES[6], distlock::lock_postgres::PgConfig::from_url);
     // Without driver features only the facade is checked (the other tests).
     each("memory://u:{pw}@x", |_| Ok(()));
 }

@@ -88,11 +88,13 @@ impl LeaseOps for PgLeaseOps {
             armed: true,
         };
         let start = Instant::now();
-        let held = session
-            .client
-            .query_one(&session.stmts.check, &[&self.key])
-            .await
-            .and_then(|r| r.try_get::<_, bool>(0));
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
+        let check = session.client.query_one(&session.stmts.check, &params);
+        // Unanswered at valid_until: the lease is over (the guard closes the connection).
+        let Ok(held) = tokio::time::timeout_at(expired.at.into(), check).await else {
+            return Err(self.ended("unconfirmed at valid_until; connection closed"));
+        };
+        let held = held.and_then(|r| r.try_get::<_, bool>(0));
         expired.armed = false;
         let outcome = match held {
             Ok(true) => {
@@ -120,11 +122,18 @@ impl LeaseOps for PgLeaseOps {
         if session.is_closed() {
             return Err(self.ended("ended before the release"));
         }
-        let unlocked = session
-            .client
-            .query_one(&session.stmts.unlock, &[&self.key])
-            .await
-            .and_then(|r| r.try_get::<_, bool>(0));
+        let bound = self.inner.opener.config.session_timeout();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
+        let unlock = session.client.query_one(&session.stmts.unlock, &params);
+        let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
+            // Closing the connection ends the session, and the lock with it, once the server
+            // hears of it (or its keepalive gives up).
+            return Err(Error::unavailable(
+                crate::lock::BACKEND,
+                format!("unlock unanswered after {bound:?}; connection closed instead"),
+            ));
+        };
+        let unlocked = unlocked.and_then(|r| r.try_get::<_, bool>(0));
         match unlocked {
             Ok(true) => {
                 if let Ok(s) = Arc::try_unwrap(session) {
