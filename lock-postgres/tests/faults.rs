@@ -1,0 +1,424 @@
+//! PostgreSQL's own failure modes, against the servers of `scripts/services.sh` (`pg` on 15432,
+//! `pgbouncer` in transaction-pooling mode on 16432): what an operator's
+//! `pg_terminate_backend`, a restart, a pooler, a cancelled waiter and a foreign client do to
+//! a lease, observed on the server itself (`pg_locks`, `pg_stat_activity`, the kernel's socket
+//! table). One test at a time: one of them restarts the server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::time::{Duration, Instant};
+
+use lock_core::{DistributedLock, Error, LeaseState, LockName, LockOptions};
+use lock_postgres::{advisory_key, PgConfig, PgLock};
+use test_support::serial;
+
+const PG: &str = "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable";
+const SESSION: Duration = Duration::from_secs(2);
+
+fn config() -> PgConfig {
+    PgConfig::from_url(PG)
+        .unwrap()
+        .with_session_timeout(SESSION)
+        .unwrap()
+}
+
+async fn lock() -> PgLock {
+    PgLock::connect(config())
+        .await
+        .expect("pg of scripts/services.sh (scripts/services.sh up pg)")
+}
+
+fn name(tag: &str) -> LockName {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    LockName::new(format!("pgf-{tag}-{}-{nanos}", std::process::id())).unwrap()
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new(SESSION * 2)
+}
+
+async fn admin() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(
+        "host=127.0.0.1 port=15432 user=locker dbname=postgres",
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+const KEY_IS: &str = "locktype = 'advisory' AND objsubid = 1 \
+                      AND ((classid::int8 << 32) | objid::int8) = $1";
+
+/// (pid, granted) of every session holding or awaiting the advisory lock of `name`.
+async fn lockers(admin: &tokio_postgres::Client, name: &LockName) -> Vec<(i32, bool)> {
+    admin
+        .query(
+            &format!("SELECT pid, granted FROM pg_locks WHERE {KEY_IS} ORDER BY granted DESC"),
+            &[&advisory_key(name)],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < limit,
+            "{what}: not so within {limit:?} (checked every 20 ms)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The documented SQL expression gives the driver's key, so an operator can find a lock in
+/// `pg_locks` by name.
+#[test]
+fn the_documented_key_expression_matches() {
+    serial(the_documented_key_expression_matches_case());
+}
+
+async fn the_documented_key_expression_matches_case() {
+    let admin = admin().await;
+    for n in ["reindex", "a", "nightly-job:2026-11-24", &"x".repeat(128)] {
+        let n = LockName::new(n).unwrap();
+        let row = admin
+            .query_one(
+                "SELECT ('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+                &[&n.as_str()],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), advisory_key(&n), "key of {n}");
+    }
+}
+
+/// PgBouncer in transaction-pooling mode is refused before any lock is granted, with a message
+/// that says what to change; a proxy that keeps sessions (plain TCP) is accepted.
+#[test]
+fn a_transaction_pooler_is_refused() {
+    serial(a_transaction_pooler_is_refused_case());
+}
+
+async fn a_transaction_pooler_is_refused_case() {
+    let pooled =
+        PgConfig::from_url("postgres://locker@127.0.0.1:16432/postgres?sslmode=disable").unwrap();
+    match PgLock::connect(pooled).await {
+        Err(Error::Config { message, .. }) => {
+            assert!(
+                message.contains("transaction-pooling") && message.contains("pool_mode = session"),
+                "{message}"
+            );
+        }
+        Err(e) => panic!("pgbouncer (transaction pooling) refused with the wrong error: {e:?}"),
+        Ok(_) => panic!("pgbouncer in transaction-pooling mode was accepted"),
+    }
+    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
+    let through = PgConfig::from_url(&format!(
+        "postgres://locker@{}/postgres?sslmode=disable",
+        proxy.addr()
+    ))
+    .unwrap()
+    .with_session_timeout(SESSION)
+    .unwrap();
+    let lock = PgLock::connect(through)
+        .await
+        .expect("a session-keeping TCP proxy must be accepted");
+    let n = name("proxied");
+    let lease = lock.try_acquire(&n, &opts()).await.unwrap().unwrap();
+    lease.release().await.unwrap();
+}
+
+/// An operator terminates the holder's backend: the lock is free at once on the server, and
+/// the lease turns Lost at once (its connection closed), not at its next confirmation; its
+/// late release fails and does not free the next holder.
+#[test]
+fn a_terminated_backend_loses_the_lease_at_once() {
+    serial(a_terminated_backend_loses_the_lease_at_once_case());
+}
+
+async fn a_terminated_backend_loses_the_lease_at_once_case() {
+    let (a, b, admin) = (lock().await, lock().await, admin().await);
+    let n = name("terminated");
+    let lease = a.try_acquire(&n, &opts()).await.unwrap().unwrap();
+    let holders = lockers(&admin, &n).await;
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let lost = lease.lost();
+    let t0 = Instant::now();
+    admin
+        .query("SELECT pg_terminate_backend($1)", &[&holders[0].0])
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_millis(300), lost.wait())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("lease not Lost within 300 ms of pg_terminate_backend (confirmations are every ~667 ms)")
+        });
+    assert_eq!(lease.state(), LeaseState::Lost);
+    let next = b
+        .try_acquire(&n, &opts())
+        .await
+        .unwrap()
+        .expect("lock free after terminate");
+    assert!(
+        lease.release().await.is_err(),
+        "release after terminate succeeded"
+    );
+    assert!(
+        a.try_acquire(&n, &opts()).await.unwrap().is_none(),
+        "the terminated lease's release freed the next holder"
+    );
+    let token_before = next.fencing_token();
+    next.release().await.unwrap();
+    eprintln!(
+        "lost {:?} after terminate; next token {token_before:?}",
+        t0.elapsed()
+    );
+}
+
+/// A waiter whose `acquire` future is dropped, and one whose bounded wait runs out, leave no
+/// waiter in the server's lock queue (cancel request, connection closed).
+#[test]
+fn a_cancelled_waiter_leaves_no_server_side_waiter() {
+    serial(a_cancelled_waiter_leaves_no_server_side_waiter_case());
+}
+
+async fn a_cancelled_waiter_leaves_no_server_side_waiter_case() {
+    let (a, b, admin) = (lock().await, lock().await, admin().await);
+    let n = name("cancelled");
+    let holder = a.try_acquire(&n, &opts()).await.unwrap().unwrap();
+    let waiting = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.acquire(&n, &opts()).await.map(|_| ()) })
+    };
+    until(
+        Duration::from_secs(5),
+        "the waiter queued on the server",
+        || async { lockers(&admin, &n).await.iter().any(|(_, g)| !g) },
+    )
+    .await;
+    waiting.abort();
+    let aborted = Instant::now();
+    until(
+        Duration::from_secs(2),
+        "the aborted waiter gone from pg_locks",
+        || async { lockers(&admin, &n).await.iter().all(|(_, g)| *g) },
+    )
+    .await;
+    eprintln!("aborted waiter gone after {:?}", aborted.elapsed());
+    let r = b
+        .acquire(&n, &opts().wait_for(Duration::from_millis(300)))
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    until(
+        Duration::from_secs(2),
+        "the timed-out waiter gone from pg_locks",
+        || async { lockers(&admin, &n).await.iter().all(|(_, g)| *g) },
+    )
+    .await;
+    holder.release().await.unwrap();
+    assert!(
+        lockers(&admin, &n).await.is_empty(),
+        "a ghost was granted the lock after the release"
+    );
+}
+
+/// A waiter waits in one statement, in the server's lock queue: its backend stays in the same
+/// query, waiting on a lock, for as long as the holder holds (no polling).
+#[test]
+fn waiting_is_one_statement_in_the_servers_queue() {
+    serial(waiting_is_one_statement_in_the_servers_queue_case());
+}
+
+async fn waiting_is_one_statement_in_the_servers_queue_case() {
+    let (a, b, admin) = (lock().await, lock().await, admin().await);
+    let n = name("idle-wait");
+    let holder = a.try_acquire(&n, &opts()).await.unwrap().unwrap();
+    let waiting = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.acquire(&n, &opts()).await })
+    };
+    until(
+        Duration::from_secs(5),
+        "the waiter queued on the server",
+        || async { lockers(&admin, &n).await.iter().any(|(_, g)| !g) },
+    )
+    .await;
+    let pid = lockers(&admin, &n)
+        .await
+        .iter()
+        .find(|(_, g)| !g)
+        .unwrap()
+        .0;
+    let look = || async {
+        let r = admin
+            .query_one(
+                "SELECT query_start, wait_event_type, state FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap();
+        let started: std::time::SystemTime = r.get(0);
+        (
+            started,
+            r.get::<_, Option<String>>(1),
+            r.get::<_, Option<String>>(2),
+        )
+    };
+    let first = look().await;
+    tokio::time::sleep(SESSION).await;
+    let second = look().await;
+    assert_eq!(
+        first.1.as_deref(),
+        Some("Lock"),
+        "waiter's wait event: {first:?}"
+    );
+    assert_eq!(first.2.as_deref(), Some("active"), "{first:?}");
+    assert_eq!(
+        first, second,
+        "the waiter's backend ran another statement while it waited (polling?)"
+    );
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("waiter not woken within 2 s of the release")
+        .unwrap()
+        .unwrap();
+    eprintln!("waiter granted {:?} after the release", released.elapsed());
+    next.release().await.unwrap();
+}
+
+/// The server's socket of a holder's session has TCP keepalive armed, with an idle time of at
+/// most a third of the session timeout: the kernel, not only the setting, will probe a client
+/// that went silent. (Making the kernel give up needs a real partition, which this machine's
+/// loopback cannot make: no netem, no iptables. The proxy-based fault cases stand in for it.)
+#[test]
+fn the_servers_socket_probes_a_silent_holder() {
+    serial(the_servers_socket_probes_a_silent_holder_case());
+}
+
+async fn the_servers_socket_probes_a_silent_holder_case() {
+    let (a, admin) = (lock().await, admin().await);
+    let n = name("keepalive");
+    let lease = a.try_acquire(&n, &opts()).await.unwrap().unwrap();
+    let pid = lockers(&admin, &n).await[0].0;
+    let port: i32 = admin
+        .query_one(
+            "SELECT client_port FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let filter = format!("( sport = :15432 and dport = :{port} )");
+    // The socket shows its retransmission timer while a reply is unacknowledged; between
+    // exchanges, the keepalive timer.
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let out = std::process::Command::new("ss")
+            .args(["-tno", "state", "established", &filter])
+            .output()
+            .expect("run ss (iproute2)");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if let Some(at) = text.find("timer:(keepalive,") {
+            let secs: f64 = text[at + 17..]
+                .split(|c: char| !c.is_ascii_digit() && c != '.')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::MAX);
+            assert!(
+                secs <= SESSION.as_secs_f64() / 3.0 + 0.5 || text[at..].contains("ms"),
+                "keepalive fires in {secs} s on the server's socket: {text}"
+            );
+            lease.release().await.unwrap();
+            return;
+        }
+        seen.push(text);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no keepalive timer on the server's socket of the holder (port {port}): {seen:?}");
+}
+
+/// Another program holding the same key (a plain `pg_advisory_lock`) holds the lock for
+/// distlock: `try_acquire` says busy, `inspect` says foreign (no token of ours), and a waiter
+/// is granted when that program unlocks.
+#[test]
+fn a_foreign_holder_of_the_key_holds_the_lock() {
+    serial(a_foreign_holder_of_the_key_holds_the_lock_case());
+}
+
+async fn a_foreign_holder_of_the_key_holds_the_lock_case() {
+    let (a, foreign) = (lock().await, admin().await);
+    let n = name("foreign");
+    let key = advisory_key(&n);
+    foreign
+        .query("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    assert!(a.try_acquire(&n, &opts()).await.unwrap().is_none());
+    let seen = a.inspect(&n).await.unwrap().expect("a holder");
+    assert!(seen.foreign && seen.fencing_token.is_none(), "{seen:?}");
+    let waiting = {
+        let (a, n) = (a.clone(), n.clone());
+        tokio::spawn(async move { a.acquire(&n, &opts()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    foreign
+        .query("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("waiter not woken within 2 s of the foreign unlock")
+        .unwrap()
+        .unwrap();
+    let seen = a.inspect(&n).await.unwrap().expect("a holder");
+    assert!(
+        !seen.foreign && seen.fencing_token == lease.fencing_token(),
+        "{seen:?}"
+    );
+    lease.release().await.unwrap();
+}
+
+/// A server restart ends every session: a holder turns Lost as soon as its connection closes,
+/// and the fencing counter, committed before each grant, keeps increasing.
+#[test]
+fn a_restart_loses_leases_and_keeps_tokens() {
+    serial(a_restart_loses_leases_and_keeps_tokens_case());
+}
+
+async fn a_restart_loses_leases_and_keeps_tokens_case() {
+    let a = lock().await;
+    let n = name("restart");
+    let lease = a.try_acquire(&n, &opts()).await.unwrap().unwrap();
+    let before = lease.fencing_token().unwrap();
+    let lost = lease.lost();
+    test_support::restart_servers(&["pg"]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), lost.wait())
+        .await
+        .expect("lease not Lost within 2 s of the restart");
+    let b = lock().await;
+    let after = b
+        .try_acquire(&n, &opts())
+        .await
+        .unwrap()
+        .expect("free after restart");
+    assert!(
+        after.fencing_token().unwrap() > before,
+        "token {:?} after the restart, {before:?} before",
+        after.fencing_token()
+    );
+    after.release().await.unwrap();
+}
