@@ -308,7 +308,7 @@ start_pg() {
       --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 || die "initdb for $name failed: $dir/initdb.log"
   fi
   local opts=(-c listen_addresses=127.0.0.1 -c port="$port" -c unix_socket_directories="$data"
-    -c fsync=off -c full_page_writes=off -c max_connections=200
+    -c fsync=off -c full_page_writes=off -c max_connections=400
     -c log_min_messages=warning)
   if [ "$name" = pg-tls ]; then
     make_test_certs "$dir"

@@ -19,6 +19,7 @@ pub(crate) struct Endpoints {
     pub(crate) zk_ensemble_hosts: String,
     pub(crate) etcd_endpoints: String,
     pub(crate) etcd_cluster_endpoints: String,
+    pub(crate) pg_url: String,
 }
 
 impl Endpoints {
@@ -48,6 +49,9 @@ fn redlock_masters(url: &str) -> Vec<String> {
     hosts.split(',').map(|h| format!("redis://{h}")).collect()
 }
 
+const BACKENDS: &str = "memory, redis, redis-plain, redlock, zookeeper, zookeeper-ensemble, \
+                        etcd, etcd-cluster, postgres";
+
 /// Baselines measured beside `backend`, in the order they are listed.
 pub(crate) async fn baselines_for(
     backend: &str,
@@ -67,9 +71,7 @@ pub(crate) async fn baselines_for(
         "redlock" => {
             let masters = redlock_masters(&ep.redlock_url);
             let first = masters.first().cloned().unwrap_or_default();
-            let single = distlock::connect(&first)
-                .await
-                .map_err(|e| e.to_string())?;
+            let single = distlock::connect(&first).await.map_err(|e| e.to_string())?;
             Ok(vec![
                 Arc::new(Driver {
                     lock: single,
@@ -81,7 +83,9 @@ pub(crate) async fn baselines_for(
         }
         b if ep.zk(b).is_some() => {
             let (hosts, label) = ep.zk(b).unwrap_or_default();
-            Ok(vec![Arc::new(crate::zk_baselines::ZkRecipe::connect(hosts, label).await?)])
+            Ok(vec![Arc::new(
+                crate::zk_baselines::ZkRecipe::connect(hosts, label).await?,
+            )])
         }
         b if ep.etcd(b).is_some() => {
             let (eps, label) = ep.etcd(b).unwrap_or_default();
@@ -90,9 +94,11 @@ pub(crate) async fn baselines_for(
                 Arc::new(crate::etcd_baselines::LockRpc::connect(&eps, label).await?),
             ])
         }
-        other => Err(format!(
-            "unknown backend {other:?} (available: memory, redis, redis-plain, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
-        )),
+        "postgres" => Ok(vec![
+            Arc::new(crate::pg_baselines::PgFloor::connect(&ep.pg_url).await?),
+            Arc::new(crate::pg_baselines::SqlxLock::connect(&ep.pg_url).await?),
+        ]),
+        other => Err(format!("unknown backend {other:?} (available: {BACKENDS})")),
     }
 }
 
@@ -111,11 +117,8 @@ pub(crate) async fn driver_subject(
         b if ep.etcd(b).is_some() => {
             format!("etcd://{}", ep.etcd(b).unwrap_or_default().0.join(","))
         }
-        other => {
-            return Err(format!(
-                "unknown backend {other:?} (available: memory, redis, redis-plain, redlock, zookeeper, zookeeper-ensemble, etcd, etcd-cluster)"
-            ))
-        }
+        "postgres" => format!("{}?sslmode=disable", ep.pg_url),
+        other => return Err(format!("unknown backend {other:?} (available: {BACKENDS})")),
     };
     let lock = distlock::connect(&url).await.map_err(|e| e.to_string())?;
     Ok(Arc::new(Driver {

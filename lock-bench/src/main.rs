@@ -27,6 +27,7 @@ use serde::Serialize;
 mod catalog;
 mod etcd_baselines;
 mod memory_baselines;
+mod pg_baselines;
 mod redis_baselines;
 mod scenarios;
 mod subject;
@@ -43,7 +44,7 @@ use subject::Subject;
 struct Args {
     /// Backends to measure (comma separated). Available: memory, redis, redis-plain (plain
     /// keys, beside redis-py's algorithm), redlock, zookeeper, zookeeper-ensemble, etcd,
-    /// etcd-cluster.
+    /// etcd-cluster, postgres.
     #[arg(long, default_value = "memory", value_delimiter = ',')]
     backend: Vec<String>,
     /// Scenarios to run (comma separated): uncontended, acquire, throughput, handoff, idle,
@@ -82,6 +83,10 @@ struct Args {
         default_value = "127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679"
     )]
     etcd_cluster_endpoints: String,
+    /// PostgreSQL server for the `postgres` backend and its baselines (libpq key=value or URL;
+    /// the driver gets it as a URL).
+    #[arg(long, default_value = "postgres://locker@127.0.0.1:15432/postgres")]
+    pg_url: String,
     /// Acquire+release cycles per uncontended run.
     #[arg(long, default_value_t = 2000)]
     iterations: u64,
@@ -170,6 +175,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
         zk_ensemble_hosts: args.zk_ensemble_hosts.clone(),
         etcd_endpoints: args.etcd_endpoints.clone(),
         etcd_cluster_endpoints: args.etcd_cluster_endpoints.clone(),
+        pg_url: args.pg_url.clone(),
     };
     for b in baselines_for(backend, &ep).await? {
         subjects.push((b, true));
@@ -280,6 +286,7 @@ async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
             let (eps, _) = ep.etcd(b)?;
             test_support::etcd_grpc_messages_received(&eps).await
         }
+        "postgres" => test_support::pg_transactions(&ep.pg_url).await,
         _ => None,
     }
 }

@@ -366,7 +366,16 @@ pub(crate) fn map_error(e: tokio_postgres::Error, config: &PgConfig) -> Error {
         .map(|s| lock_core::driver::scrub(&s, config.secret()))
         .unwrap_or_default();
     let code = e.code().cloned();
-    let keep = |e| ClientError::new(e, config.secret()).context(config.redacted_url());
+    // tokio-postgres shows a server's error as just "db error": say what the server said.
+    let said = e.as_db_error().map(|d| {
+        let text = format!("{} {}: {}", d.severity(), d.code().code(), d.message());
+        lock_core::driver::scrub(&text, config.secret())
+    });
+    let place = match &said {
+        Some(said) => format!("{said}; {}", config.redacted_url()),
+        None => config.redacted_url(),
+    };
+    let keep = |e| ClientError::new(e, config.secret()).context(place);
     match code {
         Some(c)
             if c == SqlState::INVALID_PASSWORD

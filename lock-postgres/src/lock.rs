@@ -154,17 +154,24 @@ impl PgLock {
         let s = pending.session()?;
         let text = name.as_str();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &text];
+        // One try first: an uncontended grant costs one round trip, and vouches for the
+        // session by itself (sent just now). Only a busy lock takes the waiting path.
         let sent = Instant::now();
-        let granted = match req.deadline() {
-            Deadline::Now => s.client.query_opt(&s.stmts.try_grant, &params).await,
-            Deadline::At(at) => {
+        let tried = s.client.query_opt(&s.stmts.try_grant, &params).await;
+        let waits = !matches!(req.deadline(), Deadline::Now) && !req.deadline().passed();
+        let (granted, waited) = match tried {
+            Ok(None) if waits => {
                 let wait = s.client.query_opt(&s.stmts.wait_grant, &params);
-                match tokio::time::timeout_at(at.into(), wait).await {
-                    Ok(r) => r,
-                    Err(_) => return Ok(None), // `pending` cancels the wait
-                }
+                let r = match req.deadline().at() {
+                    Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
+                        Ok(r) => r,
+                        Err(_) => return Ok(None), // `pending` cancels the wait
+                    },
+                    None => wait.await,
+                };
+                (r, true)
             }
-            Deadline::Never => s.client.query_opt(&s.stmts.wait_grant, &params).await,
+            other => (other, false),
         };
         let row = match granted {
             Ok(Some(row)) => row,
@@ -188,9 +195,11 @@ impl PgLock {
         }
         let token = u64::try_from(token)
             .map_err(|_| Error::backend(BACKEND, format!("fencing counter {token} < 0")))?;
-        // A wait may have lasted longer than the session's bound: only a query sent after the
-        // grant vouches for the session now. A try was sent just now: it vouches by itself.
-        let confirmed_at = if matches!(req.deadline(), Deadline::Now) {
+        // The server heard from this session when the statement arrived (after `sent`), so it
+        // cannot end it before `sent + bound`: that bounds the lease also after a wait. Only a
+        // wait long enough to eat a third of the bound is followed by a fresh confirmation.
+        let bound = opener.config.session_timeout();
+        let confirmed_at = if !waited || sent.elapsed() < bound / 3 {
             sent
         } else {
             let s = pending.session()?;
@@ -206,7 +215,6 @@ impl PgLock {
             }
             start
         };
-        let bound = opener.config.session_timeout();
         let session = pending.0.take().ok_or_else(|| self.pooled_after_all())?;
         let grant = Grant {
             token: Some(FencingToken::new(token)),

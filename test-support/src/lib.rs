@@ -107,6 +107,26 @@ pub fn kill(sig: &str, pid: impl std::fmt::Display) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
+/// Transactions the PostgreSQL server at `url` committed or rolled back, over every database
+/// (`pg_stat_database`). Backends report their counts when they go idle, at most once a second,
+/// so a reading lags by up to a second: measure over windows of several seconds.
+pub async fn pg_transactions(url: &str) -> Option<u64> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .ok()?;
+    let task = tokio::spawn(conn);
+    let row = client
+        .query_one(
+            "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database",
+            &[],
+        )
+        .await
+        .ok();
+    drop(client);
+    let _ = task.await;
+    u64::try_from(row?.get::<_, i64>(0)).ok()
+}
+
 /// The server's `total_commands_processed` (Redis counts each command a Lua script runs).
 pub async fn redis_commands_processed(url: &str) -> Option<u64> {
     let mut c = redis::Client::open(url)
