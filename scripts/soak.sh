@@ -29,7 +29,8 @@ redlock lock-redlock safety::soak Redlock_(5_masters)
 zk lock-zookeeper single::safety::soak ZooKeeper,_single
 zk-ensemble lock-zookeeper ensemble::safety::soak ZooKeeper,_ensemble_of_3
 etcd lock-etcd single::safety::soak etcd,_single
-etcd-cluster lock-etcd cluster::safety::soak etcd,_cluster_of_3"
+etcd-cluster lock-etcd cluster::safety::soak etcd,_cluster_of_3
+postgres lock-postgres safety::soak PostgreSQL"
 
 wanted=("$@")
 status=0

@@ -46,6 +46,8 @@ pub(super) struct Shared {
     pub(super) next_client: AtomicU64,
     /// The store's latest token per name (before any offset).
     pub(super) tokens: Mutex<HashMap<LockName, u64>>,
+    /// A lock is its connection's session (`outlives_connection = false`): a cut frees it.
+    pub(super) session_bound: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -67,9 +69,25 @@ impl FlawedHarness {
         FlawedHarness {
             flaw,
             store: MemoryLock::new(),
-            shared: Arc::default(),
+            shared: Arc::new(Shared {
+                session_bound: flaw == Flaw::SessionLostLate,
+                ..Shared::default()
+            }),
             timing: Timing::for_ttl(Duration::from_millis(200)),
         }
+    }
+
+    /// Like [`new`](Self::new), but each faulty client's locks are its connection's session,
+    /// as with PostgreSQL (`outlives_connection = false`): a cut frees them on the store at
+    /// once, and the leases learn of it at once (`LeaseOps::ended`) unless the flaw says
+    /// otherwise.
+    pub fn session_bound(flaw: Flaw) -> Self {
+        let mut h = FlawedHarness::new(flaw);
+        h.shared = Arc::new(Shared {
+            session_bound: true,
+            ..Shared::default()
+        });
+        h
     }
 
     pub(super) fn lock(&self, inner: MemoryLock, link: Option<Arc<Wire>>) -> FlawedLock {

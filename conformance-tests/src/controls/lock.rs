@@ -60,6 +60,7 @@ impl FlawedLock {
         self.inner
             .capabilities()
             .with_max_ttl(Duration::from_secs(12 * 60 * 60))
+            .with_outlives_connection(!self.shared.session_bound)
     }
 
     pub(super) fn inner_opts(&self, opts: &LockOptions) -> LockOptions {
@@ -213,7 +214,7 @@ impl FlawedLock {
             valid_until: started + opts.ttl - driver::drift(opts.ttl),
         };
         let name = lease.name().clone();
-        let ops = WiredOps::new(lease, opts.ttl, wire, self.flaw);
+        let ops = WiredOps::new(lease, opts.ttl, wire, self.flaw, self.shared.session_bound);
         Box::new(driver::ManagedLease::new(name, grant, opts.renewal, ops))
     }
 

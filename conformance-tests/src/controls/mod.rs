@@ -112,6 +112,9 @@ pub enum Flaw {
     /// A dropped connection ends the leases made over it (the driver lets their locks go
     /// instead of reconnecting and renewing).
     CutLosesLease,
+    /// The lock is the connection's session (`outlives_connection = false`): a cut frees it on
+    /// the backend at once, but the lease learns of it only at its next renewal.
+    SessionLostLate,
     /// The client's `Debug` shows its URL, password and all.
     SecretInDebug,
     /// Errors quote the URL with the password scrubbed only in its decoded form, so a
@@ -166,6 +169,7 @@ impl Flaw {
         Flaw::RenewsBlindWhilePartitioned,
         Flaw::NeverReconnects,
         Flaw::CutLosesLease,
+        Flaw::SessionLostLate,
         Flaw::SecretInDebug,
         Flaw::SecretInErrors,
         Flaw::AnyPasswordAccepted,
@@ -244,6 +248,7 @@ impl Flaw {
             Flaw::CutLosesLease => {
                 cases![faults::dropped_connection_is_survived_by_an_auto_renewed_lease]
             }
+            Flaw::SessionLostLate => cases![faults::dropped_connection_is_lost_at_once],
             Flaw::SecretInDebug => cases![security::right_credentials_lock_and_never_show],
             Flaw::SecretInErrors => cases![security::password_never_shows_in_errors],
             Flaw::AnyPasswordAccepted => cases![

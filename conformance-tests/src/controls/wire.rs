@@ -18,6 +18,8 @@ use crate::{Fault, Link};
 pub(super) struct Wire {
     fault: watch::Sender<Fault>,
     cuts: AtomicU64,
+    /// The same count, for the leases that wait for a cut ([`Flaw::SessionLostLate`]).
+    cut: watch::Sender<u64>,
     /// Ever blackholed ([`Flaw::NeverReconnects`] stays down after that).
     partitioned: AtomicBool,
 }
@@ -27,6 +29,7 @@ impl Wire {
         Arc::new(Wire {
             fault: watch::channel(fault).0,
             cuts: AtomicU64::new(0),
+            cut: watch::channel(0).0,
             partitioned: AtomicBool::new(false),
         })
     }
@@ -68,6 +71,7 @@ impl Link for WireLink {
         match fault {
             Fault::Cut => {
                 self.0.cuts.fetch_add(1, Ordering::Relaxed);
+                self.0.cut.send_modify(|n| *n += 1);
             }
             f => {
                 if f == Fault::Blackhole {
@@ -83,26 +87,49 @@ impl Link for WireLink {
 /// [`ManagedLease`](lock_core::driver::ManagedLease) as a networked driver's would be.
 #[derive(Debug)]
 pub(super) struct WiredOps {
-    pub(super) store: tokio::sync::Mutex<Option<Box<dyn Lease>>>,
+    pub(super) store: Arc<tokio::sync::Mutex<Option<Box<dyn Lease>>>>,
     pub(super) wire: Arc<Wire>,
     pub(super) flaw: Flaw,
     pub(super) name: LockName,
     pub(super) ttl: Duration,
     /// The wire's cuts when the lock was granted.
     pub(super) cuts: u64,
+    /// The lock is the connection's session: a cut frees it.
+    session_bound: bool,
 }
 
 impl WiredOps {
     /// `ttl`: the TTL the client asked for (what it believes it renews by).
-    pub(super) fn new(lease: Box<dyn Lease>, ttl: Duration, wire: Arc<Wire>, flaw: Flaw) -> Self {
-        WiredOps {
+    pub(super) fn new(
+        lease: Box<dyn Lease>,
+        ttl: Duration,
+        wire: Arc<Wire>,
+        flaw: Flaw,
+        session_bound: bool,
+    ) -> Self {
+        let ops = WiredOps {
             name: lease.name().clone(),
             ttl,
-            store: tokio::sync::Mutex::new(Some(lease)),
+            store: Arc::new(tokio::sync::Mutex::new(Some(lease))),
             cuts: wire.cuts.load(Ordering::Relaxed),
             wire,
             flaw,
+            session_bound,
+        };
+        if session_bound {
+            // The backend ends the session with the connection: the lock is freed at once.
+            let (store, mut cut) = (Arc::downgrade(&ops.store), ops.wire.cut.subscribe());
+            tokio::spawn(async move {
+                if cut.changed().await.is_ok() {
+                    if let Some(store) = store.upgrade() {
+                        if let Some(l) = store.lock().await.take() {
+                            let _ = l.release().await;
+                        }
+                    }
+                }
+            });
         }
+        ops
     }
 
     fn not_held(&self) -> Error {
@@ -137,6 +164,19 @@ impl LeaseOps for WiredOps {
         self.wire.cross(self.flaw).await?;
         let lease = self.store.lock().await.take();
         lease.ok_or_else(|| self.not_held())?.release().await
+    }
+
+    /// A session-bound lease learns of a cut at once, except under
+    /// [`Flaw::SessionLostLate`], where only its next renewal finds the lock gone.
+    fn ended(&self) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+        if !self.session_bound || self.flaw == Flaw::SessionLostLate {
+            return None;
+        }
+        let mut cut = self.wire.cut.subscribe();
+        let at_grant = self.cuts;
+        Some(Box::pin(async move {
+            let _ = cut.wait_for(|n| *n != at_grant).await;
+        }))
     }
 
     fn abandon(&self) {
