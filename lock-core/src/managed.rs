@@ -107,9 +107,8 @@ pub struct ManagedLease<O: LeaseOps> {
     token: Option<FencingToken>,
     ttl: Duration,
     shared: Arc<Shared<O>>,
+    /// The watchdog, which also marks the lease Lost when [`LeaseOps::ended`] resolves.
     watchdog: Option<JoinHandle<()>>,
-    /// Marks the lease Lost when [`LeaseOps::ended`] resolves.
-    ender: Option<JoinHandle<()>>,
     finished: bool,
 }
 
@@ -153,42 +152,65 @@ impl<O: LeaseOps> ManagedLease<O> {
             released: AtomicBool::new(false),
             gate: tokio::sync::Mutex::new(()),
         });
-        let watchdog = match renewal {
+        // One background task per lease: the watchdog (with `Renewal::Auto`), watching for the
+        // end of the lock's connection beside it where the driver has one to watch.
+        let ended = shared.ops.ended();
+        let stop_at = match renewal {
             Renewal::Manual => None,
-            Renewal::Auto { max_hold } => match tokio::runtime::Handle::try_current() {
+            Renewal::Auto { max_hold } => Some(max_hold.and_then(|d| granted_at.checked_add(d))),
+        };
+        let watchdog = if stop_at.is_none() && ended.is_none() {
+            None
+        } else {
+            match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    let stop_at = max_hold.and_then(|d| granted_at.checked_add(d));
                     // Paced on the validity window actually granted, not the TTL asked for:
                     // they differ where the lease is a session (ZooKeeper) or after drift.
                     let window = valid_until
                         .saturating_duration_since(granted_at)
                         .max(Duration::from_millis(3));
-                    Some(rt.spawn(watchdog(shared.clone(), window, stop_at, name.clone())))
+                    let (shared, name) = (shared.clone(), name.clone());
+                    Some(rt.spawn(async move {
+                        let renewing = async {
+                            match stop_at {
+                                Some(stop_at) => {
+                                    watchdog(shared.clone(), window, stop_at, name.clone()).await
+                                }
+                                None => std::future::pending().await,
+                            }
+                        };
+                        let ending = async {
+                            match ended {
+                                Some(ended) => ended.await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            _ = renewing => {}
+                            _ = ending => {
+                                if !shared.released.load(Ordering::SeqCst) {
+                                    tracing::warn!(
+                                        lock = %name,
+                                        "connection closed: the lock went with its session"
+                                    );
+                                    shared.tracker.mark_lost();
+                                }
+                            }
+                        }
+                    }))
                 }
                 Err(_) => {
                     tracing::warn!(lock = %name, "no tokio runtime: automatic renewal disabled");
                     None
                 }
-            },
+            }
         };
-        let ender = shared.ops.ended().and_then(|ended| {
-            let rt = tokio::runtime::Handle::try_current().ok()?;
-            let (shared, name) = (shared.clone(), name.clone());
-            Some(rt.spawn(async move {
-                ended.await;
-                if !shared.released.load(Ordering::SeqCst) {
-                    tracing::warn!(lock = %name, "connection closed: the lock went with its session");
-                    shared.tracker.mark_lost();
-                }
-            }))
-        });
         ManagedLease {
             name,
             token,
             ttl,
             shared,
             watchdog,
-            ender,
             finished: false,
         }
     }
@@ -199,10 +221,7 @@ impl<O: LeaseOps> ManagedLease<O> {
     }
 
     fn stop_watchdog(&mut self) {
-        for h in [self.watchdog.take(), self.ender.take()]
-            .into_iter()
-            .flatten()
-        {
+        if let Some(h) = self.watchdog.take() {
             h.abort();
         }
     }
