@@ -32,6 +32,7 @@ cargo clippy -p distlock --all-targets --features full -- -D warnings
 cargo clippy -p lock-redis --all-targets --features tls -- -D warnings
 cargo clippy -p lock-redlock --all-targets --features tls -- -D warnings
 cargo clippy -p lock-etcd --all-targets --features tls -- -D warnings
+cargo clippy -p lock-postgres --all-targets --features tls -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo test"
