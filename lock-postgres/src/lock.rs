@@ -128,18 +128,6 @@ impl PgLock {
         }
     }
 
-    async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        // A session kept idle may have died with the server since: one more try on a new one.
-        let (session, reused) = self.session().await?;
-        match self.contend_on(session, req).await {
-            Err(e) if reused && e.is_retryable() && !req.deadline().passed() => {
-                let session = self.inner.opener.session().await?;
-                self.contend_on(session, req).await
-            }
-            r => r,
-        }
-    }
-
     async fn contend_on(
         &self,
         session: Session,
@@ -281,8 +269,17 @@ impl DistributedLock for PgLock {
         self.inner.caps
     }
 
+    /// On a session of its own; a session kept idle may have died with the server since: an
+    /// error there earns one more try on a new one.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(req).await
+        let (session, reused) = self.session().await?;
+        match self.contend_on(session, req).await {
+            Err(e) if reused && e.is_retryable() && !req.deadline().passed() => {
+                let session = self.inner.opener.session().await?;
+                self.contend_on(session, req).await
+            }
+            r => r,
+        }
     }
 
     /// The holder's token, from the fencing table, if the session that holds the advisory

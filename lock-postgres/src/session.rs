@@ -25,7 +25,9 @@ impl Keepalive {
     /// drop the session sooner than `bound` after it last heard from the client (with or
     /// without `tcp_user_timeout`), nor much later than `bound + interval`.
     pub(crate) fn for_bound(bound: Duration) -> Self {
-        let b = bound.as_secs().max(1);
+        // Whole seconds, rounded up: rounding down would let a server without
+        // `tcp_user_timeout` give up before the bound (2.5 s would probe out after 2 s).
+        let b = (bound.as_secs() + u64::from(bound.subsec_nanos() > 0)).max(1);
         let idle_s = (b / 3).max(1);
         let interval_s = (b / 6).max(1);
         let count = b.saturating_sub(idle_s).div_ceil(interval_s).max(1);
@@ -39,7 +41,8 @@ impl Keepalive {
 
     /// The longest a vanished client's session can outlive its last word.
     pub(crate) fn frees_within(&self, bound: Duration) -> Duration {
-        bound + Duration::from_secs(self.interval_s)
+        let probes = Duration::from_secs(self.idle_s + self.count * self.interval_s);
+        bound.max(probes) + Duration::from_secs(self.interval_s)
     }
 
     /// One simple-query batch that sets this session's server settings and reports the
@@ -215,12 +218,16 @@ mod tests {
 
     #[test]
     fn keepalives_reach_the_bound_and_not_much_more() {
-        for secs in [1, 2, 3, 5, 6, 10, 30, 60, 3600] {
-            let bound = Duration::from_secs(secs);
+        for ms in [
+            1000, 1001, 1500, 2000, 2500, 2999, 3000, 5000, 6000, 10_000, 60_000, 3_600_000,
+        ] {
+            let bound = Duration::from_millis(ms);
             let k = Keepalive::for_bound(bound);
-            let kill = k.idle_s + k.count * k.interval_s;
-            assert!(kill >= secs, "{secs} s: probes give up after {kill} s");
-            assert!(kill <= secs + k.interval_s, "{secs} s: {kill} s");
+            // Without tcp_user_timeout the server gives up after idle + count × interval.
+            let kill = Duration::from_secs(k.idle_s + k.count * k.interval_s);
+            assert!(kill >= bound, "{bound:?}: probes give up after {kill:?}");
+            assert!(kill <= k.frees_within(bound), "{bound:?}: {kill:?}");
+            assert!(k.frees_within(bound) <= bound + Duration::from_secs(2 + ms / 6000));
             assert_eq!(k.user_timeout_ms, bound.as_millis());
         }
     }

@@ -67,6 +67,25 @@ async fn lockers(admin: &tokio_postgres::Client, name: &LockName) -> Vec<(i32, b
         .collect()
 }
 
+/// `lock` waiting for `name` in a task of its own, returned once the server shows it queued.
+async fn queued(
+    lock: &PgLock,
+    name: &LockName,
+    admin: &tokio_postgres::Client,
+) -> tokio::task::JoinHandle<lock_core::Result<Box<dyn lock_core::Lease>>> {
+    let waiting = {
+        let (lock, name) = (lock.clone(), name.clone());
+        tokio::spawn(async move { lock.acquire(&name, &opts()).await })
+    };
+    until(
+        Duration::from_secs(5),
+        "the waiter queued on the server",
+        || async { lockers(admin, name).await.iter().any(|(_, g)| !g) },
+    )
+    .await;
+    waiting
+}
+
 async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
@@ -198,16 +217,7 @@ async fn a_cancelled_waiter_leaves_no_server_side_waiter_case() {
     let (a, b, admin) = (lock().await, lock().await, admin().await);
     let n = name("cancelled");
     let holder = a.try_acquire(&n, &opts()).await.unwrap().unwrap();
-    let waiting = {
-        let (b, n) = (b.clone(), n.clone());
-        tokio::spawn(async move { b.acquire(&n, &opts()).await.map(|_| ()) })
-    };
-    until(
-        Duration::from_secs(5),
-        "the waiter queued on the server",
-        || async { lockers(&admin, &n).await.iter().any(|(_, g)| !g) },
-    )
-    .await;
+    let waiting = queued(&b, &n, &admin).await;
     waiting.abort();
     let aborted = Instant::now();
     until(
@@ -245,16 +255,7 @@ async fn waiting_is_one_statement_in_the_servers_queue_case() {
     let (a, b, admin) = (lock().await, lock().await, admin().await);
     let n = name("idle-wait");
     let holder = a.try_acquire(&n, &opts()).await.unwrap().unwrap();
-    let waiting = {
-        let (b, n) = (b.clone(), n.clone());
-        tokio::spawn(async move { b.acquire(&n, &opts()).await })
-    };
-    until(
-        Duration::from_secs(5),
-        "the waiter queued on the server",
-        || async { lockers(&admin, &n).await.iter().any(|(_, g)| !g) },
-    )
-    .await;
+    let waiting = queued(&b, &n, &admin).await;
     let pid = lockers(&admin, &n)
         .await
         .iter()
@@ -370,11 +371,7 @@ async fn a_foreign_holder_of_the_key_holds_the_lock_case() {
     assert!(a.try_acquire(&n, &opts()).await.unwrap().is_none());
     let seen = a.inspect(&n).await.unwrap().expect("a holder");
     assert!(seen.foreign && seen.fencing_token.is_none(), "{seen:?}");
-    let waiting = {
-        let (a, n) = (a.clone(), n.clone());
-        tokio::spawn(async move { a.acquire(&n, &opts()).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = queued(&a, &n, &foreign).await;
     foreign
         .query("SELECT pg_advisory_unlock($1)", &[&key])
         .await
