@@ -187,12 +187,16 @@ impl Opener {
             .simple_query(&self.keepalive.setup_sql())
             .await
             .map_err(|e| self.error(e))?;
-        let row = batch
+        let rows: Vec<&tokio_postgres::SimpleQueryRow> = batch
             .iter()
             .filter_map(|m| match m {
                 tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
                 _ => None,
             })
+            .collect();
+        self.check_applied(&rows);
+        let row = rows
+            .iter()
             .find(|r| r.len() == 3)
             .ok_or_else(|| self.odd("no pid in the session set-up's reply"))?;
         let pid: i32 = row
@@ -212,6 +216,28 @@ impl Opener {
             pid,
             user_timeout: row.get(2) == Some("true"),
         })
+    }
+
+    /// Says so when the server's socket did not take a TCP setting as asked (the kernel
+    /// refused it). That only lengthens how long a vanished client's session lives (the
+    /// kernel's defaults are longer), never shortens it, so it is a warning, not an error.
+    fn check_applied(&self, rows: &[&tokio_postgres::SimpleQueryRow]) {
+        for (name, asked) in self.keepalive.tcp_settings() {
+            let now = rows
+                .iter()
+                .find(|r| r.len() == 2 && r.get(0) == Some(name))
+                .and_then(|r| r.get(1));
+            if let Some(now) = now.filter(|v| *v != asked) {
+                tracing::warn!(
+                    url = %self.config.redacted_url(),
+                    setting = name,
+                    asked = %asked,
+                    now = %now,
+                    "the server did not apply a keepalive setting: a vanished client's lock \
+                     may stay longer than the session timeout"
+                );
+            }
+        }
     }
 
     /// A new session, prepared.

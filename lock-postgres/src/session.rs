@@ -45,19 +45,31 @@ impl Keepalive {
         bound.max(probes) + Duration::from_secs(self.interval_s)
     }
 
-    /// One simple-query batch that sets this session's server settings and reports the
-    /// backend pid, whether the server is a standby, and whether `tcp_user_timeout` exists.
+    /// The values asked for the server's TCP settings, by name.
+    pub(crate) fn tcp_settings(&self) -> [(&'static str, String); 4] {
+        [
+            ("tcp_keepalives_idle", self.idle_s.to_string()),
+            ("tcp_keepalives_interval", self.interval_s.to_string()),
+            ("tcp_keepalives_count", self.count.to_string()),
+            ("tcp_user_timeout", self.user_timeout_ms.to_string()),
+        ]
+    }
+
+    /// One simple-query batch that sets this session's server settings (each row: a name and
+    /// the value in force afterwards, as the socket reports it) and reports the backend pid,
+    /// whether the server is a standby, and whether `tcp_user_timeout` exists.
     /// Settings the server does not have (older versions) are skipped, not errors. Timeouts
     /// an administrator may have set for every session are turned off for this one: a
     /// `statement_timeout` would cut a waiting `pg_advisory_lock`, an `idle_session_timeout`
     /// would end a holder's idle session and free its lock. `client_connection_check_interval`
     /// makes a backend waiting for a lock notice that its client closed the connection.
     pub(crate) fn setup_sql(&self) -> String {
+        let [idle, interval, count, user] = self.tcp_settings();
         let settings = [
-            ("tcp_keepalives_idle", self.idle_s.to_string()),
-            ("tcp_keepalives_interval", self.interval_s.to_string()),
-            ("tcp_keepalives_count", self.count.to_string()),
-            ("tcp_user_timeout", self.user_timeout_ms.to_string()),
+            idle,
+            interval,
+            count,
+            user,
             ("statement_timeout", "0".into()),
             ("lock_timeout", "0".into()),
             ("idle_session_timeout", "0".into()),
@@ -69,7 +81,7 @@ impl Keepalive {
             .map(|(k, v)| format!("('{k}', '{v}')"))
             .collect();
         format!(
-            "SELECT set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) \
+            "SELECT s.name, set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) \
              WHERE s.name IN (SELECT name FROM pg_catalog.pg_settings); \
              SELECT pg_backend_pid()::text, pg_is_in_recovery()::text, \
              (current_setting('tcp_user_timeout', true) IS NOT NULL)::text",
