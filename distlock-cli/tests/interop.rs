@@ -37,6 +37,8 @@ enum Client {
     Curator,
     Kazoo,
     RedisPy,
+    /// `psql` holding `pg_advisory_lock` on the key of the documented SQL expression.
+    Psql,
 }
 
 /// A backend and the name of one lock on it, as each client spells it.
@@ -56,6 +58,20 @@ impl Lock {
     }
     fn zk(tag: &str) -> Lock {
         Lock::new("zk://127.0.0.1:12181?base=/&session_timeout_ms=4000", tag)
+    }
+    /// Any URL: every distlock lock `n` is the advisory lock on the key of `n`.
+    fn pg(tag: &str) -> Lock {
+        Lock::new(
+            "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+            tag,
+        )
+    }
+    /// The documented SQL expression of this lock's advisory-lock key.
+    fn pg_key(&self) -> String {
+        format!(
+            "('x' || left(encode(sha256(convert_to('{}', 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+            self.name
+        )
     }
     /// Plain keys with no prefix: distlock's lock `n` is redis-py's `r.lock("n")`.
     fn redis(tag: &str) -> Lock {
@@ -95,6 +111,15 @@ impl Lock {
             }
             Client::Kazoo => python("kazoo_hold.py", [ZK_HOSTS, &path, &r]),
             Client::RedisPy => python("redis_hold.py", ["127.0.0.1:16379", &self.name, &r]),
+            Client::Psql => {
+                // One session: lock (waiting in the server's queue), then hold until released.
+                let mut c = psql();
+                c.arg("-c")
+                    .arg(format!("SELECT pg_advisory_lock({})", self.pg_key()))
+                    .arg("-c")
+                    .arg(format!("\\! {hold}"));
+                c
+            }
             Client::Curator => {
                 let classes = self.curator_classes();
                 let mut c = Command::new("java");
@@ -146,7 +171,21 @@ impl Lock {
     /// The contenders queued on the backend (holder included); Redis has no queue, so there
     /// the holder and `n − 1` waiters are assumed after a second.
     fn contenders(&self, n: usize) -> usize {
-        if self.url.starts_with("redis") {
+        if self.url.starts_with("postgres") {
+            let out = psql()
+                .arg("-c")
+                .arg(format!(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+                     AND ((classid::int8 << 32) | objid::int8) = {}",
+                    self.pg_key()
+                ))
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .unwrap_or(0)
+        } else if self.url.starts_with("redis") {
             std::thread::sleep(Duration::from_secs(1));
             n
         } else if self.url.starts_with("etcd") {
@@ -195,6 +234,24 @@ impl Lock {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// `psql` on `pg` of `scripts/services.sh` (PostgreSQL's own client, from
+/// `scripts/services.sh install`): unaligned, tuples only, no `.psqlrc`.
+fn psql() -> Command {
+    let mut c = Command::new("psql");
+    c.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        "15432",
+        "-U",
+        "locker",
+        "-d",
+        "postgres",
+    ])
+    .args(["-X", "-q", "-A", "-t"]);
+    c
 }
 
 /// `python <script> <args>` in the virtualenv of `scripts/services.sh install`.
@@ -422,6 +479,52 @@ fn kazoo_and_distlock_waiters_are_served_in_arrival_order() {
     arrival_order(
         Lock::zk("kazoo-fifo"),
         &[Distlock, Kazoo, Distlock, Kazoo, Distlock],
+    );
+}
+
+#[test]
+fn psql_and_distlock_exclude_each_other() {
+    exclusion_both_ways(Lock::pg("psql"), Client::Psql);
+}
+
+#[test]
+fn psql_and_distlock_waiters_are_served_in_arrival_order() {
+    use Client::{Distlock, Psql};
+    arrival_order(
+        Lock::pg("psql-fifo"),
+        &[Psql, Distlock, Psql, Distlock, Psql],
+    );
+}
+
+/// `DISTLOCK_KEY` on PostgreSQL is the key the documented SQL expression gives, as `psql`
+/// computes it.
+#[test]
+fn distlock_key_is_the_key_psql_computes() {
+    let lock = Lock::pg("pg-key");
+    let out = Command::new(BIN)
+        .env("DISTLOCK_URL", lock.url)
+        .args([
+            "run",
+            "--name",
+            &lock.name,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$DISTLOCK_KEY\"",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let key = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let sql = psql()
+        .arg("-c")
+        .arg(format!("SELECT {}", lock.pg_key()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        key,
+        String::from_utf8_lossy(&sql.stdout).trim(),
+        "DISTLOCK_KEY vs psql"
     );
 }
 
