@@ -38,10 +38,9 @@ impl PgFloor {
     }
 
     async fn open(&self) -> Result<FloorConn, String> {
-        let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+        let client = test_support::pg_client(&self.url)
             .await
             .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
         let lock = client
             .prepare("SELECT pg_try_advisory_lock($1)")
             .await

@@ -27,15 +27,9 @@ struct Pg {
 async fn admin(config: &PgConfig) -> Result<tokio_postgres::Client, BoxError> {
     let host = &config.hosts()[0];
     let (h, p) = host.rsplit_once(':').unwrap_or((host, "5432"));
-    let (client, conn) = tokio_postgres::Config::new()
-        .host(h)
-        .port(p.parse()?)
-        .user(config.user().unwrap_or("postgres"))
-        .dbname(config.dbname().unwrap_or("postgres"))
-        .connect(tokio_postgres::NoTls)
-        .await?;
-    tokio::spawn(conn);
-    Ok(client)
+    let user = config.user().unwrap_or("postgres");
+    let db = config.dbname().unwrap_or("postgres");
+    Ok(test_support::pg_client(&format!("host={h} port={p} user={user} dbname={db}")).await?)
 }
 
 #[async_trait]

@@ -40,14 +40,9 @@ fn opts() -> LockOptions {
 }
 
 async fn admin() -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(
-        "host=127.0.0.1 port=15432 user=locker dbname=postgres",
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    client
+    test_support::pg_client("host=127.0.0.1 port=15432 user=locker dbname=postgres")
+        .await
+        .unwrap()
 }
 
 const KEY_IS: &str = "locktype = 'advisory' AND objsubid = 1 \

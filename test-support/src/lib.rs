@@ -111,20 +111,26 @@ pub fn kill(sig: &str, pid: impl std::fmt::Display) {
 /// (`pg_stat_database`). Backends report their counts when they go idle, at most once a second,
 /// so a reading lags by up to a second: measure over windows of several seconds.
 pub async fn pg_transactions(url: &str) -> Option<u64> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .ok()?;
-    let task = tokio::spawn(conn);
+    let client = pg_client(url).await.ok()?;
     let row = client
         .query_one(
             "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database",
             &[],
         )
         .await
-        .ok();
-    drop(client);
-    let _ = task.await;
-    u64::try_from(row?.get::<_, i64>(0)).ok()
+        .ok()?;
+    u64::try_from(row.get::<_, i64>(0)).ok()
+}
+
+/// A plain (no TLS) PostgreSQL connection for tests' and benchmarks' own statements, its
+/// connection driven by a task of its own; `conninfo` is a URL or `key=value` pairs.
+///
+/// # Errors
+/// The client library's, if it cannot connect.
+pub async fn pg_client(conninfo: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
 }
 
 /// The server's `total_commands_processed` (Redis counts each command a Lua script runs).
