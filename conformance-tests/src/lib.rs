@@ -151,6 +151,15 @@ impl Timing {
         }
     }
 
+    /// How soon a lease whose lock is its connection's session (`outlives_connection =
+    /// false`) must turn Lost after that connection dropped: a sixth of the TTL, well before
+    /// its next renewal (a third). The server frees such a lock the moment it sees the
+    /// connection close, and nothing orders that moment against the client's own notice, so
+    /// this is the promise both the case and the safety checker hold a session-bound driver to.
+    pub fn dropped_connection_notice(&self) -> Duration {
+        self.ttl / 6
+    }
+
     /// Overrides the slack.
     pub fn with_slack(mut self, slack: Duration) -> Self {
         self.slack = slack;

@@ -33,12 +33,16 @@ fn unbroken_wrapper_passes_every_case() -> Result<(), Failed> {
         .filter(|c| c.name != SESSION_CASE)
         .filter_map(|c| run_case(&h, c).err().map(|f| format!("{}: {f}", c.name)))
         .collect();
-    // The same wrapper with session-bound locks (PostgreSQL's kind), on the fault cases.
+    // The same wrapper with session-bound locks (PostgreSQL's kind), on the fault cases and
+    // the safety run: the checker's cut-race rule must pass a driver that keeps the promise.
     let session = FlawedHarness::session_bound(Flaw::None);
     failures.extend(
         CASES
             .iter()
-            .filter(|c| c.name.starts_with("faults::") && c.name != RECONNECT_CASE)
+            .filter(|c| {
+                (c.name.starts_with("faults::") && c.name != RECONNECT_CASE)
+                    || c.name == "safety::history_is_clean"
+            })
             .filter_map(|c| {
                 run_case(&session, c)
                     .err()
@@ -128,6 +132,7 @@ fn main() -> ExitCode {
         (Flaw::LostSignalNeverFires, Kind::LossNotSeen),
         (Flaw::NonMonotonicFencing, Kind::Fencing),
         (Flaw::RenewResurrects, Kind::Overlap),
+        (Flaw::SessionLostLate, Kind::Overlap),
     ] {
         trials.push(Trial::test(format!("checker::{flaw:?}"), move || {
             checker_reports(flaw, kind)

@@ -201,6 +201,77 @@ async fn a_terminated_backend_loses_the_lease_at_once_case() {
     );
 }
 
+/// A dropped connection, 40 times, with a waiter queued behind the holder: the server frees
+/// the lock the moment it sees the close, and the holder's lease turns Lost as soon as its own
+/// client sees the same close — every time within a sixth of the session timeout (the
+/// suite's promise for session-bound locks). Which of the two comes first is not ordered:
+/// the waiter's grant sometimes returns a fraction of a millisecond before the holder's lost
+/// signal. The figures (how often, by how much) are printed, and quoted in RELIABILITY.md.
+#[test]
+fn a_cut_holder_is_lost_as_its_successor_is_granted() {
+    serial(a_cut_holder_is_lost_as_its_successor_is_granted_case());
+}
+
+async fn a_cut_holder_is_lost_as_its_successor_is_granted_case() {
+    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
+    let url = format!(
+        "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={}",
+        proxy.addr(),
+        SESSION.as_millis()
+    );
+    let holder = PgLock::from_url(&url).await.unwrap();
+    let (other, admin) = (lock().await, admin().await);
+    let notice = SESSION / 6;
+    let (mut ahead, mut longest, mut slowest) = (0, Duration::ZERO, Duration::ZERO);
+    const ROUNDS: u32 = 40;
+    for round in 0..ROUNDS {
+        let n = name(&format!("cut-race-{round}"));
+        let lease = holder.try_acquire(&n, &opts()).await.unwrap().unwrap();
+        let lost = lease.lost();
+        let lost = tokio::spawn(async move {
+            lost.wait().await;
+            Instant::now()
+        });
+        let waiter = {
+            let (other, n) = (other.clone(), n.clone());
+            tokio::spawn(async move {
+                let lease = other.acquire(&n, &opts()).await;
+                (lease, Instant::now())
+            })
+        };
+        until(Duration::from_secs(5), "the waiter queued", || async {
+            lockers(&admin, &n).await.iter().any(|(_, g)| !g)
+        })
+        .await;
+        let cut = Instant::now();
+        proxy.cut();
+        let lost_at = tokio::time::timeout(notice, lost)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("round {round}: lease not Lost within {notice:?} of its connection's cut")
+            })
+            .unwrap();
+        let (next, granted_at) = tokio::time::timeout(SESSION, waiter)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: waiter not granted within {SESSION:?}"))
+            .unwrap();
+        let next = next.unwrap();
+        if let Some(by) = lost_at
+            .checked_duration_since(granted_at)
+            .filter(|d| !d.is_zero())
+        {
+            ahead += 1;
+            longest = longest.max(by);
+        }
+        slowest = slowest.max(lost_at - cut);
+        next.release().await.unwrap();
+    }
+    eprintln!(
+        "{ROUNDS} cuts: lost at most {slowest:?} after the cut (promise {notice:?}); the \
+         successor's grant returned first {ahead} times, by at most {longest:?}"
+    );
+}
+
 /// A waiter whose `acquire` future is dropped, and one whose bounded wait runs out, leave no
 /// waiter in the server's lock queue (cancel request, connection closed).
 #[test]

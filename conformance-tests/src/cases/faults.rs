@@ -190,7 +190,7 @@ pub async fn dropped_connection_is_lost_at_once(h: &dyn Harness) -> Result<(), F
     // driver that only learns of the loss by renewing misses the bound.
     holder.link.set(Fault::Cut);
     let cut_at = Instant::now();
-    let bound = t.ttl / 6;
+    let bound = t.dropped_connection_notice();
     let fired = within(
         bound * 4,
         "the lost signal after the connection dropped",

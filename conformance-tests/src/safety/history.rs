@@ -69,6 +69,10 @@ pub enum Op {
         /// The store accepted it.
         accepted: bool,
     },
+    /// The nemesis closed every connection of this event's client
+    /// ([`Fault::Cut`](crate::Fault::Cut)), recorded the moment it did. For a driver whose lock
+    /// is its connection's session, this is when the server may free the lock.
+    Cut,
     /// A fault began (nemesis).
     Fault {
         /// What and where.

@@ -34,7 +34,7 @@ mod store;
 mod timeline;
 mod workload;
 
-pub use checker::{check, Kind, Rules, Violation};
+pub use checker::{check, cut_races, Kind, Rules, Violation};
 pub use history::{Event, History, LeaseId, Op, NOBODY};
 pub use nemesis::{Rng, FAULT_KINDS};
 pub use report::{quantile, Report};

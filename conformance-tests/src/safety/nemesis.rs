@@ -158,6 +158,9 @@ impl Nemesis {
         };
         let c = *c;
         link.set(fault);
+        if fault == Fault::Cut {
+            self.history.record(c, NOBODY, Op::Cut);
+        }
         self.history.record(
             c,
             NOBODY,

@@ -37,6 +37,9 @@ pub struct Report {
     /// For each successful release of a name another client was waiting for: from the release
     /// call to the next grant of that name (the hand-off as the waiter sees it).
     pub handoff: Vec<Duration>,
+    /// For a driver whose lock is its connection's session: each overlap the checker let pass
+    /// as a cut race ([`Rules::cut_notice`](super::Rules::cut_notice)), as long as it lasted.
+    pub cut_races: Vec<Duration>,
     /// Every violation found.
     pub violations: Vec<Violation>,
     /// The history itself, in order.
@@ -92,7 +95,7 @@ impl Report {
             "{} grants in {:.1?} (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
              violations a/b/c/d {a}/{b}/{c}/{d}, cut-off holder to lost signal p50 {:?} p99 {:?} \
              (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), hand-off p50 {:?} p99 {:?} \
-             (n={}), seed {}",
+             (n={}), cut races {} (longest {:?}), seed {}",
             self.grants,
             self.elapsed,
             self.refused,
@@ -108,6 +111,8 @@ impl Report {
             self.handoff_quantile(0.5),
             self.handoff_quantile(0.99),
             self.handoff.len(),
+            self.cut_races.len(),
+            self.cut_races.iter().max(),
             self.seed
         )
     }

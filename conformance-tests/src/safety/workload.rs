@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Fencing, Lease, LeaseState, LockName, LockOptions};
 
-use super::checker::{check, Rules};
+use super::checker::{analyse, Rules};
 use super::history::{History, LeaseId, Op, NOBODY};
 use super::nemesis::{Nemesis, Rng, FAULT_KINDS};
 use super::report::{loss_to_signal, Report};
@@ -128,6 +128,11 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     let fencing = clients
         .first()
         .is_some_and(|c| c.capabilities().fencing != Fencing::None);
+    // A lock that is its connection's session: a cut frees it on the server at once.
+    let cut_notice = clients
+        .first()
+        .is_some_and(|c| !c.capabilities().outlives_connection)
+        .then(|| timing.dropped_connection_notice());
     let shared = Arc::new(Shared {
         history: Arc::new(History::default()),
         store: FencedStore::default(),
@@ -209,12 +214,13 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         let _ = tokio::time::timeout(grace, t).await;
     }
     let events = shared.history.events();
-    let violations = check(
+    let (violations, cut_races) = analyse(
         &events,
         &Rules {
             fencing,
             recovery,
             end,
+            cut_notice,
         },
     );
     let mut faults = BTreeMap::new();
@@ -233,6 +239,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         faults,
         elapsed: started.elapsed(),
         loss_to_signal: loss_to_signal(&events),
+        cut_races,
         violations,
         events,
     })
