@@ -379,3 +379,79 @@ fn a_create_lost_with_the_connection_is_found_not_repeated() {
         lease.release().await.unwrap();
     });
 }
+
+/// **Known failure, ignored** (RELIABILITY.md, "A stalled ZooKeeper leader can expire live
+/// sessions"): a holder connected to a follower, the leader frozen (SIGSTOP) for 2.5–4.5 s
+/// with a 2 s session, six rounds. The follower keeps answering the lease's confirmations from
+/// its own state, so the lease stays Held with a `valid_until` well after the thaw; but the
+/// leader learns of the session's activity only from the follower's touches, which reach it
+/// with its pings, and on resuming its expiry thread can run before the touches are read: it
+/// then expires the session at once. The promise — the lock is not freed while the lease is
+/// Held and valid — breaks in some rounds (a race inside the server; one probe showed the node
+/// deleted 4.7 ms after the thaw and the lease Lost 450 ms after it). Run it with `--ignored`
+/// to see the evidence; it passes the day the driver (or the server) closes the gap.
+#[test]
+#[ignore = "fails at times: a resumed ZooKeeper leader can expire sessions its followers kept alive"]
+fn a_stalled_leader_does_not_free_a_lock_its_holder_still_believes() {
+    serial(async {
+        let session = Duration::from_secs(2);
+        let mut rounds = Vec::new();
+        for freeze_ms in [2500, 3000, 3500, 4000, 4500, 3500] {
+            let mut leader = None;
+            for (i, port) in ENSEMBLE.iter().enumerate() {
+                if zk_mode(&format!("127.0.0.1:{port}")).await.as_deref() == Some("leader") {
+                    leader = Some(i);
+                }
+            }
+            let li = leader.expect("the ensemble has a leader");
+            let followers: Vec<String> = ENSEMBLE
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != li)
+                .map(|(_, p)| format!("127.0.0.1:{p}"))
+                .collect();
+            let holder = zk(&followers[0], session).await;
+            let watcher = zk(&followers[1], session).await;
+            let name = fresh_name("zk-stall");
+            let lease = holder
+                .acquire(&name, &LockOptions::new(session))
+                .await
+                .unwrap();
+            let path = lease.backend_key().unwrap();
+            let pid = services(&["pid", &format!("zk-ens{}", li + 1)]);
+            kill("STOP", &pid);
+            tokio::time::sleep(Duration::from_millis(freeze_ms)).await;
+            let believed_until = lease.valid_until();
+            let held = lease.state() != LeaseState::Lost;
+            kill("CONT", &pid);
+            let thaw = Instant::now();
+            let lost = lease.lost();
+            let mut gone = None;
+            while thaw.elapsed() < session * 2 && gone.is_none() {
+                if let Ok(None) = watcher.client().check_stat(&path).await {
+                    gone = Some((Instant::now() - thaw, lost.is_lost()));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let until = believed_until.saturating_duration_since(thaw);
+            rounds.push(format!(
+                "frozen {freeze_ms} ms: Held at the thaw {held}, valid until thaw + {until:?}, \
+                 node gone at thaw + {:?} (lease Lost by then: {:?})",
+                gone.map(|g| g.0),
+                gone.map(|g| g.1)
+            ));
+            let broken = gone.is_some_and(|(g, was_lost)| held && g < until && !was_lost);
+            drop(lease);
+            // Let the ensemble settle (and a session it expired end) before the next round.
+            tokio::time::sleep(session * 2).await;
+            if broken {
+                panic!(
+                    "the resumed leader deleted the lock node while its lease was Held and \
+                     valid:\n  {}",
+                    rounds.join("\n  ")
+                );
+            }
+        }
+        eprintln!("every round kept the promise:\n  {}", rounds.join("\n  "));
+    });
+}
