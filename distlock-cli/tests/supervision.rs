@@ -46,6 +46,18 @@ fn mark_start(file: &Path, secs: f64) -> String {
     format!("date +%s%N > {}; sleep {secs}", file.display())
 }
 
+/// A `run` on `name` (TTL 2 s, then `extra` options) whose command is [`heartbeat`] into
+/// `hb`, returned once it has beaten four times (so it holds the lock).
+fn beating_holder(url: &str, name: &str, hb: &Path, extra: &[&str]) -> Child {
+    let beat = heartbeat(hb);
+    let mut args = vec!["run", "--name", name, "--ttl", "2s"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", &beat]);
+    let holder = distlock(url, &args).spawn().unwrap();
+    wait_beats(hb, 4);
+    holder
+}
+
 /// A second `run` on `name` that waits up to `wait` and records when its command started.
 fn second_run(url: &str, name: &str, start2: &Path, wait: &str) -> Child {
     distlock(
@@ -162,25 +174,7 @@ fn lost_lock_kills_before_the_next_holder(
     let dir = tmp(tag);
     let name = unique(tag);
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
-    let holder = distlock(
-        via_proxy,
-        &[
-            "run",
-            "--name",
-            &name,
-            "--ttl",
-            "2s",
-            "--grace",
-            "10s",
-            "--",
-            "sh",
-            "-c",
-            &heartbeat(&hb),
-        ],
-    )
-    .spawn()
-    .unwrap();
-    wait_beats(&hb, 4);
+    let holder = beating_holder(via_proxy, &name, &hb, &["--grace", "10s"]);
     for p in proxies {
         p.blackhole();
     }
@@ -273,23 +267,7 @@ fn supervisor_killed(tag: &str, url: &str) {
     let dir = tmp(tag);
     let name = unique(tag);
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
-    let mut holder = distlock(
-        url,
-        &[
-            "run",
-            "--name",
-            &name,
-            "--ttl",
-            "2s",
-            "--",
-            "sh",
-            "-c",
-            &heartbeat(&hb),
-        ],
-    )
-    .spawn()
-    .unwrap();
-    wait_beats(&hb, 4);
+    let mut holder = beating_holder(url, &name, &hb, &[]);
     kill("KILL", holder.id());
     let _ = holder.wait();
     let second = second_run(url, &name, &start2, "30s");

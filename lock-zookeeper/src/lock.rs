@@ -94,8 +94,17 @@ impl DistributedLock for ZkLock {
         self.inner.caps
     }
 
+    /// Queues on the live session. A session that ends before the grant loses nothing (no
+    /// lease was handed out): one more try on a new session.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(req).await
+        let mut retried = false;
+        loop {
+            let client = self.live_session().await?;
+            match self.contend_on(&client, req).await {
+                Err(_) if !retried && client.state().is_terminated() => retried = true,
+                r => return r,
+            }
+        }
     }
 
     /// The lowest sequence node (the holder) and its `czxid`; the lock lives as long as its

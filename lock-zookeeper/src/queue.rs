@@ -167,19 +167,6 @@ impl ZkLock {
         }
     }
 
-    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        // A session that ends before the grant loses nothing (no lease was handed out): try
-        // once more on a new session.
-        let mut retried = false;
-        loop {
-            let client = self.live_session().await?;
-            match self.contend_on(&client, req).await {
-                Err(_) if !retried && client.state().is_terminated() => retried = true,
-                r => return r,
-            }
-        }
-    }
-
     pub(crate) async fn contend_on(
         &self,
         client: &Client,
