@@ -34,6 +34,13 @@ fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// Waits for a `run` whose lock was lost: it must exit 70 (EX_SOFTWARE, "lost").
+fn exits_lost(holder: Child) -> Output {
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 70, "{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
 fn wait_for(path: &Path, limit: Duration) {
     let end = Instant::now() + limit;
     while !path.exists() {
@@ -203,13 +210,7 @@ fn a_lost_lock_stops_the_command_and_exits_70() {
     let holder = holding(&url, &dir, &args, "exec sleep 30");
     // An operator breaks the lock: the holder's next check finds its file gone.
     std::fs::remove_file(dir.join("locks").join("lost.lock")).unwrap();
-    let out = holder.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(70),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = exits_lost(holder);
     assert!(String::from_utf8_lossy(&out.stderr).contains("was lost"));
     assert!(
         t.elapsed() < Duration::from_secs(10),
@@ -234,13 +235,7 @@ fn a_lock_deleted_on_the_server_stops_the_command_and_exits_70() {
         "1",
         "key not found"
     );
-    let out = holder.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(70),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    exits_lost(holder);
 }
 
 /// Two `run`s on one name at once: each command records its start and end; no overlap.

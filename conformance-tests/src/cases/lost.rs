@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use lock_core::LeaseState;
 
-use super::support::{client, held, in_state, long_opts, opts, scene, watch_lost, within, Scene};
+use super::support::{
+    acquire_when_free, client, held, in_state, long_opts, opts, scene, watch_lost, within, Scene,
+};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// An unrenewed holder's `valid_until` is not after the moment a waiter is granted the lock,
@@ -67,12 +69,8 @@ pub async fn lost_fires_before_max_hold_successor(h: &dyn Harness) -> Result<(),
         Instant::now()
     });
     let wait = max_hold + window.max(lease.ttl()) * 2 + t.slack;
-    let next = within(
-        wait * 2,
-        "waiter behind a max_hold lease",
-        b.acquire(&name, &opts(h).wait_for(wait)),
-    )
-    .await??;
+    let next =
+        acquire_when_free(&*b, &name, &opts(h), wait, "waiter behind a max_hold lease").await?;
     let granted = Instant::now();
     let resolved = lease.lost().is_lost();
     let state = lease.state();

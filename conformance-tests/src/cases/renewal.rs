@@ -4,7 +4,9 @@ use std::time::Instant;
 
 use lock_core::LeaseState;
 
-use super::support::{held, in_state, opts, scene, sleep, sleep_until, within, Scene};
+use super::support::{
+    acquire_when_free, held, in_state, opts, scene, sleep, sleep_until, within, Scene,
+};
 use crate::{ensure, Failure, Harness};
 
 /// A manual renew before expiry moves `valid_until` forward and keeps others out past the
@@ -148,12 +150,8 @@ pub async fn max_hold_ends_lease(h: &dyn Harness) -> Result<(), Failure> {
     let ttl = lease.ttl();
     let lost = lease.lost();
     let wait = max_hold + ttl * 2 + t.slack;
-    let next = within(
-        wait * 2,
-        "waiter behind a max_hold lease",
-        b.acquire(&name, &opts(h).wait_for(wait)),
-    )
-    .await??;
+    let next =
+        acquire_when_free(&*b, &name, &opts(h), wait, "waiter behind a max_hold lease").await?;
     let granted = Instant::now();
     ensure!(
         granted >= t0 + max_hold,
