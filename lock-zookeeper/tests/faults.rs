@@ -24,6 +24,16 @@ async fn zk(hosts: &str, session: Duration) -> ZkLock {
         .unwrap_or_else(|e| panic!("ZooKeeper at {hosts} (scripts/services.sh up): {e}"))
 }
 
+/// The index in `ENSEMBLE` of the member that says it leads.
+async fn ensemble_leader() -> usize {
+    for (i, port) in ENSEMBLE.iter().enumerate() {
+        if zk_mode(&format!("127.0.0.1:{port}")).await.as_deref() == Some("leader") {
+            return i;
+        }
+    }
+    panic!("no member of the ensemble {ENSEMBLE:?} says it leads")
+}
+
 /// What the conformance suite's partition case cannot see: once a partition outlived the
 /// session, the same `ZkLock` opens a new session with the configured timeout, and paces new
 /// leases on it; the old lease stays Lost.
@@ -155,13 +165,7 @@ fn lock_and_queue_survive_the_ensemble_leader_being_killed() {
         let (n, w) = (name.clone(), waiter.clone());
         let waiting = tokio::spawn(async move { w.acquire(&n, &LockOptions::new(session)).await });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut leader = None;
-        for (i, port) in ENSEMBLE.iter().enumerate() {
-            if zk_mode(&format!("127.0.0.1:{port}")).await.as_deref() == Some("leader") {
-                leader = Some(i);
-            }
-        }
-        let idx = leader.expect("the ensemble has a leader");
+        let idx = ensemble_leader().await;
         let node = format!("zk-ens{}", idx + 1);
         let pid = services(&["pid", &node]);
         kill("KILL", pid);
@@ -397,13 +401,7 @@ fn a_stalled_leader_does_not_free_a_lock_its_holder_still_believes() {
         let session = Duration::from_secs(2);
         let mut rounds = Vec::new();
         for freeze_ms in [2500, 3000, 3500, 4000, 4500, 3500] {
-            let mut leader = None;
-            for (i, port) in ENSEMBLE.iter().enumerate() {
-                if zk_mode(&format!("127.0.0.1:{port}")).await.as_deref() == Some("leader") {
-                    leader = Some(i);
-                }
-            }
-            let li = leader.expect("the ensemble has a leader");
+            let li = ensemble_leader().await;
             let followers: Vec<String> = ENSEMBLE
                 .iter()
                 .enumerate()
