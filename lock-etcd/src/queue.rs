@@ -130,7 +130,14 @@ impl EtcdLock {
                 self.put_key(name, &key, id)
             );
             if let (Ok(Some(ttl)), Ok((rev, head))) = (alive, put) {
-                return Ok(Enqueued::new(id, ttl, start, key, (rev, head), guard));
+                return Ok(Enqueued::new(
+                    id,
+                    ttl,
+                    start + ttl.saturating_sub(drift(ttl)),
+                    key,
+                    (rev, head),
+                    guard,
+                ));
             }
             // The spare had expired (or a request failed): the guard revokes it, which also
             // deletes a key put meanwhile; start over with a new lease.
@@ -155,7 +162,14 @@ impl EtcdLock {
         let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
         let key = self.key(name, id);
         let (rev, head) = self.put_key(name, &key, id).await?;
-        Ok(Enqueued::new(id, ttl, start, key, (rev, head), guard))
+        Ok(Enqueued::new(
+            id,
+            ttl,
+            start + ttl.saturating_sub(drift(ttl)),
+            key,
+            (rev, head),
+            guard,
+        ))
     }
 }
 
@@ -175,13 +189,12 @@ pub(crate) struct Enqueued {
 }
 
 impl Enqueued {
-    /// Lease `id` of `ttl`, last confirmed by a request sent at `confirmed` (so valid until
-    /// then plus its TTL, minus drift), and its `key`, put at revision `rev` (`head`: it holds
-    /// the lock), revoked by `guard` unless granted.
+    /// Lease `id` (of `ttl`, valid until `valid_until`) and its `key`, put at revision `rev`
+    /// (`head`: it holds the lock), revoked by `guard` unless granted.
     fn new(
         id: i64,
         ttl: Duration,
-        confirmed: Instant,
+        valid_until: Instant,
         key: String,
         (rev, head): (i64, bool),
         guard: RevokeGuard,
@@ -189,7 +202,7 @@ impl Enqueued {
         Enqueued {
             id,
             ttl,
-            valid_until: confirmed + ttl.saturating_sub(drift(ttl)),
+            valid_until,
             key,
             rev,
             head,
