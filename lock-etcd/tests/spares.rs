@@ -25,7 +25,11 @@ async fn a_lock_on_a_fresh_spare_is_valid_for_no_longer_than_its_ttl() {
     for round in 0..5 {
         let name = fresh_name(&format!("spare-{round}"));
         let before = Instant::now();
-        let lease = locks.try_acquire(&name, &opts).await.unwrap().expect("free");
+        let lease = locks
+            .try_acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("free");
         let limit = before + lease.ttl() + Duration::from_millis(2);
         assert!(
             lease.valid_until() <= limit,
