@@ -132,7 +132,6 @@ fn main() -> ExitCode {
         (Flaw::LostSignalNeverFires, Kind::LossNotSeen),
         (Flaw::NonMonotonicFencing, Kind::Fencing),
         (Flaw::RenewResurrects, Kind::Overlap),
-        (Flaw::SessionLostLate, Kind::Overlap),
     ] {
         trials.push(Trial::test(format!("checker::{flaw:?}"), move || {
             checker_reports(flaw, kind)
