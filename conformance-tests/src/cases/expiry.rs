@@ -75,6 +75,47 @@ pub async fn valid_until_is_within_ttl(h: &dyn Harness) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Grants that follow a release on the same client at once claim no more than their TTL, as
+/// the first one does: `try_acquire` on new names and on the one just released, a waiting
+/// `acquire`, and a renewal of each. This is where a driver reuses what a release left behind
+/// (etcd's spare leases), and where one once counted the TTL twice.
+pub async fn regrants_after_a_release_claim_no_more_than_their_ttl(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let a = client(h).await?;
+    let o = opts(h);
+    let check = |what: &str, lease: &dyn Lease, after: Instant| {
+        // From the call's end: a sound bound whatever the scheduler did during the call.
+        let limit = after + lease.ttl();
+        ensure!(
+            lease.valid_until() <= limit,
+            "{what}, right after a release on the same client: valid_until is {:?} past the \
+             call's end + TTL {:?}",
+            lease.valid_until() - limit,
+            lease.ttl()
+        );
+        Ok(())
+    };
+    let first = fresh_name("regrant");
+    let names = [first.clone(), fresh_name("regrant"), first.clone()];
+    for (i, name) in names.iter().enumerate() {
+        let what = format!("try_acquire #{} of {name}", i + 1);
+        let lease = held(a.try_acquire(name, &o).await?, &what)?;
+        check(&what, lease.as_ref(), Instant::now())?;
+        lease.renew().await?;
+        check(
+            &format!("renew after {what}"),
+            lease.as_ref(),
+            Instant::now(),
+        )?;
+        lease.release().await?;
+    }
+    let lease = a.acquire(&first, &o.clone().wait_for(o.ttl)).await?;
+    check("a waiting acquire", lease.as_ref(), Instant::now())?;
+    lease.release().await?;
+    Ok(())
+}
+
 /// A lease nobody renews turns Lost at its `valid_until` (not much before, not after), and its
 /// lost signal resolves.
 pub async fn unrenewed_lease_turns_lost_at_valid_until(h: &dyn Harness) -> Result<(), Failure> {

@@ -110,6 +110,10 @@ pub static CASES: &[Case] = &[
     ),
     case!(expiry::abandoned_lease_frees_after_ttl, ttl),
     case!(expiry::valid_until_is_within_ttl, always),
+    case!(
+        expiry::regrants_after_a_release_claim_no_more_than_their_ttl,
+        always
+    ),
     case!(expiry::unrenewed_lease_turns_lost_at_valid_until, ttl),
     case!(expiry::expired_lock_goes_to_exactly_one_racer, ttl),
     case!(expiry::odd_ttl_holds_until_valid_until, ttl),

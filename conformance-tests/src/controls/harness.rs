@@ -39,6 +39,9 @@ pub(super) struct Shared {
     pub(super) grants: Mutex<HashMap<LockName, Grant>>,
     /// Per name: when it was last released and the token offset in force.
     pub(super) idle: Mutex<HashMap<LockName, (Instant, u64)>>,
+    /// Per client: the TTL and the validity of the lease it released last
+    /// ([`Flaw::RegrantOverstatesValidity`]).
+    pub(super) last_released: Mutex<HashMap<u64, (Duration, Instant)>>,
     /// Waiting acquires per name so far (arrival numbers).
     pub(super) arrivals: Mutex<HashMap<LockName, u32>>,
     /// Lost-signal senders kept alive on purpose ([`Flaw::AbandonKeepsLostPending`]).

@@ -181,9 +181,10 @@ impl Lease for FlawedLease {
         let opts = self.opts.clone();
         let name = self.inner.name().clone();
         let inner = std::mem::replace(&mut self.inner, Box::new(Released(name.clone())));
+        let valid_until = inner.valid_until();
         let r = inner.release().await;
         if r.is_ok() {
-            lock.released(&name);
+            lock.released(&name, opts.ttl, valid_until);
         }
         match lock.flaw {
             Flaw::ReleaseWithoutOwnerCheck if r.is_err() => {

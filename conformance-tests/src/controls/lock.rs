@@ -172,6 +172,11 @@ impl FlawedLock {
         // The store's validity starts when the request landed; the wire took `delay` each way.
         let shift = match (self.delay(), self.flaw) {
             (Some(_), Flaw::ValidUntilFromReply) => Shift::Later(landed.elapsed()),
+            (_, Flaw::RegrantOverstatesValidity) => match self.fresh_release(opts.ttl, started) {
+                // Counted from the end of the released lease's validity, not from `started`.
+                Some(until) => Shift::Later(until.saturating_duration_since(started)),
+                None => Shift::Earlier(landed.saturating_duration_since(started)),
+            },
             _ => Shift::Earlier(landed.saturating_duration_since(started)),
         };
         Box::new(FlawedLease {
@@ -218,12 +223,21 @@ impl FlawedLock {
         Box::new(driver::ManagedLease::new(name, grant, opts.renewal, ops))
     }
 
-    /// Forgets `name`'s grant after a release.
-    pub(super) fn released(&self, name: &LockName) {
+    /// Forgets `name`'s grant after a release of a lease of `ttl`, valid until `valid_until`.
+    pub(super) fn released(&self, name: &LockName, ttl: Duration, valid_until: Instant) {
         locked(&self.shared.grants).remove(name);
+        locked(&self.shared.last_released).insert(self.id, (ttl, valid_until));
         if let Some(e) = locked(&self.shared.idle).get_mut(name) {
             e.0 = Instant::now();
         }
+    }
+
+    /// The validity of the lease of `ttl` this client released last, if that lease was
+    /// confirmed less than a tenth of the TTL before `started` (taken: used once).
+    fn fresh_release(&self, ttl: Duration, started: Instant) -> Option<Instant> {
+        let (t, until) = locked(&self.shared.last_released).remove(&self.id)?;
+        let confirmed = until.checked_sub(t)?;
+        (t == ttl && started < confirmed + ttl / 10).then_some(until)
     }
 
     /// An expired grant of `name` that nobody released or replaced, if any.

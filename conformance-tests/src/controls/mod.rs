@@ -71,6 +71,10 @@ pub enum Flaw {
     /// Through a slow wire, `valid_until` is measured from the reply instead of from before the
     /// request.
     ValidUntilFromReply,
+    /// A grant made right after a release on the same client, within a tenth of the TTL of
+    /// that lease's last confirmation, counts its TTL from the end of the released lease's
+    /// validity (the fresh-spare path of an etcd change that was reverted).
+    RegrantOverstatesValidity,
     /// A bounded `acquire` (`wait_for`) checks the lock once a second instead of waking on a
     /// release.
     BoundedWaitPolls,
@@ -153,6 +157,7 @@ impl Flaw {
         Flaw::InspectRemainingIsTheTtl,
         Flaw::TtlRoundedDown,
         Flaw::ValidUntilFromReply,
+        Flaw::RegrantOverstatesValidity,
         Flaw::BoundedWaitPolls,
         Flaw::TryAcquireWaits,
         Flaw::TimedOutWaiterStaysQueued,
@@ -221,6 +226,9 @@ impl Flaw {
             }
             Flaw::TtlRoundedDown => cases![expiry::odd_ttl_holds_until_valid_until],
             Flaw::ValidUntilFromReply => cases![expiry::valid_until_counts_from_before_the_request],
+            Flaw::RegrantOverstatesValidity => {
+                cases![expiry::regrants_after_a_release_claim_no_more_than_their_ttl]
+            }
             Flaw::BoundedWaitPolls => cases![waiting::bounded_waiter_wakes_promptly_after_release],
             Flaw::TryAcquireWaits => cases![waiting::try_acquire_does_not_wait],
             Flaw::TimedOutWaiterStaysQueued => {
