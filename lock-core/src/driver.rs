@@ -137,6 +137,57 @@ macro_rules! __tls_setters {
     };
 }
 
+/// The timeout setters and getters of a driver that talks to its server request by request:
+/// `with_connect_timeout` / `connect_timeout()` and `with_request_timeout` /
+/// `request_timeout()`. The config needs the fields `connect_timeout: Duration` and
+/// `request_timeout: Duration`.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// #[derive(Default)]
+/// pub struct MyConfig {
+///     connect_timeout: Duration,
+///     request_timeout: Duration,
+/// }
+/// impl MyConfig {
+///     lock_core::driver::timeout_setters!();
+/// }
+///
+/// let c = MyConfig::default().with_request_timeout(Duration::from_secs(2));
+/// assert_eq!(c.request_timeout(), Duration::from_secs(2));
+/// assert_eq!(c.connect_timeout(), Duration::ZERO);
+/// ```
+#[doc(inline)]
+pub use crate::__timeout_setters as timeout_setters;
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __timeout_setters {
+    () => {
+        /// Deadline of each connection attempt.
+        pub fn with_connect_timeout(mut self, d: ::std::time::Duration) -> Self {
+            self.connect_timeout = d;
+            self
+        }
+        /// Deadline of each request. It does not bound the lock's own waiting (`LockOptions`
+        /// does); an acquire whose request times out has an unknown outcome, which the driver
+        /// cleans up.
+        pub fn with_request_timeout(mut self, d: ::std::time::Duration) -> Self {
+            self.request_timeout = d;
+            self
+        }
+        /// Deadline of each connection attempt.
+        pub fn connect_timeout(&self) -> ::std::time::Duration {
+            self.connect_timeout
+        }
+        /// Deadline of each request.
+        pub fn request_timeout(&self) -> ::std::time::Duration {
+            self.request_timeout
+        }
+    };
+}
+
 /// The credential setter and getter of a driver whose server takes a user and a password:
 /// `with_credentials(user, password)` and `user()`. The config needs the fields
 /// `user: Option<String>` and `password: Option<Secret>` (a [`Secret`], so that no way of

@@ -150,16 +150,7 @@ impl EtcdConfig {
     }
     // Talks to the members over TLS (`https://`): with_tls, with_tls_ca_pem, ...
     lock_core::driver::tls_setters!();
-    /// Deadline of each request (the lock's own waiting is bounded by `LockOptions`, not this).
-    pub fn with_request_timeout(mut self, d: Duration) -> Self {
-        self.request_timeout = d;
-        self
-    }
-    /// Deadline of connecting (and of the health check `connect` runs).
-    pub fn with_connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
+    lock_core::driver::timeout_setters!();
 
     /// The endpoints.
     pub fn endpoints(&self) -> &[String] {
@@ -168,14 +159,6 @@ impl EtcdConfig {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
-    }
-    /// Request deadline.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
-    }
-    /// Connect deadline.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
     }
     pub(crate) fn credentials(&self) -> Option<(&str, &str)> {
         Some((self.user.as_deref()?, self.password.as_ref()?.expose()))

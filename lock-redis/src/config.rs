@@ -143,6 +143,7 @@ impl RedisConfig {
         self
     }
     lock_core::driver::tls_setters!();
+    lock_core::driver::timeout_setters!();
     /// The PEM of the configured TLS certificate authority, if any, read from its file off the
     /// runtime's threads.
     pub(crate) async fn tls_ca_pem(&self) -> Result<Option<Vec<u8>>> {
@@ -194,16 +195,6 @@ impl RedisConfig {
     pub fn allow_eviction(&self) -> bool {
         self.allow_eviction
     }
-    /// Timeout of each connection attempt.
-    pub fn with_connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
-    /// Timeout of each request. An acquire that times out is ambiguous and is cleaned up.
-    pub fn with_request_timeout(mut self, d: Duration) -> Self {
-        self.request_timeout = d;
-        self
-    }
 
     /// Server host.
     pub fn host(&self) -> &str {
@@ -220,14 +211,6 @@ impl RedisConfig {
     /// Key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
-    }
-    /// Per-request timeout.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
-    }
-    /// Connect timeout.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
     }
     pub(crate) fn secret(&self) -> Option<&Secret> {
         self.password.as_ref()
