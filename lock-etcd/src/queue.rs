@@ -130,10 +130,10 @@ impl EtcdLock {
                 self.put_key(name, &key, id)
             );
             if let (Ok(Some(ttl)), Ok((rev, head))) = (alive, put) {
-                return Ok(Enqueued::new(
+                return Ok(Enqueued::confirmed_at(
+                    start,
                     id,
                     ttl,
-                    start + ttl.saturating_sub(drift(ttl)),
                     key,
                     (rev, head),
                     guard,
@@ -162,10 +162,10 @@ impl EtcdLock {
         let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
         let key = self.key(name, id);
         let (rev, head) = self.put_key(name, &key, id).await?;
-        Ok(Enqueued::new(
+        Ok(Enqueued::confirmed_at(
+            start,
             id,
             ttl,
-            start + ttl.saturating_sub(drift(ttl)),
             key,
             (rev, head),
             guard,
@@ -208,6 +208,27 @@ impl Enqueued {
             head,
             guard,
         }
+    }
+
+    /// Like [`new`](Self::new), for a lease whose TTL a request begun at `start` confirmed:
+    /// valid until `start` + TTL − drift. (A spare confirmed earlier passes its own end of
+    /// validity to `new` instead: it must not be counted from `start` again.)
+    fn confirmed_at(
+        start: Instant,
+        id: i64,
+        ttl: Duration,
+        key: String,
+        put: (i64, bool),
+        guard: RevokeGuard,
+    ) -> Self {
+        Self::new(
+            id,
+            ttl,
+            start + ttl.saturating_sub(drift(ttl)),
+            key,
+            put,
+            guard,
+        )
     }
 }
 
