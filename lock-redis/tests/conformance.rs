@@ -26,16 +26,10 @@ struct Redis {
 }
 
 impl Redis {
-    async fn raw(&self) -> Result<redis::aio::MultiplexedConnection, BoxError> {
-        let url = format!(
-            "redis://{}:{}/{}",
-            self.config.host(),
-            self.config.port(),
-            self.config.db()
-        );
-        Ok(redis::Client::open(url)?
-            .get_multiplexed_async_connection()
-            .await?)
+    /// The server, without TLS or credentials: for the harness's own commands.
+    fn raw_url(&self) -> String {
+        let c = &self.config;
+        format!("redis://{}:{}/{}", c.host(), c.port(), c.db())
     }
 }
 
@@ -48,8 +42,7 @@ impl Harness for Redis {
         Timing::for_ttl(Duration::from_millis(500))
     }
     async fn backend_requests(&self) -> Option<u64> {
-        let mut c = self.raw().await.ok()?;
-        test_support::commands_processed(&mut c).await
+        test_support::redis_commands_processed(&self.raw_url()).await
     }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let keys = if self.config.plain_keys() {
@@ -58,15 +51,9 @@ impl Harness for Redis {
             LockKeys::new(self.config.prefix(), name)
         };
         Some(
-            async {
-                let mut c = self.raw().await?;
-                let _: i64 = redis::cmd("DEL")
-                    .arg(&keys.lock)
-                    .query_async(&mut c)
-                    .await?;
-                Ok(())
-            }
-            .await,
+            test_support::redis_del([self.raw_url()], &keys.lock)
+                .await
+                .map_err(Into::into),
         )
     }
     fn servers(&self) -> Option<Arc<dyn Servers>> {

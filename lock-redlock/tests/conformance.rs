@@ -30,17 +30,10 @@ struct Redlock {
 }
 
 impl Redlock {
-    async fn raw(&self) -> Result<Vec<redis::aio::MultiplexedConnection>, BoxError> {
-        let mut out = Vec::new();
-        for m in self.config.masters() {
-            let url = format!("redis://{}:{}/{}", m.host(), m.port(), m.db());
-            out.push(
-                redis::Client::open(url)?
-                    .get_multiplexed_async_connection()
-                    .await?,
-            );
-        }
-        Ok(out)
+    /// The masters, without TLS or credentials: for the harness's own commands.
+    fn raw_urls(&self) -> impl Iterator<Item = String> + '_ {
+        let masters = self.config.masters().iter();
+        masters.map(|m| format!("redis://{}:{}/{}", m.host(), m.port(), m.db()))
     }
 }
 
@@ -59,8 +52,8 @@ impl Harness for Redlock {
     /// Commands processed by all masters, minus the INFO commands this counter itself sent.
     async fn backend_requests(&self) -> Option<u64> {
         let mut total = 0;
-        for mut c in self.raw().await.ok()? {
-            total += test_support::commands_processed(&mut c).await?;
+        for url in self.raw_urls() {
+            total += test_support::redis_commands_processed(&url).await?;
         }
         let reads = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
         Some(total.saturating_sub(reads * self.config.masters().len() as u64))
@@ -71,16 +64,9 @@ impl Harness for Redlock {
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let keys = LockKeys::new(self.config.masters()[0].prefix(), name);
         Some(
-            async {
-                for mut c in self.raw().await? {
-                    let _: i64 = redis::cmd("DEL")
-                        .arg(&keys.lock)
-                        .query_async(&mut c)
-                        .await?;
-                }
-                Ok(())
-            }
-            .await,
+            test_support::redis_del(self.raw_urls(), &keys.lock)
+                .await
+                .map_err(Into::into),
         )
     }
     /// `redis-auth` (16390) and, with the `tls` feature, `redis-tls` (16392) of

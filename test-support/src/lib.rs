@@ -143,6 +143,23 @@ pub async fn redis_commands_processed(url: &str) -> Option<u64> {
     commands_processed(&mut c).await
 }
 
+/// Deletes `key` on every Redis server in `urls`, as an operator breaking a lock by hand would.
+///
+/// # Errors
+/// The client library's, from the first server that cannot be reached or refuses.
+pub async fn redis_del(
+    urls: impl IntoIterator<Item = String>,
+    key: &str,
+) -> Result<(), redis::RedisError> {
+    for url in urls {
+        let mut c = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let _: i64 = redis::cmd("DEL").arg(key).query_async(&mut c).await?;
+    }
+    Ok(())
+}
+
 /// [`redis_commands_processed`] on a connection the caller has (authenticated) already.
 pub async fn commands_processed(c: &mut (impl redis::aio::ConnectionLike + Send)) -> Option<u64> {
     let info: String = redis::cmd("INFO").arg("stats").query_async(c).await.ok()?;
