@@ -129,15 +129,8 @@ impl EtcdLock {
                 ),
                 self.put_key(name, &key, id)
             );
-            if let (Ok(Some(ttl)), Ok((rev, head))) = (alive, put) {
-                return Ok(Enqueued::confirmed_at(
-                    start,
-                    id,
-                    ttl,
-                    key,
-                    (rev, head),
-                    guard,
-                ));
+            if let (Ok(Some(ttl)), Ok(put)) = (alive, put) {
+                return Ok(Enqueued::confirmed_at(start, id, ttl, key, put, guard));
             }
             // The spare had expired (or a request failed): the guard revokes it, which also
             // deletes a key put meanwhile; start over with a new lease.
@@ -161,15 +154,8 @@ impl EtcdLock {
         };
         let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
         let key = self.key(name, id);
-        let (rev, head) = self.put_key(name, &key, id).await?;
-        Ok(Enqueued::confirmed_at(
-            start,
-            id,
-            ttl,
-            key,
-            (rev, head),
-            guard,
-        ))
+        let put = self.put_key(name, &key, id).await?;
+        Ok(Enqueued::confirmed_at(start, id, ttl, key, put, guard))
     }
 }
 
