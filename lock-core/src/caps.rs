@@ -65,6 +65,19 @@ pub struct Capabilities {
     pub outlives_connection: bool,
 }
 
+/// `with_<field>` setters of [`Capabilities`], one per field, each `const`.
+macro_rules! setters {
+    ($($with:ident => $field:ident: $ty:ty;)*) => {
+        $(
+            #[doc = concat!("Sets [`Capabilities::", stringify!($field), "`].")]
+            pub const fn $with(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 impl Capabilities {
     /// The most conservative description: no fencing, no FIFO, per-lock TTLs from 1 ms to
     /// [`MAX_TTL`] at millisecond granularity, lost notification.
@@ -81,50 +94,16 @@ impl Capabilities {
             outlives_connection: true,
         }
     }
-    /// Sets [`Capabilities::fencing`].
-    pub const fn with_fencing(mut self, fencing: Fencing) -> Self {
-        self.fencing = fencing;
-        self
-    }
-    /// Sets [`Capabilities::fifo`].
-    pub const fn with_fifo(mut self, fifo: bool) -> Self {
-        self.fifo = fifo;
-        self
-    }
-    /// Sets [`Capabilities::per_lock_ttl`].
-    pub const fn with_per_lock_ttl(mut self, per_lock_ttl: bool) -> Self {
-        self.per_lock_ttl = per_lock_ttl;
-        self
-    }
-    /// Sets [`Capabilities::min_ttl`].
-    pub const fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
-        self.min_ttl = min_ttl;
-        self
-    }
-    /// Sets [`Capabilities::max_ttl`].
-    pub const fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
-        self.max_ttl = max_ttl;
-        self
-    }
-    /// Sets [`Capabilities::ttl_granularity`].
-    pub const fn with_ttl_granularity(mut self, granularity: Duration) -> Self {
-        self.ttl_granularity = granularity;
-        self
-    }
-    /// Sets [`Capabilities::lost_notification`].
-    pub const fn with_lost_notification(mut self, lost_notification: bool) -> Self {
-        self.lost_notification = lost_notification;
-        self
-    }
-    /// Sets [`Capabilities::inspect`].
-    pub const fn with_inspect(mut self, inspect: bool) -> Self {
-        self.inspect = inspect;
-        self
-    }
-    /// Sets [`Capabilities::outlives_connection`].
-    pub const fn with_outlives_connection(mut self, outlives: bool) -> Self {
-        self.outlives_connection = outlives;
-        self
+    setters! {
+        with_fencing => fencing: Fencing;
+        with_fifo => fifo: bool;
+        with_per_lock_ttl => per_lock_ttl: bool;
+        with_min_ttl => min_ttl: Duration;
+        with_max_ttl => max_ttl: Duration;
+        with_ttl_granularity => ttl_granularity: Duration;
+        with_lost_notification => lost_notification: bool;
+        with_inspect => inspect: bool;
+        with_outlives_connection => outlives_connection: bool;
     }
 }
 
