@@ -23,6 +23,8 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+step "no circle of imports between files"
+python3 scripts/import-cycles.py
 step "cargo clippy"
 # The CLI's default features leave etcd out (its client needs protoc): lint and test it whole.
 cargo clippy --workspace --all-targets --features distlock-cli/full -- -D warnings

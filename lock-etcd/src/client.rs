@@ -10,7 +10,8 @@ use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
 use lock_core::driver::{scrub, ClientError};
 use lock_core::{Capabilities, Error, Fencing, Result};
 
-use crate::lock::{EtcdLock, Inner, BACKEND};
+use crate::config::BACKEND;
+use crate::lock::{EtcdLock, Inner};
 use crate::EtcdConfig;
 
 impl EtcdLock {

@@ -5,6 +5,10 @@ use std::time::Duration;
 use lock_core::driver::{percent_encode, redacted_url, MultiHostUrl, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
+/// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
+/// and errors give it.
+pub(crate) const BACKEND: &str = "etcd";
+
 /// Where the cluster is and how this client talks to it.
 ///
 /// ```

@@ -4,7 +4,8 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lock_core::{Error, Lease, LockName, Result};
 
 use crate::client::txn_call;
-use crate::lock::{EtcdLock, BACKEND};
+use crate::config::BACKEND;
+use crate::lock::EtcdLock;
 
 impl EtcdLock {
     /// Runs `ops` in one etcd transaction **only while `lease` still holds its lock**: the

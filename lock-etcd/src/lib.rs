@@ -78,7 +78,7 @@ pub use lock_core;
 /// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
 /// ([`EtcdLock::from_url`]).
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
-    backend: "etcd",
+    backend: config::BACKEND,
     schemes: &["etcd"],
     connect: |url| lock_core::driver::connecting(async move { EtcdLock::from_url(&url).await }),
 };

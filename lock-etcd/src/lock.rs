@@ -9,10 +9,9 @@ use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
 
+use crate::config::BACKEND;
 use crate::spares::Spares;
 use crate::EtcdConfig;
-
-pub(crate) const BACKEND: &str = "etcd";
 
 /// An etcd lock client. Cheap to clone (one gRPC channel, shared).
 ///

@@ -11,8 +11,9 @@ use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
 
 use crate::client::{malformed, txn_call};
+use crate::config::BACKEND;
 use crate::lease::EtcdLeaseOps;
-use crate::lock::{EtcdLock, BACKEND};
+use crate::lock::EtcdLock;
 use crate::waiting::{keep_alive, WaitingLease, Woken};
 
 impl EtcdLock {

@@ -7,7 +7,8 @@ use lock_core::driver::drift;
 use lock_core::{Deadline, Error, LockName, Result};
 
 use crate::client::map_error;
-use crate::lock::{EtcdLock, BACKEND};
+use crate::config::BACKEND;
+use crate::lock::EtcdLock;
 use crate::EtcdConfig;
 
 impl EtcdLock {

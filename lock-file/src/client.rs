@@ -10,8 +10,9 @@ use lock_core::{Error, FencingToken, LockName, Result};
 
 use crate::counter;
 
-use crate::lock::{FileLock, Inner, BACKEND};
+use crate::lock::{FileLock, Inner};
 
+use crate::config::BACKEND;
 use crate::FileConfig;
 
 impl FileLock {

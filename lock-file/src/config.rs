@@ -5,6 +5,10 @@ use std::path::{Path, PathBuf};
 
 use lock_core::{Error, Result};
 
+/// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
+/// and errors give it.
+pub(crate) const BACKEND: &str = "file";
+
 /// Where a [`FileLock`](crate::FileLock) keeps its lock files: `<dir>/<name>.lock`.
 ///
 /// ```

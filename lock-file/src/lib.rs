@@ -79,7 +79,7 @@ pub use lock_core;
 /// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
 /// ([`FileLock::from_url`]).
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
-    backend: "file",
+    backend: config::BACKEND,
     schemes: &["file"],
     connect: |url| lock_core::driver::connecting(async move { FileLock::from_url(&url).await }),
 };

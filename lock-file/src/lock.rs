@@ -9,9 +9,8 @@ use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
 use tokio::sync::Notify;
 
+use crate::config::BACKEND;
 use crate::FileConfig;
-
-pub(crate) const BACKEND: &str = "file";
 
 /// Locks for the processes of one machine: `<dir>/<name>.lock`, held with an OS advisory lock.
 ///

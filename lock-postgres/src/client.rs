@@ -11,8 +11,8 @@ use tokio_postgres::{CancelToken, Client, NoTls};
 use lock_core::driver::ClientError;
 use lock_core::{Error, LockName, Result};
 
-use crate::lock::BACKEND;
-use crate::session::{Keepalive, Session, Sql, Statements};
+use crate::config::BACKEND;
+use crate::session::{Keepalive, Pool, Session, Sql, Statements};
 use crate::PgConfig;
 
 /// The advisory-lock key of a lock name: the first 8 bytes of the SHA-256 of its UTF-8 bytes,
@@ -90,6 +90,33 @@ impl Connector {
             Connector::Rustls(tls) => token.cancel_query(tls.clone()).await,
         }
     }
+
+    /// Ends `session`, which may be waiting in the server's lock queue, in a task of its own
+    /// that a cancelled caller does not stop: a cancel request interrupts the wait (the
+    /// protocol's equivalent of `pg_cancel_backend`), and closing the connection ends the
+    /// session, so a grant that raced the cancel is freed too.
+    pub(crate) fn cancel_and_close(&self, session: Session) {
+        let token: CancelToken = session.client.cancel_token();
+        let connector = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let cancelled = tokio::time::timeout(
+                        std::time::Duration::from_secs(10),
+                        connector.cancel(&token),
+                    )
+                    .await;
+                    if !matches!(cancelled, Ok(Ok(()))) {
+                        tracing::debug!(
+                            "cancel request not confirmed; the closed connection ends the wait"
+                        );
+                    }
+                    drop(session);
+                });
+            }
+            Err(_) => drop(session), // the runtime is gone, and the connection with it
+        }
+    }
 }
 
 /// A connection's task, and a flag it raises when the connection has closed.
@@ -155,6 +182,8 @@ pub(crate) struct Opener {
     pub(crate) connector: Connector,
     pub(crate) keepalive: Keepalive,
     pub(crate) sql: Sql,
+    /// Sessions kept open between leases.
+    pub(crate) idle: Pool,
 }
 
 /// A connection with its server settings made, not yet prepared.
@@ -172,6 +201,7 @@ impl Opener {
             connector: Connector::new(&config).await?,
             keepalive: Keepalive::for_bound(config.session_timeout()),
             sql: Sql::for_table(config.table()),
+            idle: Pool::default(),
             config,
         })
     }

@@ -5,6 +5,10 @@ use std::time::Duration;
 use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
+/// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
+/// and errors give it.
+pub(crate) const BACKEND: &str = "postgres";
+
 /// The URL schemes this driver serves.
 pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
 

@@ -8,11 +8,12 @@ use async_trait::async_trait;
 use lock_core::driver::{drift, LeaseOps};
 use lock_core::{Error, LockName, Result};
 
-use crate::lock::{Inner, PgLock};
+use crate::client::Opener;
+use crate::config::BACKEND;
 use crate::session::Session;
 
 pub(crate) struct PgLeaseOps {
-    inner: Arc<Inner>,
+    opener: Arc<Opener>,
     /// The session holding the lock; taken out by release (or abandon).
     session: std::sync::Mutex<Option<Arc<Session>>>,
     key: i64,
@@ -23,14 +24,14 @@ pub(crate) struct PgLeaseOps {
 
 impl PgLeaseOps {
     pub(crate) fn new(
-        inner: Arc<Inner>,
+        opener: Arc<Opener>,
         session: Session,
         key: i64,
         name: LockName,
         valid_until: Instant,
     ) -> Self {
         PgLeaseOps {
-            inner,
+            opener,
             session: std::sync::Mutex::new(Some(Arc::new(session))),
             key,
             name,
@@ -98,7 +99,7 @@ impl LeaseOps for PgLeaseOps {
         expired.armed = false;
         let outcome = match held {
             Ok(true) => {
-                let bound = self.inner.opener.config.session_timeout();
+                let bound = self.opener.config.session_timeout();
                 let until = start + bound - drift(bound);
                 *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
                 return Ok(until);
@@ -109,7 +110,7 @@ impl LeaseOps for PgLeaseOps {
             Err(_) if session.is_closed() => {
                 self.ended("ended (connection closed or backend terminated)")
             }
-            Err(e) => return Err(self.inner.opener.error(e)),
+            Err(e) => return Err(self.opener.error(e)),
         };
         drop(self.take());
         Err(outcome)
@@ -122,14 +123,14 @@ impl LeaseOps for PgLeaseOps {
         if session.is_closed() {
             return Err(self.ended("ended before the release"));
         }
-        let bound = self.inner.opener.config.session_timeout();
+        let bound = self.opener.config.session_timeout();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
         let unlock = session.client.query_one(&session.stmts.unlock, &params);
         let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
             // Closing the connection ends the session, and the lock with it, once the server
             // hears of it (or its keepalive gives up).
             return Err(Error::unavailable(
-                crate::lock::BACKEND,
+                BACKEND,
                 format!("unlock unanswered after {bound:?}; connection closed instead"),
             ));
         };
@@ -137,7 +138,7 @@ impl LeaseOps for PgLeaseOps {
         match unlocked {
             Ok(true) => {
                 if let Ok(s) = Arc::try_unwrap(session) {
-                    PgLock::put_back(&self.inner, s);
+                    self.opener.idle.put_back(s);
                 }
                 Ok(())
             }
@@ -146,7 +147,7 @@ impl LeaseOps for PgLeaseOps {
             }),
             Err(_) if session.is_closed() => Err(self.ended("ended before the release")),
             // Dropping the session closes the connection: the lock goes with the session.
-            Err(e) => Err(self.inner.opener.error(e)),
+            Err(e) => Err(self.opener.error(e)),
         }
     }
 

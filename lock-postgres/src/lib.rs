@@ -98,7 +98,7 @@ pub use tokio_postgres;
 /// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
 /// ([`PgLock::from_url`]).
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
-    backend: lock::BACKEND,
+    backend: config::BACKEND,
     schemes: config::SCHEMES,
     connect: |url| lock_core::driver::connecting(async move { PgLock::from_url(&url).await }),
 };

@@ -13,13 +13,10 @@ use lock_core::{
 };
 
 use crate::client::{advisory_key, Opener};
+use crate::config::BACKEND;
 use crate::lease::PgLeaseOps;
 use crate::session::Session;
 use crate::PgConfig;
-
-pub(crate) const BACKEND: &str = "postgres";
-/// Idle sessions kept for the next acquisitions; more are closed on release.
-const IDLE_SESSIONS: usize = 16;
 
 /// A PostgreSQL lock client: sessions of its own, one per held or awaited lock.
 ///
@@ -52,8 +49,8 @@ pub struct PgLock {
 }
 
 pub(crate) struct Inner {
-    pub(crate) opener: Opener,
-    pub(crate) idle: std::sync::Mutex<Vec<Session>>,
+    /// Shared with the leases, which give their sessions back to its pool.
+    pub(crate) opener: Arc<Opener>,
     pub(crate) caps: Capabilities,
 }
 
@@ -66,7 +63,7 @@ impl PgLock {
         opener.refuse_pooler(&first).await?;
         opener.ensure_table(&first).await?;
         opener.warn_unbounded(&first);
-        let session = opener.prepare(first).await?;
+        opener.idle.put_back(opener.prepare(first).await?);
         let bound = opener.config.session_timeout();
         Ok(PgLock {
             inner: Arc::new(Inner {
@@ -77,8 +74,7 @@ impl PgLock {
                     .with_per_lock_ttl(false)
                     .with_outlives_connection(false)
                     .with_min_ttl(bound),
-                idle: std::sync::Mutex::new(vec![session]),
-                opener,
+                opener: Arc::new(opener),
             }),
         })
     }
@@ -102,29 +98,9 @@ impl PgLock {
 
     /// An idle session (one whose connection is still open), or a new one.
     pub(crate) async fn session(&self) -> Result<(Session, bool)> {
-        loop {
-            let idle = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop();
-            match idle {
-                Some(s) if s.is_closed() => continue,
-                Some(s) => return Ok((s, true)),
-                None => return Ok((self.inner.opener.session().await?, false)),
-            }
-        }
-    }
-
-    /// Keeps a session that holds nothing for the next acquisition.
-    pub(crate) fn put_back(inner: &Inner, session: Session) {
-        if session.is_closed() {
-            return;
-        }
-        let mut idle = inner.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < IDLE_SESSIONS {
-            idle.push(session);
+        match self.inner.opener.idle.take() {
+            Some(s) => Ok((s, true)),
+            None => Ok((self.inner.opener.session().await?, false)),
         }
     }
 
@@ -166,7 +142,7 @@ impl PgLock {
             Ok(None) => {
                 // Not granted, nothing taken: the session stays usable.
                 if let Some(s) = pending.0.take() {
-                    PgLock::put_back(&self.inner, s);
+                    self.inner.opener.idle.put_back(s);
                 }
                 return Ok(None);
             }
@@ -210,7 +186,7 @@ impl PgLock {
             valid_until: confirmed_at + bound - drift(bound),
         };
         let ops = PgLeaseOps::new(
-            self.inner.clone(),
+            self.inner.opener.clone(),
             session,
             key,
             name.clone(),
@@ -254,7 +230,7 @@ impl Pending<'_> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if let Some(s) = self.0.take() {
-            s.cancel_and_close(self.1);
+            self.1.cancel_and_close(s);
         }
     }
 }
@@ -294,7 +270,7 @@ impl DistributedLock for PgLock {
             .query(&opener.sql.inspect, &[&advisory_key(name), &name.as_str()])
             .await
             .map_err(|e| opener.error(e));
-        PgLock::put_back(&self.inner, session);
+        self.inner.opener.idle.put_back(session);
         let Some(row) = rows?.into_iter().next() else {
             return Ok(None);
         };

@@ -5,9 +5,7 @@
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio_postgres::{CancelToken, Client, Statement};
-
-use crate::client::Connector;
+use tokio_postgres::{Client, Statement};
 
 /// How the server is told to drop a vanished client's session within the session timeout:
 /// TCP keepalives (whole seconds), and `tcp_user_timeout` where the server has it.
@@ -191,31 +189,6 @@ impl Session {
             let _ = closed.wait_for(|c| *c).await;
         }
     }
-
-    /// Ends a session that may be waiting in the server's lock queue, in a task of its own
-    /// that a cancelled caller does not stop: a cancel request interrupts the wait (the
-    /// protocol's equivalent of `pg_cancel_backend`), and closing the connection ends the
-    /// session, so a grant that raced the cancel is freed too.
-    pub(crate) fn cancel_and_close(self, connector: &Connector) {
-        let token: CancelToken = self.client.cancel_token();
-        let connector = connector.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let cancelled =
-                        tokio::time::timeout(Duration::from_secs(10), connector.cancel(&token))
-                            .await;
-                    if !matches!(cancelled, Ok(Ok(()))) {
-                        tracing::debug!(
-                            "cancel request not confirmed; the closed connection ends the wait"
-                        );
-                    }
-                    drop(self);
-                });
-            }
-            Err(_) => drop(self), // the runtime is gone, and the connection with it
-        }
-    }
 }
 
 impl Drop for Session {
@@ -250,5 +223,36 @@ mod tests {
         assert!(sql
             .try_grant
             .contains("INSERT INTO \"ops\".\"fences\" AS f"));
+    }
+}
+
+/// Idle sessions, holding no lock, kept for the next acquisitions.
+#[derive(Default)]
+pub(crate) struct Pool(std::sync::Mutex<Vec<Session>>);
+
+impl Pool {
+    /// More idle sessions than this are closed on release.
+    const MAX: usize = 16;
+
+    /// An idle session whose connection is still open, if any.
+    pub(crate) fn take(&self) -> Option<Session> {
+        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(s) = idle.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    /// Keeps a session that holds nothing for the next acquisition.
+    pub(crate) fn put_back(&self, session: Session) {
+        if session.is_closed() {
+            return;
+        }
+        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < Self::MAX {
+            idle.push(session);
+        }
     }
 }

@@ -10,11 +10,10 @@ use lock_core::driver::{scrub, ClientError};
 use lock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::config::BACKEND;
 use crate::scripts::LockKeys;
 use crate::wakeup::{ReleaseDedup, Wakeups, Watch};
 use crate::RedisConfig;
-
-const BACKEND: &str = "redis";
 
 /// A connection to one Redis server plus the registry that turns its release announcements
 /// into wake-ups. Cheap to clone (clones share the connection).

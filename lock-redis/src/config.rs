@@ -5,6 +5,10 @@ use std::time::Duration;
 use lock_core::driver::{MultiHostUrl, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
+/// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
+/// and errors give it.
+pub(crate) const BACKEND: &str = "redis";
+
 /// Default key prefix: keys are `distlock:{<name>}` and `distlock:{<name>}:fence`.
 pub const DEFAULT_PREFIX: &str = "distlock:";
 

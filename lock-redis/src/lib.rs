@@ -114,7 +114,7 @@ pub mod raw {
 /// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
 /// ([`RedisLock::from_url`]).
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
-    backend: "redis",
+    backend: config::BACKEND,
     schemes: if cfg!(feature = "tls") {
         &["redis", "rediss"]
     } else {

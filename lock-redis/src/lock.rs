@@ -13,11 +13,10 @@ use lock_core::{
 use redis::aio::ConnectionManager;
 
 use crate::client::{RedisNode, ReleaseOnDrop};
+use crate::config::BACKEND;
 use crate::lease::RedisLeaseOps;
 use crate::scripts::{self, Acquired, LockKeys};
 use crate::RedisConfig;
-
-pub(crate) const BACKEND: &str = "redis";
 
 /// A distributed lock on one Redis server (or one Redis Cluster slot owner).
 ///

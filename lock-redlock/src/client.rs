@@ -9,7 +9,8 @@ use lock_core::{Error, LockName, Result};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redis::raw::RedisNode;
 
-use crate::lock::{Inner, RedlockLock, BACKEND};
+use crate::config::BACKEND;
+use crate::lock::{Inner, RedlockLock};
 use crate::RedlockConfig;
 
 impl RedlockLock {

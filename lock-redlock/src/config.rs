@@ -6,6 +6,10 @@ use lock_core::driver::{MultiHostUrl, Query};
 use lock_core::{Error, Result};
 use lock_redis::RedisConfig;
 
+/// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
+/// and errors give it.
+pub(crate) const BACKEND: &str = "redlock";
+
 /// Masters and timings for [`RedlockLock`](crate::RedlockLock).
 ///
 /// ```

@@ -88,7 +88,7 @@ pub use lock_redis;
 /// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
 /// ([`RedlockLock::from_url`]).
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
-    backend: "redlock",
+    backend: config::BACKEND,
     schemes: &["redlock"],
     connect: |url| lock_core::driver::connecting(async move { RedlockLock::from_url(&url).await }),
 };

@@ -9,9 +9,8 @@ use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
 use lock_redis::raw::RedisNode;
 
+use crate::config::BACKEND;
 use crate::RedlockConfig;
-
-pub(crate) const BACKEND: &str = "redlock";
 
 pub(crate) const CAPS: Capabilities = Capabilities::new()
     .with_fencing(Fencing::None)

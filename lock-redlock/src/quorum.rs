@@ -10,8 +10,9 @@ use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Result};
 use lock_redis::raw::scripts::{self, Acquired, LockKeys};
 use lock_redis::raw::ReleaseOnDrop;
 
+use crate::config::BACKEND;
 use crate::lease::RedlockLeaseOps;
-use crate::lock::{RedlockLock, BACKEND};
+use crate::lock::RedlockLock;
 use crate::round::{release_request, Round};
 
 impl RedlockLock {

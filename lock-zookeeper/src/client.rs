@@ -10,7 +10,8 @@ use lock_core::driver::{scrub, ClientError};
 use lock_core::{Capabilities, Error, Fencing, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode};
 
-use crate::lock::{Inner, ZkLock, BACKEND};
+use crate::config::BACKEND;
+use crate::lock::{Inner, ZkLock};
 use crate::ZkConfig;
 
 impl ZkLock {

@@ -85,7 +85,7 @@ pub use zookeeper_client;
 /// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL
 /// ([`ZkLock::from_url`]).
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
-    backend: "zookeeper",
+    backend: config::BACKEND,
     schemes: &["zk"],
     connect: |url| lock_core::driver::connecting(async move { ZkLock::from_url(&url).await }),
 };

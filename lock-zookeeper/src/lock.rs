@@ -9,9 +9,9 @@ use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
 use zookeeper_client::Client;
 
+use crate::config::BACKEND;
 use crate::ZkConfig;
 
-pub(crate) const BACKEND: &str = "zookeeper";
 pub(crate) const MARK: &str = "-lock-";
 /// ZooKeeper's sequential suffix: the parent's counter, `%010d`.
 pub(crate) const SEQ_DIGITS: usize = 10;

@@ -2,14 +2,14 @@
 //! lowest holds the lock, every other watches the one just before its own.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite};
-use crate::lease::{delete_in_background, ZkLeaseOps};
+use crate::lease::{delete_in_background, prompt, ZkLeaseOps};
 use crate::lock::{contenders, lock_name, ZkLock, MARK};
 
 impl ZkLock {
@@ -270,14 +270,4 @@ impl Drop for NodeGuard {
             drop(delete_in_background(&self.client, &path));
         }
     }
-}
-
-/// Whether an answer to a request sent at `asked` came back promptly enough (within a third of
-/// the session timeout) to vouch for the session: its start is then the basis of a lease's
-/// `valid_until`. A slower answer may come from a member that was stalled and answers from the
-/// state it had before — found by the safety soak: a leader frozen for 3.7 s answered a waiter's
-/// listing after the ensemble had expired that waiter's session and granted the lock to the
-/// next contender.
-pub(crate) fn prompt(asked: Instant, session_timeout: Duration) -> bool {
-    asked.elapsed() <= session_timeout / 3
 }

@@ -5,10 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use lock_core::driver::{connecting, percent_decode};
-use lock_core::{Error, Result};
+use lock_core::{DistributedLock, Error, Result};
 
-use super::harness::FlawedHarness;
-use super::{Flaw, FlawedLock};
+use super::Flaw;
 use crate::{Secured, UrlParts};
 
 const AUTH: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7001);
@@ -38,13 +37,21 @@ fn url(p: &UrlParts<'_>) -> String {
     format!("flawed://{}{}{query}", p.userinfo_at(), p.server)
 }
 
-pub(super) fn fake_secured(h: FlawedHarness) -> Secured {
-    let h = Arc::new(h);
-    let by_pem = h.clone();
+/// The secured servers of a driver with `flaw`, whose clients `client` makes: it is given what
+/// the client shows of its URL.
+pub(super) fn fake_secured<L>(
+    flaw: Flaw,
+    client: impl Fn(String) -> L + Send + Sync + 'static,
+) -> Secured
+where
+    L: DistributedLock + 'static,
+{
+    let client = Arc::new(client);
+    let by_pem = client.clone();
     Secured::new(
         move |url| {
-            let h = h.clone();
-            connecting(async move { connect(&h, &url) })
+            let client = client.clone();
+            connecting(async move { connect(flaw, &url).map(|shown| client(shown)) })
         },
         url,
     )
@@ -52,18 +59,17 @@ pub(super) fn fake_secured(h: FlawedHarness) -> Secured {
     .with_tls(TLS, ca_file())
     .with_tls_ca_pem(move |server, _pem| {
         // The CA file is fictional: any PEM stands for it, unless the flaw drops it.
-        let url = match by_pem.flaw {
+        let url = match flaw {
             Flaw::PemCaIgnored => format!("flawed://{server}?tls=true"),
             _ => format!("flawed://{server}?tls=true&ca={}", ca_file()),
         };
-        let h = by_pem.clone();
-        connecting(async move { connect(&h, &url) })
+        let client = by_pem.clone();
+        connecting(async move { connect(flaw, &url).map(|shown| client(shown)) })
     })
 }
 
-/// What a driver with `h`'s flaw does with `url`.
-fn connect(h: &FlawedHarness, url: &str) -> Result<FlawedLock> {
-    let flaw = h.flaw;
+/// What a driver with `flaw` does with `url`: on success, what its client shows of the URL.
+fn connect(flaw: Flaw, url: &str) -> Result<String> {
     let rest = url
         .strip_prefix("flawed://")
         .ok_or_else(|| Error::config("not a flawed:// URL"))?;
@@ -117,11 +123,7 @@ fn connect(h: &FlawedHarness, url: &str) -> Result<FlawedLock> {
         {
             Err(refuse("wrong user or password"))
         }
-        TLS | AUTH => {
-            let mut lock = h.lock(h.store.clone(), None);
-            lock.url = Some(shown);
-            Ok(lock)
-        }
+        TLS | AUTH => Ok(shown),
         _ => Err(Error::unavailable(
             BACKEND,
             match (flaw, &password) {
