@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::options::MAX_TTL;
+/// Longest TTL any driver accepts. A lock meant to be held longer should renew
+/// ([`Renewal::Auto`](crate::Renewal::Auto)): a TTL of days means a crashed holder blocks
+/// everyone for days.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How far a backend's fencing tokens can be trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

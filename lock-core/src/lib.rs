@@ -52,10 +52,10 @@ mod token;
 mod traits;
 
 pub use async_trait::async_trait;
-pub use caps::{Capabilities, Fencing};
+pub use caps::{Capabilities, Fencing, MAX_TTL};
 pub use error::{BoxError, Error, Result};
 pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
-pub use options::{Deadline, LockOptions, Renewal, Wait, MAX_TTL};
+pub use options::{Deadline, LockOptions, Renewal, Wait};
 pub use state::{LeaseState, LostSignal};
 pub use token::FencingToken;
 pub use traits::{DistributedLock, HolderInfo, Lease};

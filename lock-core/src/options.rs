@@ -2,11 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Capabilities, Error, Result};
-
-/// Longest TTL any driver accepts. A lock meant to be held longer should renew
-/// ([`Renewal::Auto`]): a TTL of days means a crashed holder blocks everyone for days.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+use crate::{Capabilities, Error, Result, MAX_TTL};
 
 /// How long [`DistributedLock::acquire`](crate::DistributedLock::acquire) waits for a busy lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

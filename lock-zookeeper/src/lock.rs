@@ -79,11 +79,6 @@ pub(crate) fn contenders(children: Vec<String>) -> Vec<(i64, String)> {
     queue
 }
 
-pub(crate) fn lock_name(parent: &str) -> LockName {
-    let n = parent.rsplit('/').next().unwrap_or("");
-    LockName::new(n).unwrap_or_else(|_| LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
-}
-
 #[async_trait]
 impl DistributedLock for ZkLock {
     fn backend(&self) -> &'static str {

@@ -9,8 +9,9 @@ use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result}
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite};
+use crate::config::lock_name;
 use crate::lease::{delete_in_background, prompt, ZkLeaseOps};
-use crate::lock::{contenders, lock_name, ZkLock, MARK};
+use crate::lock::{contenders, ZkLock, MARK};
 
 impl ZkLock {
     pub(crate) fn parent(&self, name: &LockName) -> String {

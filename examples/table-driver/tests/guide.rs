@@ -4,8 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 const GUIDE: &str = include_str!("../../../docs/writing-a-driver.md");
-const SOURCES: [(&str, &str); 3] = [
+const SOURCES: [(&str, &str); 7] = [
     ("src/lib.rs", include_str!("../src/lib.rs")),
+    ("src/config.rs", include_str!("../src/config.rs")),
+    ("src/client.rs", include_str!("../src/client.rs")),
+    ("src/lock.rs", include_str!("../src/lock.rs")),
+    ("src/lease.rs", include_str!("../src/lease.rs")),
     ("tests/conformance.rs", include_str!("conformance.rs")),
     ("tests/facade.rs", include_str!("facade.rs")),
 ];
