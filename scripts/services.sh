@@ -309,7 +309,8 @@ start_pg() {
   fi
   local opts=(-c listen_addresses=127.0.0.1 -c port="$port" -c unix_socket_directories="$data"
     -c fsync=off -c full_page_writes=off -c max_connections=400
-    -c log_min_messages=warning)
+    -c log_min_messages=warning
+    -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_utility=off)
   if [ "$name" = pg-tls ]; then
     make_test_certs "$dir"
     cp "$dir/server.crt" "$dir/server.key" "$data/"

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,15 +22,22 @@ const SESSION: Duration = Duration::from_millis(2000);
 struct Pg {
     config: PgConfig,
     servers: Arc<ServicesSh>,
+    /// Reads of the statement counter so far (each one is a statement).
+    reads: AtomicU64,
 }
 
-/// A plain connection for the harness's own statements.
-async fn admin(config: &PgConfig) -> Result<tokio_postgres::Client, BoxError> {
+/// Where the harness's own statements go: the server, without TLS.
+fn admin_conninfo(config: &PgConfig) -> String {
     let host = &config.hosts()[0];
     let (h, p) = host.rsplit_once(':').unwrap_or((host, "5432"));
     let user = config.user().unwrap_or("postgres");
     let db = config.dbname().unwrap_or("postgres");
-    Ok(test_support::pg_client(&format!("host={h} port={p} user={user} dbname={db}")).await?)
+    format!("host={h} port={p} user={user} dbname={db}")
+}
+
+/// A plain connection for the harness's own statements.
+async fn admin(config: &PgConfig) -> Result<tokio_postgres::Client, BoxError> {
+    Ok(test_support::pg_client(&admin_conninfo(config)).await?)
 }
 
 #[async_trait]
@@ -40,6 +48,13 @@ impl Harness for Pg {
     fn timing(&self) -> Timing {
         // The lock's TTL cannot be below the session timeout.
         Timing::for_ttl(SESSION)
+    }
+    /// Statements the server ran, minus this counter's own reads. A waiter sits in one
+    /// `pg_advisory_lock`, which counts once it ends; a polling driver would count every try.
+    async fn backend_requests(&self) -> Option<u64> {
+        let total = test_support::pg_statements(&admin_conninfo(&self.config)).await?;
+        let reads = self.reads.fetch_add(1, Ordering::Relaxed);
+        Some(total.saturating_sub(reads))
     }
     /// An operator's `pg_terminate_backend` of the session that holds the lock.
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
@@ -133,5 +148,9 @@ fn main() -> ExitCode {
         .with_session_timeout(SESSION)
         .expect("session timeout");
     let servers = Arc::new(ServicesSh::new(&["pg"], false).with_children());
-    conformance_tests::run_trials(conformance_tests::trials(Arc::new(Pg { config, servers })))
+    conformance_tests::run_trials(conformance_tests::trials(Arc::new(Pg {
+        config,
+        servers,
+        reads: AtomicU64::new(0),
+    })))
 }

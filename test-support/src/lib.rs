@@ -122,6 +122,27 @@ pub async fn pg_transactions(url: &str) -> Option<u64> {
     u64::try_from(row.get::<_, i64>(0)).ok()
 }
 
+/// Statements the PostgreSQL server at `conninfo` has run, from `pg_stat_statements`, which
+/// counts each one as it ends (`pg_stat_database` lags by up to seconds): `None` where the
+/// server was started without the module in `shared_preload_libraries` (`scripts/services.sh`
+/// loads it, and leaves utility statements uncounted). Creates the extension if it is missing.
+/// The read itself counts as one statement, in the next read.
+pub async fn pg_statements(conninfo: &str) -> Option<u64> {
+    let client = pg_client(conninfo).await.ok()?;
+    // Concurrent first reads may race to create it: the loser's error is harmless.
+    let _ = client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await;
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements",
+            &[],
+        )
+        .await
+        .ok()?;
+    u64::try_from(row.get::<_, i64>(0)).ok()
+}
+
 /// A plain (no TLS) PostgreSQL connection for tests' and benchmarks' own statements, its
 /// connection driven by a task of its own; `conninfo` is a URL or `key=value` pairs.
 ///
