@@ -38,6 +38,11 @@ impl Harness for Zk {
         // The lock's TTL cannot be below the session timeout.
         Timing::for_ttl(SESSION)
     }
+    /// Client packets the servers received: every session's pings count too, which the case
+    /// measures with the holder alone first.
+    async fn backend_requests(&self) -> Option<u64> {
+        test_support::zk_packets_received(self.config.hosts()).await
+    }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         Some(
             async {
