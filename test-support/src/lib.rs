@@ -112,13 +112,13 @@ pub fn kill(sig: &str, pid: impl std::fmt::Display) {
 /// so a reading lags by up to a second: measure over windows of several seconds.
 pub async fn pg_transactions(url: &str) -> Option<u64> {
     let client = pg_client(url).await.ok()?;
-    let row = client
-        .query_one(
-            "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database",
-            &[],
-        )
-        .await
-        .ok()?;
+    let sql = "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database";
+    pg_count(&client, sql).await
+}
+
+/// The one `int8` that `sql` selects, as a count.
+async fn pg_count(client: &tokio_postgres::Client, sql: &str) -> Option<u64> {
+    let row = client.query_one(sql, &[]).await.ok()?;
     u64::try_from(row.get::<_, i64>(0)).ok()
 }
 
@@ -133,14 +133,11 @@ pub async fn pg_statements(conninfo: &str) -> Option<u64> {
     let _ = client
         .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .await;
-    let row = client
-        .query_one(
-            "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements",
-            &[],
-        )
-        .await
-        .ok()?;
-    u64::try_from(row.get::<_, i64>(0)).ok()
+    pg_count(
+        &client,
+        "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements",
+    )
+    .await
 }
 
 /// A plain (no TLS) PostgreSQL connection for tests' and benchmarks' own statements, its
