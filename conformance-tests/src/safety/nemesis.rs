@@ -157,10 +157,13 @@ impl Nemesis {
             _ => (Fault::Cut, "cut", Duration::ZERO),
         };
         let c = *c;
-        link.set(fault);
+        // Recorded before it is made: a cut acts at once (a session-bound lock is freed the
+        // moment its link drops, and a waiter may be granted it microseconds later), so a
+        // record made after it could land after what it caused.
         if fault == Fault::Cut {
             self.history.record(c, NOBODY, Op::Cut);
         }
+        link.set(fault);
         self.history.record(
             c,
             NOBODY,
