@@ -8,8 +8,7 @@ use lock_core::{Error, LockName, Result};
 use zookeeper_client::Client;
 
 use crate::client::{map_error, transient, until_definite};
-use crate::config::lock_name;
-use crate::config::BACKEND;
+use crate::config::{lock_name, BACKEND};
 use crate::ZkConfig;
 
 pub(crate) struct ZkLeaseOps {
