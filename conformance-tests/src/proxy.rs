@@ -188,7 +188,8 @@ impl FaultProxy {
         }
     }
 
-    /// Forwards each chunk of data `d` late, in both directions.
+    /// Forwards data `d` late, in both directions: a link's latency (data that arrives while
+    /// a chunk waits leaves with it).
     pub fn delay(&self, d: Duration) {
         self.shared.mode.send_replace(Mode::Delay(d));
     }
@@ -407,15 +408,16 @@ enum Direction<'a> {
     Down(&'a Shared),
 }
 
-/// Returns once data may flow, after the delay if one is set; `None` if the proxy is gone.
-async fn wait_passable(mode: &mut watch::Receiver<Mode>) -> Option<()> {
+/// Returns once data may flow, after the delay if one is set (then `Some(true)`); `None` if
+/// the proxy is gone.
+async fn wait_passable(mode: &mut watch::Receiver<Mode>) -> Option<bool> {
     loop {
         let m = *mode.borrow_and_update();
         match m {
-            Mode::Pass => return Some(()),
+            Mode::Pass => return Some(false),
             Mode::Delay(d) => {
                 tokio::time::sleep(d).await;
-                return Some(());
+                return Some(true);
             }
             Mode::Blackhole => mode.changed().await.ok()?,
         }
@@ -434,11 +436,22 @@ async fn pump(
     let mut reaped = heard.reaped.subscribe();
     loop {
         let next = async {
-            let n = match from.read(&mut buf).await {
+            let mut n = match from.read(&mut buf).await {
                 Ok(0) | Err(_) => return None,
                 Ok(n) => n,
             };
-            wait_passable(&mut mode).await.map(|()| n)
+            if wait_passable(&mut mode).await? {
+                // What arrived during the delay leaves with this chunk: a link's latency delays
+                // each chunk by the delay; it does not queue them one delay after another (two
+                // pipelined requests would take two delays).
+                while n < buf.len() {
+                    match from.try_read(&mut buf[n..]) {
+                        Ok(k) if k > 0 => n += k,
+                        _ => break,
+                    }
+                }
+            }
+            Some(n)
         };
         let n = tokio::select! {
             n = next => n,

@@ -65,6 +65,29 @@ async fn delay_slows_each_direction() {
     );
 }
 
+/// A delay is latency: two requests sent back to back come back one round trip later, not
+/// one delay after another (which would make a pipelined request look twice as slow).
+#[tokio::test]
+async fn delay_is_latency_not_a_queue() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    roundtrip(&mut s, b"warm").await.unwrap();
+    proxy.delay(Duration::from_millis(100));
+    let start = Instant::now();
+    s.write_all(b"one").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.write_all(b"two").await.unwrap();
+    let mut buf = [0u8; 6];
+    s.read_exact(&mut buf).await.unwrap();
+    let took = start.elapsed();
+    assert_eq!(&buf, b"onetwo");
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_millis(300),
+        "two pipelined requests through a 100 ms delay each way took {took:?}: one round trip \
+         is 200 ms, two delays queued one after another 400 ms"
+    );
+}
+
 #[tokio::test]
 async fn blackhole_holds_data_until_heal() {
     let proxy = FaultProxy::start(echo_server().await).unwrap();
