@@ -213,7 +213,8 @@ fn token_order(
                 leases: vec![l, b.lease],
                 at: s,
                 detail: format!(
-                    "lease {} (token {t}) believed it held again at {:?}, after lease {l} was                      granted token {n}",
+                    "lease {} (token {t}) believed it held again at {:?}, after lease {l} was \
+                     granted token {n}",
                     b.lease,
                     rel(s)
                 ),

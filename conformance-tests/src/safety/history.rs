@@ -22,6 +22,17 @@ pub enum Op {
         /// Its `valid_until` when the grant returned.
         valid_until: Instant,
     },
+    /// How the runtime ran the acquisition that returned `lease` (recorded with its grant):
+    /// when its future was last woken and when the poll that returned the grant began. A
+    /// grant recorded long after the driver's answer is told apart from one polled late.
+    Polled {
+        /// The lease.
+        lease: LeaseId,
+        /// The last wake-up before that poll (`None`: none was seen).
+        woken: Option<Instant>,
+        /// When that poll began.
+        polled: Option<Instant>,
+    },
     /// The attempt ended without a grant (timeout or error).
     Refused {
         /// Why, in the driver's words.
@@ -137,4 +148,25 @@ impl History {
         v.sort_by_key(|e| e.at);
         v
     }
+}
+
+/// Each fault in `events` (time-ordered) with its heal: the first later heal whose description
+/// starts the fault's (the nemesis and the clients write them so), `None` if it never healed.
+pub(super) fn fault_spans(events: &[Event]) -> Vec<(&Event, Option<&Event>)> {
+    let mut open: Vec<&Event> = Vec::new();
+    let mut out = Vec::new();
+    for e in events {
+        match &e.op {
+            Op::Fault { .. } => open.push(e),
+            Op::Heal { what } => {
+                let starts = |f: &&Event| matches!(&f.op, Op::Fault { what: w } if w.starts_with(what.as_str()));
+                if let Some(i) = open.iter().position(starts) {
+                    out.push((open.remove(i), Some(e)));
+                }
+            }
+            _ => {}
+        }
+    }
+    out.extend(open.into_iter().map(|f| (f, None)));
+    out
 }

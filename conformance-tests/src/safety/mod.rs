@@ -29,6 +29,7 @@ mod belief;
 mod checker;
 mod history;
 mod nemesis;
+mod polled;
 mod report;
 mod store;
 mod timeline;

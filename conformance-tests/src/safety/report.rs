@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::checker::Violation;
-use super::history::{Event, LeaseId, Op, NOBODY};
+use super::history::{fault_spans, Event, LeaseId, Op, NOBODY};
 use crate::Failure;
 
 /// What a run did and what the checker found.
@@ -136,14 +136,121 @@ impl Report {
             .take(10)
             .map(|v| v.to_string())
             .collect();
+        let evidence = self
+            .violations
+            .first()
+            .map(|v| self.evidence(v))
+            .unwrap_or_default();
         Err(Failure(format!(
-            "{} violation(s) in a history of {} grants (seed {}, faults {:?}):\n  {}",
+            "{} violation(s) in a history of {} grants (seed {}, faults {:?}):\n  {}\n\
+             the history around the first (seconds from its start):\n{evidence}",
             self.violations.len(),
             self.grants,
             self.seed,
             self.faults,
             shown.join("\n  ")
         )))
+    }
+
+    /// The history around `v`, one event a line: every event of the clients whose leases it
+    /// involves, and every fault and heal, from the earliest of their acquisitions to just
+    /// after it (the last 60 of them), times relative to the history's start.
+    pub fn evidence(&self, v: &Violation) -> String {
+        let Some(origin) = self.events.first().map(|e| e.at) else {
+            return String::new();
+        };
+        let rel = |t: Instant| t.saturating_duration_since(origin).as_secs_f64();
+        let grants: Vec<(usize, Instant)> = self
+            .events
+            .iter()
+            .filter_map(|e| match e.op {
+                Op::Granted { lease, .. } if v.leases.contains(&lease) => Some((e.client, e.at)),
+                _ => None,
+            })
+            .collect();
+        // From the earliest acquisition that led to one of these grants.
+        let from = grants
+            .iter()
+            .filter_map(|&(c, g)| {
+                self.events
+                    .iter()
+                    .rev()
+                    .find(|e| e.client == c && e.at <= g && e.op == Op::Acquire)
+                    .map(|e| e.at)
+            })
+            .min()
+            .unwrap_or(v.at);
+        let to = v.at + EVIDENCE_AFTER;
+        let involved = |e: &Event| e.client == NOBODY || grants.iter().any(|&(c, _)| c == e.client);
+        // Faults still open at `from` (a freeze that began earlier) belong to the picture too.
+        let open = fault_spans(&self.events)
+            .into_iter()
+            .filter(|(f, heal)| f.at < from && heal.map_or(true, |h| h.at >= from))
+            .map(|(f, _)| f)
+            .filter(|f| involved(f));
+        let lines: Vec<String> = open
+            .chain(
+                self.events
+                    .iter()
+                    .filter(|e| from <= e.at && e.at <= to && involved(e)),
+            )
+            .map(|e| {
+                let who = if e.client == NOBODY {
+                    "nemesis".to_string()
+                } else {
+                    format!("client {} name {}", e.client, e.name)
+                };
+                format!("  {:>10.4} {who}: {}", rel(e.at), describe(&e.op, &rel))
+            })
+            .collect();
+        let skip = lines.len().saturating_sub(EVIDENCE_LINES);
+        let mut out = if skip > 0 {
+            format!("  ({skip} earlier events left out)\n")
+        } else {
+            String::new()
+        };
+        out.push_str(&lines[skip..].join("\n"));
+        out
+    }
+}
+
+/// How many lines of history [`Report::evidence`] shows at the most.
+const EVIDENCE_LINES: usize = 60;
+
+/// How far past a violation [`Report::evidence`] reads.
+const EVIDENCE_AFTER: Duration = Duration::from_millis(100);
+
+/// `op` in words, its instants in seconds from the history's start.
+fn describe(op: &Op, rel: &dyn Fn(Instant) -> f64) -> String {
+    let at = |t: Option<Instant>| t.map_or("-".to_string(), |t| format!("{:.4}", rel(t)));
+    match op {
+        Op::Granted {
+            lease,
+            token,
+            valid_until,
+        } => format!(
+            "granted lease {lease} (token {token:?}), valid until {:.4}",
+            rel(*valid_until)
+        ),
+        Op::Polled {
+            lease,
+            woken,
+            polled,
+        } => format!(
+            "lease {lease}'s acquisition was last woken at {}, last polled at {}",
+            at(*woken),
+            at(*polled)
+        ),
+        Op::Looked {
+            lease,
+            valid_until,
+            lost,
+        } => format!(
+            "looked at lease {lease}: valid until {:.4}{}",
+            rel(*valid_until),
+            if *lost { ", Lost" } else { "" }
+        ),
+        other => format!("{other:?}"),
     }
 }
 
@@ -249,4 +356,110 @@ pub(super) fn handoff(events: &[Event]) -> Vec<Duration> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::safety::checker::{check, Rules};
+
+    /// Two overlapping holders with a fault between: the evidence shows both clients'
+    /// acquisitions and grants, the fault, and how the runtime polled the second grant —
+    /// and nothing of a third client.
+    #[test]
+    fn evidence_shows_the_clients_involved_and_the_faults() {
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        let ev = |m: u64, client: usize, op: Op| Event {
+            at: ms(m),
+            client,
+            name: 0,
+            op,
+        };
+        let fault = |what: &str| Op::Fault { what: what.into() };
+        let heal = |what: &str| Op::Heal { what: what.into() };
+        let events = vec![
+            ev(0, NOBODY, fault("pause client 3")),
+            ev(0, NOBODY, heal("pause client 3")),
+            ev(0, NOBODY, fault("freeze server zk-ens1 for 2s")),
+            ev(5, 0, Op::Acquire),
+            ev(
+                10,
+                0,
+                Op::Granted {
+                    lease: 1,
+                    token: Some(1),
+                    valid_until: ms(1000),
+                },
+            ),
+            ev(15, 2, Op::Acquire),
+            ev(
+                20,
+                NOBODY,
+                Op::Fault {
+                    what: "freeze zk-ens1".into(),
+                },
+            ),
+            ev(30, 1, Op::Acquire),
+            ev(
+                40,
+                1,
+                Op::Granted {
+                    lease: 2,
+                    token: Some(2),
+                    valid_until: ms(1040),
+                },
+            ),
+            ev(
+                40,
+                1,
+                Op::Polled {
+                    lease: 2,
+                    woken: Some(ms(35)),
+                    polled: Some(ms(39)),
+                },
+            ),
+        ];
+        let rules = Rules {
+            fencing: true,
+            recovery: Duration::from_secs(5),
+            end: ms(2000),
+            cut_notice: None,
+        };
+        let violations = check(&events, &rules);
+        let first = violations.first().expect("an overlap");
+        let report = Report {
+            seed: 0,
+            grants: 2,
+            refused: 0,
+            unknown: 0,
+            stale_writes_refused: 0,
+            faults: BTreeMap::new(),
+            server_errors: vec![],
+            elapsed: Duration::from_secs(2),
+            loss_to_signal: vec![],
+            recovery: vec![],
+            handoff: vec![],
+            cut_races: vec![],
+            violations: violations.clone(),
+            events,
+        };
+        let text = report.evidence(first);
+        for want in [
+            "0.0050 client 0 name 0: Acquire",
+            "nemesis: Fault { what: \"freeze server zk-ens1 for 2s\" }",
+            "0.0100 client 0 name 0: granted lease 1 (token Some(1)), valid until 1.0000",
+            "0.0200 nemesis: Fault",
+            "0.0400 client 1 name 0: granted lease 2",
+            "last woken at 0.0350, last polled at 0.0390",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        assert!(!text.contains("client 2"), "an uninvolved client:\n{text}");
+        assert!(!text.contains("pause"), "a fault healed before:\n{text}");
+        let Err(failure) = report.verdict() else {
+            panic!("an overlap passed the verdict");
+        };
+        assert!(failure.to_string().contains(&text), "{failure}");
+    }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use plotters::prelude::*;
 
 use super::belief::belief_spans;
-use super::history::{Event, Op, NOBODY};
+use super::history::{fault_spans, Event, Op, NOBODY};
 use super::report::Report;
 use lock_core::BoxError;
 
@@ -19,34 +19,17 @@ struct Shade {
     server: bool,
 }
 
-/// Fault spans in seconds since `origin`: each fault paired with the first later heal whose
-/// description starts its own (the nemesis writes them so).
+/// Fault spans in seconds since `origin` (an unhealed one runs to `end`).
 fn shades(events: &[Event], origin: Instant, end: f64) -> Vec<Shade> {
     let secs = |t: Instant| t.saturating_duration_since(origin).as_secs_f64();
-    let mut open: Vec<(&str, f64, bool)> = Vec::new();
-    let mut out = Vec::new();
-    for e in events {
-        match &e.op {
-            Op::Fault { what } => open.push((what.as_str(), secs(e.at), e.client == NOBODY)),
-            Op::Heal { what } => {
-                if let Some(i) = open.iter().position(|(w, ..)| w.starts_with(what.as_str())) {
-                    let (_, from, server) = open.remove(i);
-                    out.push(Shade {
-                        from,
-                        to: secs(e.at),
-                        server,
-                    });
-                }
-            }
-            _ => {}
-        }
-    }
-    out.extend(open.into_iter().map(|(_, from, server)| Shade {
-        from,
-        to: end,
-        server,
-    }));
-    out
+    fault_spans(events)
+        .into_iter()
+        .map(|(fault, heal)| Shade {
+            from: secs(fault.at),
+            to: heal.map_or(end, |h| secs(h.at)),
+            server: fault.client == NOBODY,
+        })
+        .collect()
 }
 
 /// Draws `report`'s history to `path` (SVG). `names` and `clients` are the workload's;

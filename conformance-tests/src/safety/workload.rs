@@ -12,6 +12,7 @@ use lock_core::{DistributedLock, Fencing, Lease, LeaseState, LockName, LockOptio
 use super::checker::{analyse, Rules};
 use super::history::{History, LeaseId, Op, NOBODY};
 use super::nemesis::{Nemesis, Rng, FAULT_KINDS};
+use super::polled::Polled;
 use super::report::{loss_to_signal, Report};
 use super::store::FencedStore;
 use crate::{fresh_name, Failure, Fault, Harness, Link, Timing};
@@ -295,7 +296,8 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
         let n = rng.below(s.names.len() as u64) as usize;
         let opts = LockOptions::new(ttl).wait_for(wait).auto_renew(None);
         s.history.record(c, n, Op::Acquire);
-        let lease = match tokio::time::timeout(limit, lock.acquire(&s.names[n], &opts)).await {
+        let mut acquiring = Polled::new(lock.acquire(&s.names[n], &opts));
+        let lease = match tokio::time::timeout(limit, &mut acquiring).await {
             Err(_) => {
                 s.history.record(c, n, Op::Unknown);
                 s.unknown.fetch_add(1, Ordering::Relaxed);
@@ -327,6 +329,18 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
                 lease: id,
                 token,
                 valid_until: lease.valid_until(),
+            },
+        );
+        let schedule = acquiring.schedule();
+        drop(acquiring);
+        s.history.record_at(
+            returned,
+            c,
+            n,
+            Op::Polled {
+                lease: id,
+                woken: schedule.woken,
+                polled: schedule.polled,
             },
         );
         s.grants.fetch_add(1, Ordering::Relaxed);
