@@ -11,6 +11,7 @@ use lock_core::{Capabilities, Error, Fencing, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode};
 
 use crate::config::BACKEND;
+use crate::confirm::is_ensemble;
 use crate::lock::{Inner, ZkLock};
 use crate::ZkConfig;
 
@@ -21,6 +22,7 @@ impl ZkLock {
         let client = open_session(&config).await?;
         let session_timeout = client.session_timeout();
         let secured = config.digest().is_some();
+        let ensemble = is_ensemble(&client).await;
         let lock = ZkLock {
             inner: Arc::new(Inner {
                 caps: Capabilities::new()
@@ -33,6 +35,7 @@ impl ZkLock {
                 session: std::sync::Mutex::new(client.clone()),
                 reopen: tokio::sync::Mutex::new(()),
                 secured,
+                ensemble,
                 wakeups: AtomicU64::new(0),
             }),
         };

@@ -1,21 +1,22 @@
 //! The backend half of a held ZooKeeper lock: the session keeps it; release deletes the node.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, LeaseOps};
+use lock_core::driver::LeaseOps;
 use lock_core::{Error, LockName, Result};
 use zookeeper_client::Client;
 
 use crate::client::{map_error, transient, until_definite};
 use crate::config::{lock_name, BACKEND};
+use crate::confirm::{Confirmation, Pace};
 use crate::ZkConfig;
 
 pub(crate) struct ZkLeaseOps {
     pub(crate) client: Client,
     pub(crate) path: String,
     pub(crate) session: i64,
-    pub(crate) session_timeout: Duration,
+    pub(crate) pace: Pace,
     pub(crate) config: ZkConfig,
 }
 
@@ -33,17 +34,17 @@ impl LeaseOps for ZkLeaseOps {
     }
 
     async fn renew(&self) -> Result<Instant> {
-        let start = Instant::now();
-        match self.client.check_stat(&self.path).await {
-            Ok(Some(_)) if !prompt(start, self.session_timeout) => Err(Error::unavailable(
+        match self
+            .pace
+            .confirm(&self.client, &self.path, self.session)
+            .await
+        {
+            Ok(Confirmation::Until(t)) => Ok(t),
+            Ok(Confirmation::Late) => Err(Error::unavailable(
                 BACKEND,
                 "the confirmation came back too late to vouch for the session",
             )),
-            Ok(Some(stat)) if stat.ephemeral_owner == self.session => Ok(start
-                + self
-                    .session_timeout
-                    .saturating_sub(drift(self.session_timeout))),
-            Ok(_) => Err(Error::NotHeld { name: self.name() }),
+            Ok(Confirmation::Gone) => Err(Error::NotHeld { name: self.name() }),
             Err(e) => Err(map_error(e, &self.config)),
         }
     }
@@ -67,7 +68,7 @@ impl LeaseOps for ZkLeaseOps {
                 "no runtime to retry the delete on",
             ));
         };
-        match tokio::time::timeout(self.session_timeout, deleting).await {
+        match tokio::time::timeout(self.pace.session_timeout, deleting).await {
             // After a lost request, "no node" is most likely that request having landed.
             Ok(Ok(Ok(_))) => Ok(()),
             Ok(Ok(Err(e))) => Err(map_error(e, &self.config)),
@@ -77,7 +78,7 @@ impl LeaseOps for ZkLeaseOps {
                 format!(
                     "lock node {} not deleted within {:?} (connection lost); retrying until the \
                      session ends",
-                    self.path, self.session_timeout
+                    self.path, self.pace.session_timeout
                 ),
             )),
         }
@@ -116,14 +117,4 @@ pub(crate) fn delete_in_background(
             }
         }
     }))
-}
-
-/// Whether an answer to a request sent at `asked` came back promptly enough (within a third of
-/// the session timeout) to vouch for the session: its start is then the basis of a lease's
-/// `valid_until`. A slower answer may come from a member that was stalled and answers from the
-/// state it had before — found by the safety soak: a leader frozen for 3.7 s answered a waiter's
-/// listing after the ensemble had expired that waiter's session and granted the lock to the
-/// next contender.
-pub(crate) fn prompt(asked: Instant, session_timeout: Duration) -> bool {
-    asked.elapsed() <= session_timeout / 3
 }

@@ -10,8 +10,9 @@
 //! loses the connection while creating its node finds it again by its uuid instead of leaving
 //! an orphan behind (it creates again only once a lookup said for certain that the first create
 //! was not applied). **The session is the lease**: every lock of a client lives as long as its
-//! session, confirmed in the background every third of the session timeout; see [`ZkLock`] for
-//! what the TTL option means here.
+//! session, confirmed in the background; in an ensemble each confirmation (and each grant) goes
+//! through the leader with a `sync` and vouches for half the session timeout, on a standalone
+//! server for all of it. See [`ZkLock`] for the pacing and for what the TTL option means here.
 //!
 //! ## Keys
 //!
@@ -39,12 +40,16 @@
 //! **Deletes are retried**: a lock node whose delete is lost with the connection would stay
 //! for the life of the session (which survives the reconnect); the delete is repeated until it
 //! succeeds or the session ends, and `release` waits for that at most one session timeout.
-//! **A crashed holder** frees its locks one session timeout later. **A stalled member** (a
-//! frozen leader, a long GC pause) can answer from its old state after the ensemble expired a
-//! session, so only answers within a third of the session timeout vouch for a lease. **A member
-//! cut off from its leader** but not from its clients keeps answering from its old state for up
-//! to `syncLimit × tickTime`, which no client can see: in an ensemble, fence the protected data
-//! with the token.
+//! **A crashed holder** frees its locks one session timeout later. **A follower behind its
+//! leader** answers reads from its old state — it can still list a node whose session the
+//! leader has ended — so grants and confirmations in an ensemble start with a `sync`. **A
+//! stalled leader** (a freeze, a long GC pause) may expire on resuming sessions its followers
+//! kept alive: confirmations stall with it, and a stall longer than half the session timeout
+//! turns the leases Lost before it ends. One narrow race is left: a `sync` sent just before the
+//! leader resumes and handled before its expiry pass (RELIABILITY.md). **A member cut off from
+//! its leader** but not from its clients cannot answer a `sync`, so its clients' leases lapse
+//! within half the session timeout (not tested: the fault proxy sits between clients and
+//! servers). Fence the protected data with the token.
 //!
 //! Built on `zookeeper-client` with its `tokio` feature (without it the client panics with
 //! "no spawner"); the crate is re-exported.
@@ -73,6 +78,7 @@
 
 mod client;
 mod config;
+mod confirm;
 mod lease;
 mod lock;
 mod queue;

@@ -10,6 +10,7 @@ use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Re
 use zookeeper_client::Client;
 
 use crate::config::BACKEND;
+use crate::confirm::Pace;
 use crate::ZkConfig;
 
 pub(crate) const MARK: &str = "-lock-";
@@ -25,17 +26,26 @@ pub(crate) const SEQ_DIGITS: usize = 10;
 ///
 /// **The session is the lease.** A lock lives as long as this client's session: a crashed
 /// holder frees its locks when the server expires the session, after the (negotiated) session
-/// timeout. Each lease is confirmed in the background every third of the session timeout (an
-/// `exists` on its own node, which also proves the node is still this session's), whatever the
-/// [`Renewal`](lock_core::Renewal) option says; `valid_until` is the start of the last confirmed
-/// request plus the session timeout minus drift. Only an answer within a third of the session
-/// timeout confirms: a slower one may come from a stalled member answering from its old state. A disconnected holder turns AtRisk at its next confirmation
-/// — at most a third of the session timeout after the connection drops, plus a sixth when the
-/// request hangs (a partition) — and Lost no later than the server can expire its session,
-/// without waiting for the client library to report `Expired` (it does so only after 1.4× the
-/// timeout). Once the session has ended, the next acquisition opens a new one, asking for the
-/// configured timeout again; its leases are paced on the timeout that session was granted.
-/// Leases of the old session stay Lost.
+/// timeout. Each lease is confirmed in the background, whatever the
+/// [`Renewal`](lock_core::Renewal) option says, by a request that also proves its node is still
+/// this session's; `valid_until` is the start of the last confirmation plus what it vouches for,
+/// minus drift. **On a standalone server** a confirmation is an `exists` and vouches for the
+/// session timeout. **In an ensemble** (the servers' `/zookeeper/config` lists members) it is a
+/// `sync` and an `exists` sent together, so that a follower behind its leader cannot vouch from
+/// old state, and it vouches for half the session timeout: the leader expires sessions on what
+/// followers relayed to it, which can be older than the confirmation. The listing that grants
+/// a lock is sent with a `sync` in the same way, and vouches for as long. Confirmations come
+/// every third of what they vouch for, and only an answer within a third of the session
+/// timeout confirms: a slower one may come from a stalled member answering from its old state.
+/// A disconnected holder turns AtRisk at its next confirmation — at most a third of the
+/// vouched span after the connection drops, plus a sixth when the request hangs (a partition) —
+/// and Lost at its `valid_until`, before the server can expire its session, without waiting
+/// for the client library to report `Expired` (it does so only after 1.4× the timeout). In an
+/// ensemble a leader that stalls for longer than half the session timeout makes its leases
+/// Lost, though the session may survive: the lock stays held by the session until released.
+/// Once the session has ended, the next acquisition opens a new one, asking for the configured
+/// timeout again; its leases are paced on the timeout that session was granted. Leases of the
+/// old session stay Lost.
 ///
 /// **TTL option**: a lock cannot outlive or undercut the session, so the TTL must be at least
 /// the session timeout (shorter is rejected as `InvalidOptions`, never silently ignored); the
@@ -56,8 +66,22 @@ pub(crate) struct Inner {
     /// Serializes the re-creation of an ended session.
     pub(crate) reopen: tokio::sync::Mutex<()>,
     pub(crate) secured: bool,
+    /// The servers form an ensemble: confirmations go through the leader and vouch for less
+    /// (see [`Pace`]).
+    pub(crate) ensemble: bool,
     pub(crate) wakeups: AtomicU64,
     pub(crate) caps: Capabilities,
+}
+
+impl ZkLock {
+    /// How confirmations on `client`'s session vouch: on the timeout that session was granted
+    /// (a re-opened session may have been granted another one than the first).
+    pub(crate) fn pace(&self, client: &Client) -> Pace {
+        Pace {
+            session_timeout: client.session_timeout(),
+            ensemble: self.inner.ensemble,
+        }
+    }
 }
 
 /// Every contender among a lock node's children, lowest sequence (the holder) first: any

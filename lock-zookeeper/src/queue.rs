@@ -4,13 +4,13 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite};
 use crate::config::lock_name;
-use crate::lease::{delete_in_background, prompt, ZkLeaseOps};
+use crate::lease::{delete_in_background, ZkLeaseOps};
 use crate::lock::{contenders, ZkLock, MARK};
 
 impl ZkLock {
@@ -111,9 +111,9 @@ impl ZkLock {
         }
     }
 
-    /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, `t` = start of the request
-    /// that confirmed it, answered promptly (see [`prompt`]). `Ok(None)`: not granted by the
-    /// deadline (at once, for `Deadline::Now`).
+    /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, valid until `t` (what the
+    /// listing that found it first vouches for: see [`Pace`](crate::confirm::Pace)).
+    /// `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
     pub(crate) async fn wait_turn(
         &self,
         client: &Client,
@@ -121,14 +121,15 @@ impl ZkLock {
         me: &str,
         deadline: Deadline,
     ) -> Result<Option<Instant>> {
+        let pace = self.pace(client);
         loop {
-            let asked = Instant::now();
-            let children = contenders(
-                client
-                    .list_children(parent)
-                    .await
-                    .map_err(|e| self.error(e))?,
-            );
+            // In an ensemble the listing comes after a sync: a follower behind its leader could
+            // still list this contender's node after the leader ended its session.
+            let (children, asked) = pace
+                .fresh(client, parent, || client.list_children(parent))
+                .await
+                .map_err(|e| self.error(e))?;
+            let children = contenders(children);
             let Some(idx) = children.iter().position(|(_, c)| c == me) else {
                 return Err(Error::Lost {
                     name: lock_name(parent),
@@ -136,8 +137,8 @@ impl ZkLock {
                 });
             };
             if idx == 0 {
-                if prompt(asked, client.session_timeout()) {
-                    return Ok(Some(asked));
+                if let Some(valid_until) = pace.vouched(asked) {
+                    return Ok(Some(valid_until));
                 }
                 // A slow answer may come from a member that was stalled (a frozen leader, a
                 // GC pause) and answers from its old state after the ensemble expired this
@@ -183,11 +184,8 @@ impl ZkLock {
             path: Some(path.clone()),
         };
         match self.wait_turn(client, &parent, &me, deadline).await {
-            Ok(Some(confirmed)) => {
+            Ok(Some(valid_until)) => {
                 guard.path = None;
-                // This session's own timeout: a re-opened session may have been granted
-                // another one than the first.
-                let st = client.session_timeout();
                 let renewal = match opts.renewal {
                     Renewal::Manual => Renewal::Auto { max_hold: None },
                     auto => auto,
@@ -196,7 +194,7 @@ impl ZkLock {
                     client: client.clone(),
                     path,
                     session: client.session_id().0,
-                    session_timeout: st,
+                    pace: self.pace(client),
                     config: self.inner.config.clone(),
                 };
                 Ok(Some(Box::new(ManagedLease::new(
@@ -204,7 +202,7 @@ impl ZkLock {
                     Grant {
                         token: Some(FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0))),
                         ttl,
-                        valid_until: confirmed + st.saturating_sub(drift(st)),
+                        valid_until,
                     },
                     renewal,
                     ops,
