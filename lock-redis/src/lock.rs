@@ -131,7 +131,9 @@ impl RedisLock {
         .await;
         let valid_until = start + ttl.saturating_sub(drift(ttl));
         let failure = match reply {
-            Ok(Ok(Acquired::Busy { remaining, foreign })) => {
+            Ok(Ok(Acquired::Busy {
+                remaining, foreign, ..
+            })) => {
                 undo.disarm(); // refused: nothing of ours is stored
                 return Ok(Err(Busy { remaining, foreign }));
             }

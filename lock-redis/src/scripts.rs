@@ -119,7 +119,7 @@ impl LockKeys {
 }
 
 /// What the acquire script answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
     /// Granted, with the new value of the fencing counter.
     Granted {
@@ -133,6 +133,9 @@ pub enum Acquired {
         /// Whether the holder is another client than distlock (its value lacks
         /// [`TOKEN_TAG`]): no release message will come.
         foreign: bool,
+        /// The holder's value (`None`: gone by the time it was read). Redlock needs it to tell a
+        /// majority held by one owner from a split among several.
+        holder: Option<String>,
     },
 }
 
@@ -206,34 +209,43 @@ pub async fn acquire<C: ConnectionLike + Send>(
         (Some(1), fence) => Acquired::Granted {
             fence: fence.and_then(|f| u64::try_from(f).ok()).unwrap_or(0),
         },
-        (_, pttl) => Acquired::Busy {
-            remaining: pttl
-                .and_then(|p| u64::try_from(p).ok())
-                .map(Duration::from_millis),
-            foreign: holder.is_some_and(|h| !h.starts_with(TOKEN_TAG)),
-        },
+        (_, pttl) => busy(pttl.unwrap_or(-2), holder),
     })
+}
+
+/// A refusal: the holder's PTTL (-1: no expiry; -2: gone) and value.
+fn busy(pttl: i64, holder: Option<String>) -> Acquired {
+    // Read after the refusal, so the key may have expired in between: then nobody holds it.
+    let holder = holder.filter(|_| pttl != -2);
+    Acquired::Busy {
+        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        foreign: holder.as_ref().is_some_and(|h| !h.starts_with(TOKEN_TAG)),
+        holder,
+    }
 }
 
 /// Like [`acquire`] without the fencing counter: `Granted { fence: 0 }` when granted.
 ///
-/// Plain `SET lock token NX PX ttl` pipelined with `PTTL lock` (one round trip, no script):
-/// the cheapest grant Redis offers, which matters when every lock touches N masters (Redlock).
-/// The `PTTL` only informs a waiter how long to sleep at most, so it need not be atomic with
-/// the `SET`.
+/// Plain `SET lock token NX PX ttl` pipelined with `GET lock` and `PTTL lock` (one round
+/// trip, no script): the cheapest grant Redis offers, which matters when every lock touches N
+/// masters (Redlock). The `GET` and `PTTL` only inform a loser who holds the key and how long a
+/// waiter sleeps at most, so they need not be atomic with the `SET`. (`SET … NX GET` would
+/// need Redis 7.)
 pub async fn acquire_unfenced<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     token: &str,
     ttl: Duration,
 ) -> redis::RedisResult<Acquired> {
-    let (set, pttl): (Option<String>, i64) = redis::pipe()
+    let (set, holder, pttl): (Option<String>, Option<String>, i64) = redis::pipe()
         .cmd("SET")
         .arg(&keys.lock)
         .arg(token)
         .arg("NX")
         .arg("PX")
         .arg(ms(ttl))
+        .cmd("GET")
+        .arg(&keys.lock)
         .cmd("PTTL")
         .arg(&keys.lock)
         .query_async(conn)
@@ -241,10 +253,7 @@ pub async fn acquire_unfenced<C: ConnectionLike + Send>(
     Ok(if set.is_some() {
         Acquired::Granted { fence: 0 }
     } else {
-        Acquired::Busy {
-            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-            foreign: false,
-        }
+        busy(pttl, holder)
     })
 }
 

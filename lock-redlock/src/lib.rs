@@ -9,8 +9,13 @@
 //!   majority agrees**: a grant costs the round trip of the median master, not the slowest.
 //!   The requests to the other masters are not dropped: they finish in the background, so the
 //!   lock lands on every master that answers, not on a bare majority;
-//! - the grant is a plain `SET key token NX PX ttl` (pipelined with a `PTTL` a waiter sleeps
-//!   by), not a script: the cheapest write Redis has, paid N times per lock;
+//! - the grant is a plain `SET key token NX PX ttl` (pipelined with a `GET` of the holder and a
+//!   `PTTL` a waiter sleeps by), not a script: the cheapest write Redis has, paid N times per
+//!   lock;
+//! - the lock is **held elsewhere only when one holder has a majority**. Racers that each took a
+//!   minority refuse each other on a majority of masters; that is a split vote, and
+//!   `try_acquire` retries it after a random pause (up to `retry_count` attempts of
+//!   `retry_delay`), so racers on a free lock elect one winner rather than all giving up;
 //! - a grant needs **N/2 + 1** masters **and** positive validity = TTL − elapsed − drift
 //!   (drift = TTL × factor + 2 ms, factor 0.01 unless set), measured on the monotonic clock
 //!   from before the first send;

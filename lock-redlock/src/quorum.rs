@@ -1,6 +1,7 @@
 //! Acquiring by majority: one attempt (a round on every master, decided at a majority, undone
 //! everywhere if it failed), the waiting loop around it, and the quorum read behind `inspect`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,16 +41,13 @@ impl RedlockLock {
             },
         );
         let mut answered = 0;
-        let mut owners: std::collections::HashMap<String, Vec<Duration>> = Default::default();
+        let mut holders = Holders::default();
         while let Some((_, r)) = round.next().await {
             if let Ok(Ok((token, pttl))) = r {
                 answered += 1;
-                if let Some(t) = token {
-                    // -1: no expiry (not ours to judge); -2: expired between GET and PTTL.
-                    let left = u64::try_from(pttl).map_or(Duration::MAX, Duration::from_millis);
-                    if pttl != -2 {
-                        owners.entry(t).or_default().push(left);
-                    }
+                // -1: no expiry (not ours to judge); -2: expired between GET and PTTL.
+                if pttl != -2 {
+                    holders.add(token, u64::try_from(pttl).ok().map(Duration::from_millis));
                 }
             }
         }
@@ -59,14 +57,9 @@ impl RedlockLock {
                 needed: quorum,
             });
         }
-        Ok(owners
-            .into_values()
-            .find(|left| left.len() >= quorum)
-            .map(|mut left| {
-                left.sort_unstable_by(|a, b| b.cmp(a));
-                let until_minority = left.get(quorum - 1).copied();
-                lock_core::HolderInfo::new(None, until_minority.filter(|d| *d != Duration::MAX))
-            }))
+        Ok(holders
+            .majority(quorum)
+            .map(|until_minority| lock_core::HolderInfo::new(None, until_minority)))
     }
 
     pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
@@ -88,7 +81,8 @@ impl RedlockLock {
             }
             let remaining = match self.attempt(name, &keys, ttl, opts).await {
                 Ok(Attempt::Granted(l)) => return Ok(Some(l)),
-                Ok(Attempt::Busy(r)) => r,
+                Ok(Attempt::Held(r)) => r,
+                Ok(Attempt::Split) => None,
                 Err(e) if e.is_retryable() => {
                     let pause = self.jitter().max(Duration::from_millis(10));
                     if deadline.at().is_some_and(|d| Instant::now() + pause >= d) {
@@ -164,19 +158,20 @@ impl RedlockLock {
             async move { scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await }
         });
         let (mut granted, mut busy) = (0, 0);
-        let mut remaining: Option<Duration> = None;
+        // Refusals by holder: a lock is held elsewhere only if one holder has a majority.
+        let mut holders = Holders::default();
         // Masters that answered "held by someone else", or were not asked, store nothing of
         // ours: no cleanup there.
         let mut refused = unchecked;
         while let Some((i, r)) = round.next().await {
             match r {
                 Ok(Ok(Acquired::Granted { .. })) => granted += 1,
-                Ok(Ok(Acquired::Busy { remaining: r, .. })) => {
+                Ok(Ok(Acquired::Busy {
+                    remaining, holder, ..
+                })) => {
                     busy += 1;
                     refused[i] = true;
-                    if let Some(r) = r {
-                        remaining = Some(remaining.map_or(r, |m: Duration| m.min(r)));
-                    }
+                    holders.add(holder, remaining);
                 }
                 _ => {}
             }
@@ -234,8 +229,13 @@ impl RedlockLock {
             ));
         }
         if granted + busy >= quorum {
-            // Enough masters answered: the lock is held elsewhere, or votes split.
-            return Ok(Attempt::Busy(if busy >= quorum { remaining } else { None }));
+            // Enough masters answered: the lock is held elsewhere, or votes split. Refusals
+            // from a majority are not enough to call it held: racers that each took a minority
+            // refuse each other, and if each gave up, nobody would get the lock.
+            return Ok(match holders.majority(quorum) {
+                Some(until_minority) => Attempt::Held(until_minority),
+                None => Attempt::Split,
+            });
         }
         Err(Error::QuorumNotReached {
             granted,
@@ -256,11 +256,11 @@ impl RedlockLock {
         for attempt in 1..=self.inner.config.retry_count() {
             match self.attempt(name, keys, ttl, opts).await? {
                 Attempt::Granted(l) => return Ok(Some(l)),
-                Attempt::Busy(Some(_)) => return Ok(None),
-                Attempt::Busy(None) if attempt < self.inner.config.retry_count() => {
+                Attempt::Held(_) => return Ok(None),
+                Attempt::Split if attempt < self.inner.config.retry_count() => {
                     tokio::time::sleep(self.jitter()).await;
                 }
-                Attempt::Busy(None) => return Ok(None),
+                Attempt::Split => return Ok(None),
             }
         }
         Ok(None)
@@ -276,7 +276,37 @@ impl RedlockLock {
 
 pub(crate) enum Attempt {
     Granted(Box<dyn Lease>),
-    /// `Some`: a majority reported a holder, whose keys expire after at least this long.
-    /// `None`: votes split (or no expiry was reported): nobody is known to hold it.
-    Busy(Option<Duration>),
+    /// A majority refused for one holder, which keeps that majority for at least this long
+    /// (`None`: some of its keys have no expiry).
+    Held(Option<Duration>),
+    /// Votes split: no holder has a majority. Someone may win on a retry.
+    Split,
+}
+
+/// The refusals of one attempt, by holder.
+#[derive(Default)]
+struct Holders(HashMap<String, Vec<Option<Duration>>>);
+
+impl Holders {
+    /// One master's holder and its remaining PTTL (`None`: no expiry). A holder gone before
+    /// it could be read (`None`) counts for nobody.
+    fn add(&mut self, holder: Option<String>, remaining: Option<Duration>) {
+        if let Some(h) = holder {
+            self.0.entry(h).or_default().push(remaining);
+        }
+    }
+
+    /// If one holder refused on `quorum` masters or more: how long until it keeps fewer than
+    /// `quorum` (the `quorum`-th longest expiry; `None` when that one has no expiry).
+    fn majority(self, quorum: usize) -> Option<Option<Duration>> {
+        let mut left = self.0.into_values().find(|l| l.len() >= quorum)?;
+        // `None` (no expiry) sorts as the longest.
+        left.sort_unstable_by(|a, b| match (a, b) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Less,
+            (Some(_), None) => std::cmp::Ordering::Greater,
+            (Some(a), Some(b)) => b.cmp(a),
+        });
+        left.get(quorum - 1).copied()
+    }
 }

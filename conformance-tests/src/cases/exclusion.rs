@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::support::{client, held, long_opts, opts, scene, Scene};
 use crate::{ensure, fresh_name, Failure, Harness};
 
-/// Eight independent clients race `try_acquire` on one name: exactly one wins.
+/// Eight independent clients race `try_acquire` on one free name: exactly one wins — not two,
+/// and not none (`None` means someone holds it).
 pub async fn single_winner_among_racers(h: &dyn Harness) -> Result<(), Failure> {
     const N: usize = 8;
     let name = fresh_name("race");
@@ -31,6 +32,11 @@ pub async fn single_winner_among_racers(h: &dyn Harness) -> Result<(), Failure> 
             winners.push(lease);
         }
     }
+    ensure!(
+        !winners.is_empty(),
+        "none of {N} racers acquired a free lock: try_acquire said no although nobody held it \
+         (racers that split the vote must retry until one wins)"
+    );
     ensure!(
         winners.len() == 1,
         "{} of {N} racers acquired the same lock",

@@ -44,6 +44,9 @@ pub(super) struct Shared {
     pub(super) last_released: Mutex<HashMap<u64, (Duration, Instant)>>,
     /// Waiting acquires per name so far (arrival numbers).
     pub(super) arrivals: Mutex<HashMap<LockName, u32>>,
+    /// Per name: `try_acquire` calls in flight, and whether two of them overlapped since the
+    /// name was last quiet ([`Flaw::SplitVoteGivesUp`]).
+    pub(super) racing: Mutex<HashMap<LockName, (usize, bool)>>,
     /// Lost-signal senders kept alive on purpose ([`Flaw::AbandonKeepsLostPending`]).
     pub(super) kept: Mutex<Vec<LeaseTracker>>,
     pub(super) next_client: AtomicU64,

@@ -268,6 +268,28 @@ impl FlawedLock {
         }
     }
 
+    /// One voting round of 5 ms on `key`: whether another `try_acquire` was in flight on it
+    /// during this one ([`Flaw::SplitVoteGivesUp`]).
+    async fn overlapped(&self, key: &LockName) -> bool {
+        {
+            let mut racing = locked(&self.shared.racing);
+            let (n, split) = racing.entry(key.clone()).or_insert((0, false));
+            *n += 1;
+            *split |= *n > 1;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut racing = locked(&self.shared.racing);
+        let Some((n, split)) = racing.get_mut(key) else {
+            return false;
+        };
+        let overlapped = *split;
+        *n -= 1;
+        if *n == 0 {
+            racing.remove(key);
+        }
+        overlapped
+    }
+
     pub(super) fn timeout(name: &LockName, started: Instant) -> Error {
         Error::Timeout {
             name: name.clone(),
@@ -348,6 +370,9 @@ impl DistributedLock for FlawedLock {
             self.inner.break_lock(&key);
         }
         self.cross().await?;
+        if self.flaw == Flaw::SplitVoteGivesUp && self.overlapped(&key).await {
+            return Ok(None);
+        }
         let lease = match (self.delay(), self.flaw) {
             (None, Flaw::TryAcquireWaits) => {
                 let o = self.inner_opts(opts).wait_for(opts.ttl);

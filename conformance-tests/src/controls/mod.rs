@@ -80,6 +80,10 @@ pub enum Flaw {
     BoundedWaitPolls,
     /// `try_acquire` on a held lock waits up to a TTL for it before saying no.
     TryAcquireWaits,
+    /// `try_acquire` calls that overlap on a free name all say no: racers that each took a
+    /// part of the lock take each other's refusals for a holder (a Redlock driver that counts
+    /// any majority of refusals as held, and so never retries a split vote).
+    SplitVoteGivesUp,
     /// A waiter that timed out stays queued for many TTLs: later *waiting* acquires queue
     /// behind it (`try_acquire` does not look at the queue).
     TimedOutWaiterStaysQueued,
@@ -160,6 +164,7 @@ impl Flaw {
         Flaw::RegrantOverstatesValidity,
         Flaw::BoundedWaitPolls,
         Flaw::TryAcquireWaits,
+        Flaw::SplitVoteGivesUp,
         Flaw::TimedOutWaiterStaysQueued,
         Flaw::NoFifoAfterExpiry,
         Flaw::StaleRenewExtendsSameClient,
@@ -231,6 +236,7 @@ impl Flaw {
             }
             Flaw::BoundedWaitPolls => cases![waiting::bounded_waiter_wakes_promptly_after_release],
             Flaw::TryAcquireWaits => cases![waiting::try_acquire_does_not_wait],
+            Flaw::SplitVoteGivesUp => cases![exclusion::single_winner_among_racers],
             Flaw::TimedOutWaiterStaysQueued => {
                 cases![waiting::timed_out_waiter_does_not_block_waiters]
             }
