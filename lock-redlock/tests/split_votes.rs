@@ -26,6 +26,17 @@ fn config() -> RedlockConfig {
     .unwrap()
 }
 
+/// A client that retries a split vote up to 20 times, with pauses of up to 100 ms.
+async fn patient() -> RedlockLock {
+    RedlockLock::connect(
+        config()
+            .with_retry_count(20)
+            .with_retry_delay(Duration::from_millis(100)),
+    )
+    .await
+    .expect("Redlock masters (start them: scripts/services.sh up)")
+}
+
 /// Writes `value` as the lock key of `name` on the master at `port`, as a racer's partial grant
 /// would be, expiring after `ttl`.
 async fn plant(port: u16, name: &LockName, value: &str, ttl: Duration) {
@@ -50,13 +61,7 @@ async fn plant(port: u16, name: &LockName, value: &str, ttl: Duration) {
 /// one holds a majority. The leftovers expire after 100 ms, well within the retries allowed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_from_a_majority_of_different_holders_are_a_split_not_a_holder() {
-    let lock = RedlockLock::connect(
-        config()
-            .with_retry_count(20)
-            .with_retry_delay(Duration::from_millis(100)),
-    )
-    .await
-    .expect("Redlock masters (start them: scripts/services.sh up)");
+    let lock = patient().await;
     let name = fresh_name("split");
     let ttl = Duration::from_millis(100);
     let planted = Instant::now();
@@ -86,13 +91,7 @@ async fn refusals_from_a_majority_of_different_holders_are_a_split_not_a_holder(
 /// without spending its split-vote retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_from_a_majority_for_one_holder_are_held() {
-    let lock = RedlockLock::connect(
-        config()
-            .with_retry_count(20)
-            .with_retry_delay(Duration::from_millis(100)),
-    )
-    .await
-    .unwrap();
+    let lock = patient().await;
     let name = fresh_name("held");
     for p in &PORTS[..3] {
         plant(*p, &name, "distlock-holder", Duration::from_secs(5)).await;
