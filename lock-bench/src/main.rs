@@ -286,7 +286,7 @@ async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
             let (eps, _) = ep.etcd(b)?;
             test_support::etcd_grpc_messages_received(&eps).await
         }
-        "postgres" => test_support::pg_transactions(&ep.pg_url).await,
+        "postgres" => test_support::pg_statements(&ep.pg_url).await,
         _ => None,
     }
 }

@@ -107,15 +107,6 @@ pub fn kill(sig: &str, pid: impl std::fmt::Display) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
-/// Transactions the PostgreSQL server at `url` committed or rolled back, over every database
-/// (`pg_stat_database`). Backends report their counts when they go idle, at most once a second,
-/// so a reading lags by up to a second: measure over windows of several seconds.
-pub async fn pg_transactions(url: &str) -> Option<u64> {
-    let client = pg_client(url).await.ok()?;
-    let sql = "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database";
-    pg_count(&client, sql).await
-}
-
 /// The one `int8` that `sql` selects, as a count.
 async fn pg_count(client: &tokio_postgres::Client, sql: &str) -> Option<u64> {
     let row = client.query_one(sql, &[]).await.ok()?;
