@@ -110,13 +110,10 @@ async fn refusals_from_a_majority_for_one_holder_are_held() {
     );
 }
 
-/// Five racers, each next to one master and 20 ms (each way) from the other four (through the suite's
-/// fault proxy), start try_acquire together: each racer's own master grants to it first, so the
-/// first round always splits five ways. Every race must still end with exactly one winner. A
-/// driver that takes four refusals for a held lock gives up everywhere: no winner, every time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn racers_split_by_latency_still_elect_exactly_one_winner() {
-    const RACES: usize = 5;
+/// Five clients, the i-th 0 ms from master i and 20 ms (each way, through its own fault proxy)
+/// from the other four, retrying a split vote `retry_count` times: whatever they race for
+/// together, each one's nearest master grants to it first, so a first round splits five ways.
+async fn split_by_latency(retry_count: u32) -> (Vec<Arc<RedlockLock>>, Vec<FaultProxy>) {
     let far = Duration::from_millis(20);
     let mut proxies = Vec::new();
     let mut clients = Vec::new();
@@ -130,15 +127,25 @@ async fn racers_split_by_latency_still_elect_exactly_one_winner() {
             masters.push(RedisConfig::new("127.0.0.1", p.addr().port()));
             proxies.push(p);
         }
-        // Retries are what resolves a split; more of them than the default so that this test
-        // is about telling a split from a holder, not about the odds of three random pauses.
         // The per-node timeout well above the far masters' round trip, so that they vote.
         let cfg = RedlockConfig::new(masters)
             .unwrap()
-            .with_retry_count(10)
+            .with_retry_count(retry_count)
             .with_node_timeout(Duration::from_millis(200));
         clients.push(Arc::new(RedlockLock::connect(cfg).await.unwrap()));
     }
+    (clients, proxies)
+}
+
+/// The five racers of [`split_by_latency`] start try_acquire together; the first round always
+/// splits five ways. Every race must still end with exactly one winner. A driver that takes
+/// four refusals for a held lock gives up everywhere: no winner, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racers_split_by_latency_still_elect_exactly_one_winner() {
+    const RACES: usize = 5;
+    // Retries are what resolves a split; more of them than the default so that this test is
+    // about telling a split from a holder, not about the odds of three random pauses.
+    let (clients, proxies) = split_by_latency(10).await;
     let opts = LockOptions::new(Duration::from_secs(10));
     let mut outcomes = Vec::new();
     for _ in 0..RACES {
@@ -171,5 +178,35 @@ async fn racers_split_by_latency_still_elect_exactly_one_winner() {
         "winners per race of five racers whose first round splits the masters: {outcomes:?} \
          (each race must have exactly one)"
     );
+    drop(proxies);
+}
+
+/// The five clients of [`split_by_latency`], with the default retries, each wait (up to 20 s)
+/// for the same free lock, hold it 10 ms and release it: every one of them gets its turn. Their
+/// retries are woken together by each other's cleanup announcements, which must not keep them
+/// splitting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_split_by_latency_each_get_a_turn() {
+    let (clients, proxies) = split_by_latency(3).await;
+    let name = fresh_name("wait-race");
+    let opts = LockOptions::new(Duration::from_secs(10)).wait_for(Duration::from_secs(20));
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let tasks: Vec<_> = clients
+        .iter()
+        .map(|c| {
+            let (c, name, opts, barrier) = (c.clone(), name.clone(), opts.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let lease = c.acquire(&name, &opts).await?;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                lease.release().await
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        if let Err(e) = t.await.unwrap() {
+            panic!("waiter {i} of 5 on a lock each holds for 10 ms did not get its turn: {e}");
+        }
+    }
     drop(proxies);
 }
