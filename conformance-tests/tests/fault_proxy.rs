@@ -42,12 +42,18 @@ async fn passes_data_through_and_counts_it() {
     assert_eq!(proxy.connections(), 1);
 }
 
-#[tokio::test]
-async fn delay_slows_each_direction() {
+/// A proxied connection to the echo server, warmed by one round trip, then delayed by `d`.
+async fn delayed_by(d: Duration) -> (FaultProxy, TcpStream) {
     let proxy = FaultProxy::start(echo_server().await).unwrap();
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
     roundtrip(&mut s, b"warm").await.unwrap();
-    proxy.delay(Duration::from_millis(100));
+    proxy.delay(d);
+    (proxy, s)
+}
+
+#[tokio::test]
+async fn delay_slows_each_direction() {
+    let (proxy, mut s) = delayed_by(Duration::from_millis(100)).await;
     let start = Instant::now();
     roundtrip(&mut s, b"slow").await.unwrap();
     assert!(
@@ -69,10 +75,7 @@ async fn delay_slows_each_direction() {
 /// one delay after another (which would make a pipelined request look twice as slow).
 #[tokio::test]
 async fn delay_is_latency_not_a_queue() {
-    let proxy = FaultProxy::start(echo_server().await).unwrap();
-    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
-    roundtrip(&mut s, b"warm").await.unwrap();
-    proxy.delay(Duration::from_millis(100));
+    let (proxy, mut s) = delayed_by(Duration::from_millis(100)).await;
     let start = Instant::now();
     s.write_all(b"one").await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
