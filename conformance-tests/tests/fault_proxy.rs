@@ -75,7 +75,7 @@ async fn delay_slows_each_direction() {
 /// one delay after another (which would make a pipelined request look twice as slow).
 #[tokio::test]
 async fn delay_is_latency_not_a_queue() {
-    let (proxy, mut s) = delayed_by(Duration::from_millis(100)).await;
+    let (_proxy, mut s) = delayed_by(Duration::from_millis(100)).await;
     let start = Instant::now();
     s.write_all(b"one").await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
