@@ -323,26 +323,22 @@ fn descendants(tag: &str, url: &str, how: &str) {
     second_ran_alone(tag, second, Duration::from_secs(30), &hb, &start2);
 }
 
+/// Runs `case(tag, url)` on a file backend (in a fresh directory) and on Redis, tagged
+/// `{tag}-file` and `{tag}-redis`.
+fn on_file_and_redis(tag: &str, case: impl Fn(&str, &str)) {
+    let dir = tmp(&format!("{tag}-locks"));
+    case(&format!("{tag}-file"), &format!("file://{}", dir.display()));
+    case(&format!("{tag}-redis"), "redis://127.0.0.1:16379");
+}
+
 #[test]
 fn descendants_after_the_command_exits() {
-    let dir = tmp("desc-exit-locks");
-    descendants(
-        "desc-exit-file",
-        &format!("file://{}", dir.display()),
-        "exit",
-    );
-    descendants("desc-exit-redis", "redis://127.0.0.1:16379", "exit");
+    on_file_and_redis("desc-exit", |tag, url| descendants(tag, url, "exit"));
 }
 
 #[test]
 fn descendants_after_sigterm_to_distlock() {
-    let dir = tmp("desc-term-locks");
-    descendants(
-        "desc-term-file",
-        &format!("file://{}", dir.display()),
-        "sigterm",
-    );
-    descendants("desc-term-redis", "redis://127.0.0.1:16379", "sigterm");
+    on_file_and_redis("desc-term", |tag, url| descendants(tag, url, "sigterm"));
 }
 
 /// `--min-hold 2s` with a 0.1 s command: `--no-wait` runs in those 2 s exit 75, one after
@@ -403,9 +399,7 @@ fn min_hold(tag: &str, url: &str) {
 
 #[test]
 fn min_hold_keeps_the_lock_after_a_short_command() {
-    let dir = tmp("minhold-locks");
-    min_hold("minhold-file", &format!("file://{}", dir.display()));
-    min_hold("minhold-redis", "redis://127.0.0.1:16379");
+    on_file_and_redis("minhold", min_hold);
 }
 
 /// Pieces of a password that uses every URL delimiter; none may appear in any output.

@@ -9,6 +9,12 @@ use distlock::{Error, LockName, LockOptions};
 
 /// Acquire and release once through the facade: the URL reached a working driver.
 #[cfg_attr(not(feature = "file"), allow(dead_code))] // every driver test is feature-gated
+async fn round_trips(backend: &str, urls: &[&str]) {
+    for url in urls {
+        round_trip(url, backend).await;
+    }
+}
+
 async fn round_trip(url: &str, backend: &str) {
     let locks = distlock::connect(url)
         .await
@@ -95,8 +101,14 @@ async fn a_disabled_driver_names_its_feature() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_urls_connect() {
-    round_trip("redis://127.0.0.1:16379", "redis").await;
-    round_trip("redis://locker:locker-pw@127.0.0.1:16390", "redis").await;
+    round_trips(
+        "redis",
+        &[
+            "redis://127.0.0.1:16379",
+            "redis://locker:locker-pw@127.0.0.1:16390",
+        ],
+    )
+    .await;
 }
 
 #[cfg(feature = "redis-tls")]
@@ -147,10 +159,12 @@ async fn redlock_urls_connect() {
 #[cfg(feature = "zookeeper")]
 #[tokio::test]
 async fn zookeeper_urls_connect() {
-    round_trip("zk://127.0.0.1:12181?session_timeout_ms=2000", "zookeeper").await;
-    round_trip(
-        "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283/facade?session_timeout_ms=2000",
+    round_trips(
         "zookeeper",
+        &[
+            "zk://127.0.0.1:12181?session_timeout_ms=2000",
+            "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283/facade?session_timeout_ms=2000",
+        ],
     )
     .await;
 }
@@ -158,14 +172,12 @@ async fn zookeeper_urls_connect() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_urls_connect() {
-    round_trip(
-        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+    round_trips(
         "postgres",
-    )
-    .await;
-    round_trip(
-        "postgresql://locker:locker-pw@127.0.0.1:15433/postgres?sslmode=disable",
-        "postgres",
+        &[
+            "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+            "postgresql://locker:locker-pw@127.0.0.1:15433/postgres?sslmode=disable",
+        ],
     )
     .await;
 }
@@ -173,15 +185,13 @@ async fn postgres_urls_connect() {
 #[cfg(feature = "etcd")]
 #[tokio::test]
 async fn etcd_urls_connect() {
-    round_trip("etcd://127.0.0.1:12379", "etcd").await;
-    round_trip(
-        "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679/facade",
+    round_trips(
         "etcd",
-    )
-    .await;
-    round_trip(
-        "etcd://locker:locker-pw@127.0.0.1:12779/distlock-auth",
-        "etcd",
+        &[
+            "etcd://127.0.0.1:12379",
+            "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679/facade",
+            "etcd://locker:locker-pw@127.0.0.1:12779/distlock-auth",
+        ],
     )
     .await;
 }

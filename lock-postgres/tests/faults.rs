@@ -81,6 +81,20 @@ async fn queued(
     waiting
 }
 
+/// Within `limit`, nobody waits for `name` in the server's lock queue any more: `what` names
+/// the waiter that should be gone.
+async fn no_waiter_within(
+    limit: Duration,
+    admin: &tokio_postgres::Client,
+    name: &LockName,
+    what: &str,
+) {
+    until(limit, what, || async {
+        lockers(admin, name).await.iter().all(|(_, g)| *g)
+    })
+    .await;
+}
+
 async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
@@ -286,10 +300,11 @@ async fn a_cancelled_waiter_leaves_no_server_side_waiter_case() {
     let waiting = queued(&b, &n, &admin).await;
     waiting.abort();
     let aborted = Instant::now();
-    until(
+    no_waiter_within(
         Duration::from_secs(2),
+        &admin,
+        &n,
         "the aborted waiter gone from pg_locks",
-        || async { lockers(&admin, &n).await.iter().all(|(_, g)| *g) },
     )
     .await;
     eprintln!("aborted waiter gone after {:?}", aborted.elapsed());
@@ -297,10 +312,11 @@ async fn a_cancelled_waiter_leaves_no_server_side_waiter_case() {
         .acquire(&n, &opts().wait_for(Duration::from_millis(300)))
         .await;
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
-    until(
+    no_waiter_within(
         Duration::from_secs(2),
+        &admin,
+        &n,
         "the timed-out waiter gone from pg_locks",
-        || async { lockers(&admin, &n).await.iter().all(|(_, g)| *g) },
     )
     .await;
     holder.release().await.unwrap();

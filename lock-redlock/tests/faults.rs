@@ -52,6 +52,32 @@ async fn direct_conn(port: u16) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// Ends every fault of `proxies`.
+fn heal(proxies: &[FaultProxy]) {
+    for p in proxies {
+        p.heal();
+    }
+}
+
+/// After `wait`, no master may hold a key of `name`; `what` says what would have left one.
+async fn no_keys_after(name: &LockName, wait: Duration, what: &str) {
+    tokio::time::sleep(wait).await;
+    assert_eq!(keys_present(name).await, 0, "{what}");
+}
+
+/// A fresh client, straight to the masters, gets `name` at once; `what` says why it must.
+async fn free_for_another(name: &LockName, opts: &LockOptions, what: &str) {
+    direct()
+        .await
+        .try_acquire(name, opts)
+        .await
+        .unwrap()
+        .expect(what)
+        .release()
+        .await
+        .unwrap();
+}
+
 /// On how many masters the lock key of `name` exists right now.
 async fn keys_present(name: &LockName) -> usize {
     keys_on(name).await.len()
@@ -133,15 +159,13 @@ fn three_of_five_masters_down_fails_fast_and_leaves_no_key() {
         );
         // The blackholed masters get the held-back acquire (and then its release) on heal: the
         // cleanup must reach them too, so no key may survive anywhere.
-        for p in &proxies {
-            p.heal();
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(
-            keys_present(&name).await,
-            0,
-            "a failed acquisition left keys behind"
-        );
+        heal(&proxies);
+        no_keys_after(
+            &name,
+            Duration::from_millis(300),
+            "a failed acquisition left keys behind",
+        )
+        .await;
     });
 }
 
@@ -170,15 +194,13 @@ fn slow_majority_fails_and_releases_everywhere() {
             "waited {:?} for masters slower than the TTL",
             start.elapsed()
         );
-        for p in &proxies {
-            p.heal();
-        }
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert_eq!(
-            keys_present(&name).await,
-            0,
-            "keys left behind after a failed slow acquisition"
-        );
+        heal(&proxies);
+        no_keys_after(
+            &name,
+            Duration::from_millis(600),
+            "keys left behind after a failed slow acquisition",
+        )
+        .await;
 
         // (b) Slow enough to eat the required validity, yet within the node timeout: the
         // majority grants, the client refuses the grant and releases it everywhere.
@@ -197,15 +219,13 @@ fn slow_majority_fails_and_releases_everywhere() {
             matches!(r, Err(Error::Unavailable { .. })),
             "a grant without enough validity gave {r:?}"
         );
-        for p in &proxies {
-            p.heal();
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(
-            keys_present(&name).await,
-            0,
-            "keys left behind after refusing a late grant"
-        );
+        heal(&proxies);
+        no_keys_after(
+            &name,
+            Duration::from_millis(200),
+            "keys left behind after refusing a late grant",
+        )
+        .await;
     });
 }
 
@@ -330,20 +350,13 @@ fn slow_minority_does_not_hold_up_a_grant_and_still_gets_every_request() {
             "release did not return once the fast majority had released"
         );
         // The slow masters are released in the background, not left to expire.
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert_eq!(
-            keys_present(&name).await,
-            0,
-            "the release never reached the slow masters"
-        );
-        let b = direct().await;
-        b.try_acquire(&name, &opts)
-            .await
-            .unwrap()
-            .expect("free everywhere")
-            .release()
-            .await
-            .unwrap();
+        no_keys_after(
+            &name,
+            Duration::from_millis(600),
+            "the release never reached the slow masters",
+        )
+        .await;
+        free_for_another(&name, &opts, "free everywhere").await;
     });
 }
 
@@ -360,23 +373,14 @@ fn acquire_cancelled_mid_request_leaves_no_key() {
         let opts = LockOptions::new(Duration::from_secs(10));
         let r = tokio::time::timeout(Duration::from_millis(50), a.try_acquire(&name, &opts)).await;
         assert!(r.is_err(), "the attempt finished before it was cancelled");
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        assert_eq!(
-            keys_present(&name).await,
-            0,
-            "a cancelled acquire left a ghost holder"
-        );
-        for p in &proxies {
-            p.heal();
-        }
-        let b = direct().await;
-        b.try_acquire(&name, &opts)
-            .await
-            .unwrap()
-            .expect("free after the cancelled attempt")
-            .release()
-            .await
-            .unwrap();
+        no_keys_after(
+            &name,
+            Duration::from_millis(800),
+            "a cancelled acquire left a ghost holder",
+        )
+        .await;
+        heal(&proxies);
+        free_for_another(&name, &opts, "free after the cancelled attempt").await;
     });
 }
 
@@ -425,9 +429,7 @@ fn inspect_reads_a_majority_and_needs_one() {
             ),
             "{r:?}"
         );
-        for p in &proxies {
-            p.heal();
-        }
+        heal(&proxies);
         lease.release().await.unwrap();
         assert!(
             b.inspect(&name).await.unwrap().is_none(),

@@ -24,6 +24,14 @@ async fn zk(hosts: &str, session: Duration) -> ZkLock {
         .unwrap_or_else(|e| panic!("ZooKeeper at {hosts} (scripts/services.sh up): {e}"))
 }
 
+/// A fault proxy in front of the single node, a client through it and one straight to the node.
+async fn behind_proxy(session: Duration) -> (FaultProxy, ZkLock, ZkLock) {
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+    let through = zk(&proxy.addr().to_string(), session).await;
+    let direct = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+    (proxy, through, direct)
+}
+
 /// The index in `ENSEMBLE` of the member that says it leads.
 async fn ensemble_leader() -> usize {
     for (i, port) in ENSEMBLE.iter().enumerate() {
@@ -87,9 +95,7 @@ fn a_session_lost_to_a_partition_is_replaced_by_one_with_the_same_timeout() {
 fn short_blackhole_is_survived_and_nobody_else_gets_the_lock() {
     serial(async {
         let session = Duration::from_secs(4);
-        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
-        let holder = zk(&proxy.addr().to_string(), session).await;
-        let other = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let (proxy, holder, other) = behind_proxy(session).await;
         let name = fresh_name("zk-blip");
         let lease = Arc::new(
             holder
@@ -280,9 +286,7 @@ fn twenty_waiters_are_woken_once_each() {
 fn a_release_lost_with_the_connection_is_retried() {
     serial(async {
         let session = Duration::from_secs(6);
-        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
-        let holder = zk(&proxy.addr().to_string(), session).await;
-        let other = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let (proxy, holder, other) = behind_proxy(session).await;
         let name = fresh_name("zk-lost-delete");
         let lease = holder
             .acquire(&name, &LockOptions::new(session))
@@ -331,9 +335,7 @@ fn a_release_lost_with_the_connection_is_retried() {
 fn a_create_lost_with_the_connection_is_found_not_repeated() {
     serial(async {
         let session = Duration::from_secs(6);
-        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
-        let waiter = zk(&proxy.addr().to_string(), session).await;
-        let holder = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let (proxy, waiter, holder) = behind_proxy(session).await;
         let name = fresh_name("zk-lost-create");
         // Held by another client, so the lock's node exists and the waiter's create is the
         // first request that names it.
