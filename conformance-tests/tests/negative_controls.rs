@@ -56,6 +56,50 @@ fn unbroken_wrapper_passes_every_case() -> Result<(), Failed> {
     }
 }
 
+/// The cases no flaw names, and why none needs to. A new case gets a control or a line here;
+/// a case that gains a control must leave this list: the trial checks both ways.
+const WITHOUT_A_CONTROL: &[(&str, &str)] = &[
+    (
+        "input::rejects_bad_names",
+        "`LockName::new` rejects the names before any driver sees them",
+    ),
+    (
+        "safety::history_is_clean",
+        "its controls are the `checker::` trials, which run the same checker under the nemesis",
+    ),
+];
+
+/// Every case is named by some flaw's `caught_by`, or listed in `WITHOUT_A_CONTROL` with why.
+fn every_case_has_a_control() -> Result<(), Failed> {
+    let named: std::collections::HashSet<&str> =
+        Flaw::ALL.iter().flat_map(|f| f.caught_by()).collect();
+    let exempt: Vec<&str> = WITHOUT_A_CONTROL.iter().map(|(n, _)| *n).collect();
+    let mut wrong = Vec::new();
+    for c in CASES {
+        match (named.contains(c.name), exempt.contains(&c.name)) {
+            (false, false) => wrong.push(format!("{}: no flaw names it", c.name)),
+            (true, true) => wrong.push(format!(
+                "{}: a flaw names it, yet it is listed as without a control",
+                c.name
+            )),
+            _ => {}
+        }
+    }
+    for n in exempt
+        .iter()
+        .filter(|n| CASES.iter().all(|c| c.name != **n))
+    {
+        wrong.push(format!(
+            "{n}: listed as without a control, but no such case"
+        ));
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("\n").into())
+    }
+}
+
 /// At least one of the cases `flaw` names must fail.
 fn caught(flaw: Flaw) -> Result<(), Failed> {
     let h = FlawedHarness::new(flaw);
@@ -116,10 +160,13 @@ fn checker_reports(flaw: Flaw, kind: Kind) -> Result<(), Failed> {
 }
 
 fn main() -> ExitCode {
-    let mut trials = vec![Trial::test(
-        "unbroken_wrapper_passes_every_case",
-        unbroken_wrapper_passes_every_case,
-    )];
+    let mut trials = vec![
+        Trial::test(
+            "unbroken_wrapper_passes_every_case",
+            unbroken_wrapper_passes_every_case,
+        ),
+        Trial::test("every_case_has_a_control", every_case_has_a_control),
+    ];
     trials.extend(
         Flaw::ALL
             .iter()

@@ -125,13 +125,23 @@ pub async fn watchdog_stops_on_drop(h: &dyn Harness) -> Result<(), Failure> {
         "holder",
     )?;
     let ttl = lease.ttl();
+    let dropped = Instant::now();
     drop(lease);
     let l = within(
         ttl * 3,
         "acquire after drop",
         b.acquire(&name, &opts(h).wait_for(ttl + t.slack)),
     )
-    .await??;
+    .await?
+    .map_err(|e| match e {
+        e @ lock_core::Error::Timeout { .. } => Failure(format!(
+            "the lock of a dropped auto-renewed lease was not free {:?} after the drop (TTL \
+             {ttl:?} + slack {:?}): its watchdog kept renewing ({e})",
+            dropped.elapsed(),
+            t.slack
+        )),
+        e => Failure::from(e),
+    })?;
     l.release().await?;
     Ok(())
 }
@@ -150,8 +160,21 @@ pub async fn max_hold_ends_lease(h: &dyn Harness) -> Result<(), Failure> {
     let ttl = lease.ttl();
     let lost = lease.lost();
     let wait = max_hold + ttl * 2 + t.slack;
-    let next =
-        acquire_when_free(&*b, &name, &opts(h), wait, "waiter behind a max_hold lease").await?;
+    let next = match acquire_when_free(&*b, &name, &opts(h), wait, "waiter behind a max_hold lease")
+        .await
+    {
+        Ok(next) => next,
+        // Name the broken promise, not the waiter that suffered it.
+        Err(e) if !lost.is_lost() => {
+            return Err(Failure(format!(
+                "renewal went on past max_hold {max_hold:?}: {:?} after the grant the lease is \
+                 {:?} and its lost signal has not fired ({e})",
+                t0.elapsed(),
+                lease.state()
+            )))
+        }
+        Err(e) => return Err(e),
+    };
     let granted = Instant::now();
     ensure!(
         granted >= t0 + max_hold,

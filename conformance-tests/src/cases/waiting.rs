@@ -370,24 +370,37 @@ pub async fn every_waiter_gets_one_turn(h: &dyn Harness) -> Result<(), Failure> 
     let t = h.timing();
     let name = fresh_name("turns");
     let inside = Arc::new(AtomicBool::new(false));
+    let turns = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for _ in 0..5 {
+    for i in 0..5 {
         let c = client(h).await?;
-        let (n, o, inside) = (name.clone(), long_opts(h), inside.clone());
+        let (n, o, inside, turns) = (name.clone(), long_opts(h), inside.clone(), turns.clone());
         tasks.push(tokio::spawn(async move {
             let l = c.acquire(&n, &o).await?;
             if inside.swap(true, Ordering::SeqCst) {
                 return Err(Failure("two waiters held the lock at once".into()));
             }
+            turns
+                .lock()
+                .map_err(|_| Failure("poisoned".into()))?
+                .push(i);
             tokio::time::sleep(Duration::from_millis(10)).await;
             inside.store(false, Ordering::SeqCst);
             l.release().await?;
             Ok::<_, Failure>(())
         }));
     }
-    for task in tasks {
+    for (i, task) in tasks.into_iter().enumerate() {
         within(t.ttl * 20, "waiter", task)
-            .await?
+            .await
+            .map_err(|_| {
+                let had = turns.lock().map(|v| v.clone()).unwrap_or_default();
+                Failure(format!(
+                    "waiter {i} of 5 never got a turn within {:?}; the waiters that did, in \
+                     order: {had:?}",
+                    t.ttl * 20
+                ))
+            })?
             .map_err(|e| Failure(format!("waiter panicked: {e}")))??;
     }
     Ok(())

@@ -50,6 +50,8 @@ pub(super) struct FlawedLease {
     pub(super) inner: Box<dyn Lease>,
     pub(super) resurrected: Mutex<Option<Box<dyn Lease>>>,
     pub(super) never_lost: Option<LeaseTracker>,
+    /// The lost signal, resolved a TTL after the store's ([`Flaw::RefusalNoticedLate`]).
+    pub(super) late_lost: Option<LostSignal>,
     pub(super) lock: FlawedLock,
     pub(super) opts: LockOptions,
     pub(super) claimed_valid_until: Instant,
@@ -59,10 +61,31 @@ pub(super) struct FlawedLease {
     pub(super) drop_ghost: DropGhost,
     /// Ended by `abandon`.
     pub(super) abandoned: bool,
+    /// Ended by `release`.
+    pub(super) released: bool,
 }
 
 impl Drop for FlawedLease {
     fn drop(&mut self) {
+        let live = !self.released && !self.abandoned;
+        if self.lock.flaw == Flaw::DropReleasesByName && live {
+            self.lock.inner.break_lock(self.inner.name());
+        }
+        if let (Flaw::DroppedLeaseKeepsRenewing, true, Renewal::Auto { .. }, Ok(rt)) = (
+            self.lock.flaw,
+            live,
+            self.opts.renewal,
+            tokio::runtime::Handle::try_current(),
+        ) {
+            // The store lease, auto-renewed, outlives its handle by ten TTLs.
+            let name = self.inner.name().clone();
+            let zombie = std::mem::replace(&mut self.inner, Box::new(Released(name)));
+            let ttl = self.opts.ttl;
+            rt.spawn(async move {
+                tokio::time::sleep(ttl * 10).await;
+                let _ = zombie.release().await;
+            });
+        }
         if self.drop_ghost.armed {
             let s = &self.drop_ghost.shared;
             locked(&s.ghosts).insert(
@@ -74,6 +97,7 @@ impl Drop for FlawedLease {
             let keep = match self.lock.flaw {
                 Flaw::LostSignalNeverFires => true,
                 Flaw::AbandonKeepsLostPending => self.abandoned,
+                Flaw::ReleaseLeavesLostPending => self.released,
                 _ => false,
             };
             if keep {
@@ -109,7 +133,17 @@ impl Lease for FlawedLease {
         })
     }
     fn ttl(&self) -> Duration {
-        self.opts.ttl
+        match self.lock.flaw {
+            Flaw::GrantedTtlRoundedDown => {
+                let tenths = self.opts.ttl.as_millis() / 100;
+                Duration::from_millis(
+                    u64::try_from(tenths)
+                        .unwrap_or(u64::MAX)
+                        .saturating_mul(100),
+                )
+            }
+            _ => self.opts.ttl,
+        }
     }
     fn valid_until(&self) -> Instant {
         // A resurrecting renewal reports the validity of the lock it re-took, as a driver
@@ -126,6 +160,7 @@ impl Lease for FlawedLease {
                 self.claimed_valid_until
             }
             Flaw::LostSignalNeverFires => Instant::now() + self.opts.ttl,
+            Flaw::ValidityBeyondTtl => self.inner.valid_until() + self.opts.ttl / 2,
             _ => match self.shift {
                 Shift::Earlier(d) => self.inner.valid_until() - d,
                 Shift::Later(d) => self.inner.valid_until() + d,
@@ -142,12 +177,18 @@ impl Lease for FlawedLease {
         }
     }
     fn lost(&self) -> LostSignal {
+        if let Some(late) = &self.late_lost {
+            return late.clone();
+        }
         match &self.never_lost {
             Some(t) => t.signal(),
             None => self.inner.lost(),
         }
     }
     async fn renew(&self) -> Result<()> {
+        if self.lock.flaw == Flaw::RenewIsANoOp {
+            return Ok(());
+        }
         let r = self.inner.renew().await;
         let resurrect = match self.lock.flaw {
             Flaw::RenewResurrects => true,
@@ -156,6 +197,12 @@ impl Lease for FlawedLease {
                 .is_some_and(|g| g.client == self.lock.id),
             _ => false,
         };
+        if r.is_err()
+            && self.lock.flaw == Flaw::RenewWithoutOwnerCheck
+            && self.lock.inner.inspect(self.inner.name()).await?.is_some()
+        {
+            return Ok(());
+        }
         if r.is_err() && resurrect {
             let opts = self.lock.inner_opts(&self.opts).manual_renewal();
             // Both set the lock blindly (a SET without a check of who holds it), over
@@ -177,17 +224,32 @@ impl Lease for FlawedLease {
     }
     async fn release(mut self: Box<Self>) -> Result<()> {
         self.drop_ghost.armed = false;
+        self.released = true;
         let lock = self.lock.clone();
         let opts = self.opts.clone();
         let name = self.inner.name().clone();
         let inner = std::mem::replace(&mut self.inner, Box::new(Released(name.clone())));
         let valid_until = inner.valid_until();
-        let r = inner.release().await;
+        let r = if lock.flaw == Flaw::ReleaseOnlyStopsRenewal {
+            inner.abandon();
+            Ok(())
+        } else {
+            inner.release().await
+        };
         if r.is_ok() {
             lock.released(&name, opts.ttl, valid_until);
         }
         match lock.flaw {
             Flaw::ReleaseWithoutOwnerCheck if r.is_err() => {
+                lock.inner.break_lock(&name);
+                Ok(())
+            }
+            Flaw::OwnerIsTheClient
+                if r.is_err()
+                    && locked(&lock.shared.grants)
+                        .get(&name)
+                        .is_some_and(|g| g.client == lock.id) =>
+            {
                 lock.inner.break_lock(&name);
                 Ok(())
             }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::driver::{self, Acquisition, LeaseTracker};
 use lock_core::{
-    Capabilities, Deadline, DistributedLock, Error, FencingToken, Lease, LockName, LockOptions,
-    Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
+    LockOptions, Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
 };
 
 use super::harness::*;
@@ -39,6 +39,7 @@ impl FlawedLock {
                 let escaped = raw.replace('.', "__");
                 LockName::new(&escaped[..escaped.len().min(MAX_NAME_LEN)])
             }
+            Flaw::NamesFoldCase => LockName::new(raw.to_lowercase()),
             _ => Ok(name.clone()),
         }
     }
@@ -57,10 +58,15 @@ impl FlawedLock {
     }
 
     pub(super) fn capabilities_declared(&self) -> Capabilities {
-        self.inner
+        let caps = self
+            .inner
             .capabilities()
             .with_max_ttl(Duration::from_secs(12 * 60 * 60))
-            .with_outlives_connection(!self.shared.session_bound)
+            .with_outlives_connection(!self.shared.session_bound);
+        match self.flaw {
+            Flaw::FencingUndeclared => caps.with_fencing(Fencing::None),
+            _ => caps,
+        }
     }
 
     pub(super) fn inner_opts(&self, opts: &LockOptions) -> LockOptions {
@@ -79,6 +85,10 @@ impl FlawedLock {
                 opts.clone().ttl(Duration::from_millis(
                     u64::try_from(tenths).unwrap_or(1) * 100,
                 ))
+            }
+            Flaw::AutoRenewNeverRuns => opts.clone().manual_renewal(),
+            Flaw::MaxHoldIgnored if matches!(opts.renewal, Renewal::Auto { .. }) => {
+                opts.clone().auto_renew(None)
             }
             _ => opts.clone(),
         }
@@ -157,6 +167,16 @@ impl FlawedLock {
             }
             offset = entry.1;
         }
+        if let (
+            Flaw::TakeoverKeepsToken,
+            Some(t),
+            Some(Grant {
+                token: Some(prev), ..
+            }),
+        ) = (self.flaw, lease.fencing_token(), self.expired_grant(&name))
+        {
+            offset = t.get().saturating_sub(prev.get());
+        }
         let token = lease
             .fencing_token()
             .map(|t| FencingToken::new(t.get().saturating_sub(offset).max(1)));
@@ -179,10 +199,24 @@ impl FlawedLock {
             },
             _ => Shift::Earlier(landed.saturating_duration_since(started)),
         };
+        let late_lost = (self.flaw == Flaw::RefusalNoticedLate).then(|| {
+            let tracker = LeaseTracker::new(Instant::now() + MAX_TTL);
+            let late = tracker.signal();
+            let (store_lost, ttl) = (lease.lost(), opts.ttl);
+            tokio::spawn(async move {
+                store_lost.wait().await;
+                tokio::time::sleep(ttl).await;
+                tracker.mark_lost();
+            });
+            late
+        });
         Box::new(FlawedLease {
+            late_lost,
             never_lost: matches!(
                 self.flaw,
-                Flaw::LostSignalNeverFires | Flaw::AbandonKeepsLostPending
+                Flaw::LostSignalNeverFires
+                    | Flaw::AbandonKeepsLostPending
+                    | Flaw::ReleaseLeavesLostPending
             )
             .then(|| LeaseTracker::new(Instant::now() + MAX_TTL)),
             inner: lease,
@@ -198,6 +232,7 @@ impl FlawedLock {
                 ttl: opts.ttl * 50,
             },
             abandoned: false,
+            released: false,
         })
     }
 
@@ -290,6 +325,23 @@ impl FlawedLock {
         overlapped
     }
 
+    /// Checks `opts` as this flaw does, for an acquisition of `key`.
+    async fn validate(&self, key: &LockName, opts: &LockOptions) -> Result<()> {
+        let caps = match self.flaw {
+            Flaw::MaxTtlNotEnforced => self.inner.capabilities(),
+            _ => self.capabilities_declared(),
+        };
+        let checked = opts.validate(&caps);
+        if checked.is_err() && self.flaw == Flaw::ValidatesAfterLocking {
+            // The request went out before the check: its grant is left to expire.
+            let sent = LockOptions::new(Duration::from_secs(10)).manual_renewal();
+            if let Some(l) = self.inner.try_acquire(key, &sent).await? {
+                l.abandon();
+            }
+        }
+        checked.map(|_| ())
+    }
+
     pub(super) fn timeout(name: &LockName, started: Instant) -> Error {
         Error::Timeout {
             name: name.clone(),
@@ -354,12 +406,8 @@ impl DistributedLock for FlawedLock {
         name: &LockName,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let caps = match self.flaw {
-            Flaw::MaxTtlNotEnforced => self.inner.capabilities(),
-            _ => self.capabilities_declared(),
-        };
-        opts.validate(&caps)?;
         let key = self.key(name)?;
+        self.validate(&key, opts).await?;
         if held_until(&self.shared.ghosts, &key).is_some() {
             return Ok(None);
         }
@@ -391,12 +439,16 @@ impl DistributedLock for FlawedLock {
         Ok(lease.map(|l| self.wrap(l, opts, started, started)))
     }
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let caps = match self.flaw {
-            Flaw::MaxTtlNotEnforced => self.inner.capabilities(),
-            _ => self.capabilities_declared(),
+        let waits;
+        let opts = match (self.flaw, opts.wait) {
+            (Flaw::NoWaitWaits, Wait::No) => {
+                waits = opts.clone().wait_for(opts.ttl);
+                &waits
+            }
+            _ => opts,
         };
-        opts.validate(&caps)?;
         let key = self.key(name)?;
+        self.validate(&key, opts).await?;
         let started = Instant::now();
         self.cross().await?;
         let deadline = opts.wait.deadline(started);
@@ -410,26 +462,26 @@ impl DistributedLock for FlawedLock {
             *n
         };
         let bounded = !matches!(opts.wait, Wait::Forever | Wait::No);
-        match self.flaw {
-            Flaw::SpinningWaiter | Flaw::BoundedWaitPolls
-                if self.flaw == Flaw::SpinningWaiter || bounded =>
-            {
-                let pause = match self.flaw {
-                    Flaw::SpinningWaiter => Duration::from_millis(2),
-                    _ => Duration::from_secs(1),
-                };
-                loop {
-                    if let Some(l) = self.try_acquire(name, opts).await? {
-                        return Ok(l);
-                    }
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        return Err(Self::timeout(&key, started));
-                    }
-                    let next = deadline.map_or(now + pause, |d| d.min(now + pause));
-                    tokio::time::sleep_until(next.into()).await;
+        let polls = match self.flaw {
+            Flaw::SpinningWaiter => Some(Duration::from_millis(2)),
+            Flaw::BoundedWaitPolls if bounded => Some(Duration::from_secs(1)),
+            Flaw::UnboundedWaitPolls if !bounded => Some(Duration::from_secs(1)),
+            _ => None,
+        };
+        if let Some(pause) = polls {
+            loop {
+                if let Some(l) = self.try_acquire(name, opts).await? {
+                    return Ok(l);
                 }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(Self::timeout(&key, started));
+                }
+                let next = deadline.map_or(now + pause, |d| d.min(now + pause));
+                tokio::time::sleep_until(next.into()).await;
             }
+        }
+        match self.flaw {
             Flaw::IgnoresWaitTimeout => {
                 let l = self
                     .inner
@@ -456,6 +508,35 @@ impl DistributedLock for FlawedLock {
                 ghost.armed = false;
                 Ok(self.wrap(l?, opts, started, started))
             }
+            Flaw::WaiterStarves if arrival == 2 => {
+                if let Some(d) = deadline {
+                    tokio::time::sleep_until(d.into()).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+                Err(Self::timeout(&key, started))
+            }
+            Flaw::TimedOutWaiterGrantedLater => {
+                match self.inner.acquire(&key, &self.inner_opts(opts)).await {
+                    Ok(l) => Ok(self.wrap(l, opts, started, started)),
+                    Err(e @ Error::Timeout { .. }) => {
+                        // The queued request lives on and is granted after the release.
+                        let (inner, key) = (self.inner.clone(), key.clone());
+                        let o = opts
+                            .clone()
+                            .ttl(opts.ttl * 50)
+                            .manual_renewal()
+                            .wait_forever();
+                        tokio::spawn(async move {
+                            if let Ok(l) = inner.acquire(&key, &o).await {
+                                l.abandon();
+                            }
+                        });
+                        Err(e)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Flaw::TimedOutWaiterStaysQueued => {
                 match self.inner.acquire(&key, &self.inner_opts(opts)).await {
                     Ok(l) => Ok(self.wrap(l, opts, started, started)),
@@ -478,6 +559,22 @@ impl DistributedLock for FlawedLock {
                 let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
                 Ok(self.wrap(l, opts, started, started))
             }
+            Flaw::WaitersLifo => loop {
+                // Every waiter watches the lock; once it is free, the later a waiter arrived,
+                // the sooner it tries.
+                if self.inner.inspect(&key).await?.is_none() {
+                    let pause = Duration::from_millis(200)
+                        .saturating_sub(Duration::from_millis(10) * arrival);
+                    tokio::time::sleep(pause).await;
+                    if let Some(l) = self.inner.try_acquire(&key, &self.inner_opts(opts)).await? {
+                        return Ok(self.wrap(l, opts, started, started));
+                    }
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(Self::timeout(&key, started));
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            },
             _ => {
                 let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
                 Ok(self.wrap(l, opts, started, started))

@@ -136,6 +136,57 @@ pub enum Flaw {
     MissingCaFileIgnored,
     /// A CA given as PEM bytes is dropped on the way to the TLS setup.
     PemCaIgnored,
+    /// `release` only stops renewing and returns `Ok`: the lock stays held until its TTL.
+    ReleaseOnlyStopsRenewal,
+    /// `renew` returns `Ok` without extending anything.
+    RenewIsANoOp,
+    /// An auto-renewed lease is never renewed (a watchdog that was never started).
+    AutoRenewNeverRuns,
+    /// `max_hold` is ignored: an auto-renewed lease is renewed for ever.
+    MaxHoldIgnored,
+    /// Taking over a lock whose holder expired reuses that holder's fencing token.
+    TakeoverKeepsToken,
+    /// An unbounded waiting `acquire` checks the lock once a second instead of waking on a
+    /// release.
+    UnboundedWaitPolls,
+    /// `acquire` with `Wait::No` waits up to a TTL.
+    NoWaitWaits,
+    /// `release` leaves the lost signal pending for ever.
+    ReleaseLeavesLostPending,
+    /// Ownership is the client's, not the lease's: a release of an expired lease frees the
+    /// lock when the same client holds it again.
+    OwnerIsTheClient,
+    /// Dropping a lease deletes the lock by name, whoever holds it now.
+    DropReleasesByName,
+    /// Waiters are woken latest arrival first.
+    WaitersLifo,
+    /// `valid_until` claims half a TTL more than the lock was granted for.
+    ValidityBeyondTtl,
+    /// A renewal of a lease that lost the lock extends whoever holds it now and says `Ok`
+    /// (an expiry reset by name, without a check of the owner).
+    RenewWithoutOwnerCheck,
+    /// The watchdog of a dropped auto-renewed lease keeps renewing it for ten TTLs.
+    DroppedLeaseKeepsRenewing,
+    /// The second waiter to arrive on a name is never woken.
+    WaiterStarves,
+    /// A waiter that timed out stays queued, is granted the lock after the release, and holds
+    /// it, unused, for many TTLs.
+    TimedOutWaiterGrantedLater,
+    /// Leases carry tokens, but the driver declares `Fencing::None`.
+    FencingUndeclared,
+    /// Names are folded to lower case on the way to the key (a case-insensitive key column).
+    NamesFoldCase,
+    /// Bad options are found out only after the request went out: the lock is taken, left to
+    /// its TTL, and the caller gets `InvalidOptions`.
+    ValidatesAfterLocking,
+    /// The lease reports its TTL rounded down to whole 100 ms (the server's granularity),
+    /// shorter than the one requested and granted.
+    GrantedTtlRoundedDown,
+    /// The CA file named in the URL is dropped (the system's roots are used instead).
+    UrlCaIgnored,
+    /// A refused renewal is taken for a passing failure: the lost signal fires only a TTL
+    /// later.
+    RefusalNoticedLate,
 }
 
 impl Flaw {
@@ -186,6 +237,28 @@ impl Flaw {
         Flaw::TrustsAnyCertificate,
         Flaw::MissingCaFileIgnored,
         Flaw::PemCaIgnored,
+        Flaw::ReleaseOnlyStopsRenewal,
+        Flaw::RenewIsANoOp,
+        Flaw::AutoRenewNeverRuns,
+        Flaw::MaxHoldIgnored,
+        Flaw::TakeoverKeepsToken,
+        Flaw::UnboundedWaitPolls,
+        Flaw::NoWaitWaits,
+        Flaw::ReleaseLeavesLostPending,
+        Flaw::OwnerIsTheClient,
+        Flaw::DropReleasesByName,
+        Flaw::WaitersLifo,
+        Flaw::ValidityBeyondTtl,
+        Flaw::RenewWithoutOwnerCheck,
+        Flaw::DroppedLeaseKeepsRenewing,
+        Flaw::WaiterStarves,
+        Flaw::TimedOutWaiterGrantedLater,
+        Flaw::FencingUndeclared,
+        Flaw::NamesFoldCase,
+        Flaw::ValidatesAfterLocking,
+        Flaw::GrantedTtlRoundedDown,
+        Flaw::UrlCaIgnored,
+        Flaw::RefusalNoticedLate,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -248,9 +321,10 @@ impl Flaw {
             Flaw::DropKeepsLock => cases![lost::dropped_lease_frees_promptly],
             Flaw::AbandonKeepsLostPending => cases![lost::lost_signal_resolves_on_abandon],
             Flaw::MaxTtlNotEnforced => cases![input::declared_max_ttl_is_enforced],
-            Flaw::NameTruncated => {
-                cases![input::max_length_names_differing_at_the_end_are_independent]
-            }
+            Flaw::NameTruncated => cases![
+                input::max_length_names_differing_at_the_end_are_independent,
+                input::every_valid_name_is_its_own_key
+            ],
             Flaw::EscapingNotInjective => {
                 cases![input::names_differing_in_punctuation_are_independent]
             }
@@ -272,6 +346,35 @@ impl Flaw {
             Flaw::TrustsAnyCertificate => cases![security::tls_refuses_an_untrusted_certificate],
             Flaw::MissingCaFileIgnored => cases![security::bad_ca_file_is_a_config_error],
             Flaw::PemCaIgnored => cases![security::tls_with_the_ca_as_pem_locks],
+            Flaw::ReleaseOnlyStopsRenewal => cases![exclusion::release_frees_at_once],
+            Flaw::RenewIsANoOp => cases![renewal::manual_renew_extends],
+            Flaw::AutoRenewNeverRuns => cases![renewal::auto_renew_keeps_lock],
+            Flaw::MaxHoldIgnored => cases![renewal::max_hold_ends_lease],
+            Flaw::TakeoverKeepsToken => cases![fencing::token_increases_after_expiry],
+            Flaw::UnboundedWaitPolls => cases![waiting::waiter_wakes_promptly_after_release],
+            Flaw::NoWaitWaits => cases![waiting::no_wait_fails_fast],
+            Flaw::ReleaseLeavesLostPending => cases![lost::lost_signal_resolves_on_release],
+            Flaw::OwnerIsTheClient => cases![ownership::ownership_is_per_lease_not_per_client],
+            Flaw::DropReleasesByName => cases![ownership::dropped_stale_lease_keeps_successor],
+            Flaw::WaitersLifo => cases![waiting::waiters_served_fifo],
+            Flaw::ValidityBeyondTtl => cases![expiry::valid_until_is_within_ttl],
+            Flaw::RenewWithoutOwnerCheck => cases![ownership::stale_renew_keeps_successor],
+            Flaw::DroppedLeaseKeepsRenewing => cases![renewal::watchdog_stops_on_drop],
+            Flaw::WaiterStarves => cases![waiting::every_waiter_gets_one_turn],
+            Flaw::TimedOutWaiterGrantedLater => {
+                cases![waiting::timed_out_waiter_leaves_no_record]
+            }
+            Flaw::FencingUndeclared => cases![fencing::tokens_present_iff_declared],
+            Flaw::NamesFoldCase => cases![
+                exclusion::names_are_independent,
+                input::every_valid_name_is_its_own_key
+            ],
+            Flaw::ValidatesAfterLocking => {
+                cases![input::rejects_bad_options_without_side_effects]
+            }
+            Flaw::GrantedTtlRoundedDown => cases![input::effective_ttl_never_shorter],
+            Flaw::UrlCaIgnored => cases![security::tls_with_the_ca_from_the_url_locks],
+            Flaw::RefusalNoticedLate => cases![lost::lost_fires_when_renewal_refused],
         }
     }
 }

@@ -93,7 +93,7 @@ fn connect(flaw: Flaw, url: &str) -> Result<String> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("tls", v)) => tls = v == "true",
-            Some(("ca", v)) => ca = Some(v.to_string()),
+            Some(("ca", v)) => ca = (flaw != Flaw::UrlCaIgnored).then(|| v.to_string()),
             _ => return Err(Error::config(format!("unknown option {pair:?}"))),
         }
     }
