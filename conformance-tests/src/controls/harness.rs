@@ -68,6 +68,17 @@ pub(super) fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Until when an entry of `map` holds `name`, if it still does.
+pub(super) fn held_until(
+    map: &Mutex<HashMap<LockName, Instant>>,
+    name: &LockName,
+) -> Option<Instant> {
+    locked(map)
+        .get(name)
+        .copied()
+        .filter(|t| *t > Instant::now())
+}
+
 impl FlawedHarness {
     /// A harness whose clients all share one store (except under
     /// [`Flaw::NoMutualExclusion`]).

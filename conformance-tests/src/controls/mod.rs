@@ -10,6 +10,7 @@ mod harness;
 mod lease;
 mod lock;
 mod secured;
+mod waiting;
 mod wire;
 
 pub use harness::{FlawedHarness, FlawedLock};

@@ -1,0 +1,168 @@
+//! The flawed ways of waiting: what [`FlawedLock::acquire`] does once a waiter has arrived.
+
+use std::time::{Duration, Instant};
+
+use lock_core::{DistributedLock, Error, Lease, LockName, LockOptions, Result, Wait};
+
+use super::harness::*;
+use super::lease::Ghost;
+use super::*;
+
+/// A waiting `acquire` that got past validation, its link and any ghost.
+pub(super) struct Arrived<'a> {
+    pub(super) name: &'a LockName,
+    /// The backend key of `name`.
+    pub(super) key: LockName,
+    pub(super) opts: &'a LockOptions,
+    pub(super) started: Instant,
+    pub(super) deadline: Option<Instant>,
+    /// Its arrival number among the waiting acquires of `key`.
+    pub(super) arrival: u32,
+}
+
+impl FlawedLock {
+    /// Waits while a ghost (or, for waiting acquires, a queued ghost) holds `name`; `false`
+    /// if one still does at the deadline.
+    pub(super) async fn wait_out_ghosts(&self, name: &LockName, deadline: Option<Instant>) -> bool {
+        loop {
+            let until = held_until(&self.shared.ghosts, name)
+                .into_iter()
+                .chain(held_until(&self.shared.queued_ghosts, name))
+                .max();
+            let Some(until) = until else {
+                return true;
+            };
+            let stop = deadline.map_or(until, |d| d.min(until));
+            tokio::time::sleep_until(stop.into()).await;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return held_until(&self.shared.ghosts, name).is_none()
+                    && held_until(&self.shared.queued_ghosts, name).is_none();
+            }
+        }
+    }
+
+    /// Waits for the lock as this flaw does.
+    pub(super) async fn wait(&self, w: Arrived<'_>) -> Result<Box<dyn Lease>> {
+        let (name, key, opts) = (w.name, w.key, w.opts);
+        let (started, deadline, arrival) = (w.started, w.deadline, w.arrival);
+        let bounded = !matches!(opts.wait, Wait::Forever | Wait::No);
+        let polls = match self.flaw {
+            Flaw::SpinningWaiter => Some(Duration::from_millis(2)),
+            Flaw::BoundedWaitPolls if bounded => Some(Duration::from_secs(1)),
+            Flaw::UnboundedWaitPolls if !bounded => Some(Duration::from_secs(1)),
+            _ => None,
+        };
+        if let Some(pause) = polls {
+            loop {
+                if let Some(l) = self.try_acquire(name, opts).await? {
+                    return Ok(l);
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(Self::timeout(&key, started));
+                }
+                let next = deadline.map_or(now + pause, |d| d.min(now + pause));
+                tokio::time::sleep_until(next.into()).await;
+            }
+        }
+        match self.flaw {
+            Flaw::IgnoresWaitTimeout => {
+                let l = self
+                    .inner
+                    .acquire(&key, &self.inner_opts(opts).wait_forever())
+                    .await?;
+                Ok(self.wrap(l, opts, started, started))
+            }
+            Flaw::CancelLeavesGhost => {
+                // The ghost of an earlier cancelled acquire holds the lock first.
+                if let Some(until) = held_until(&self.shared.ghosts, &key) {
+                    let stop = deadline.map_or(until, |d| d.min(until));
+                    tokio::time::sleep_until(stop.into()).await;
+                    if held_until(&self.shared.ghosts, &key).is_some() {
+                        return Err(Self::timeout(&key, started));
+                    }
+                }
+                let mut ghost = Ghost {
+                    shared: self.shared.clone(),
+                    name: key.clone(),
+                    ttl: opts.ttl * 50,
+                    armed: true,
+                };
+                let l = self.inner.acquire(&key, &self.inner_opts(opts)).await;
+                ghost.armed = false;
+                Ok(self.wrap(l?, opts, started, started))
+            }
+            Flaw::WaiterStarves if arrival == 2 => {
+                if let Some(d) = deadline {
+                    tokio::time::sleep_until(d.into()).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+                Err(Self::timeout(&key, started))
+            }
+            Flaw::TimedOutWaiterGrantedLater => {
+                match self.inner.acquire(&key, &self.inner_opts(opts)).await {
+                    Ok(l) => Ok(self.wrap(l, opts, started, started)),
+                    Err(e @ Error::Timeout { .. }) => {
+                        // The queued request lives on and is granted after the release.
+                        let (inner, key) = (self.inner.clone(), key.clone());
+                        let o = opts
+                            .clone()
+                            .ttl(opts.ttl * 50)
+                            .manual_renewal()
+                            .wait_forever();
+                        tokio::spawn(async move {
+                            if let Ok(l) = inner.acquire(&key, &o).await {
+                                l.abandon();
+                            }
+                        });
+                        Err(e)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Flaw::TimedOutWaiterStaysQueued => {
+                match self.inner.acquire(&key, &self.inner_opts(opts)).await {
+                    Ok(l) => Ok(self.wrap(l, opts, started, started)),
+                    Err(e @ Error::Timeout { .. }) => {
+                        locked(&self.shared.queued_ghosts)
+                            .insert(key.clone(), Instant::now() + opts.ttl * 50);
+                        Err(e)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Flaw::NoFifoAfterExpiry => {
+                // Waits out an unreleased holder by the clock, then races: the latest arrival
+                // wakes first.
+                let expires = locked(&self.shared.grants).get(&key).map(|g| g.expires);
+                if let Some(at) = expires.filter(|at| *at > Instant::now()) {
+                    let head_start = Duration::from_millis(60) / arrival.max(1);
+                    tokio::time::sleep_until((at + head_start).into()).await;
+                }
+                let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
+                Ok(self.wrap(l, opts, started, started))
+            }
+            Flaw::WaitersLifo => loop {
+                // Every waiter watches the lock; once it is free, the later a waiter arrived,
+                // the sooner it tries.
+                if self.inner.inspect(&key).await?.is_none() {
+                    let pause = Duration::from_millis(200)
+                        .saturating_sub(Duration::from_millis(10) * arrival);
+                    tokio::time::sleep(pause).await;
+                    if let Some(l) = self.inner.try_acquire(&key, &self.inner_opts(opts)).await? {
+                        return Ok(self.wrap(l, opts, started, started));
+                    }
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(Self::timeout(&key, started));
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            },
+            _ => {
+                let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
+                Ok(self.wrap(l, opts, started, started))
+            }
+        }
+    }
+}
