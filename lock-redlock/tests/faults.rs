@@ -65,6 +65,18 @@ async fn no_keys_after(name: &LockName, wait: Duration, what: &str) {
     assert_eq!(keys_present(name).await, 0, "{what}");
 }
 
+/// Heals `proxies`; after `wait`, no master may hold a key of `name` (`what` says what would
+/// have left one).
+async fn heal_then_no_keys_after(
+    proxies: &[FaultProxy],
+    name: &LockName,
+    wait: Duration,
+    what: &str,
+) {
+    heal(proxies);
+    no_keys_after(name, wait, what).await;
+}
+
 /// A fresh client, straight to the masters, gets `name` at once; `what` says why it must.
 async fn free_for_another(name: &LockName, opts: &LockOptions, what: &str) {
     direct()
@@ -159,8 +171,8 @@ fn three_of_five_masters_down_fails_fast_and_leaves_no_key() {
         );
         // The blackholed masters get the held-back acquire (and then its release) on heal: the
         // cleanup must reach them too, so no key may survive anywhere.
-        heal(&proxies);
-        no_keys_after(
+        heal_then_no_keys_after(
+            &proxies,
             &name,
             Duration::from_millis(300),
             "a failed acquisition left keys behind",
@@ -194,8 +206,8 @@ fn slow_majority_fails_and_releases_everywhere() {
             "waited {:?} for masters slower than the TTL",
             start.elapsed()
         );
-        heal(&proxies);
-        no_keys_after(
+        heal_then_no_keys_after(
+            &proxies,
             &name,
             Duration::from_millis(600),
             "keys left behind after a failed slow acquisition",
@@ -219,8 +231,8 @@ fn slow_majority_fails_and_releases_everywhere() {
             matches!(r, Err(Error::Unavailable { .. })),
             "a grant without enough validity gave {r:?}"
         );
-        heal(&proxies);
-        no_keys_after(
+        heal_then_no_keys_after(
+            &proxies,
             &name,
             Duration::from_millis(200),
             "keys left behind after refusing a late grant",

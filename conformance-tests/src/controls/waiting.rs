@@ -100,37 +100,12 @@ impl FlawedLock {
                 }
                 Err(Self::timeout(&key, started))
             }
-            Flaw::TimedOutWaiterGrantedLater => {
-                match self.inner.acquire(&key, &self.inner_opts(opts)).await {
-                    Ok(l) => Ok(self.wrap(l, opts, started, started)),
-                    Err(e @ Error::Timeout { .. }) => {
-                        // The queued request lives on and is granted after the release.
-                        let (inner, key) = (self.inner.clone(), key.clone());
-                        let o = opts
-                            .clone()
-                            .ttl(opts.ttl * 50)
-                            .manual_renewal()
-                            .wait_forever();
-                        tokio::spawn(async move {
-                            if let Ok(l) = inner.acquire(&key, &o).await {
-                                l.abandon();
-                            }
-                        });
-                        Err(e)
-                    }
-                    Err(e) => Err(e),
+            Flaw::TimedOutWaiterGrantedLater | Flaw::TimedOutWaiterStaysQueued => {
+                let r = self.inner.acquire(&key, &self.inner_opts(opts)).await;
+                if let Err(Error::Timeout { .. }) = r {
+                    self.leave_timed_out_waiter(&key, opts);
                 }
-            }
-            Flaw::TimedOutWaiterStaysQueued => {
-                match self.inner.acquire(&key, &self.inner_opts(opts)).await {
-                    Ok(l) => Ok(self.wrap(l, opts, started, started)),
-                    Err(e @ Error::Timeout { .. }) => {
-                        locked(&self.shared.queued_ghosts)
-                            .insert(key.clone(), Instant::now() + opts.ttl * 50);
-                        Err(e)
-                    }
-                    Err(e) => Err(e),
-                }
+                Ok(self.wrap(r?, opts, started, started))
             }
             Flaw::NoFifoAfterExpiry => {
                 // Waits out an unreleased holder by the clock, then races: the latest arrival
@@ -164,5 +139,25 @@ impl FlawedLock {
                 Ok(self.wrap(l, opts, started, started))
             }
         }
+    }
+
+    /// What a waiter that timed out leaves behind under this flaw.
+    fn leave_timed_out_waiter(&self, key: &LockName, opts: &LockOptions) {
+        if self.flaw == Flaw::TimedOutWaiterStaysQueued {
+            locked(&self.shared.queued_ghosts).insert(key.clone(), Instant::now() + opts.ttl * 50);
+            return;
+        }
+        // The queued request lives on and is granted after the release.
+        let (inner, key) = (self.inner.clone(), key.clone());
+        let o = opts
+            .clone()
+            .ttl(opts.ttl * 50)
+            .manual_renewal()
+            .wait_forever();
+        tokio::spawn(async move {
+            if let Ok(l) = inner.acquire(&key, &o).await {
+                l.abandon();
+            }
+        });
     }
 }
