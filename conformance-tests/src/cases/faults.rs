@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{
-    client, faulty, held, in_state, opts, record_states, sleep, watch_lost, within,
+    acquire_when_free, client, faulty, held, in_state, opts, record_states, sleep, watch_lost,
+    within,
 };
 use crate::{ensure, fresh_name, Failure, Fault, Faulty, Harness, Timing};
 
@@ -231,6 +232,63 @@ pub async fn dropped_connection_is_lost_at_once(h: &dyn Harness) -> Result<(), F
         other.try_acquire(&name, &opts(h)).await?.is_none(),
         "the dropped lease's release freed the next holder's lock"
     );
+    next.release().await?;
+    Ok(())
+}
+
+/// How long a client cut off from its backend may take to say so: drivers answer within their
+/// request timeout (etcd's default is the longest, 5 s).
+const UNREACHABLE_ANSWER: Duration = Duration::from_secs(20);
+
+/// A client that cannot reach its backend (its link blackholed before it asks) gets an error
+/// from `try_acquire`, and it is retryable: not `Ok(None)`, which says another client holds the
+/// lock (nobody does), and not a lease the backend never granted. The answer comes within the
+/// driver's request timeout (the case allows 20 s), not never. Once the link heals the lock is
+/// free again within a TTL plus the slack, whatever of the failed request reached the backend.
+pub async fn unreachable_backend_is_an_error(h: &dyn Harness) -> Result<(), Failure> {
+    let (t, cut, other, name) = holder_and_other(h, "unreachable").await?;
+    cut.link.set(Fault::Blackhole);
+    let asked = Instant::now();
+    let answer = tokio::time::timeout(UNREACHABLE_ANSWER, cut.lock.try_acquire(&name, &opts(h)))
+        .await
+        .map_err(|_| {
+            Failure(format!(
+                "try_acquire through a blackholed link gave no answer within \
+                 {UNREACHABLE_ANSWER:?}: a driver must give up after its request timeout"
+            ))
+        })?;
+    cut.link.set(Fault::Healed);
+    match answer {
+        Ok(None) => {
+            return Err(Failure(format!(
+                "try_acquire through a blackholed link said the lock is held (Ok(None)) after \
+                 {:?}, though nobody holds it: an unreachable backend must be an error",
+                asked.elapsed()
+            )))
+        }
+        Ok(Some(lease)) => {
+            lease.abandon();
+            return Err(Failure(
+                "try_acquire through a blackholed link returned a lease the backend never \
+                 granted"
+                    .into(),
+            ));
+        }
+        Err(e) => ensure!(
+            e.is_retryable(),
+            "try_acquire through a blackholed link failed with {e:?}, which is not retryable: \
+             an unreachable backend is a transient failure"
+        ),
+    }
+    // What of the request reached the backend after the heal expires with its TTL at most.
+    let next = acquire_when_free(
+        other.as_ref(),
+        &name,
+        &opts(h),
+        t.ttl + t.slack,
+        "the lock after a client's request through a blackholed link failed",
+    )
+    .await?;
     next.release().await?;
     Ok(())
 }

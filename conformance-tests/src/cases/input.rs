@@ -117,8 +117,8 @@ pub async fn rejects_bad_options_without_side_effects(h: &dyn Harness) -> Result
     Ok(())
 }
 
-/// The granted TTL is never shorter than the requested one and respects the declared
-/// granularity.
+/// The granted TTL is the requested one rounded up to the declared granularity: never shorter,
+/// and no longer than that rounding.
 pub async fn effective_ttl_never_shorter(h: &dyn Harness) -> Result<(), Failure> {
     let a = client(h).await?;
     let caps = a.capabilities();
@@ -137,6 +137,14 @@ pub async fn effective_ttl_never_shorter(h: &dyn Harness) -> Result<(), Failure>
     ensure!(
         granted.as_nanos() % g == 0,
         "granted TTL {granted:?} is not a multiple of the granularity {:?}",
+        caps.ttl_granularity
+    );
+    // Rounded up to the next multiple at most: a longer TTL keeps a crashed holder's lock
+    // from everyone for longer than the caller chose.
+    ensure!(
+        granted.as_nanos() < requested.as_nanos() + g,
+        "granted TTL {granted:?} for a requested {requested:?}: more than rounding up to the \
+         granularity {:?}",
         caps.ttl_granularity
     );
     l.release().await?;

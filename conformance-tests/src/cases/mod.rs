@@ -187,6 +187,7 @@ pub static CASES: &[Case] = &[
         faults::dropped_connection_is_lost_at_once,
         delays_and_connection_bound
     ),
+    case!(faults::unreachable_backend_is_an_error, delays),
     case!(safety::history_is_clean, always),
     case!(security::right_credentials_lock_and_never_show, auth),
     case!(

@@ -9,16 +9,25 @@ use super::support::{
 };
 use crate::{ensure, Failure, Harness};
 
-/// A manual renew before expiry moves `valid_until` forward and keeps others out past the
-/// original expiry.
+/// A manual renew before expiry moves `valid_until` forward (by no more than a TTL from the
+/// call's end) and keeps the lease Held, its lost signal quiet and others out past the original
+/// expiry.
 pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { t, a, b, name } = scene(h, "renew").await?;
     let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let lost = lease.lost();
     let first = lease.valid_until();
     sleep(t.ttl / 2).await;
     lease.renew().await?;
+    let renewed = Instant::now();
     let second = lease.valid_until();
     ensure!(second > first, "renew did not move valid_until forward");
+    ensure!(
+        second <= renewed + lease.ttl(),
+        "a renewal claims validity {:?} past the renew call's end + TTL {:?}",
+        second - (renewed + lease.ttl()),
+        lease.ttl()
+    );
     // Past the original expiry, before the renewed one.
     sleep_until(first + (second - first) / 2).await;
     ensure!(
@@ -30,6 +39,11 @@ pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
         LeaseState::Held,
         "after a renewal, past its original expiry",
     )?;
+    ensure!(
+        !lost.is_lost(),
+        "the lost signal fired at the original expiry of a lease renewed before it: a \
+         renewal must move the lost signal's deadline too"
+    );
     ensure!(
         b.try_acquire(&name, &opts(h)).await?.is_none(),
         "lock granted to another client after its holder renewed it"

@@ -1,5 +1,6 @@
 //! The flawed leases, and the ghosts a cancelled acquire or a dropped lease leaves behind.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,7 @@ use async_trait::async_trait;
 use lock_core::driver::LeaseTracker;
 use lock_core::{
     DistributedLock, Error, FencingToken, Lease, LeaseState, LockName, LockOptions, LostSignal,
-    Renewal, Result,
+    Renewal, Result, MAX_TTL,
 };
 
 use super::harness::*;
@@ -50,8 +51,8 @@ pub(super) struct FlawedLease {
     pub(super) inner: Box<dyn Lease>,
     pub(super) resurrected: Mutex<Option<Box<dyn Lease>>>,
     pub(super) never_lost: Option<LeaseTracker>,
-    /// The lost signal, resolved a TTL after the store's ([`Flaw::RefusalNoticedLate`]).
-    pub(super) late_lost: Option<LostSignal>,
+    /// The flaw's lost signal in place of the store's ([`FlawedLock::own_lost`]).
+    pub(super) own_lost: Option<LostSignal>,
     pub(super) lock: FlawedLock,
     pub(super) opts: LockOptions,
     pub(super) claimed_valid_until: Instant,
@@ -63,6 +64,8 @@ pub(super) struct FlawedLease {
     pub(super) abandoned: bool,
     /// Ended by `release`.
     pub(super) released: bool,
+    /// Renewed by hand at least once.
+    pub(super) renewed: AtomicBool,
 }
 
 impl Drop for FlawedLease {
@@ -142,6 +145,7 @@ impl Lease for FlawedLease {
                         .saturating_mul(100),
                 )
             }
+            Flaw::TtlInflated => inflated(self.opts.ttl),
             _ => self.opts.ttl,
         }
     }
@@ -161,6 +165,10 @@ impl Lease for FlawedLease {
             }
             Flaw::LostSignalNeverFires => Instant::now() + self.opts.ttl,
             Flaw::ValidityBeyondTtl => self.inner.valid_until() + self.opts.ttl / 2,
+            // Once renewed, the claim runs a third of a TTL past what the store granted.
+            Flaw::RenewOverstatesValidity if self.renewed.load(Ordering::Relaxed) => {
+                self.inner.valid_until() + self.opts.ttl / 3
+            }
             _ => match self.shift {
                 Shift::Earlier(d) => self.inner.valid_until() - d,
                 Shift::Later(d) => self.inner.valid_until() + d,
@@ -177,8 +185,8 @@ impl Lease for FlawedLease {
         }
     }
     fn lost(&self) -> LostSignal {
-        if let Some(late) = &self.late_lost {
-            return late.clone();
+        if let Some(own) = &self.own_lost {
+            return own.clone();
         }
         match &self.never_lost {
             Some(t) => t.signal(),
@@ -190,6 +198,9 @@ impl Lease for FlawedLease {
             return Ok(());
         }
         let r = self.inner.renew().await;
+        if r.is_ok() {
+            self.renewed.store(true, Ordering::Relaxed);
+        }
         let resurrect = match self.lock.flaw {
             Flaw::RenewResurrects => true,
             Flaw::StaleRenewExtendsSameClient => locked(&self.lock.shared.grants)
@@ -318,4 +329,9 @@ impl Lease for Released {
         Ok(())
     }
     fn abandon(self: Box<Self>) {}
+}
+
+/// The TTL [`Flaw::TtlInflated`] grants for `ttl`, and honestly reports.
+pub(super) fn inflated(ttl: Duration) -> Duration {
+    (ttl * 3).min(MAX_TTL)
 }

@@ -1,5 +1,6 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,7 @@ use async_trait::async_trait;
 use lock_core::driver::{self, Acquisition, LeaseTracker};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
-    LockOptions, Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
+    LockOptions, LostSignal, Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
 };
 
 use super::harness::*;
@@ -15,6 +16,9 @@ use super::lease::*;
 use super::waiting::Arrived;
 use super::wire::{Wire, WiredOps};
 use super::*;
+
+/// How long a linked client's acquisition waits for a blackholed link before it fails.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl FlawedLock {
     /// The backend key of `name` under this flaw.
@@ -38,12 +42,20 @@ impl FlawedLock {
         self.link.as_ref().and_then(|w| w.delay())
     }
 
-    /// A request crossing this client's link, if it has one.
+    /// An acquisition crossing this client's link, if it has one: through a link that stays
+    /// blackholed it fails after [`REQUEST_TIMEOUT`], as a networked driver's request does.
     pub(super) async fn cross(&self) -> Result<()> {
-        match &self.link {
-            Some(w) => w.cross(self.flaw).await,
-            None => Ok(()),
-        }
+        let Some(w) = &self.link else {
+            return Ok(());
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, w.cross(self.flaw))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    "flawed-memory",
+                    "no reply within the request timeout: the link is down",
+                )
+            })?
     }
 
     pub(super) fn capabilities_declared(&self) -> Capabilities {
@@ -75,6 +87,7 @@ impl FlawedLock {
                     u64::try_from(tenths).unwrap_or(1) * 100,
                 ))
             }
+            Flaw::TtlInflated => opts.clone().ttl(inflated(opts.ttl)),
             Flaw::AutoRenewNeverRuns => opts.clone().manual_renewal(),
             Flaw::MaxHoldIgnored if matches!(opts.renewal, Renewal::Auto { .. }) => {
                 opts.clone().auto_renew(None)
@@ -188,19 +201,9 @@ impl FlawedLock {
             },
             _ => Shift::Earlier(landed.saturating_duration_since(started)),
         };
-        let late_lost = (self.flaw == Flaw::RefusalNoticedLate).then(|| {
-            let tracker = LeaseTracker::new(Instant::now() + MAX_TTL);
-            let late = tracker.signal();
-            let (store_lost, ttl) = (lease.lost(), opts.ttl);
-            tokio::spawn(async move {
-                store_lost.wait().await;
-                tokio::time::sleep(ttl).await;
-                tracker.mark_lost();
-            });
-            late
-        });
+        let own_lost = self.own_lost(lease.as_ref(), opts.ttl);
         Box::new(FlawedLease {
-            late_lost,
+            own_lost,
             never_lost: matches!(
                 self.flaw,
                 Flaw::LostSignalNeverFires
@@ -222,7 +225,36 @@ impl FlawedLock {
             },
             abandoned: false,
             released: false,
+            renewed: AtomicBool::new(false),
         })
+    }
+
+    /// The lost signal a flaw puts in place of the store lease's, driven by a task that
+    /// watches the store's: [`Flaw::RefusalNoticedLate`] fires a TTL after it,
+    /// [`Flaw::LostTimerNotRenewed`] at the first `valid_until` whatever renewals came since.
+    fn own_lost(&self, lease: &dyn Lease, ttl: Duration) -> Option<LostSignal> {
+        let first_expiry = match self.flaw {
+            Flaw::RefusalNoticedLate => None,
+            Flaw::LostTimerNotRenewed => Some(lease.valid_until()),
+            _ => return None,
+        };
+        let tracker = LeaseTracker::new(Instant::now() + MAX_TTL);
+        let signal = tracker.signal();
+        let store_lost = lease.lost();
+        tokio::spawn(async move {
+            match first_expiry {
+                None => {
+                    store_lost.wait().await;
+                    tokio::time::sleep(ttl).await;
+                    tracker.mark_lost();
+                }
+                Some(at) => tokio::select! {
+                    () = store_lost.wait() => tracker.mark_released(),
+                    () = tokio::time::sleep_until(at.into()) => tracker.mark_lost(),
+                },
+            }
+        });
+        Some(signal)
     }
 
     /// A store lease whose renewals cross `wire`, tracked as a networked driver's would be.
@@ -386,7 +418,13 @@ impl DistributedLock for FlawedLock {
             tokio::time::sleep(Duration::from_millis(1)).await;
             self.inner.break_lock(&key);
         }
-        self.cross().await?;
+        match self.cross().await {
+            // The failed request taken for a refusal, as if someone held the lock.
+            Err(e) if self.flaw == Flaw::UnreachableIsRefusal && e.is_retryable() => {
+                return Ok(None)
+            }
+            r => r?,
+        }
         if self.flaw == Flaw::SplitVoteGivesUp && self.overlapped(&key).await {
             return Ok(None);
         }

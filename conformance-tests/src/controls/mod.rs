@@ -188,6 +188,16 @@ pub enum Flaw {
     /// A refused renewal is taken for a passing failure: the lost signal fires only a TTL
     /// later.
     RefusalNoticedLate,
+    /// Grants three times the requested TTL (and says so): a crashed holder blocks everyone
+    /// for longer than the caller chose.
+    TtlInflated,
+    /// The lost signal fires at the first `valid_until`, whatever renewals came since.
+    LostTimerNotRenewed,
+    /// A renewed lease claims a third of a TTL more validity than the backend granted.
+    RenewOverstatesValidity,
+    /// A request that found the backend unreachable is reported as a refusal (`Ok(None)`:
+    /// "someone holds it").
+    UnreachableIsRefusal,
 }
 
 impl Flaw {
@@ -260,6 +270,10 @@ impl Flaw {
         Flaw::GrantedTtlRoundedDown,
         Flaw::UrlCaIgnored,
         Flaw::RefusalNoticedLate,
+        Flaw::TtlInflated,
+        Flaw::LostTimerNotRenewed,
+        Flaw::RenewOverstatesValidity,
+        Flaw::UnreachableIsRefusal,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -376,6 +390,16 @@ impl Flaw {
             Flaw::GrantedTtlRoundedDown => cases![input::effective_ttl_never_shorter],
             Flaw::UrlCaIgnored => cases![security::tls_with_the_ca_from_the_url_locks],
             Flaw::RefusalNoticedLate => cases![lost::lost_fires_when_renewal_refused],
+            Flaw::TtlInflated => cases![input::effective_ttl_never_shorter],
+            Flaw::LostTimerNotRenewed => cases![
+                renewal::manual_renew_extends,
+                renewal::auto_renew_keeps_lock
+            ],
+            Flaw::RenewOverstatesValidity => cases![
+                renewal::manual_renew_extends,
+                expiry::regrants_after_a_release_claim_no_more_than_their_ttl
+            ],
+            Flaw::UnreachableIsRefusal => cases![faults::unreachable_backend_is_an_error],
         }
     }
 }
