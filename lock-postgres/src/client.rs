@@ -2,6 +2,9 @@
 //! transaction-pooling proxy; PostgreSQL errors mapped onto the contract's variants without
 //! the password.
 
+use std::future::Future;
+use std::time::Duration;
+
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -206,17 +209,59 @@ impl Opener {
         })
     }
 
+    /// `request`'s answer, or `Unavailable` once `bound` has passed without one. A frozen or
+    /// partitioned server whose kernel still acknowledges the bytes (or a proxy in between)
+    /// would otherwise keep the caller waiting for as long as TCP keeps trying; only the
+    /// blocking wait in the server's lock queue goes without this bound.
+    pub(crate) async fn answered<T>(
+        &self,
+        what: &str,
+        bound: Duration,
+        request: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    ) -> Result<T> {
+        self.within(what, bound, async {
+            request.await.map_err(|e| self.error(e))
+        })
+        .await
+    }
+
+    /// `work`'s result, or `Unavailable` once `bound` has passed without one.
+    pub(crate) async fn within<T>(
+        &self,
+        what: &str,
+        bound: Duration,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::time::timeout(bound, work).await.unwrap_or_else(|_| {
+            Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "{}: no answer to {what} within {bound:?}",
+                    self.config.redacted_url()
+                ),
+            ))
+        })
+    }
+
+    /// How long one request may go unanswered: the session timeout, after which the server
+    /// may have ended the session anyway.
+    pub(crate) fn request_bound(&self) -> Duration {
+        self.config.session_timeout()
+    }
+
     /// Connects and applies the session settings (one round trip after the login).
     pub(crate) async fn open(&self) -> Result<Opened> {
+        let login = self.config.connect_timeout() + self.request_bound();
         let (client, driven) = self
-            .connector
-            .connect(&self.pg)
-            .await
-            .map_err(|e| self.error(e))?;
-        let batch = client
-            .simple_query(&self.keepalive.setup_sql())
-            .await
-            .map_err(|e| self.error(e))?;
+            .answered("the login", login, self.connector.connect(&self.pg))
+            .await?;
+        let batch = self
+            .answered(
+                "the session set-up",
+                self.request_bound(),
+                client.simple_query(&self.keepalive.setup_sql()),
+            )
+            .await?;
         let rows: Vec<&tokio_postgres::SimpleQueryRow> = batch
             .iter()
             .filter_map(|m| match m {
@@ -277,13 +322,17 @@ impl Opener {
 
     pub(crate) async fn prepare(&self, o: Opened) -> Result<Session> {
         let c = &o.client;
-        let prepared = tokio::try_join!(
-            c.prepare(&self.sql.try_grant),
-            c.prepare(&self.sql.wait_grant),
-            c.prepare(&self.sql.check),
-            c.prepare(&self.sql.unlock),
-        );
-        let (try_grant, wait_grant, check, unlock) = prepared.map_err(|e| self.error(e))?;
+        let prepared = async {
+            tokio::try_join!(
+                c.prepare(&self.sql.try_grant),
+                c.prepare(&self.sql.wait_grant),
+                c.prepare(&self.sql.check),
+                c.prepare(&self.sql.unlock),
+            )
+        };
+        let (try_grant, wait_grant, check, unlock) = self
+            .answered("preparing the statements", self.request_bound(), prepared)
+            .await?;
         let (task, closed) = o.driven;
         Ok(Session {
             client: o.client,

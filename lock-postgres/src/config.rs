@@ -218,6 +218,11 @@ impl PgConfig {
     pub fn session_timeout(&self) -> Duration {
         self.session_timeout
     }
+    /// How long a TCP connection attempt may take (the login after it gets the session
+    /// timeout on top).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
     /// The fencing counters' table.
     pub fn table(&self) -> &str {
         &self.table

@@ -58,7 +58,12 @@
 //! proxy** (PgBouncer's `pool_mode = transaction`) would move a session's statements between
 //! server connections, so a lock would stay on a connection nobody owns: connecting through
 //! one is refused with a `Config` error; connect directly, or through `pool_mode = session`.
-//! **A standby** is refused (its locks would not exclude the primary's clients).
+//! **A standby** is refused (its locks would not exclude the primary's clients). **A frozen
+//! or partitioned server** whose kernel (or a proxy) still takes the bytes is `Unavailable`,
+//! never a hang: the login gets `connect_timeout` plus the session timeout, and every other
+//! request the session timeout. The one exception is the blocking wait in the server's lock
+//! queue: the caller's deadline bounds it (TCP keepalives end it when the host is gone, not
+//! when the server process is frozen).
 //!
 //! ## URL
 //!

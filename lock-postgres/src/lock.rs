@@ -60,8 +60,18 @@ impl PgLock {
     pub async fn connect(config: PgConfig) -> Result<Self> {
         let opener = Opener::new(config).await?;
         let first = opener.open().await?;
-        opener.refuse_pooler(&first).await?;
-        opener.ensure_table(&first).await?;
+        // Three round trips each, on a server that answered the login a moment ago.
+        let checks = opener.request_bound() * 3;
+        opener
+            .within("the pooler check", checks, opener.refuse_pooler(&first))
+            .await?;
+        opener
+            .within(
+                "the fencing table check",
+                checks,
+                opener.ensure_table(&first),
+            )
+            .await?;
         opener.warn_unbounded(&first);
         opener.idle.put_back(opener.prepare(first).await?);
         let bound = opener.config.session_timeout();
@@ -121,7 +131,13 @@ impl PgLock {
         // One try first: an uncontended grant costs one round trip, and vouches for the
         // session by itself (sent just now). Only a busy lock takes the waiting path.
         let sent = Instant::now();
-        let tried = s.client.query_opt(&s.stmts.try_grant, &params).await;
+        let tried = opener
+            .answered(
+                "the lock request",
+                opener.request_bound(),
+                s.client.query_opt(&s.stmts.try_grant, &params),
+            )
+            .await;
         let waits = !matches!(req.deadline(), Deadline::Now) && !req.deadline().passed();
         let (granted, waited) = match tried {
             Ok(None) if waits => {
@@ -133,7 +149,7 @@ impl PgLock {
                     },
                     None => wait.await,
                 };
-                (r, true)
+                (r.map_err(|e| opener.error(e)), true)
             }
             other => (other, false),
         };
@@ -146,7 +162,8 @@ impl PgLock {
                 }
                 return Ok(None);
             }
-            Err(e) => return Err(opener.error(e)),
+            // `pending` closes the session on the way out.
+            Err(e) => return Err(e),
         };
         let token: i64 = row
             .try_get(0)
@@ -168,12 +185,14 @@ impl PgLock {
         } else {
             let s = pending.session()?;
             let start = Instant::now();
-            let held: bool = s
-                .client
-                .query_one(&s.stmts.check, &[&key])
-                .await
-                .and_then(|r| r.try_get(0))
-                .map_err(|e| opener.error(e))?;
+            let held: bool = opener
+                .answered("the grant's confirmation", opener.request_bound(), async {
+                    s.client
+                        .query_one(&s.stmts.check, &[&key])
+                        .await?
+                        .try_get(0)
+                })
+                .await?;
             if !held {
                 return Err(self.pooled_after_all());
             }
@@ -265,13 +284,18 @@ impl DistributedLock for PgLock {
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let (session, _) = self.session().await?;
         let opener = &self.inner.opener;
-        let rows = session
-            .client
-            .query(&opener.sql.inspect, &[&advisory_key(name), &name.as_str()])
-            .await
-            .map_err(|e| opener.error(e));
-        self.inner.opener.idle.put_back(session);
-        let Some(row) = rows?.into_iter().next() else {
+        let rows = opener
+            .answered(
+                "the holder query",
+                opener.request_bound(),
+                session
+                    .client
+                    .query(&opener.sql.inspect, &[&advisory_key(name), &name.as_str()]),
+            )
+            .await?;
+        // Only a session that answered goes back to the pool.
+        opener.idle.put_back(session);
+        let Some(row) = rows.into_iter().next() else {
             return Ok(None);
         };
         let token: Option<i64> = row.try_get(0).unwrap_or(None);

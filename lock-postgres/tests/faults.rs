@@ -501,3 +501,52 @@ async fn a_restart_loses_leases_and_keeps_tokens_case() {
     );
     after.release().await.unwrap();
 }
+
+/// A frozen server (here a blackholed proxy: the bytes are taken, nothing comes back) is
+/// `Unavailable` after a bounded time, never a hang: the connection's login within the connect
+/// timeout plus the session timeout, and a holder query (`inspect`) of a client that connected
+/// while the server answered within the session timeout. The try of `try_acquire` is the
+/// conformance case `faults::unreachable_backend_is_an_error`.
+#[test]
+fn a_frozen_server_is_unavailable_not_a_hang() {
+    serial(a_frozen_server_is_unavailable_not_a_hang_case());
+}
+
+async fn a_frozen_server_is_unavailable_not_a_hang_case() {
+    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
+    let through = PgConfig::from_url(&format!(
+        "postgres://locker@{}/postgres?sslmode=disable&connect_timeout=1",
+        proxy.addr()
+    ))
+    .unwrap()
+    .with_session_timeout(SESSION)
+    .unwrap();
+    let margin = Duration::from_secs(2);
+    let lock = PgLock::connect(through.clone()).await.unwrap();
+    proxy.blackhole();
+    let asked = Instant::now();
+    let r = tokio::time::timeout(SESSION + margin, lock.inspect(&name("frozen")))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "inspect of a frozen server still unanswered after {:?}",
+                SESSION + margin
+            )
+        });
+    assert!(
+        matches!(r, Err(Error::Unavailable { .. })),
+        "inspect of a frozen server gave {r:?} after {:?}",
+        asked.elapsed()
+    );
+    let bound = Duration::from_secs(1) + SESSION + margin;
+    let asked = Instant::now();
+    let r = tokio::time::timeout(bound, PgLock::connect(through))
+        .await
+        .unwrap_or_else(|_| panic!("connect to a frozen server still unanswered after {bound:?}"));
+    assert!(
+        matches!(r, Err(Error::Unavailable { .. })),
+        "connect to a frozen server gave {:?} after {:?}",
+        r.map(|_| ()),
+        asked.elapsed()
+    );
+}
