@@ -333,7 +333,19 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
             return Err(lost());
         }
         let _gate = self.shared.gate.lock().await;
-        match self.shared.ops.renew().await {
+        // A confirmation after `valid_until` could not save the lease: a renewal that hangs
+        // (a frozen server, a driver without a request timeout) ends there, as the
+        // watchdog's does.
+        let deadline = self.shared.tracker.valid_until();
+        let Ok(renewed) = tokio::time::timeout_at(deadline.into(), self.shared.ops.renew()).await
+        else {
+            self.shared.tracker.mark_lost();
+            return Err(Error::Lost {
+                name: self.name.clone(),
+                reason: "no renewal confirmed before valid_until".into(),
+            });
+        };
+        match renewed {
             Ok(valid_until) => {
                 if self.shared.tracker.renewed(valid_until) {
                     Ok(())
@@ -448,6 +460,57 @@ mod tests {
         fn lapses_without_renewal(&self) -> bool {
             false
         }
+    }
+
+    /// Ops whose renewal never answers (a frozen server, no request timeout).
+    #[derive(Debug)]
+    struct HangingOps;
+
+    #[async_trait]
+    impl LeaseOps for HangingOps {
+        async fn renew(&self) -> Result<Instant> {
+            std::future::pending().await
+        }
+        async fn release(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A manual renewal that gets no answer ends at `valid_until` with `Lost`, and the lease is
+    /// Lost: it does not hang with the driver's request.
+    #[tokio::test]
+    async fn a_hanging_manual_renewal_ends_at_valid_until() -> std::result::Result<(), String> {
+        let name = LockName::new("hanging-renew").map_err(|e| e.to_string())?;
+        let valid_until = Instant::now() + Duration::from_millis(100);
+        let lease = ManagedLease::new(
+            name,
+            Grant {
+                token: None,
+                ttl: Duration::from_millis(100),
+                valid_until,
+            },
+            Renewal::Manual,
+            HangingOps,
+        );
+        let r = tokio::time::timeout(Duration::from_secs(5), lease.renew())
+            .await
+            .map_err(|_| "a hanging renewal still unanswered 5 s after valid_until".to_string())?;
+        if !matches!(r, Err(Error::Lost { .. })) {
+            return Err(format!("a hanging renewal gave {r:?}, expected Lost"));
+        }
+        let late = Instant::now().saturating_duration_since(valid_until);
+        if late > Duration::from_millis(50) {
+            return Err(format!(
+                "a hanging renewal ended {late:?} after valid_until"
+            ));
+        }
+        if lease.state() != LeaseState::Lost {
+            return Err(format!(
+                "after a hanging renewal the lease is {:?}",
+                lease.state()
+            ));
+        }
+        Ok(())
     }
 
     /// The watchdog at `max_hold` must mark the lease Lost before it frees the lock: a

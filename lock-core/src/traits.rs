@@ -62,7 +62,9 @@ pub trait DistributedLock: Send + Sync + Debug {
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>>;
 
     /// One attempt. `Ok(None)` means someone else holds the lock (or, on FIFO backends, waiters
-    /// are queued ahead). A losing attempt leaves nothing behind on the backend.
+    /// are queued ahead). A losing attempt leaves nothing behind on the backend. A backend that
+    /// does not answer is a retryable error within the driver's request timeout, never
+    /// `Ok(None)` (conformance case `faults::unreachable_backend_is_an_error`).
     async fn try_acquire(
         &self,
         name: &LockName,
@@ -179,7 +181,11 @@ pub trait Lease: Send + Sync + Debug {
 
     /// Extends the lease by its TTL. Owner-checked on the backend; never recreates a lock that
     /// expired: then [`Error::NotHeld`](crate::Error::NotHeld) or
-    /// [`Error::Lost`](crate::Error::Lost), and the lease is Lost for good.
+    /// [`Error::Lost`](crate::Error::Lost), and the lease is Lost for good. A backend that does
+    /// not answer is an error within the driver's request timeout, never `Ok` (conformance
+    /// case `faults::cut_off_holder_gets_answers_not_hangs`); a
+    /// [`ManagedLease`](crate::driver::ManagedLease) ends an unanswered renewal at
+    /// `valid_until` at the latest, with `Lost`.
     async fn renew(&self) -> Result<()>;
 
     /// Releases the lock if this lease still holds it; `Err(NotHeld)` if it had expired. Never

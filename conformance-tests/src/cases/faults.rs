@@ -1,14 +1,15 @@
-//! Faults on one client's link to the backend: a partitioned holder, a dropped connection.
-//! Needs [`Harness::faulty_client`].
+//! Faults on one client's link to the backend: a partitioned holder, a dropped connection, a
+//! backend that stops answering. Needs [`Harness::faulty_client`].
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{
-    acquire_when_free, client, faulty, held, in_state, opts, record_states, sleep, watch_lost,
-    within,
+    acquire_when_free, client, faulty, held, in_state, long_opts, opts, record_states, sleep,
+    watch_lost, within,
 };
 use crate::{ensure, fresh_name, Failure, Fault, Faulty, Harness, Timing};
 
@@ -249,14 +250,7 @@ pub async fn unreachable_backend_is_an_error(h: &dyn Harness) -> Result<(), Fail
     let (t, cut, other, name) = holder_and_other(h, "unreachable").await?;
     cut.link.set(Fault::Blackhole);
     let asked = Instant::now();
-    let answer = tokio::time::timeout(UNREACHABLE_ANSWER, cut.lock.try_acquire(&name, &opts(h)))
-        .await
-        .map_err(|_| {
-            Failure(format!(
-                "try_acquire through a blackholed link gave no answer within \
-                 {UNREACHABLE_ANSWER:?}: a driver must give up after its request timeout"
-            ))
-        })?;
+    let answer = answered("try_acquire", cut.lock.try_acquire(&name, &opts(h))).await?;
     cut.link.set(Fault::Healed);
     match answer {
         Ok(None) => {
@@ -290,5 +284,46 @@ pub async fn unreachable_backend_is_an_error(h: &dyn Harness) -> Result<(), Fail
     )
     .await?;
     next.release().await?;
+    Ok(())
+}
+
+/// `call`'s result, or a failure saying that `what` through a blackholed link gave no answer.
+async fn answered<T>(what: &str, call: impl Future<Output = T>) -> Result<T, Failure> {
+    tokio::time::timeout(UNREACHABLE_ANSWER, call)
+        .await
+        .map_err(|_| {
+            Failure(format!(
+                "{what} through a blackholed link gave no answer within {UNREACHABLE_ANSWER:?}: \
+                 a driver must give up after its request timeout"
+            ))
+        })
+}
+
+/// A holder whose backend stops answering (its link blackholed) gets answers, not hangs, each
+/// within the driver's request timeout (the case allows 20 s a call): `renew` fails — never
+/// `Ok`, since nothing confirmed the extension — `inspect` fails where the driver inspects,
+/// and `release` returns.
+pub async fn cut_off_holder_gets_answers_not_hangs(h: &dyn Harness) -> Result<(), Failure> {
+    let (_, holder, _, name) = holder_and_other(h, "cut-off-calls").await?;
+    // A long TTL: the renewal must fail because nothing answers, not because it expired.
+    let lease = held(
+        holder.lock.try_acquire(&name, &long_opts(h)).await?,
+        "holder",
+    )?;
+    holder.link.set(Fault::Blackhole);
+    let renewed = answered("renew", lease.renew()).await?;
+    ensure!(
+        renewed.is_err(),
+        "renew through a blackholed link succeeded: nothing could have confirmed it"
+    );
+    if holder.lock.capabilities().inspect {
+        let seen = answered("inspect", holder.lock.inspect(&name)).await?;
+        ensure!(
+            seen.is_err(),
+            "inspect through a blackholed link answered {seen:?}: it cannot know"
+        );
+    }
+    answered("release", lease.release()).await?.ok();
+    holder.link.set(Fault::Healed);
     Ok(())
 }

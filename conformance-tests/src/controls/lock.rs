@@ -17,9 +17,6 @@ use super::waiting::Arrived;
 use super::wire::{Wire, WiredOps};
 use super::*;
 
-/// How long a linked client's acquisition waits for a blackholed link before it fails.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
-
 impl FlawedLock {
     /// The backend key of `name` under this flaw.
     pub(super) fn key(&self, name: &LockName) -> Result<LockName> {
@@ -42,20 +39,12 @@ impl FlawedLock {
         self.link.as_ref().and_then(|w| w.delay())
     }
 
-    /// An acquisition crossing this client's link, if it has one: through a link that stays
-    /// blackholed it fails after [`REQUEST_TIMEOUT`], as a networked driver's request does.
+    /// A request crossing this client's link, if it has one ([`Wire::request`]).
     pub(super) async fn cross(&self) -> Result<()> {
-        let Some(w) = &self.link else {
-            return Ok(());
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, w.cross(self.flaw))
-            .await
-            .map_err(|_| {
-                Error::unavailable(
-                    "flawed-memory",
-                    "no reply within the request timeout: the link is down",
-                )
-            })?
+        match &self.link {
+            Some(w) => w.request(self.flaw).await,
+            None => Ok(()),
+        }
     }
 
     pub(super) fn capabilities_declared(&self) -> Capabilities {
@@ -361,6 +350,7 @@ impl DistributedLock for FlawedLock {
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
         let key = self.key(name)?;
+        self.cross().await?;
         let info = self.inner.inspect(&key).await?;
         match (self.flaw, info) {
             (Flaw::InspectBlind, _) => Ok(None),

@@ -198,6 +198,8 @@ pub enum Flaw {
     /// A request that found the backend unreachable is reported as a refusal (`Ok(None)`:
     /// "someone holds it").
     UnreachableIsRefusal,
+    /// Requests wait for an unreachable backend for as long as it takes: no request timeout.
+    HangsWhileUnreachable,
 }
 
 impl Flaw {
@@ -274,6 +276,7 @@ impl Flaw {
         Flaw::LostTimerNotRenewed,
         Flaw::RenewOverstatesValidity,
         Flaw::UnreachableIsRefusal,
+        Flaw::HangsWhileUnreachable,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -400,6 +403,10 @@ impl Flaw {
                 expiry::regrants_after_a_release_claim_no_more_than_their_ttl
             ],
             Flaw::UnreachableIsRefusal => cases![faults::unreachable_backend_is_an_error],
+            Flaw::HangsWhileUnreachable => cases![
+                faults::unreachable_backend_is_an_error,
+                faults::cut_off_holder_gets_answers_not_hangs
+            ],
         }
     }
 }

@@ -46,7 +46,7 @@ impl Wire {
         *self.fault.borrow() == Fault::Blackhole
     }
 
-    /// A request crossing the link: held while it is blackholed (it flows once healed, as a
+    /// Crossing the link: held while it is blackholed (it flows once healed, as a
     /// TCP retransmission would); under [`Flaw::NeverReconnects`], refused for good once the
     /// link has been down.
     pub(super) async fn cross(&self, flaw: Flaw) -> Result<()> {
@@ -60,7 +60,27 @@ impl Wire {
         let _ = rx.wait_for(|f| *f != Fault::Blackhole).await;
         Ok(())
     }
+
+    /// A request crossing the link that gives up, as a networked driver's does, after
+    /// [`REQUEST_TIMEOUT`] of a blackholed link; under [`Flaw::HangsWhileUnreachable`] it
+    /// waits for the link however long that takes.
+    pub(super) async fn request(&self, flaw: Flaw) -> Result<()> {
+        if flaw == Flaw::HangsWhileUnreachable {
+            return self.cross(flaw).await;
+        }
+        tokio::time::timeout(REQUEST_TIMEOUT, self.cross(flaw))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    "flawed-memory",
+                    "no reply within the request timeout: the link is down",
+                )
+            })?
+    }
 }
+
+/// How long a linked client's request waits for a blackholed link before it fails.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The [`Link`] a faulty control client hands to the suite.
 #[derive(Debug)]
@@ -153,7 +173,7 @@ impl LeaseOps for WiredOps {
             }
             return Err(self.not_held());
         }
-        self.wire.cross(self.flaw).await?;
+        self.wire.request(self.flaw).await?;
         let store = self.store.lock().await;
         let lease = store.as_ref().ok_or_else(|| self.not_held())?;
         lease.renew().await?;
@@ -161,7 +181,7 @@ impl LeaseOps for WiredOps {
     }
 
     async fn release(&self) -> Result<()> {
-        self.wire.cross(self.flaw).await?;
+        self.wire.request(self.flaw).await?;
         let lease = self.store.lock().await.take();
         lease.ok_or_else(|| self.not_held())?.release().await
     }
