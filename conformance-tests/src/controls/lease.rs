@@ -292,7 +292,16 @@ impl Lease for FlawedLease {
         self.drop_ghost.armed = false;
         self.abandoned = true;
         let name = self.inner.name().clone();
-        std::mem::replace(&mut self.inner, Box::new(Released(name))).abandon();
+        let inner = std::mem::replace(&mut self.inner, Box::new(Released(name)));
+        match (self.lock.flaw, tokio::runtime::Handle::try_current()) {
+            // Frees the lock at once: a crash simulated by `abandon` is not one.
+            (Flaw::AbandonReleases, Ok(rt)) => {
+                rt.spawn(async move {
+                    let _ = inner.release().await;
+                });
+            }
+            _ => inner.abandon(),
+        }
     }
 }
 

@@ -200,6 +200,8 @@ pub enum Flaw {
     UnreachableIsRefusal,
     /// Requests wait for an unreachable backend for as long as it takes: no request timeout.
     HangsWhileUnreachable,
+    /// `abandon` releases the lock instead of leaving it to expire.
+    AbandonReleases,
 }
 
 impl Flaw {
@@ -277,6 +279,7 @@ impl Flaw {
         Flaw::RenewOverstatesValidity,
         Flaw::UnreachableIsRefusal,
         Flaw::HangsWhileUnreachable,
+        Flaw::AbandonReleases,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -403,6 +406,7 @@ impl Flaw {
                 expiry::regrants_after_a_release_claim_no_more_than_their_ttl
             ],
             Flaw::UnreachableIsRefusal => cases![faults::unreachable_backend_is_an_error],
+            Flaw::AbandonReleases => cases![expiry::abandoned_lease_frees_after_ttl],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs
