@@ -39,6 +39,20 @@ fn opts() -> LockOptions {
     LockOptions::new(SESSION * 2)
 }
 
+/// A fault proxy in front of `pg`, and the configuration of a client through it (`query`:
+/// more of the URL's query, each part starting with `&`).
+fn proxied(query: &str) -> (conformance_tests::FaultProxy, PgConfig) {
+    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
+    let config = PgConfig::from_url(&format!(
+        "postgres://locker@{}/postgres?sslmode=disable{query}",
+        proxy.addr()
+    ))
+    .unwrap()
+    .with_session_timeout(SESSION)
+    .unwrap();
+    (proxy, config)
+}
+
 async fn admin() -> tokio_postgres::Client {
     test_support::pg_client("host=127.0.0.1 port=15432 user=locker dbname=postgres")
         .await
@@ -152,14 +166,7 @@ async fn a_transaction_pooler_is_refused_case() {
         Err(e) => panic!("pgbouncer (transaction pooling) refused with the wrong error: {e:?}"),
         Ok(_) => panic!("pgbouncer in transaction-pooling mode was accepted"),
     }
-    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
-    let through = PgConfig::from_url(&format!(
-        "postgres://locker@{}/postgres?sslmode=disable",
-        proxy.addr()
-    ))
-    .unwrap()
-    .with_session_timeout(SESSION)
-    .unwrap();
+    let (_proxy, through) = proxied("");
     let lock = PgLock::connect(through)
         .await
         .expect("a session-keeping TCP proxy must be accepted");
@@ -227,13 +234,8 @@ fn a_cut_holder_is_lost_as_its_successor_is_granted() {
 }
 
 async fn a_cut_holder_is_lost_as_its_successor_is_granted_case() {
-    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
-    let url = format!(
-        "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={}",
-        proxy.addr(),
-        SESSION.as_millis()
-    );
-    let holder = PgLock::from_url(&url).await.unwrap();
+    let (proxy, through) = proxied("");
+    let holder = PgLock::connect(through).await.unwrap();
     let (other, admin) = (lock().await, admin().await);
     let notice = SESSION / 6;
     let (mut ahead, mut longest, mut slowest) = (0, Duration::ZERO, Duration::ZERO);
@@ -513,14 +515,7 @@ fn a_frozen_server_is_unavailable_not_a_hang() {
 }
 
 async fn a_frozen_server_is_unavailable_not_a_hang_case() {
-    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
-    let through = PgConfig::from_url(&format!(
-        "postgres://locker@{}/postgres?sslmode=disable&connect_timeout=1",
-        proxy.addr()
-    ))
-    .unwrap()
-    .with_session_timeout(SESSION)
-    .unwrap();
+    let (proxy, through) = proxied("&connect_timeout=1");
     let margin = Duration::from_secs(2);
     let lock = PgLock::connect(through.clone()).await.unwrap();
     proxy.blackhole();

@@ -150,6 +150,48 @@ pub async fn names_are_independent(h: &dyn Harness) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Releasing a lock frees that lock only. Names that extend its name (`n-2`, `n:2`, `n.lock`:
+/// a prefix match on the backend's keys, or a cleanup by pattern, would take them too) stay
+/// held, by the same client and by another.
+pub async fn release_frees_only_its_own_name(h: &dyn Harness) -> Result<(), Failure> {
+    let (a, b) = (client(h).await?, client(h).await?);
+    let n = fresh_name("own");
+    let opts = long_opts(h);
+    let longer = |suffix: &str| lock_core::LockName::new(format!("{n}{suffix}"));
+    let (on_a, on_b) = (longer("-2")?, [longer(":2")?, longer(".lock")?]);
+    let released = held(a.try_acquire(&n, &opts).await?, "the shorter name")?;
+    let mut kept = vec![(
+        held(a.try_acquire(&on_a, &opts).await?, "a longer name")?,
+        &b,
+    )];
+    for name in &on_b {
+        kept.push((
+            held(b.try_acquire(name, &opts).await?, "a longer name")?,
+            &a,
+        ));
+    }
+    released.release().await?;
+    for (lease, prober) in &kept {
+        if let Some(l) = prober.try_acquire(lease.name(), &opts).await? {
+            l.release().await?;
+            return Err(Failure(format!(
+                "releasing {n} freed {} too (held by {} client): a release must touch its own \
+                 name only",
+                lease.name(),
+                if std::ptr::eq(*prober, &b) {
+                    "the same"
+                } else {
+                    "another"
+                }
+            )));
+        }
+    }
+    for (lease, _) in kept {
+        lease.release().await?;
+    }
+    Ok(())
+}
+
 /// Release frees the lock at once for another client.
 pub async fn release_frees_at_once(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { a, b, name, .. } = scene(h, "free").await?;

@@ -102,6 +102,7 @@ pub static CASES: &[Case] = &[
     case!(exclusion::held_lock_refuses_others, always),
     case!(exclusion::counter_loses_no_update, always),
     case!(exclusion::names_are_independent, always),
+    case!(exclusion::release_frees_only_its_own_name, always),
     case!(exclusion::release_frees_at_once, always),
     case!(inspect::inspect_reports_the_holder, inspects),
     case!(

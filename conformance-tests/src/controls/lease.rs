@@ -264,6 +264,19 @@ impl Lease for FlawedLease {
                 lock.inner.break_lock(&name);
                 Ok(())
             }
+            Flaw::ReleaseByPrefix if r.is_ok() => {
+                // A delete by pattern (`name*`): every lock whose name extends this one goes
+                // too.
+                let longer: Vec<LockName> = locked(&lock.shared.grants)
+                    .keys()
+                    .filter(|k| k.as_str().starts_with(name.as_str()) && **k != name)
+                    .cloned()
+                    .collect();
+                for k in &longer {
+                    lock.inner.break_lock(k);
+                }
+                r
+            }
             Flaw::ReleaseOfExpiredIsOk if r.is_err() => match lock.inner.inspect(&name).await? {
                 None => Ok(()),
                 Some(_) => r,

@@ -202,6 +202,8 @@ pub enum Flaw {
     HangsWhileUnreachable,
     /// `abandon` releases the lock instead of leaving it to expire.
     AbandonReleases,
+    /// A release deletes by pattern: every lock whose name extends the released one goes too.
+    ReleaseByPrefix,
 }
 
 impl Flaw {
@@ -280,6 +282,7 @@ impl Flaw {
         Flaw::UnreachableIsRefusal,
         Flaw::HangsWhileUnreachable,
         Flaw::AbandonReleases,
+        Flaw::ReleaseByPrefix,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -407,6 +410,7 @@ impl Flaw {
             ],
             Flaw::UnreachableIsRefusal => cases![faults::unreachable_backend_is_an_error],
             Flaw::AbandonReleases => cases![expiry::abandoned_lease_frees_after_ttl],
+            Flaw::ReleaseByPrefix => cases![exclusion::release_frees_only_its_own_name],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs
