@@ -198,6 +198,7 @@ pub static CASES: &[Case] = &[
     ),
     case!(security::missing_credentials_are_unauthenticated, auth),
     case!(security::password_never_shows_in_errors, by_url),
+    case!(security::silent_server_is_a_retryable_error, by_url),
     case!(security::tls_with_the_ca_from_the_url_locks, tls),
     case!(security::tls_with_the_ca_as_pem_locks, tls_pem),
     case!(security::tls_refuses_an_untrusted_certificate, tls),

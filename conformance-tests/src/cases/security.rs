@@ -183,6 +183,69 @@ pub async fn password_never_shows_in_errors(h: &dyn Harness) -> Result<(), Failu
     Ok(())
 }
 
+/// A server that accepts the connection and never answers (a frozen process, a half-dead
+/// proxy) is a retryable error within 30 s — the login is bounded too, not only the TCP
+/// connect — and the error does not contain the URL's password.
+pub async fn silent_server_is_a_retryable_error(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let silent = SilentServer::start().await?;
+    let password = "silent-secret-pw";
+    let url = s.url(&UrlParts::plain(
+        silent.addr,
+        Some(&userinfo("locker", password)),
+    ));
+    let e = refused(h, &s, url, "a server that never answers")
+        .await
+        .map_err(|f| {
+            Failure(format!(
+                "connecting to a server that accepts and never answers ({}): {} — a driver \
+                 must bound its login and requests, not only the TCP connect",
+                silent.addr, f.0
+            ))
+        })?;
+    let text = format!("{e} {e:?}");
+    ensure!(
+        !shows(&text, password),
+        "the password shows in the error: {text}"
+    );
+    ensure!(
+        e.is_retryable(),
+        "a server that never answers should be a retryable error, it was: {e:?}"
+    );
+    Ok(())
+}
+
+/// A TCP listener that accepts connections and keeps them open without a byte in reply, until
+/// dropped.
+struct SilentServer {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SilentServer {
+    async fn start() -> Result<Self, Failure> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| Failure(format!("cannot listen on loopback: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Failure(format!("cannot read the listener's address: {e}")))?;
+        let task = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        Ok(SilentServer { addr, task })
+    }
+}
+
+impl Drop for SilentServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Over TLS, trusting the server's private CA from the URL, clients lock, and exclude each
 /// other.
 pub async fn tls_with_the_ca_from_the_url_locks(h: &dyn Harness) -> Result<(), Failure> {

@@ -413,7 +413,8 @@ impl Flaw {
             Flaw::ReleaseByPrefix => cases![exclusion::release_frees_only_its_own_name],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
-                faults::cut_off_holder_gets_answers_not_hangs
+                faults::cut_off_holder_gets_answers_not_hangs,
+                security::silent_server_is_a_retryable_error
             ],
         }
     }

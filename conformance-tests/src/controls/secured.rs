@@ -7,6 +7,9 @@ use std::sync::Arc;
 use lock_core::driver::{connecting, percent_decode};
 use lock_core::{DistributedLock, Error, Result};
 
+use tokio::io::AsyncReadExt;
+
+use super::wire::REQUEST_TIMEOUT;
 use super::Flaw;
 use crate::{Secured, UrlParts};
 
@@ -51,7 +54,7 @@ where
     Secured::new(
         move |url| {
             let client = client.clone();
-            connecting(async move { connect(flaw, &url).map(|shown| client(shown)) })
+            connecting(async move { connect(flaw, &url).await.map(|shown| client(shown)) })
         },
         url,
     )
@@ -64,12 +67,12 @@ where
             _ => format!("flawed://{server}?tls=true&ca={}", ca_file()),
         };
         let client = by_pem.clone();
-        connecting(async move { connect(flaw, &url).map(|shown| client(shown)) })
+        connecting(async move { connect(flaw, &url).await.map(|shown| client(shown)) })
     })
 }
 
 /// What a driver with `flaw` does with `url`: on success, what its client shows of the URL.
-fn connect(flaw: Flaw, url: &str) -> Result<String> {
+async fn connect(flaw: Flaw, url: &str) -> Result<String> {
     let rest = url
         .strip_prefix("flawed://")
         .ok_or_else(|| Error::config("not a flawed:// URL"))?;
@@ -126,15 +129,40 @@ fn connect(flaw: Flaw, url: &str) -> Result<String> {
         TLS | AUTH => Ok(shown),
         _ => Err(Error::unavailable(
             BACKEND,
-            match (flaw, &password) {
+            match (flaw, &password, reach(flaw, server).await) {
                 // Scrubs the decoded password, while the URL carries the encoded one.
-                (Flaw::SecretInErrors, Some(pw)) => {
+                (Flaw::SecretInErrors, Some(pw), _) => {
                     format!("cannot reach {}", url.replace(pw.as_str(), "***"))
                 }
-                _ => format!("cannot reach {server}"),
+                (_, _, Reached::Refused) => format!("cannot reach {server}"),
+                (_, _, Reached::Silent) => format!("no answer from {server}"),
             },
         )),
     }
+}
+
+/// What became of trying a server that is not one of the fake's.
+enum Reached {
+    Refused,
+    Silent,
+}
+
+/// Tries a server that is not one of the fake's for real, as a driver would: a refused
+/// connection fails at once; where something accepts it, the fake waits the request timeout
+/// for a first byte (nothing it says would be understood) — or, under
+/// [`Flaw::HangsWhileUnreachable`], for as long as it takes.
+async fn reach(flaw: Flaw, server: SocketAddr) -> Reached {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(server).await else {
+        return Reached::Refused;
+    };
+    let mut first = [0u8; 1];
+    let read = stream.read(&mut first);
+    if flaw == Flaw::HangsWhileUnreachable {
+        let _ = read.await;
+    } else {
+        let _ = tokio::time::timeout(REQUEST_TIMEOUT, read).await;
+    }
+    Reached::Silent
 }
 
 fn utf8_encoded(s: &str) -> String {

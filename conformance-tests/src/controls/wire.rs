@@ -80,7 +80,7 @@ impl Wire {
 }
 
 /// How long a linked client's request waits for a blackholed link before it fails.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The [`Link`] a faulty control client hands to the suite.
 #[derive(Debug)]
