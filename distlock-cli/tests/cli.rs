@@ -120,6 +120,60 @@ fn an_unreachable_backend_exits_69() {
     assert_eq!(code(&o), 69, "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// A server that accepts connections and never answers (a frozen process, a half-dead proxy)
+/// is EX_UNAVAILABLE (69) on every backend, within the driver's default timeouts (PostgreSQL's
+/// login is the longest: 10 s connect + 6 s session), and the command never runs.
+#[test]
+fn a_server_that_never_answers_exits_69_without_running_the_command() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept() {
+            open.push(stream);
+        }
+    });
+    let dir = tmp("silent");
+    let runs: Vec<(String, Child, std::path::PathBuf)> = [
+        format!("redis://{addr}"),
+        format!("redlock://{addr}"),
+        format!("etcd://{addr}"),
+        format!("zk://{addr}"),
+        format!("postgres://locker@{addr}/postgres"),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, url)| {
+        let ran = dir.join(format!("ran-{i}"));
+        let script = format!("touch {}", ran.display());
+        let mut c = distlock(
+            &url,
+            &["run", "--name", "x", "--no-wait", "--", "sh", "-c", &script],
+        );
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        (url, c.stdin(Stdio::null()).spawn().unwrap(), ran)
+    })
+    .collect();
+    let end = Instant::now() + Duration::from_secs(40);
+    for (url, mut child, ran) in runs {
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < end,
+                "{url}: distlock still waiting for a server that never answers after 40 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            code(&o),
+            69,
+            "{url}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!ran.exists(), "{url}: the command ran without the lock");
+    }
+}
+
 /// Refused credentials are EX_NOPERM (77), told apart from bad arguments (64) and from a
 /// backend that is down (69); the command does not run, and the password shows nowhere.
 #[test]
