@@ -28,7 +28,12 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
             return Failure::Supervision(format!("cannot handle signals: {e}")).report(secrets)
         }
     };
-    let (locks, name) = match crate::connect(&a.target).await {
+    // The handlers are in place from here on, so a signal must end a slow connect too.
+    let connected = tokio::select! {
+        r = crate::connect(&a.target) => r,
+        sig = signals.recv() => return 128 + sig as u8,
+    };
+    let (locks, name) = match connected {
         Ok(x) => x,
         Err(f) => return f.report(secrets),
     };

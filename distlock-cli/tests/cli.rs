@@ -120,11 +120,9 @@ fn an_unreachable_backend_exits_69() {
     assert_eq!(code(&o), 69, "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-/// A server that accepts connections and never answers (a frozen process, a half-dead proxy)
-/// is EX_UNAVAILABLE (69) on every backend, within the driver's default timeouts (PostgreSQL's
-/// login is the longest: 10 s connect + 6 s session), and the command never runs.
-#[test]
-fn a_server_that_never_answers_exits_69_without_running_the_command() {
+/// A listener on loopback that accepts connections and never answers, for as long as the test
+/// process lives.
+fn silent_server() -> std::net::SocketAddr {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -133,6 +131,51 @@ fn a_server_that_never_answers_exits_69_without_running_the_command() {
             open.push(stream);
         }
     });
+    addr
+}
+
+/// SIGTERM or SIGINT while `run` is still connecting (here to a server that never answers, whose
+/// login PostgreSQL's defaults give 16 s) ends it at once with 128 + the signal, and the
+/// command never runs: an operator's Ctrl-C, or a service manager's stop, is not held up by a
+/// slow backend.
+#[test]
+fn a_signal_while_connecting_ends_run_at_once() {
+    let addr = silent_server();
+    let dir = tmp("connect-signal");
+    for (sig, want) in [("TERM", 143), ("INT", 130)] {
+        let ran = dir.join(format!("ran-{sig}"));
+        let script = format!("touch {}", ran.display());
+        let url = format!("postgres://locker@{addr}/postgres");
+        let mut c = distlock(&url, &["run", "--name", "x", "--", "sh", "-c", &script]);
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = c.stdin(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let sent = Instant::now();
+        kill(sig, child.id());
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                sent.elapsed() < Duration::from_secs(3),
+                "SIG{sig} while connecting: distlock still running 3 s later"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            code(&o),
+            want,
+            "SIG{sig} while connecting: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!ran.exists(), "SIG{sig}: the command ran without the lock");
+    }
+}
+
+/// A server that accepts connections and never answers (a frozen process, a half-dead proxy)
+/// is EX_UNAVAILABLE (69) on every backend, within the driver's default timeouts (PostgreSQL's
+/// login is the longest: 10 s connect + 6 s session), and the command never runs.
+#[test]
+fn a_server_that_never_answers_exits_69_without_running_the_command() {
+    let addr = silent_server();
     let dir = tmp("silent");
     let runs: Vec<(String, Child, std::path::PathBuf)> = [
         format!("redis://{addr}"),
