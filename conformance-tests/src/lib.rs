@@ -49,6 +49,7 @@ mod runner;
 pub mod safety;
 mod secured;
 mod servers;
+mod tls_peer;
 
 pub use cases::{record_states, Case, Facts, CASES};
 pub use link::{Fault, Faulty, Link};

@@ -202,5 +202,7 @@ pub static CASES: &[Case] = &[
     case!(security::tls_with_the_ca_from_the_url_locks, tls),
     case!(security::tls_with_the_ca_as_pem_locks, tls_pem),
     case!(security::tls_refuses_an_untrusted_certificate, tls),
+    case!(security::tls_refuses_a_certificate_for_another_name, tls),
+    case!(security::tls_trusts_only_the_ca_it_is_given, tls),
     case!(security::bad_ca_file_is_a_config_error, tls),
 ];

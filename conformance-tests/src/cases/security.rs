@@ -9,6 +9,7 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 
 use super::support::{held, long_opts, within};
 use crate::secured::AuthServer;
+use crate::tls_peer::{TestCa, TlsPeer};
 use crate::{ensure, fresh_name, Failure, Harness, Secured, UrlParts};
 
 /// Connecting may take a session timeout or a few retries; never longer than this.
@@ -321,6 +322,113 @@ pub async fn tls_refuses_an_untrusted_certificate(h: &dyn Harness) -> Result<(),
         matches!(e, Error::Unavailable { .. } | Error::Config { .. }),
         "an untrusted certificate should be Unavailable or Config, it was: {e:?}"
     );
+    Ok(())
+}
+
+/// Which certificates a client trusting `ca` accepts from `peer`: the client connects and tries
+/// to lock once through the URL and once through the PEM hook where the harness has one; each
+/// path is listed with the handshakes it finished. The peer speaks no backend protocol, so no
+/// lock can come of it, and a driver may take any error; what counts is the handshake.
+async fn handshakes(
+    h: &dyn Harness,
+    s: &Secured,
+    peer: &TlsPeer,
+    ca: &TestCa,
+) -> Result<Vec<(&'static str, usize)>, Failure> {
+    let ca_file = ca.file();
+    let mut paths = vec![(
+        "with the CA file in the URL",
+        s.connect(s.url(&UrlParts::tls(peer.addr(), Some(&ca_file)))),
+    )];
+    if let Some(pem) = &s.pem {
+        paths.push(("with the CA as PEM", pem(peer.addr(), ca.pem())));
+    }
+    let mut finished = Vec::new();
+    for (path, connecting) in paths {
+        let before = peer.finished();
+        within(
+            CONNECT_LIMIT,
+            "connecting to a TLS server that hangs up",
+            async {
+                let Ok(lock) = connecting.await else {
+                    return Ok(());
+                };
+                match lock
+                    .try_acquire(&fresh_name("tls-peer"), &long_opts(h))
+                    .await
+                {
+                    Ok(Some(l)) => {
+                        let _ = l.release().await;
+                        Err(Failure(format!(
+                        "{path}: a lock was granted by {} ({}), which speaks no backend's protocol",
+                        peer.addr(),
+                        peer.names()
+                    )))
+                    }
+                    _ => Ok(()),
+                }
+            },
+        )
+        .await??;
+        peer.settled(Duration::from_secs(5)).await;
+        finished.push((path, peer.finished() - before));
+    }
+    Ok(finished)
+}
+
+/// The case's own CA, and a check that the driver finishes a handshake with a certificate from
+/// it for the address it dials: without that, a refusal later would prove nothing.
+async fn trusted_test_ca(h: &dyn Harness, s: &Secured) -> Result<TestCa, Failure> {
+    let ca = TestCa::new("trusted")?;
+    let peer = ca.serve(&["127.0.0.1"]).await?;
+    for (path, finished) in handshakes(h, s, &peer, &ca).await? {
+        ensure!(
+            finished > 0,
+            "{path}, the client finished no TLS handshake with {} (certificate for 127.0.0.1 \
+             from that CA; {} connections, last handshake error: {}): it does not trust the \
+             CA it is given, so the case cannot test what else it trusts",
+            peer.addr(),
+            peer.connections(),
+            peer.last_failure()
+        );
+    }
+    Ok(ca)
+}
+
+/// The certificate must be for the server the client dialled: one from the trusted CA, but
+/// for another name, is refused during the handshake (libpq's `verify-full`, not
+/// `verify-ca`).
+pub async fn tls_refuses_a_certificate_for_another_name(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let ca = trusted_test_ca(h, &s).await?;
+    let peer = ca.serve(&["wrong-name.invalid"]).await?;
+    for (path, finished) in handshakes(h, &s, &peer, &ca).await? {
+        ensure!(
+            finished == 0,
+            "{path}, the client accepted a certificate for {} from {}: it does not check the \
+             server's name",
+            peer.names(),
+            peer.addr()
+        );
+    }
+    Ok(())
+}
+
+/// Given a CA, a client trusts that CA: a certificate for the right name from another CA is
+/// refused, even though the given CA signed nothing wrong.
+pub async fn tls_trusts_only_the_ca_it_is_given(h: &dyn Harness) -> Result<(), Failure> {
+    let s = secured(h)?;
+    let ca = trusted_test_ca(h, &s).await?;
+    let other = TestCa::new("other")?;
+    let peer = other.serve(&["127.0.0.1"]).await?;
+    for (path, finished) in handshakes(h, &s, &peer, &ca).await? {
+        ensure!(
+            finished == 0,
+            "{path}, the client accepted a certificate for 127.0.0.1 from a CA it was not given \
+             ({})",
+            peer.addr()
+        );
+    }
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod harness;
 mod lease;
 mod lock;
 mod secured;
+mod tls;
 mod waiting;
 mod wire;
 
@@ -204,6 +205,11 @@ pub enum Flaw {
     AbandonReleases,
     /// A release deletes by pattern: every lock whose name extends the released one goes too.
     ReleaseByPrefix,
+    /// TLS accepts a certificate from the trusted CA for any name (libpq's `verify-ca` where
+    /// `verify-full` was asked for).
+    IgnoresServerName,
+    /// Given a CA, TLS accepts any certificate: the CA only switches TLS on.
+    GivenCaTrustsAnyCertificate,
 }
 
 impl Flaw {
@@ -283,6 +289,8 @@ impl Flaw {
         Flaw::HangsWhileUnreachable,
         Flaw::AbandonReleases,
         Flaw::ReleaseByPrefix,
+        Flaw::IgnoresServerName,
+        Flaw::GivenCaTrustsAnyCertificate,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -411,6 +419,12 @@ impl Flaw {
             Flaw::UnreachableIsRefusal => cases![faults::unreachable_backend_is_an_error],
             Flaw::AbandonReleases => cases![expiry::abandoned_lease_frees_after_ttl],
             Flaw::ReleaseByPrefix => cases![exclusion::release_frees_only_its_own_name],
+            Flaw::IgnoresServerName => {
+                cases![security::tls_refuses_a_certificate_for_another_name]
+            }
+            Flaw::GivenCaTrustsAnyCertificate => {
+                cases![security::tls_trusts_only_the_ca_it_is_given]
+            }
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,

@@ -54,25 +54,31 @@ where
     Secured::new(
         move |url| {
             let client = client.clone();
-            connecting(async move { connect(flaw, &url).await.map(|shown| client(shown)) })
+            connecting(async move {
+                connect_trusting(flaw, &url, None)
+                    .await
+                    .map(|shown| client(shown))
+            })
         },
         url,
     )
     .with_auth(AUTH, USER, PASSWORD)
     .with_tls(TLS, ca_file())
-    .with_tls_ca_pem(move |server, _pem| {
-        // The CA file is fictional: any PEM stands for it, unless the flaw drops it.
-        let url = match flaw {
-            Flaw::PemCaIgnored => format!("flawed://{server}?tls=true"),
-            _ => format!("flawed://{server}?tls=true&ca={}", ca_file()),
-        };
+    .with_tls_ca_pem(move |server, pem| {
+        let url = format!("flawed://{server}?tls=true");
+        let pem = (flaw != Flaw::PemCaIgnored).then_some(pem);
         let client = by_pem.clone();
-        connecting(async move { connect(flaw, &url).await.map(|shown| client(shown)) })
+        connecting(async move {
+            connect_trusting(flaw, &url, pem)
+                .await
+                .map(|shown| client(shown))
+        })
     })
 }
 
-/// What a driver with `flaw` does with `url`: on success, what its client shows of the URL.
-async fn connect(flaw: Flaw, url: &str) -> Result<String> {
+/// What a driver with `flaw` does with `url`, trusting the CA in `pem` if given (else the
+/// URL's CA file): on success, what its client shows of the URL.
+async fn connect_trusting(flaw: Flaw, url: &str, pem: Option<Vec<u8>>) -> Result<String> {
     let rest = url
         .strip_prefix("flawed://")
         .ok_or_else(|| Error::config("not a flawed:// URL"))?;
@@ -109,15 +115,29 @@ async fn connect(flaw: Flaw, url: &str) -> Result<String> {
     if ca.is_some() && !tls {
         return Err(Error::config("a CA file needs tls=true"));
     }
-    if ca.as_deref().is_some_and(|c| c != ca_file()) && flaw != Flaw::MissingCaFileIgnored {
-        return Err(Error::config("cannot read the CA file"));
-    }
+    let trusted = match (pem, ca) {
+        (Some(pem), _) => Some(pem),
+        (None, Some(file)) => match std::fs::read(&file) {
+            Ok(pem) => Some(pem),
+            Err(_) if flaw == Flaw::MissingCaFileIgnored => None,
+            Err(e) => return Err(Error::config(format!("cannot read the CA file: {e}"))),
+        },
+        (None, None) => None,
+    };
+    // The fake TLS server's certificate is the fictional CA file's.
+    let fake_ca = std::fs::read(ca_file()).ok();
+    let trusts_fake = match flaw {
+        Flaw::TrustsAnyCertificate => true,
+        Flaw::GivenCaTrustsAnyCertificate => trusted.is_some(),
+        _ => trusted.is_some() && trusted == fake_ca,
+    };
     let refuse = |what: &str| Error::unauthenticated(BACKEND, what.to_string());
     match server {
         TLS if !tls => Err(Error::unavailable(BACKEND, "the server speaks only TLS")),
-        TLS if ca.as_deref() != Some(ca_file()) && flaw != Flaw::TrustsAnyCertificate => Err(
-            Error::unavailable(BACKEND, "the server's certificate is not trusted"),
-        ),
+        TLS if !trusts_fake => Err(Error::unavailable(
+            BACKEND,
+            "the server's certificate is not trusted",
+        )),
         AUTH if flaw != Flaw::AnyPasswordAccepted && user.is_none() => {
             Err(refuse("credentials required"))
         }
@@ -127,6 +147,15 @@ async fn connect(flaw: Flaw, url: &str) -> Result<String> {
             Err(refuse("wrong user or password"))
         }
         TLS | AUTH => Ok(shown),
+        // A real TLS server (a case's own): the handshake is real; nothing after it would be
+        // understood.
+        _ if tls => {
+            super::tls::handshake(flaw, server, trusted.as_deref()).await?;
+            Err(Error::unavailable(
+                BACKEND,
+                format!("{server} speaks no protocol the fake knows"),
+            ))
+        }
         _ => Err(Error::unavailable(
             BACKEND,
             match (flaw, &password, reach(flaw, server).await) {
