@@ -56,7 +56,8 @@ pub enum Deadline {
     /// One attempt: if the lock is busy, give up at once and leave nothing behind (no queue
     /// entry on FIFO backends).
     Now,
-    /// Wait, in the queue where the backend has one, until this instant.
+    /// Wait, in the queue where the backend has one, until this instant. An instant that has
+    /// already passed still gets one attempt.
     At(Instant),
     /// Wait as long as it takes.
     Never,

@@ -51,7 +51,9 @@ pub trait DistributedLock: Send + Sync + Debug {
     ///
     /// Returns the lease, or `Ok(None)` when the lock was not granted by `deadline`
     /// ([`Deadline::Now`]: it is held, or on FIFO backends waiters are queued ahead). Nothing of
-    /// a losing or timed-out attempt stays behind on the backend.
+    /// a losing or timed-out attempt stays behind on the backend. A deadline that has passed
+    /// before the first request (`wait_for(Duration::ZERO)`) still gets one attempt, like
+    /// [`Deadline::Now`] (conformance case `waiting::spent_deadline_still_tries_once`).
     ///
     /// Waiting never polls: drivers wake on the backend's notification (or the holder's
     /// expiry). Cancel-safe: dropping the future leaves no waiter record behind and no held

@@ -147,6 +147,7 @@ pub static CASES: &[Case] = &[
     case!(waiting::waiting_is_idle, counts),
     case!(waiting::wait_timeout_is_respected, always),
     case!(waiting::no_wait_fails_fast, always),
+    case!(waiting::spent_deadline_still_tries_once, always),
     case!(waiting::timed_out_waiter_leaves_no_record, always),
     case!(waiting::timed_out_waiter_does_not_block_waiters, always),
     case!(waiting::cancelled_waiter_does_not_block_others, always),

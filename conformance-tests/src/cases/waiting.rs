@@ -188,6 +188,47 @@ pub async fn no_wait_fails_fast(h: &dyn Harness) -> Result<(), Failure> {
     Ok(())
 }
 
+/// A wait whose deadline has passed before the first request (`wait_for(Duration::ZERO)`)
+/// still makes one attempt: a free lock is granted, a held one is `Timeout` at once, and the
+/// attempt leaves nothing behind.
+pub async fn spent_deadline_still_tries_once(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { t, a, b, name } = scene(h, "zero-wait").await?;
+    let zero = long_opts(h).wait_for(Duration::ZERO);
+    let r = within(t.ttl * 4, "acquire(wait_for(0))", a.acquire(&name, &zero)).await?;
+    let lease = r.map_err(|e| {
+        Failure(format!(
+            "acquire(wait_for(0)) on a free lock gave {e:?}: a deadline that passed before the \
+             first request must still get one attempt"
+        ))
+    })?;
+    let start = Instant::now();
+    let r = within(t.ttl * 4, "acquire(wait_for(0))", b.acquire(&name, &zero)).await?;
+    ensure!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "acquire(wait_for(0)) on a held lock gave {r:?}, expected Timeout"
+    );
+    ensure!(
+        start.elapsed() <= t.slack,
+        "acquire(wait_for(0)) on a held lock took {:?}",
+        start.elapsed()
+    );
+    lease.release().await?;
+    let free_by = Instant::now() + t.slack;
+    loop {
+        if let Some(l) = b.try_acquire(&name, &long_opts(h)).await? {
+            l.release().await?;
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < free_by,
+            "after a zero wait timed out and the holder released, the lock stayed busy for \
+             {:?}: the attempt left a waiter behind",
+            t.slack
+        );
+        tokio::time::sleep(t.slack / 10).await;
+    }
+}
+
 /// A waiter that timed out leaves nothing behind: after release the lock is free at once for
 /// a newcomer's `try_acquire`.
 pub async fn timed_out_waiter_leaves_no_record(h: &dyn Harness) -> Result<(), Failure> {

@@ -449,6 +449,12 @@ impl DistributedLock for FlawedLock {
         let started = Instant::now();
         self.cross().await?;
         let deadline = opts.wait.deadline(started);
+        if self.flaw == Flaw::SpentDeadlineGivesUp
+            && matches!(opts.wait, Wait::For(_))
+            && deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            return Err(Self::timeout(&key, started));
+        }
         if self.flaw != Flaw::CancelLeavesGhost && !self.wait_out_ghosts(&key, deadline).await {
             return Err(Self::timeout(&key, started));
         }

@@ -210,6 +210,9 @@ pub enum Flaw {
     IgnoresServerName,
     /// Given a CA, TLS accepts any certificate: the CA only switches TLS on.
     GivenCaTrustsAnyCertificate,
+    /// A wait whose deadline passed before the first request gives up without trying:
+    /// `wait_for(Duration::ZERO)` never gets even a free lock.
+    SpentDeadlineGivesUp,
 }
 
 impl Flaw {
@@ -291,6 +294,7 @@ impl Flaw {
         Flaw::ReleaseByPrefix,
         Flaw::IgnoresServerName,
         Flaw::GivenCaTrustsAnyCertificate,
+        Flaw::SpentDeadlineGivesUp,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -425,6 +429,7 @@ impl Flaw {
             Flaw::GivenCaTrustsAnyCertificate => {
                 cases![security::tls_trusts_only_the_ca_it_is_given]
             }
+            Flaw::SpentDeadlineGivesUp => cases![waiting::spent_deadline_still_tries_once],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,
