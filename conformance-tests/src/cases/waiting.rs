@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_core::Error;
+use lock_core::{DistributedLock, Error, LockName, LockOptions};
 
 use super::support::{
     client, faulty, handed_on_promptly, held, long_opts, opts, scene, sleep, spawn_waiter, within,
@@ -166,26 +166,60 @@ pub async fn wait_timeout_is_respected(h: &dyn Harness) -> Result<(), Failure> {
 
 /// `acquire` with `Wait::No` on a held lock returns `Timeout` at once.
 pub async fn no_wait_fails_fast(h: &dyn Harness) -> Result<(), Failure> {
-    let Scene { t, a, b, name } = scene(h, "no-wait").await?;
+    let Scene { a, b, name, .. } = scene(h, "no-wait").await?;
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let no_wait = long_opts(h).no_wait();
+    times_out_at_once(h, b.as_ref(), &name, &no_wait, "acquire(no_wait)").await?;
+    holder.release().await?;
+    Ok(())
+}
+
+/// `what` (an `acquire` with `opts` that must not wait) on the held `name`: `Timeout` within
+/// the slack.
+async fn times_out_at_once(
+    h: &dyn Harness,
+    client: &dyn DistributedLock,
+    name: &LockName,
+    opts: &LockOptions,
+    what: &str,
+) -> Result<(), Failure> {
+    let t = h.timing();
     let start = Instant::now();
-    let r = within(
-        t.ttl * 4,
-        "acquire(no_wait)",
-        b.acquire(&name, &long_opts(h).no_wait()),
-    )
-    .await?;
+    let r = within(t.ttl * 4, what, client.acquire(name, opts)).await?;
     ensure!(
         matches!(r, Err(Error::Timeout { .. })),
-        "acquire(no_wait) on a held lock gave {r:?}"
+        "{what} on a held lock gave {r:?}, expected Timeout"
     );
     ensure!(
         start.elapsed() <= t.slack,
-        "acquire(no_wait) took {:?}",
+        "{what} on a held lock took {:?}",
         start.elapsed()
     );
-    holder.release().await?;
     Ok(())
+}
+
+/// `name`, just released, is free for `newcomer`'s `try_acquire` within the slack (a driver
+/// may clean up in the background); else `left` says what stayed behind.
+async fn free_for_a_newcomer(
+    h: &dyn Harness,
+    newcomer: &dyn DistributedLock,
+    name: &LockName,
+    left: &str,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let deadline = Instant::now() + t.slack;
+    loop {
+        if let Some(l) = newcomer.try_acquire(name, &long_opts(h)).await? {
+            l.release().await?;
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "lock still busy {:?} after release: {left}",
+            t.slack
+        );
+        sleep(t.slack / 10).await;
+    }
 }
 
 /// A wait whose deadline has passed before the first request (`wait_for(Duration::ZERO)`)
@@ -194,63 +228,40 @@ pub async fn no_wait_fails_fast(h: &dyn Harness) -> Result<(), Failure> {
 pub async fn spent_deadline_still_tries_once(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { t, a, b, name } = scene(h, "zero-wait").await?;
     let zero = long_opts(h).wait_for(Duration::ZERO);
-    let r = within(t.ttl * 4, "acquire(wait_for(0))", a.acquire(&name, &zero)).await?;
+    let what = "acquire(wait_for(0))";
+    let r = within(t.ttl * 4, what, a.acquire(&name, &zero)).await?;
     let lease = r.map_err(|e| {
         Failure(format!(
-            "acquire(wait_for(0)) on a free lock gave {e:?}: a deadline that passed before the \
-             first request must still get one attempt"
+            "{what} on a free lock gave {e:?}: a deadline that passed before the first request \
+             must still get one attempt"
         ))
     })?;
-    let start = Instant::now();
-    let r = within(t.ttl * 4, "acquire(wait_for(0))", b.acquire(&name, &zero)).await?;
-    ensure!(
-        matches!(r, Err(Error::Timeout { .. })),
-        "acquire(wait_for(0)) on a held lock gave {r:?}, expected Timeout"
-    );
-    ensure!(
-        start.elapsed() <= t.slack,
-        "acquire(wait_for(0)) on a held lock took {:?}",
-        start.elapsed()
-    );
+    times_out_at_once(h, b.as_ref(), &name, &zero, what).await?;
     lease.release().await?;
-    let free_by = Instant::now() + t.slack;
-    loop {
-        if let Some(l) = b.try_acquire(&name, &long_opts(h)).await? {
-            l.release().await?;
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < free_by,
-            "after a zero wait timed out and the holder released, the lock stayed busy for \
-             {:?}: the attempt left a waiter behind",
-            t.slack
-        );
-        tokio::time::sleep(t.slack / 10).await;
-    }
+    free_for_a_newcomer(
+        h,
+        b.as_ref(),
+        &name,
+        "a zero wait that timed out left a waiter",
+    )
+    .await
 }
 
 /// A waiter that timed out leaves nothing behind: after release the lock is free at once for
 /// a newcomer's `try_acquire`.
 pub async fn timed_out_waiter_leaves_no_record(h: &dyn Harness) -> Result<(), Failure> {
-    let t = h.timing();
     let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
     let name = fresh_name("timeout-record");
     let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
     times_out_waiting(h, b.as_ref(), &name).await?;
     holder.release().await?;
-    let deadline = Instant::now() + t.slack;
-    loop {
-        // A driver may clean up a timed-out waiter in the background; give it the slack.
-        if let Some(l) = c.try_acquire(&name, &long_opts(h)).await? {
-            l.release().await?;
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "lock still busy after release: a timed-out waiter left a record behind"
-        );
-        sleep(t.slack / 10).await;
-    }
+    free_for_a_newcomer(
+        h,
+        c.as_ref(),
+        &name,
+        "a timed-out waiter left a record behind",
+    )
+    .await
 }
 
 /// A waiter that timed out does not hold up later *waiting* acquires either: one that starts
