@@ -129,6 +129,7 @@ pub static CASES: &[Case] = &[
     case!(renewal::manual_renew_extends, ttl),
     case!(renewal::renew_after_expiry_fails_and_does_not_recreate, ttl),
     case!(renewal::auto_renew_keeps_lock, ttl),
+    case!(renewal::watchdog_renews_at_about_a_third_of_the_ttl, always),
     case!(renewal::watchdog_stops_after_release, ttl),
     case!(renewal::watchdog_stops_on_drop, ttl),
     case!(renewal::max_hold_ends_lease, ttl),

@@ -106,6 +106,70 @@ pub async fn auto_renew_keeps_lock(h: &dyn Harness) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The watchdog renews at about a third of the validity window, as [`Renewal::Auto`]
+/// promises (the window is the TTL, or less where a driver vouches for less, as ZooKeeper
+/// ensembles do). Sampled every twentieth of the TTL for three TTLs, an auto-renewed lease
+/// typically has at least a quarter of the window left when it is renewed (a watchdog that
+/// renews near the end leaves the lock one late wake-up from expiry, every cycle), and its
+/// `valid_until` moves at most twice as often as a third of the window explains (a watchdog
+/// that renews in a loop floods the backend). The window is the most validity seen left at a
+/// sample; "typically" is the median over the renewals, so one late wake-up on a loaded
+/// machine does not decide it.
+///
+/// [`Renewal::Auto`]: lock_core::Renewal::Auto
+pub async fn watchdog_renews_at_about_a_third_of_the_ttl(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, name, .. } = scene(h, "cadence").await?;
+    let lease = held(
+        a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
+        "holder",
+    )?;
+    let ttl = lease.ttl();
+    let start = Instant::now();
+    let mut window = lease.valid_until().saturating_duration_since(start);
+    // The validity left at the last sample before each move of valid_until.
+    let mut left_at_renewal = Vec::new();
+    let (mut until, mut left, mut samples) = (lease.valid_until(), window, 0u32);
+    while start.elapsed() < ttl * 3 {
+        sleep(ttl / 20).await;
+        let now = Instant::now();
+        samples += 1;
+        if lease.valid_until() != until {
+            left_at_renewal.push(left);
+            until = lease.valid_until();
+        }
+        left = until.saturating_duration_since(now);
+        window = window.max(left);
+    }
+    in_state(&*lease, LeaseState::Held, "after three TTLs auto-renewed")?;
+    lease.release().await?;
+    let elapsed = start.elapsed();
+    let moves = left_at_renewal.len();
+    left_at_renewal.sort();
+    let Some(&typical) = left_at_renewal.get(moves / 2) else {
+        return Err(Failure(format!(
+            "valid_until never moved in {elapsed:?} of auto-renewal"
+        )));
+    };
+    ensure!(
+        typical >= window / 4,
+        "the auto-renewed lease typically had {typical:?} of validity left when renewed \
+         (median of {moves} renewals; least {:?}), under a quarter of its window {window:?} \
+         (TTL {ttl:?}): the watchdog renews too late (the promise is about every third of the \
+         window)",
+        left_at_renewal[0]
+    );
+    // Twice one renewal per third of the window.
+    let allowed = 6 * elapsed.as_micros() / window.as_micros().max(1);
+    ensure!(
+        moves as u128 <= allowed,
+        "valid_until moved {moves} times in {elapsed:?} ({samples} samples, one every TTL/20), \
+         more than twice the {} renewals of one every third of the window {window:?}: the \
+         watchdog renews far more often than promised",
+        allowed / 2
+    );
+    Ok(())
+}
+
 /// After release the watchdog never renews again: probed every quarter TTL for one and a half
 /// TTLs, the lock is always free (a watchdog that kept ticking would recreate or extend it).
 pub async fn watchdog_stops_after_release(h: &dyn Harness) -> Result<(), Failure> {

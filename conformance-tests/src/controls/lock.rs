@@ -13,6 +13,7 @@ use lock_core::{
 
 use super::harness::*;
 use super::lease::*;
+use super::pace::PacedLease;
 use super::waiting::Arrived;
 use super::wire::{Wire, WiredOps};
 use super::*;
@@ -78,6 +79,12 @@ impl FlawedLock {
             }
             Flaw::TtlInflated => opts.clone().ttl(inflated(opts.ttl)),
             Flaw::AutoRenewNeverRuns => opts.clone().manual_renewal(),
+            // Renewed by the control's own watchdog instead ([`PacedLease`]).
+            Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins
+                if matches!(opts.renewal, Renewal::Auto { .. }) =>
+            {
+                opts.clone().manual_renewal()
+            }
             Flaw::MaxHoldIgnored if matches!(opts.renewal, Renewal::Auto { .. }) => {
                 opts.clone().auto_renew(None)
             }
@@ -131,9 +138,12 @@ impl FlawedLock {
         started: Instant,
         landed: Instant,
     ) -> Box<dyn Lease> {
-        let lease = match &self.link {
-            Some(wire) => self.wired(lease, opts, started, wire.clone()),
-            None => lease,
+        let lease = match (&self.link, self.flaw, opts.renewal) {
+            (Some(wire), _, _) => self.wired(lease, opts, started, wire.clone()),
+            (None, Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins, Renewal::Auto { max_hold }) => {
+                Box::new(PacedLease::new(lease, self.flaw, max_hold))
+            }
+            (None, _, _) => lease,
         };
         let name = lease.name().clone();
         let claimed_valid_until = started + opts.ttl;

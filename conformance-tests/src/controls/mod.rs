@@ -9,6 +9,7 @@
 mod harness;
 mod lease;
 mod lock;
+mod pace;
 mod secured;
 mod tls;
 mod waiting;
@@ -213,6 +214,12 @@ pub enum Flaw {
     /// A wait whose deadline passed before the first request gives up without trying:
     /// `wait_for(Duration::ZERO)` never gets even a free lock.
     SpentDeadlineGivesUp,
+    /// The watchdog renews a tenth of the TTL before `valid_until` instead of at a third of
+    /// it: one late wake-up from expiry, every cycle.
+    WatchdogRenewsLate,
+    /// The watchdog renews every two-hundredth of the TTL (a unit slip): it floods the
+    /// backend.
+    WatchdogSpins,
 }
 
 impl Flaw {
@@ -295,6 +302,8 @@ impl Flaw {
         Flaw::IgnoresServerName,
         Flaw::GivenCaTrustsAnyCertificate,
         Flaw::SpentDeadlineGivesUp,
+        Flaw::WatchdogRenewsLate,
+        Flaw::WatchdogSpins,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -430,6 +439,9 @@ impl Flaw {
                 cases![security::tls_trusts_only_the_ca_it_is_given]
             }
             Flaw::SpentDeadlineGivesUp => cases![waiting::spent_deadline_still_tries_once],
+            Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins => {
+                cases![renewal::watchdog_renews_at_about_a_third_of_the_ttl]
+            }
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,
