@@ -110,7 +110,10 @@ pub enum Renewal {
     /// The caller calls [`Lease::renew`](crate::Lease::renew) before
     /// [`Lease::valid_until`](crate::Lease::valid_until).
     Manual,
-    /// A watchdog renews at about TTL/3 until the lease is released or dropped. After
+    /// A watchdog renews when about a third of the validity window has passed (the window is
+    /// the TTL, or less where the driver vouches for less; conformance case
+    /// `renewal::watchdog_renews_at_about_a_third_of_the_ttl`), until the lease is released or
+    /// dropped. After
     /// `max_hold` (counted from the grant) it stops renewing, so the lease ends at most one TTL
     /// later and its lost signal fires: a hung holder cannot keep the lock forever.
     Auto {
