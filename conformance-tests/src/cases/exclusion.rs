@@ -2,9 +2,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use super::support::{client, held, long_opts, opts, scene, Scene};
+use super::support::{client, free_for_a_newcomer, held, long_opts, opts, scene, Scene};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Eight independent clients race `try_acquire` on one free name: exactly one wins — not two,
@@ -188,6 +189,37 @@ pub async fn release_frees_only_its_own_name(h: &dyn Harness) -> Result<(), Fail
     }
     for (lease, _) in kept {
         lease.release().await?;
+    }
+    Ok(())
+}
+
+/// A `release` whose future is dropped part-way (a caller's timeout, a cancelled task) still
+/// frees the lock promptly: the request it sent lands, or the dropped lease frees it as a
+/// dropped lease does. Cancelled after its first poll and after 1 and 5 ms; the TTL is long,
+/// so expiry cannot pass for it.
+pub async fn cancelled_release_still_frees(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, b, name, .. } = scene(h, "cancel-release").await?;
+    for after in [0, 1, 5].map(Duration::from_millis) {
+        let lease = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+        let mut release = lease.release();
+        let finished = if after.is_zero() {
+            // Polled exactly once (a zero timeout may poll more: its timer has a 1 ms tick).
+            match std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            }
+        } else {
+            tokio::time::timeout(after, &mut release).await.ok()
+        };
+        drop(release);
+        if let Some(r) = finished {
+            r?;
+        }
+        let left = format!(
+            "a release cancelled after {after:?} neither finished nor left the lock to the \
+             dropped lease's release"
+        );
+        free_for_a_newcomer(h, b.as_ref(), &name, &left).await?;
     }
     Ok(())
 }

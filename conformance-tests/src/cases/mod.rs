@@ -104,6 +104,7 @@ pub static CASES: &[Case] = &[
     case!(exclusion::names_are_independent, always),
     case!(exclusion::release_frees_only_its_own_name, always),
     case!(exclusion::release_frees_at_once, always),
+    case!(exclusion::cancelled_release_still_frees, always),
     case!(inspect::inspect_reports_the_holder, inspects),
     case!(
         inspect::inspect_follows_expiry_and_takeover,

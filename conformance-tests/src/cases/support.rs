@@ -215,3 +215,27 @@ pub(crate) async fn handed_on_promptly(
     lease.release().await?;
     Ok(())
 }
+
+/// `name`, just released, is free for `newcomer`'s `try_acquire` within the slack (a driver
+/// may clean up in the background); else `left` says what stayed behind.
+pub(crate) async fn free_for_a_newcomer(
+    h: &dyn Harness,
+    newcomer: &dyn DistributedLock,
+    name: &LockName,
+    left: &str,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let deadline = Instant::now() + t.slack;
+    loop {
+        if let Some(l) = newcomer.try_acquire(name, &long_opts(h)).await? {
+            l.release().await?;
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "lock still busy {:?} after release: {left}",
+            t.slack
+        );
+        sleep(t.slack / 10).await;
+    }
+}

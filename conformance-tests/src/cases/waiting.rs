@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Error, LockName, LockOptions};
 
 use super::support::{
-    client, faulty, handed_on_promptly, held, long_opts, opts, scene, sleep, spawn_waiter, within,
-    Scene,
+    client, faulty, free_for_a_newcomer, handed_on_promptly, held, long_opts, opts, scene, sleep,
+    spawn_waiter, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -196,30 +196,6 @@ async fn times_out_at_once(
         start.elapsed()
     );
     Ok(())
-}
-
-/// `name`, just released, is free for `newcomer`'s `try_acquire` within the slack (a driver
-/// may clean up in the background); else `left` says what stayed behind.
-async fn free_for_a_newcomer(
-    h: &dyn Harness,
-    newcomer: &dyn DistributedLock,
-    name: &LockName,
-    left: &str,
-) -> Result<(), Failure> {
-    let t = h.timing();
-    let deadline = Instant::now() + t.slack;
-    loop {
-        if let Some(l) = newcomer.try_acquire(name, &long_opts(h)).await? {
-            l.release().await?;
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "lock still busy {:?} after release: {left}",
-            t.slack
-        );
-        sleep(t.slack / 10).await;
-    }
 }
 
 /// A wait whose deadline has passed before the first request (`wait_for(Duration::ZERO)`)

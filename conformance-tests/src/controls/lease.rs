@@ -239,7 +239,16 @@ impl Lease for FlawedLease {
         let lock = self.lock.clone();
         let opts = self.opts.clone();
         let name = self.inner.name().clone();
-        let inner = std::mem::replace(&mut self.inner, Box::new(Released(name.clone())));
+        let mut inner = std::mem::replace(&mut self.inner, Box::new(Released(name.clone())));
+        if lock.flaw == Flaw::CancelledReleaseKeepsLock {
+            // Finished before the request goes out: dropped here, the lease is abandoned.
+            let mut parked = AbandonOnDrop(Some(inner));
+            tokio::task::yield_now().await;
+            inner = parked
+                .0
+                .take()
+                .unwrap_or_else(|| Box::new(Released(name.clone())));
+        }
         let valid_until = inner.valid_until();
         let r = if lock.flaw == Flaw::ReleaseOnlyStopsRenewal {
             inner.abandon();
@@ -351,6 +360,17 @@ impl Lease for Released {
         Ok(())
     }
     fn abandon(self: Box<Self>) {}
+}
+
+/// [`Flaw::CancelledReleaseKeepsLock`]: a lease that, dropped, is abandoned instead.
+struct AbandonOnDrop(Option<Box<dyn Lease>>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if let Some(l) = self.0.take() {
+            l.abandon();
+        }
+    }
 }
 
 /// The TTL [`Flaw::TtlInflated`] grants for `ttl`, and honestly reports.

@@ -220,6 +220,9 @@ pub enum Flaw {
     /// The watchdog renews every two-hundredth of the TTL (a unit slip): it floods the
     /// backend.
     WatchdogSpins,
+    /// `release` marks the lease finished before its request goes out, so a release cancelled
+    /// in between frees nothing: the lock stays until its TTL.
+    CancelledReleaseKeepsLock,
 }
 
 impl Flaw {
@@ -304,6 +307,7 @@ impl Flaw {
         Flaw::SpentDeadlineGivesUp,
         Flaw::WatchdogRenewsLate,
         Flaw::WatchdogSpins,
+        Flaw::CancelledReleaseKeepsLock,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -439,6 +443,7 @@ impl Flaw {
                 cases![security::tls_trusts_only_the_ca_it_is_given]
             }
             Flaw::SpentDeadlineGivesUp => cases![waiting::spent_deadline_still_tries_once],
+            Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
             Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins => {
                 cases![renewal::watchdog_renews_at_about_a_third_of_the_ttl]
             }
