@@ -187,11 +187,14 @@ pub trait Lease: Send + Sync + Debug {
     /// not answer is an error within the driver's request timeout, never `Ok` (conformance
     /// case `faults::cut_off_holder_gets_answers_not_hangs`); a
     /// [`ManagedLease`](crate::driver::ManagedLease) ends an unanswered renewal at
-    /// `valid_until` at the latest, with `Lost`.
+    /// `valid_until` at the latest, with `Lost`. Cancel-safe: a renewal dropped part-way
+    /// leaves the lease as it was, or renewed (conformance case
+    /// `renewal::cancelled_renew_leaves_the_lease_held`).
     async fn renew(&self) -> Result<()>;
 
     /// Releases the lock if this lease still holds it; `Err(NotHeld)` if it had expired. Never
-    /// touches a successor.
+    /// touches a successor. A release dropped part-way still frees the lock promptly, as a
+    /// dropped lease does (conformance case `exclusion::cancelled_release_still_frees`).
     async fn release(self: Box<Self>) -> Result<()>;
 
     /// Stops renewing and forgets the lease without telling the backend, as if this holder had

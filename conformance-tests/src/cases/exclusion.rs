@@ -2,10 +2,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
-use super::support::{client, free_for_a_newcomer, held, long_opts, opts, scene, Scene};
+use super::support::{
+    cancel_after, client, free_for_a_newcomer, held, long_opts, opts, scene, Scene,
+};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Eight independent clients race `try_acquire` on one free name: exactly one wins — not two,
@@ -201,18 +202,7 @@ pub async fn cancelled_release_still_frees(h: &dyn Harness) -> Result<(), Failur
     let Scene { a, b, name, .. } = scene(h, "cancel-release").await?;
     for after in [0, 1, 5].map(Duration::from_millis) {
         let lease = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
-        let mut release = lease.release();
-        let finished = if after.is_zero() {
-            // Polled exactly once (a zero timeout may poll more: its timer has a 1 ms tick).
-            match std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await {
-                Poll::Ready(r) => Some(r),
-                Poll::Pending => None,
-            }
-        } else {
-            tokio::time::timeout(after, &mut release).await.ok()
-        };
-        drop(release);
-        if let Some(r) = finished {
+        if let Some(r) = cancel_after(after, lease.release()).await {
             r?;
         }
         let left = format!(

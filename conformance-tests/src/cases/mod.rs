@@ -128,6 +128,7 @@ pub static CASES: &[Case] = &[
     case!(ownership::stale_renew_does_not_extend_new_lease, ttl),
     case!(ownership::release_after_expiry_is_not_held, ttl),
     case!(renewal::manual_renew_extends, ttl),
+    case!(renewal::cancelled_renew_leaves_the_lease_held, always),
     case!(renewal::renew_after_expiry_fails_and_does_not_recreate, ttl),
     case!(renewal::auto_renew_keeps_lock, ttl),
     case!(renewal::watchdog_renews_at_about_a_third_of_the_ttl, always),

@@ -1,11 +1,12 @@
 //! Renewal: renew extends, never resurrects; the watchdog stops on release, drop and max_hold.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lock_core::LeaseState;
 
 use super::support::{
-    acquire_when_free, held, in_state, opts, scene, sleep, sleep_until, within, Scene,
+    acquire_when_free, cancel_after, held, in_state, long_opts, opts, scene, sleep, sleep_until,
+    within, Scene,
 };
 use crate::{ensure, Failure, Harness};
 
@@ -49,6 +50,41 @@ pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
         "lock granted to another client after its holder renewed it"
     );
     lease.release().await?;
+    Ok(())
+}
+
+/// A manual `renew` whose future is dropped part-way (a caller's timeout) leaves the lease as
+/// it was, or renewed: Held, its `valid_until` not moved back, renewable and releasable, and
+/// the lock still out of others' reach. Cancelled after its first poll and after 1 and 5 ms.
+pub async fn cancelled_renew_leaves_the_lease_held(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, b, name, .. } = scene(h, "cancel-renew").await?;
+    let lease = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    for after in [0, 1, 5].map(Duration::from_millis) {
+        let before = lease.valid_until();
+        let _ = cancel_after(after, lease.renew()).await;
+        let when = format!("after a renewal cancelled after {after:?}");
+        in_state(&*lease, LeaseState::Held, &when)?;
+        ensure!(
+            lease.valid_until() >= before,
+            "{when}, valid_until moved back by {:?}",
+            before - lease.valid_until()
+        );
+        ensure!(
+            b.try_acquire(&name, &long_opts(h)).await?.is_none(),
+            "{when}, another client got the lock"
+        );
+    }
+    lease
+        .renew()
+        .await
+        .map_err(|e| Failure(format!("a renewal after cancelled ones failed: {e}")))?;
+    lease.release().await?;
+    held(
+        b.try_acquire(&name, &long_opts(h)).await?,
+        "another client after the release that followed cancelled renewals",
+    )?
+    .release()
+    .await?;
     Ok(())
 }
 

@@ -239,3 +239,18 @@ pub(crate) async fn free_for_a_newcomer(
         sleep(t.slack / 10).await;
     }
 }
+
+/// Runs `fut` for `after`, then drops it (a caller's timeout, a cancelled task): its output if
+/// it finished. A zero `after` polls it exactly once (a zero timeout may poll more: tokio's
+/// timer has a 1 ms tick).
+pub(crate) async fn cancel_after<T>(after: Duration, fut: impl Future<Output = T>) -> Option<T> {
+    let mut fut = std::pin::pin!(fut);
+    if after.is_zero() {
+        match std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        }
+    } else {
+        tokio::time::timeout(after, fut).await.ok()
+    }
+}

@@ -66,6 +66,8 @@ pub(super) struct FlawedLease {
     pub(super) released: bool,
     /// Renewed by hand at least once.
     pub(super) renewed: AtomicBool,
+    /// A renewal is under way ([`Flaw::CancelledRenewLeavesAtRisk`]).
+    pub(super) renewing: AtomicBool,
 }
 
 impl Drop for FlawedLease {
@@ -181,6 +183,9 @@ impl Lease for FlawedLease {
         }
         match self.lock.flaw {
             Flaw::LostSignalNeverFires => LeaseState::Held,
+            Flaw::CancelledRenewLeavesAtRisk if self.renewing.load(Ordering::SeqCst) => {
+                LeaseState::AtRisk
+            }
             _ => self.inner.state(),
         }
     }
@@ -197,7 +202,13 @@ impl Lease for FlawedLease {
         if self.lock.flaw == Flaw::RenewIsANoOp {
             return Ok(());
         }
+        // Reported AtRisk until the renewal ends, which a cancelled one never does.
+        self.renewing.store(true, Ordering::SeqCst);
+        if self.lock.flaw == Flaw::CancelledRenewLeavesAtRisk {
+            tokio::task::yield_now().await;
+        }
         let r = self.inner.renew().await;
+        self.renewing.store(false, Ordering::SeqCst);
         if r.is_ok() {
             self.renewed.store(true, Ordering::Relaxed);
         }

@@ -225,6 +225,7 @@ impl FlawedLock {
             abandoned: false,
             released: false,
             renewed: AtomicBool::new(false),
+            renewing: AtomicBool::new(false),
         })
     }
 

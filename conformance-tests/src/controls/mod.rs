@@ -223,6 +223,9 @@ pub enum Flaw {
     /// `release` marks the lease finished before its request goes out, so a release cancelled
     /// in between frees nothing: the lock stays until its TTL.
     CancelledReleaseKeepsLock,
+    /// The lease reports AtRisk while a renewal is under way, and a renewal cancelled part-way
+    /// leaves it so for good (a supervisor would stop healthy work).
+    CancelledRenewLeavesAtRisk,
 }
 
 impl Flaw {
@@ -308,6 +311,7 @@ impl Flaw {
         Flaw::WatchdogRenewsLate,
         Flaw::WatchdogSpins,
         Flaw::CancelledReleaseKeepsLock,
+        Flaw::CancelledRenewLeavesAtRisk,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -444,6 +448,9 @@ impl Flaw {
             }
             Flaw::SpentDeadlineGivesUp => cases![waiting::spent_deadline_still_tries_once],
             Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
+            Flaw::CancelledRenewLeavesAtRisk => {
+                cases![renewal::cancelled_renew_leaves_the_lease_held]
+            }
             Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins => {
                 cases![renewal::watchdog_renews_at_about_a_third_of_the_ttl]
             }
