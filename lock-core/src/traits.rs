@@ -59,8 +59,10 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// expiry). Cancel-safe: dropping the future leaves no waiter record behind and no held
     /// lock — also when a request already on its way still gets the lock after the caller
     /// left: the driver undoes that grant in the background (conformance case
-    /// `waiting::cancelled_in_flight_leaves_no_holder`). Only where no runtime is left to send
-    /// the undo does such a grant stay until its TTL.
+    /// `waiting::cancelled_in_flight_leaves_no_holder`, and
+    /// `waiting::cancelled_acquire_leaves_no_holder` for a cut anywhere, between the driver's
+    /// own steps too). Only where no runtime is left to send the undo does such a grant stay
+    /// until its TTL.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>>;
 
     /// One attempt. `Ok(None)` means someone else holds the lock (or, on FIFO backends, waiters

@@ -154,6 +154,7 @@ pub static CASES: &[Case] = &[
     case!(waiting::timed_out_waiter_leaves_no_record, always),
     case!(waiting::timed_out_waiter_does_not_block_waiters, always),
     case!(waiting::cancelled_waiter_does_not_block_others, always),
+    case!(waiting::cancelled_acquire_leaves_no_holder, always),
     case!(waiting::cancelled_in_flight_leaves_no_holder, delays),
     case!(waiting::waiters_served_fifo, fifo),
     case!(waiting::waiters_served_fifo_after_expiry, fifo_and_ttl),

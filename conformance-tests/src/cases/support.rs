@@ -233,7 +233,7 @@ pub(crate) async fn free_for_a_newcomer(
         }
         ensure!(
             Instant::now() < deadline,
-            "lock still busy {:?} after release: {left}",
+            "the lock was still busy {:?} after it should have been free: {left}",
             t.slack
         );
         sleep(t.slack / 10).await;

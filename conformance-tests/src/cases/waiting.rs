@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Error, LockName, LockOptions};
 
 use super::support::{
-    client, faulty, free_for_a_newcomer, handed_on_promptly, held, long_opts, opts, scene, sleep,
-    spawn_waiter, within, Scene,
+    cancel_after, client, faulty, free_for_a_newcomer, handed_on_promptly, held, long_opts, opts,
+    scene, sleep, spawn_waiter, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -282,6 +282,37 @@ pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(
         "the cancelled waiter held it up",
     )
     .await
+}
+
+/// A `try_acquire` or `acquire` on a free name, dropped part-way (after its first poll, after
+/// 1 and 5 ms), leaves no holder behind: whatever it got is undone, so the lock is free for
+/// another client within the slack (the TTL is long; expiry cannot pass for it). Unlike
+/// [`cancelled_in_flight_leaves_no_holder`] this needs no faulty link: it cuts wherever the
+/// driver happens to be, between its own steps too.
+pub async fn cancelled_acquire_leaves_no_holder(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, b, name, .. } = scene(h, "cancel-acquire").await?;
+    for after in [0, 1, 5].map(Duration::from_millis) {
+        for waits in [false, true] {
+            let what = match waits {
+                false => "try_acquire",
+                true => "acquire (waiting)",
+            };
+            let opts = long_opts(h).wait_for(h.timing().ttl * 10);
+            let got = match waits {
+                false => cancel_after(after, a.try_acquire(&name, &opts)).await,
+                true => {
+                    cancel_after(after, async { a.acquire(&name, &opts).await.map(Some) }).await
+                }
+            };
+            // Finished in time: an ordinary grant, released as usual.
+            if let Some(lease) = got.transpose()?.flatten() {
+                lease.release().await?;
+            }
+            let left = format!("a {what} cancelled after {after:?} left a holder behind");
+            free_for_a_newcomer(h, b.as_ref(), &name, &left).await?;
+        }
+    }
+    Ok(())
 }
 
 /// An acquisition cancelled while its request is on the way to the server leaves no holder

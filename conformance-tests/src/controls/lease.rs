@@ -373,8 +373,9 @@ impl Lease for Released {
     fn abandon(self: Box<Self>) {}
 }
 
-/// [`Flaw::CancelledReleaseKeepsLock`]: a lease that, dropped, is abandoned instead.
-struct AbandonOnDrop(Option<Box<dyn Lease>>);
+/// [`Flaw::CancelledReleaseKeepsLock`], [`Flaw::CancelledGrantStays`]: a lease that, dropped,
+/// is abandoned instead.
+pub(super) struct AbandonOnDrop(pub(super) Option<Box<dyn Lease>>);
 
 impl Drop for AbandonOnDrop {
     fn drop(&mut self) {

@@ -438,6 +438,18 @@ impl DistributedLock for FlawedLock {
                     Err(e) => return Err(e),
                 }
             }
+            (None, Flaw::CancelledGrantStays) => {
+                match self.inner.try_acquire(&key, &self.inner_opts(opts)).await? {
+                    // A step after the grant (reading a counter, say) with the grant held by
+                    // something that, dropped, does not release it.
+                    Some(l) => {
+                        let mut parked = AbandonOnDrop(Some(l));
+                        tokio::task::yield_now().await;
+                        parked.0.take()
+                    }
+                    None => None,
+                }
+            }
             (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
             (Some(delay), _) => {
                 let (lease, landed) = self.in_flight(delay, &key, opts).await?;

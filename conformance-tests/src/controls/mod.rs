@@ -226,6 +226,9 @@ pub enum Flaw {
     /// The lease reports AtRisk while a renewal is under way, and a renewal cancelled part-way
     /// leaves it so for good (a supervisor would stop healthy work).
     CancelledRenewLeavesAtRisk,
+    /// An acquisition cancelled right after the grant, before its last step, leaves the grant
+    /// held until its TTL.
+    CancelledGrantStays,
 }
 
 impl Flaw {
@@ -312,6 +315,7 @@ impl Flaw {
         Flaw::WatchdogSpins,
         Flaw::CancelledReleaseKeepsLock,
         Flaw::CancelledRenewLeavesAtRisk,
+        Flaw::CancelledGrantStays,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -448,6 +452,7 @@ impl Flaw {
             }
             Flaw::SpentDeadlineGivesUp => cases![waiting::spent_deadline_still_tries_once],
             Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
+            Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }
