@@ -12,6 +12,9 @@ use crate::{
 };
 
 /// A lock service: one backend, one client (connection, session) shared by all its leases.
+/// A lease keeps what it needs of its client: dropping every handle of the client leaves its
+/// leases held and renewed until they are released, dropped, abandoned or lost (conformance
+/// case `renewal::lease_outlives_its_client_handle`).
 ///
 /// Object safe: applications hold an `Arc<dyn DistributedLock>` and swap the backend from
 /// configuration without code changes.

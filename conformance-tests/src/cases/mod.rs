@@ -131,6 +131,7 @@ pub static CASES: &[Case] = &[
     case!(renewal::cancelled_renew_leaves_the_lease_held, always),
     case!(renewal::renew_after_expiry_fails_and_does_not_recreate, ttl),
     case!(renewal::auto_renew_keeps_lock, ttl),
+    case!(renewal::lease_outlives_its_client_handle, always),
     case!(renewal::watchdog_renews_at_about_a_third_of_the_ttl, always),
     case!(renewal::watchdog_stops_after_release, ttl),
     case!(renewal::watchdog_stops_on_drop, ttl),

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::LeaseState;
+use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{
     acquire_when_free, cancel_after, held, in_state, long_opts, opts, scene, sleep, sleep_until,
@@ -113,32 +113,46 @@ pub async fn renew_after_expiry_fails_and_does_not_recreate(
 /// With automatic renewal a lease outlives several TTLs, stays Held, and its lost signal does
 /// not fire; after release the lock is free.
 pub async fn auto_renew_keeps_lock(h: &dyn Harness) -> Result<(), Failure> {
-    let Scene { t, a, b, name } = scene(h, "auto").await?;
+    let Scene { a, b, name, .. } = scene(h, "auto").await?;
     let lease = held(
         a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
         "holder",
     )?;
+    held_for_three_ttls(h, lease, b.as_ref(), &name, "an auto-renewed lease").await
+}
+
+/// `lease`, auto-renewed, on `name`: for three TTLs its lost signal stays quiet, it stays Held
+/// with `valid_until` ahead, and `other` is kept out; then it releases, and `other` gets the
+/// lock. `what` names the lease in messages.
+async fn held_for_three_ttls(
+    h: &dyn Harness,
+    lease: Box<dyn Lease>,
+    other: &dyn DistributedLock,
+    name: &LockName,
+    what: &str,
+) -> Result<(), Failure> {
     let lost = lease.lost();
-    sleep(t.ttl * 3).await;
-    ensure!(
-        !lost.is_lost(),
-        "lost signal fired on an auto-renewed lease"
-    );
-    in_state(&*lease, LeaseState::Held, "while auto-renewed")?;
+    sleep(h.timing().ttl * 3).await;
+    ensure!(!lost.is_lost(), "lost signal fired on {what}");
+    in_state(&*lease, LeaseState::Held, &format!("after 3 TTLs ({what})"))?;
     ensure!(
         lease.valid_until() > Instant::now(),
-        "auto-renewed lease's valid_until passed"
+        "the valid_until of {what} passed"
     );
     ensure!(
-        b.try_acquire(&name, &opts(h)).await?.is_none(),
-        "auto-renewed lock granted to another client after 3 TTLs"
+        other.try_acquire(name, &opts(h)).await?.is_none(),
+        "the lock of {what} was granted to another client after 3 TTLs"
     );
-    lease.release().await?;
-    let l = held(
-        b.try_acquire(&name, &opts(h)).await?,
-        "after release of an auto-renewed lease",
-    )?;
-    l.release().await?;
+    lease
+        .release()
+        .await
+        .map_err(|e| Failure(format!("release of {what} failed: {e}")))?;
+    held(
+        other.try_acquire(name, &opts(h)).await?,
+        &format!("after release of {what}"),
+    )?
+    .release()
+    .await?;
     Ok(())
 }
 
@@ -204,6 +218,27 @@ pub async fn watchdog_renews_at_about_a_third_of_the_ttl(h: &dyn Harness) -> Res
         allowed / 2
     );
     Ok(())
+}
+
+/// A lease does not depend on the client handle that made it: with every handle of that
+/// client dropped, an auto-renewed lease stays Held for three TTLs, keeps others out, and
+/// releases. (`fn take(url) -> Box<dyn Lease>`, which connects, locks and returns the lease
+/// alone, is a natural thing to write.)
+pub async fn lease_outlives_its_client_handle(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, b, name, .. } = scene(h, "orphan").await?;
+    let lease = held(
+        a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
+        "holder",
+    )?;
+    drop(a);
+    held_for_three_ttls(
+        h,
+        lease,
+        b.as_ref(),
+        &name,
+        "a lease whose client handle was dropped (a lease must keep what it needs of its client)",
+    )
+    .await
 }
 
 /// After release the watchdog never renews again: probed every quarter TTL for one and a half

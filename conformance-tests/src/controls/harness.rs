@@ -126,7 +126,11 @@ impl Harness for FlawedHarness {
             Flaw::NoMutualExclusion => MemoryLock::new(),
             _ => self.store.clone(),
         };
-        Ok(Arc::new(self.lock(inner, None)))
+        let lock = self.lock(inner, None);
+        Ok(match self.flaw {
+            Flaw::ClientDropEndsLeases => Arc::new(EndsLeasesOnDrop(lock)),
+            _ => Arc::new(lock),
+        })
     }
     /// The same store behind an in-process link: a delayed `try_acquire` lands `delay` after
     /// it was made, whether or not its caller still waits, and its reply takes as long again
@@ -189,4 +193,55 @@ pub struct FlawedLock {
     pub(super) url: Option<String>,
     /// This client's number (clients of one harness share a store).
     pub(super) id: u64,
+}
+
+/// [`Flaw::ClientDropEndsLeases`]: a client whose handle, dropped, takes its leases' locks
+/// with it (like a driver that closes its connection on drop while leases still use it).
+#[derive(Debug)]
+struct EndsLeasesOnDrop(FlawedLock);
+
+impl Drop for EndsLeasesOnDrop {
+    fn drop(&mut self) {
+        let mine: Vec<LockName> = locked(&self.0.shared.grants)
+            .iter()
+            .filter(|(_, g)| g.client == self.0.id)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &mine {
+            self.0.inner.break_lock(name);
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for EndsLeasesOnDrop {
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+    fn capabilities(&self) -> lock_core::Capabilities {
+        self.0.capabilities()
+    }
+    async fn acquire_until(
+        &self,
+        req: lock_core::driver::Acquisition<'_>,
+    ) -> lock_core::Result<Option<Box<dyn lock_core::Lease>>> {
+        self.0.acquire_until(req).await
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        opts: &lock_core::LockOptions,
+    ) -> lock_core::Result<Option<Box<dyn lock_core::Lease>>> {
+        self.0.try_acquire(name, opts).await
+    }
+    async fn acquire(
+        &self,
+        name: &LockName,
+        opts: &lock_core::LockOptions,
+    ) -> lock_core::Result<Box<dyn lock_core::Lease>> {
+        self.0.acquire(name, opts).await
+    }
+    async fn inspect(&self, name: &LockName) -> lock_core::Result<Option<lock_core::HolderInfo>> {
+        self.0.inspect(name).await
+    }
 }

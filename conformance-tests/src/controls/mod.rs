@@ -229,6 +229,8 @@ pub enum Flaw {
     /// An acquisition cancelled right after the grant, before its last step, leaves the grant
     /// held until its TTL.
     CancelledGrantStays,
+    /// Dropping the client handle ends its leases' locks, though the leases live on.
+    ClientDropEndsLeases,
 }
 
 impl Flaw {
@@ -316,6 +318,7 @@ impl Flaw {
         Flaw::CancelledReleaseKeepsLock,
         Flaw::CancelledRenewLeavesAtRisk,
         Flaw::CancelledGrantStays,
+        Flaw::ClientDropEndsLeases,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -453,6 +456,7 @@ impl Flaw {
             Flaw::SpentDeadlineGivesUp => cases![waiting::spent_deadline_still_tries_once],
             Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
             Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
+            Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }
