@@ -210,7 +210,9 @@ pub trait Lease: Send + Sync + Debug {
     /// Where this grant lives on the backend, in the backend's own terms: the etcd key, the
     /// ZooKeeper node's path (below the chroot), the Redis key, the lock file's path. For
     /// operators and foreign clients that look at the backend directly (`distlock run` exports
-    /// it as `DISTLOCK_KEY`). `None` (the default) where the driver does not say.
+    /// it as `DISTLOCK_KEY`). `None` (the default) where the driver does not say. Each lock
+    /// has its own, and a lease's does not change while it lives (conformance case
+    /// `inspect::backend_key_is_the_locks_own`).
     fn backend_key(&self) -> Option<String> {
         None
     }

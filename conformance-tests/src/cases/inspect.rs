@@ -99,3 +99,38 @@ pub async fn inspect_follows_expiry_and_takeover(h: &dyn Harness) -> Result<(), 
     next.release().await?;
     Ok(())
 }
+
+/// Where a driver says where a grant lives on the backend ([`Lease::backend_key`], which
+/// `distlock run` exports as `DISTLOCK_KEY` for operators and foreign clients), each lock has
+/// its own place: two names held at once (one extending the other) give two keys, and a
+/// lease's key stays the same across a renewal. A driver that says nothing passes.
+///
+/// [`Lease::backend_key`]: lock_core::Lease::backend_key
+pub async fn backend_key_is_the_locks_own(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, name, .. } = scene(h, "key").await?;
+    let longer = lock_core::LockName::new(format!("{name}-2"))?;
+    let first = held(a.try_acquire(&name, &long_opts(h)).await?, "first name")?;
+    let second = held(a.try_acquire(&longer, &long_opts(h)).await?, "second name")?;
+    let (k1, k2) = (first.backend_key(), second.backend_key());
+    match (&k1, &k2) {
+        (Some(k1), Some(k2)) => ensure!(
+            k1 != k2,
+            "{name} and {longer}, held at once, both say they live at {k1:?}"
+        ),
+        (None, None) => {}
+        _ => {
+            return Err(Failure(format!(
+                "backend_key is given for one lease and not another: {k1:?}, {k2:?}"
+            )))
+        }
+    }
+    first.renew().await?;
+    ensure!(
+        first.backend_key() == k1,
+        "a renewal moved the lease's backend_key from {k1:?} to {:?}",
+        first.backend_key()
+    );
+    first.release().await?;
+    second.release().await?;
+    Ok(())
+}

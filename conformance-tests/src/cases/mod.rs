@@ -106,6 +106,7 @@ pub static CASES: &[Case] = &[
     case!(exclusion::release_frees_at_once, always),
     case!(exclusion::cancelled_release_still_frees, always),
     case!(inspect::inspect_reports_the_holder, inspects),
+    case!(inspect::backend_key_is_the_locks_own, always),
     case!(
         inspect::inspect_follows_expiry_and_takeover,
         inspects_and_ttl

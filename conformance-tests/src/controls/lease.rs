@@ -129,6 +129,13 @@ impl Lease for FlawedLease {
     fn name(&self) -> &LockName {
         self.inner.name()
     }
+    /// The store says nothing; the control names a key as a driver would.
+    fn backend_key(&self) -> Option<String> {
+        Some(match self.lock.flaw {
+            Flaw::BackendKeyIgnoresName => "flawed:locks".to_string(),
+            _ => format!("flawed:locks/{}", self.inner.name()),
+        })
+    }
     fn fencing_token(&self) -> Option<FencingToken> {
         let t = self.inner.fencing_token()?;
         let t = FencingToken::new(t.get().saturating_sub(self.offset).max(1));

@@ -231,6 +231,8 @@ pub enum Flaw {
     CancelledGrantStays,
     /// Dropping the client handle ends its leases' locks, though the leases live on.
     ClientDropEndsLeases,
+    /// Every lease says it lives at the same backend key, whatever its name.
+    BackendKeyIgnoresName,
 }
 
 impl Flaw {
@@ -319,6 +321,7 @@ impl Flaw {
         Flaw::CancelledRenewLeavesAtRisk,
         Flaw::CancelledGrantStays,
         Flaw::ClientDropEndsLeases,
+        Flaw::BackendKeyIgnoresName,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -457,6 +460,7 @@ impl Flaw {
             Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
             Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
+            Flaw::BackendKeyIgnoresName => cases![inspect::backend_key_is_the_locks_own],
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }
