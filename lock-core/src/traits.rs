@@ -168,7 +168,9 @@ pub trait Lease: Send + Sync + Debug {
     fn name(&self) -> &LockName;
 
     /// This grant's fencing token; `None` only where
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing) is `Fencing::None`.
+    /// [`Capabilities::fencing`](crate::Capabilities::fencing) is `Fencing::None`. The same for
+    /// the lease's whole life: renewals do not change it (conformance case
+    /// `fencing::token_is_the_grants_for_its_life`).
     fn fencing_token(&self) -> Option<FencingToken>;
 
     /// The TTL the backend actually granted (rounded up to its granularity, never shortened).

@@ -213,3 +213,43 @@ pub async fn strict_tokens_survive_backend_restart(h: &dyn Harness) -> Result<()
     );
     Ok(())
 }
+
+/// A token belongs to the grant, not to a renewal: a lease keeps its token across manual
+/// renewals and three TTLs of automatic ones (a holder whose token rose as it renewed would
+/// shut out, at the storage, the writes it had already tagged), and `inspect`, where it
+/// reports tokens, shows that same one.
+pub async fn token_is_the_grants_for_its_life(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { t, a, b, name } = scene(h, "token-life").await?;
+    let manual = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let granted = token(manual.as_ref())?;
+    for n in 1..=2 {
+        manual.renew().await?;
+        let now = token(manual.as_ref())?;
+        ensure!(
+            now == granted,
+            "renewal {n} changed the lease's token from {granted} to {now}"
+        );
+    }
+    manual.release().await?;
+    let auto = held(
+        a.try_acquire(&name, &opts(h).auto_renew(None)).await?,
+        "auto-renewed holder",
+    )?;
+    let granted = token(auto.as_ref())?;
+    sleep(t.ttl * 3).await;
+    let now = token(auto.as_ref())?;
+    ensure!(
+        now == granted,
+        "three TTLs of automatic renewal changed the lease's token from {granted} to {now}"
+    );
+    if let Ok(Some(info)) = b.inspect(&name).await {
+        if let Some(seen) = info.fencing_token {
+            ensure!(
+                seen == granted,
+                "after renewals inspect reports token {seen}, the holder has {granted}"
+            );
+        }
+    }
+    auto.release().await?;
+    Ok(())
+}

@@ -233,6 +233,8 @@ pub enum Flaw {
     ClientDropEndsLeases,
     /// Every lease says it lives at the same backend key, whatever its name.
     BackendKeyIgnoresName,
+    /// A renewal takes a new fencing token (it runs the counter's increment again).
+    TokenChangesOnRenew,
 }
 
 impl Flaw {
@@ -322,6 +324,7 @@ impl Flaw {
         Flaw::CancelledGrantStays,
         Flaw::ClientDropEndsLeases,
         Flaw::BackendKeyIgnoresName,
+        Flaw::TokenChangesOnRenew,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -461,6 +464,7 @@ impl Flaw {
             Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
             Flaw::BackendKeyIgnoresName => cases![inspect::backend_key_is_the_locks_own],
+            Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }
