@@ -290,3 +290,31 @@ pub async fn declared_max_ttl_is_enforced(h: &dyn Harness) -> Result<(), Failure
     l.release().await?;
     Ok(())
 }
+
+/// The driver's declared `min_ttl` is what it accepts: a TTL of exactly `min_ttl` is granted
+/// by `try_acquire` and `acquire`, for at least `min_ttl` (a driver whose own check is off by
+/// one refuses the one TTL it says is the least it takes).
+pub async fn declared_min_ttl_is_granted(h: &dyn Harness) -> Result<(), Failure> {
+    let a = client(h).await?;
+    let min = a.capabilities().min_ttl;
+    let name = fresh_name("min-ttl");
+    let exact = LockOptions::new(min).manual_renewal();
+    let what = format!("a TTL of exactly the declared min_ttl {min:?}");
+    let by_try = a
+        .try_acquire(&name, &exact)
+        .await
+        .map_err(|e| Failure(format!("try_acquire with {what} gave {e:?}")))?;
+    let l = held(by_try, &format!("try_acquire with {what}"))?;
+    ensure!(
+        l.ttl() >= min,
+        "granted TTL {:?} is shorter than the declared min_ttl {min:?}",
+        l.ttl()
+    );
+    l.release().await?;
+    let l = a
+        .acquire(&name, &exact.clone().wait_for(h.timing().slack))
+        .await
+        .map_err(|e| Failure(format!("acquire with {what} gave {e:?}")))?;
+    l.release().await?;
+    Ok(())
+}

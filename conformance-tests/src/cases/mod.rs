@@ -184,6 +184,7 @@ pub static CASES: &[Case] = &[
         always
     ),
     case!(input::declared_max_ttl_is_enforced, always),
+    case!(input::declared_min_ttl_is_granted, always),
     case!(
         faults::partitioned_holder_knows_before_anyone_is_granted,
         partitions

@@ -332,7 +332,13 @@ impl FlawedLock {
             Flaw::MaxTtlNotEnforced => self.inner.capabilities(),
             _ => self.capabilities_declared(),
         };
-        let checked = opts.validate(&caps);
+        let checked = match self.flaw {
+            Flaw::MinTtlRefused if opts.ttl == caps.min_ttl => Err(Error::InvalidOptions(format!(
+                "ttl must be above {:?}",
+                caps.min_ttl
+            ))),
+            _ => opts.validate(&caps),
+        };
         if checked.is_err() && self.flaw == Flaw::ValidatesAfterLocking {
             // The request went out before the check: its grant is left to expire.
             let sent = LockOptions::new(Duration::from_secs(10)).manual_renewal();

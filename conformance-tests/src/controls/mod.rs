@@ -235,6 +235,9 @@ pub enum Flaw {
     BackendKeyIgnoresName,
     /// A renewal takes a new fencing token (it runs the counter's increment again).
     TokenChangesOnRenew,
+    /// A TTL of exactly the declared `min_ttl` is refused (an off-by-one in the driver's own
+    /// check).
+    MinTtlRefused,
 }
 
 impl Flaw {
@@ -325,6 +328,7 @@ impl Flaw {
         Flaw::ClientDropEndsLeases,
         Flaw::BackendKeyIgnoresName,
         Flaw::TokenChangesOnRenew,
+        Flaw::MinTtlRefused,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -465,6 +469,7 @@ impl Flaw {
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
             Flaw::BackendKeyIgnoresName => cases![inspect::backend_key_is_the_locks_own],
             Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
+            Flaw::MinTtlRefused => cases![input::declared_min_ttl_is_granted],
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }
