@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{
-    acquire_when_free, client, faulty, held, in_state, long_opts, opts, record_states, sleep,
-    watch_lost, within,
+    acquire_when_free, client, faulty, held, in_flight_scene, in_state, long_opts, opts,
+    record_states, sleep, watch_lost, within,
 };
 use crate::{ensure, fresh_name, Failure, Fault, Faulty, Harness, Timing};
 
@@ -326,5 +326,78 @@ pub async fn cut_off_holder_gets_answers_not_hangs(h: &dyn Harness) -> Result<()
     }
     answered("release", lease.release()).await?.ok();
     holder.link.set(Fault::Healed);
+    Ok(())
+}
+
+/// A `try_acquire` whose request reached the server but whose reply was lost (the connection
+/// dropped while the reply was on its way back) leaves no orphan: the driver cannot know
+/// whether it got the lock, so it answers with an error and undoes what may have been granted
+/// (or it finds its grant and returns it, which the case releases). Either way another client
+/// gets the lock within a few request times of the answer, not a TTL later (the TTL is 40 of
+/// the suite's). The cut comes the moment `inspect` shows the grant (1.5 delays after sending
+/// where it cannot tell), and the link is healed right after, so the undo can get through.
+pub async fn lost_reply_leaves_no_orphan(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (delay, slow, other, name) = in_flight_scene(h, "lost-reply").await?;
+    let attempt = {
+        let (lock, name, opts) = (slow.lock.clone(), name.clone(), long_opts(h));
+        tokio::spawn(async move { lock.try_acquire(&name, &opts).await })
+    };
+    // Cut the moment the grant shows on the server, while its reply is still `delay` away.
+    // Where `inspect` does not work: 1.5 delays after sending, when a one-request
+    // acquisition has landed.
+    let sent = Instant::now();
+    let landed = loop {
+        let seen = other.inspect(&name).await;
+        if !matches!(seen, Ok(None)) || sent.elapsed() > delay * 10 {
+            break seen;
+        }
+        sleep(delay / 20).await;
+    };
+    if landed.is_err() {
+        sleep((sent + delay * 3 / 2).saturating_duration_since(Instant::now())).await;
+    }
+    slow.link.set(Fault::Cut);
+    slow.link.set(Fault::Healed);
+    let limit = Duration::from_secs(30);
+    let answer = within(limit, "try_acquire whose reply was lost", attempt)
+        .await?
+        .map_err(|e| Failure(format!("the try_acquire task failed: {e}")))?;
+    if let Ok(None) = landed {
+        return Err(Failure(format!(
+            "{:?} after it was sent through a {delay:?} delay, the try_acquire had not \
+             reached the server (inspect saw no holder): the case could not lose its reply",
+            delay * 10
+        )));
+    }
+    if std::env::var_os("LOSTREPLY").is_some() {
+        eprintln!("lost reply: landed {landed:?}, answer {answer:?}");
+    }
+    let said = match answer {
+        Ok(Some(lease)) => {
+            lease.release().await?;
+            "a lease, released".to_string()
+        }
+        Ok(None) => {
+            return Err(Failure(
+                "try_acquire whose reply was lost said the lock is held (Ok(None)), though \
+                 nobody but its own lost grant could hold it"
+                    .into(),
+            ))
+        }
+        Err(e) => e.to_string(),
+    };
+    let bound = delay * 4 + t.slack;
+    let lease = other
+        .acquire(&name, &long_opts(h).wait_for(bound))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "after a try_acquire whose reply was lost answered ({said}), the lock stayed \
+                 held for over {bound:?} ({e}): an orphaned grant, left to its TTL"
+            ))
+        })?;
+    lease.release().await?;
+    drop(slow);
     Ok(())
 }

@@ -40,6 +40,24 @@ pub(crate) async fn faulty(h: &dyn Harness, delay: Duration) -> Result<Faulty, F
     }
 }
 
+/// For a case about a request on its way to the server: the delay each way (a fifth of the
+/// TTL, 50 to 200 ms), a client behind a link with that delay, another client, and a name the
+/// other client has held and released once (backends may keep per-name state, such as a
+/// parent node, that changes which request is the one in flight).
+pub(crate) async fn in_flight_scene(
+    h: &dyn Harness,
+    tag: &str,
+) -> Result<(Duration, Faulty, Arc<dyn DistributedLock>, LockName), Failure> {
+    let delay = (h.timing().ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
+    let slow = faulty(h, delay).await?;
+    let other = client(h).await?;
+    let name = crate::fresh_name(tag);
+    held(other.try_acquire(&name, &opts(h)).await?, "warm-up")?
+        .release()
+        .await?;
+    Ok((delay, slow, other, name))
+}
+
 /// Manual renewal, the suite's TTL, waiting forever.
 pub(crate) fn opts(h: &dyn Harness) -> LockOptions {
     LockOptions::new(h.timing().ttl)

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Error, LockName, LockOptions};
 
 use super::support::{
-    cancel_after, client, faulty, free_for_a_newcomer, handed_on_promptly, held, long_opts, opts,
-    scene, sleep, spawn_waiter, within, Scene,
+    cancel_after, client, free_for_a_newcomer, handed_on_promptly, held, in_flight_scene,
+    long_opts, opts, scene, sleep, spawn_waiter, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -322,15 +322,7 @@ pub async fn cancelled_acquire_leaves_no_holder(h: &dyn Harness) -> Result<(), F
 /// [`Harness::faulty_client`].
 pub async fn cancelled_in_flight_leaves_no_holder(h: &dyn Harness) -> Result<(), Failure> {
     let t = h.timing();
-    let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
-    let slow = faulty(h, delay).await?;
-    let other = client(h).await?;
-    let name = fresh_name("in-flight");
-    // A name in use before (backends may keep per-name state, such as a parent node, that
-    // changes which request is the one in flight).
-    held(other.try_acquire(&name, &opts(h)).await?, "warm-up")?
-        .release()
-        .await?;
+    let (delay, slow, other, name) = in_flight_scene(h, "in-flight").await?;
     // Cancelled halfway to the server; a grant would hold for 40 TTLs.
     let r = tokio::time::timeout(delay / 2, slow.lock.try_acquire(&name, &long_opts(h))).await;
     ensure!(

@@ -1,6 +1,6 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -93,8 +93,9 @@ impl FlawedLock {
     }
 
     /// A `try_acquire` sent over a slow wire: it lands after `delay` even if the caller has
-    /// gone, and its reply takes `delay` again. A correct client then releases the grant
-    /// nobody waits for; the flawed one leaves it.
+    /// gone, and its reply takes `delay` again; a cut of the link meanwhile loses the reply,
+    /// and the caller gets an error. A correct client then releases the grant nobody waits
+    /// for; the flawed one leaves it.
     pub(super) async fn in_flight(
         &self,
         delay: Duration,
@@ -108,6 +109,8 @@ impl FlawedLock {
             self.inner_opts(opts),
             self.flaw,
         );
+        let reply_lost = Arc::new(AtomicBool::new(false));
+        let lost = reply_lost.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let r = inner.try_acquire(&key, &opts).await;
@@ -115,17 +118,38 @@ impl FlawedLock {
             let landed = Instant::now();
             tokio::time::sleep(delay).await;
             if let Err((Ok(Some(orphan)), _)) = tx.send((r, landed)) {
-                if flaw == Flaw::CancelInFlightLeavesGhost {
+                let leave = match flaw {
+                    Flaw::CancelInFlightLeavesGhost => true,
+                    Flaw::LostReplyLeavesGrant => lost.load(Ordering::SeqCst),
+                    _ => false,
+                };
+                if leave {
                     orphan.abandon();
                 } else {
                     let _ = orphan.release().await;
                 }
             }
         });
-        let (r, landed) = rx
-            .await
-            .map_err(|_| Error::unavailable("flawed-memory", "the in-flight request vanished"))?;
-        Ok((r?, landed))
+        let cut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &self.link
+        {
+            Some(wire) => Box::pin(wire.next_cut()),
+            None => Box::pin(std::future::pending()),
+        };
+        tokio::select! {
+            reply = rx => {
+                let (r, landed) = reply.map_err(|_| {
+                    Error::unavailable("flawed-memory", "the in-flight request vanished")
+                })?;
+                Ok((r?, landed))
+            }
+            () = cut => {
+                reply_lost.store(true, Ordering::SeqCst);
+                Err(Error::unavailable(
+                    "flawed-memory",
+                    "the connection dropped with the request in flight",
+                ))
+            }
+        }
     }
 
     /// A grant of the store, wrapped: recorded, and given the flaw's behaviour.

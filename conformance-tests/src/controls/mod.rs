@@ -238,6 +238,9 @@ pub enum Flaw {
     /// A TTL of exactly the declared `min_ttl` is refused (an off-by-one in the driver's own
     /// check).
     MinTtlRefused,
+    /// An acquisition whose reply was lost with its connection reports an error and leaves
+    /// the grant it may have made to its TTL (it undoes only cancelled ones).
+    LostReplyLeavesGrant,
 }
 
 impl Flaw {
@@ -329,6 +332,7 @@ impl Flaw {
         Flaw::BackendKeyIgnoresName,
         Flaw::TokenChangesOnRenew,
         Flaw::MinTtlRefused,
+        Flaw::LostReplyLeavesGrant,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -470,6 +474,7 @@ impl Flaw {
             Flaw::BackendKeyIgnoresName => cases![inspect::backend_key_is_the_locks_own],
             Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
             Flaw::MinTtlRefused => cases![input::declared_min_ttl_is_granted],
+            Flaw::LostReplyLeavesGrant => cases![faults::lost_reply_leaves_no_orphan],
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }

@@ -42,6 +42,15 @@ impl Wire {
         }
     }
 
+    /// Resolves at the next cut of this link.
+    pub(super) fn next_cut(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut cut = self.cut.subscribe();
+        let at = *cut.borrow();
+        async move {
+            let _ = cut.wait_for(|n| *n != at).await;
+        }
+    }
+
     fn down(&self) -> bool {
         *self.fault.borrow() == Fault::Blackhole
     }
