@@ -36,8 +36,10 @@
 //! **A holder that cannot reach the cluster** turns AtRisk when a keep-alive goes unanswered
 //! and Lost at `valid_until`, before the lease can expire on the server; etcd then deletes the
 //! key and the next waiter is woken. **A waiter whose lease cannot be kept alive** fails with
-//! `Lost`; it is never granted on an expired lease. **A cancelled or timed-out acquire** revokes
-//! its lease, so no key of it stays in the queue. **Requests** are bounded by the request
+//! `Lost`; it is never granted on an expired lease. **A cancelled, timed-out or failed
+//! acquire** (say, one whose reply was lost with its connection) revokes its lease, so no key
+//! of it stays in the queue; a revoke that fails is sent again until it is answered or the
+//! lease has expired by itself. **Requests** are bounded by the request
 //! timeout and retried only when they were certainly not sent. **Leader elections** make
 //! requests fail transiently (`Unavailable`); a waiting `acquire` re-checks its place.
 //!

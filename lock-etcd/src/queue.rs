@@ -4,8 +4,7 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
@@ -103,10 +102,7 @@ impl EtcdLock {
         let config = &self.inner.config;
         if let Some((id, fresh_until)) = self.inner.spares.take(ttl) {
             let start = Instant::now();
-            let guard = RevokeGuard {
-                client: self.client(),
-                id: Some(id),
-            };
+            let guard = RevokeGuard::new(self, id, ttl);
             let key = self.key(name, id);
             // Confirmed so recently that ≥ 90 % of its TTL is still ahead: put the key
             // without a keep-alive. The lock is then valid for what is left of the lease,
@@ -147,13 +143,10 @@ impl EtcdLock {
             .call(|mut c| async move { c.lease_grant(secs, None).await })
             .await?;
         let id = grant.id();
+        let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
         // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
         // also deletes its key: no ghost stays in the queue.
-        let guard = RevokeGuard {
-            client: self.client(),
-            id: Some(id),
-        };
-        let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
+        let guard = RevokeGuard::new(self, id, ttl);
         let key = self.key(name, id);
         let put = self.put_key(name, &key, id).await?;
         Ok(Enqueued::confirmed_at(start, id, ttl, key, put, guard))
@@ -230,21 +223,39 @@ pub(crate) enum Position {
     Gone,
 }
 
-/// Revokes a contender's lease if the acquisition ends without a grant.
+/// Revokes a contender's lease if the acquisition ends without a grant, which also deletes its
+/// key. A revoke that fails — on a connection that broke with the acquisition, say — is sent
+/// again until it is answered or the lease has expired by itself: left alone, the key would stay
+/// in the queue for a whole TTL, holding the lock nobody has or blocking the waiters behind it.
 pub(crate) struct RevokeGuard {
-    pub(crate) client: Client,
-    pub(crate) id: Option<i64>,
+    lock: EtcdLock,
+    id: Option<i64>,
+    /// When the lease expires by itself at the latest: revoking after that is pointless.
+    expires: Instant,
 }
 
 impl RevokeGuard {
-    pub(crate) async fn revoke_now(&mut self, lock: &EtcdLock) {
+    /// Guards lease `id`, granted for `ttl`.
+    pub(crate) fn new(lock: &EtcdLock, id: i64, ttl: Duration) -> Self {
+        RevokeGuard {
+            lock: lock.clone(),
+            id: Some(id),
+            expires: Instant::now() + ttl,
+        }
+    }
+
+    /// The acquisition got the lock: the lease is the lock's now.
+    pub(crate) fn disarm(&mut self) {
+        self.id = None;
+    }
+
+    /// Revokes now, waiting for one attempt (the caller reports a timeout and its key should be
+    /// gone by then); after a failure, keeps trying in the background.
+    pub(crate) async fn revoke_now(&mut self) {
         if let Some(id) = self.id.take() {
-            if let Err(e) = lock
-                .call(|mut c| async move { c.lease_revoke(id).await })
-                .await
-            {
-                // It expires by itself after its TTL; nothing else depends on it.
-                tracing::debug!(error = %e, "revoking a waiter's lease failed");
+            if let Err(e) = revoke(&self.lock, id).await {
+                tracing::debug!(error = %e, "revoking a contender's lease failed; retrying");
+                spawn_revoke(self.lock.clone(), id, self.expires);
             }
         }
     }
@@ -253,14 +264,37 @@ impl RevokeGuard {
 impl Drop for RevokeGuard {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            let mut c = self.client.clone();
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let _ = c.lease_revoke(id).await;
-                });
-            }
+            spawn_revoke(self.lock.clone(), id, self.expires);
         }
     }
+}
+
+async fn revoke(lock: &EtcdLock, id: i64) -> Result<()> {
+    lock.call(|mut c| async move { c.lease_revoke(id).await })
+        .await
+        .map(|_| ())
+}
+
+/// Revokes lease `id` in the background, again after each failure that may pass (a revoke is
+/// idempotent) until one is answered or `expires` has passed, so the task cannot outlive the
+/// lease. Without a runtime the lease expires by itself.
+fn spawn_revoke(lock: EtcdLock, id: i64, expires: Instant) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match revoke(&lock, id).await {
+                Err(e) if e.is_retryable() && Instant::now() + pause < expires => {
+                    tracing::debug!(error = %e, "revoking a contender's lease failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                _ => return,
+            }
+        }
+    });
 }
 
 impl EtcdLock {
@@ -287,7 +321,7 @@ impl EtcdLock {
         };
         if !head_is_me {
             if deadline == Deadline::Now {
-                guard.revoke_now(self).await;
+                guard.revoke_now().await;
                 return Ok(None);
             }
             let mut woken = false;
@@ -323,7 +357,7 @@ impl EtcdLock {
                     Err(e) => return Err(e),
                 };
                 if deadline.passed() {
-                    guard.revoke_now(self).await;
+                    guard.revoke_now().await;
                     return Ok(None);
                 }
                 match self
@@ -336,13 +370,13 @@ impl EtcdLock {
                         woken = true;
                     }
                     Woken::Deadline => {
-                        guard.revoke_now(self).await;
+                        guard.revoke_now().await;
                         return Ok(None);
                     }
                 }
             }
         }
-        guard.id = None;
+        guard.disarm();
         let ops = EtcdLeaseOps {
             client: self.client(),
             config: self.inner.config.clone(),
