@@ -401,3 +401,46 @@ pub async fn lost_reply_leaves_no_orphan(h: &dyn Harness) -> Result<(), Failure>
     drop(slow);
     Ok(())
 }
+
+/// A `release` whose request is lost with its connection (cut before it reached the server)
+/// still frees the lock long before its TTL: the caller cannot call `release` again (it took
+/// the lease), so whatever the call answers, the driver must get the release through once the
+/// link is back, or the lock stays held by nobody for a whole TTL (40 of the suite's here).
+/// Another client must get it within four of the suite's TTLs plus the slack after the call
+/// answered.
+pub async fn failed_release_still_frees(h: &dyn Harness) -> Result<(), Failure> {
+    let (t, holder, other, name) = holder_and_other(h, "lost-release").await?;
+    let lease = holder.lock.try_acquire(&name, &long_opts(h)).await?;
+    let lease = held(lease, "holder")?;
+    let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
+    holder.link.set(Fault::Delay(delay));
+    let release = tokio::spawn(lease.release());
+    // The release request is on its way: lose it with the connection, then heal the link.
+    sleep(delay / 2).await;
+    holder.link.set(Fault::Cut);
+    holder.link.set(Fault::Healed);
+    let answer = within(
+        Duration::from_secs(20),
+        "the release whose request was lost",
+        release,
+    )
+    .await?
+    .map_err(|e| Failure(format!("the release task failed: {e}")))?;
+    let bound = t.ttl * 4 + t.slack;
+    let next = other
+        .acquire(&name, &long_opts(h).wait_for(bound))
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "after a release whose request was lost with its connection (it answered \
+                 {answer:?}), the lock stayed held for over {bound:?} ({e}): a release that \
+                 fails must still get through, or the lock waits out its TTL"
+            ))
+        })?;
+    next.release().await?;
+    if std::env::var_os("LOSTREPLY").is_some() {
+        eprintln!("failed release answered {answer:?}");
+    }
+    drop(holder);
+    Ok(())
+}
