@@ -367,12 +367,19 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
     async fn release(mut self: Box<Self>) -> Result<()> {
         self.shared.released.store(true, Ordering::SeqCst);
         self.stop_watchdog();
+        let until = self.shared.tracker.valid_until();
         let result = {
             let _gate = self.shared.gate.lock().await;
             self.shared.ops.release().await
         };
         self.finished = true;
         self.shared.tracker.mark_released();
+        if let Err(e) = &result {
+            if e.is_retryable() {
+                tracing::warn!(lock = %self.name, error = %e, "release failed; retrying in the background");
+                retry_release(self.shared.ops.clone(), until);
+            }
+        }
         result
     }
 
@@ -415,6 +422,27 @@ impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
             .field("state", &self.state())
             .finish_non_exhaustive()
     }
+}
+
+/// Sends a failed release again, after each failure that may pass (pausing 50 ms, doubling to
+/// 1 s), until one is answered or `until` — the lease's end of validity, after which the
+/// backend frees the lock by itself — has passed, so the task cannot outlive the lease. The
+/// caller cannot retry: its lease is gone. Owner-checked like every release, so a retry whose
+/// first attempt did land, and found a successor, touches nothing.
+fn retry_release<O: LeaseOps>(ops: Arc<O>, until: Instant) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let mut pause = Duration::from_millis(50);
+        while Instant::now() + pause < until {
+            tokio::time::sleep(pause).await;
+            match tokio::time::timeout_at(until.into(), ops.release()).await {
+                Ok(Err(e)) if e.is_retryable() => pause = (pause * 2).min(Duration::from_secs(1)),
+                _ => return,
+            }
+        }
+    });
 }
 
 /// Clock-drift allowance every driver subtracts from a lease's validity: 1 % of the TTL plus
@@ -508,6 +536,75 @@ mod tests {
             return Err(format!(
                 "after a hanging renewal the lease is {:?}",
                 lease.state()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ops whose first `failures` releases fail as a dropped connection would.
+    #[derive(Debug, Default)]
+    struct FlakyRelease {
+        failures: u32,
+        attempts: Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    #[async_trait]
+    impl LeaseOps for FlakyRelease {
+        async fn renew(&self) -> Result<Instant> {
+            Ok(Instant::now() + Duration::from_secs(1))
+        }
+        async fn release(&self) -> Result<()> {
+            let n = self.attempts.fetch_add(1, Ordering::SeqCst);
+            if n < self.failures {
+                return Err(Error::unavailable("test", "broken pipe"));
+            }
+            Ok(())
+        }
+    }
+
+    /// A release that fails for a reason that may pass reports it, and is sent again in the
+    /// background until one gets through: the caller cannot, its lease is gone.
+    #[tokio::test]
+    async fn a_failed_release_is_sent_again_until_it_gets_through(
+    ) -> std::result::Result<(), String> {
+        let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let ops = FlakyRelease {
+            failures: 3,
+            attempts: attempts.clone(),
+        };
+        let name = LockName::new("flaky-release").map_err(|e| e.to_string())?;
+        let lease = ManagedLease::new(
+            name,
+            Grant {
+                token: None,
+                ttl: Duration::from_secs(5),
+                valid_until: Instant::now() + Duration::from_secs(5),
+            },
+            Renewal::Manual,
+            ops,
+        );
+        let r = Box::new(lease).release().await;
+        if !matches!(r, Err(Error::Unavailable { .. })) {
+            return Err(format!(
+                "the failed release gave {r:?}, expected Unavailable"
+            ));
+        }
+        // Pauses of 50, 100 and 200 ms before the second, third and fourth attempts.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while attempts.load(Ordering::SeqCst) < 4 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} release attempts 2 s after the first failed; the fourth would get through",
+                    attempts.load(Ordering::SeqCst)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let n = attempts.load(Ordering::SeqCst);
+        if n != 4 {
+            return Err(format!(
+                "{n} release attempts: it went on after one got through"
             ));
         }
         Ok(())

@@ -201,7 +201,11 @@ pub trait Lease: Send + Sync + Debug {
 
     /// Releases the lock if this lease still holds it; `Err(NotHeld)` if it had expired. Never
     /// touches a successor. A release dropped part-way still frees the lock promptly, as a
-    /// dropped lease does (conformance case `exclusion::cancelled_release_still_frees`).
+    /// dropped lease does (conformance case `exclusion::cancelled_release_still_frees`). One
+    /// that fails for a reason that may pass (its connection dropped) reports the error, and
+    /// the driver sends it again in the background until it gets through or the lease has
+    /// expired anyway ([`ManagedLease`](crate::driver::ManagedLease) does; conformance case
+    /// `faults::failed_release_still_frees`).
     async fn release(self: Box<Self>) -> Result<()>;
 
     /// Stops renewing and forgets the lease without telling the backend, as if this holder had
