@@ -370,9 +370,6 @@ pub async fn lost_reply_leaves_no_orphan(h: &dyn Harness) -> Result<(), Failure>
             delay * 10
         )));
     }
-    if std::env::var_os("LOSTREPLY").is_some() {
-        eprintln!("lost reply: landed {landed:?}, answer {answer:?}");
-    }
     let said = match answer {
         Ok(Some(lease)) => {
             lease.release().await?;
@@ -438,9 +435,6 @@ pub async fn failed_release_still_frees(h: &dyn Harness) -> Result<(), Failure> 
             ))
         })?;
     next.release().await?;
-    if std::env::var_os("LOSTREPLY").is_some() {
-        eprintln!("failed release answered {answer:?}");
-    }
     drop(holder);
     Ok(())
 }

@@ -241,6 +241,8 @@ pub enum Flaw {
     /// An acquisition whose reply was lost with its connection reports an error and leaves
     /// the grant it may have made to its TTL (it undoes only cancelled ones).
     LostReplyLeavesGrant,
+    /// A release lost with its connection is not sent again: the lock waits out its TTL.
+    FailedReleaseLeftToTtl,
 }
 
 impl Flaw {
@@ -333,6 +335,7 @@ impl Flaw {
         Flaw::TokenChangesOnRenew,
         Flaw::MinTtlRefused,
         Flaw::LostReplyLeavesGrant,
+        Flaw::FailedReleaseLeftToTtl,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -475,6 +478,7 @@ impl Flaw {
             Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
             Flaw::MinTtlRefused => cases![input::declared_min_ttl_is_granted],
             Flaw::LostReplyLeavesGrant => cases![faults::lost_reply_leaves_no_orphan],
+            Flaw::FailedReleaseLeftToTtl => cases![faults::failed_release_still_frees],
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }

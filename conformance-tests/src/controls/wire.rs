@@ -189,8 +189,27 @@ impl LeaseOps for WiredOps {
         Ok(start + self.ttl - drift(self.ttl))
     }
 
+    /// Through a delayed link the request takes the delay to arrive, and a cut meanwhile loses
+    /// it: an error, the lock still held, for the caller's retries (under
+    /// [`Flaw::FailedReleaseLeftToTtl`], left to expire).
     async fn release(&self) -> Result<()> {
         self.wire.request(self.flaw).await?;
+        if let Some(delay) = self.wire.delay() {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.wire.next_cut() => {
+                    if self.flaw == Flaw::FailedReleaseLeftToTtl {
+                        if let Some(l) = self.store.lock().await.take() {
+                            l.abandon();
+                        }
+                    }
+                    return Err(Error::unavailable(
+                        "flawed-memory",
+                        "the connection dropped with the release on its way",
+                    ));
+                }
+            }
+        }
         let lease = self.store.lock().await.take();
         lease.ok_or_else(|| self.not_held())?.release().await
     }
