@@ -377,7 +377,13 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         if let Err(e) = &result {
             if e.is_retryable() {
                 tracing::warn!(lock = %self.name, error = %e, "release failed; retrying in the background");
-                retry_release(self.shared.ops.clone(), until);
+                // The caller cannot retry: its lease is gone. Owner-checked like every
+                // release, so a retry after a first attempt that did land touches nothing.
+                let ops = self.shared.ops.clone();
+                retry_in_background(until, move || {
+                    let ops = ops.clone();
+                    async move { ops.release().await }
+                });
             }
         }
         result
@@ -424,21 +430,39 @@ impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
     }
 }
 
-/// Sends a failed release again, after each failure that may pass (pausing 50 ms, doubling to
-/// 1 s), until one is answered or `until` — the lease's end of validity, after which the
-/// backend frees the lock by itself — has passed, so the task cannot outlive the lease. The
-/// caller cannot retry: its lease is gone. Owner-checked like every release, so a retry whose
-/// first attempt did land, and found a successor, touches nothing.
-fn retry_release<O: LeaseOps>(ops: Arc<O>, until: Instant) {
+/// Runs `attempt` in the background, at once and then again after each failure that may pass
+/// ([`Error::is_retryable`]), pausing 50 ms, doubling to 1 s, until one succeeds, one fails for
+/// good, or `until` has passed — so the task cannot outlive the lease it cleans up after. For
+/// what a caller cannot retry itself: a release whose lease is gone, the undo of an acquisition
+/// that failed. Without a Tokio runtime nothing runs (the lock then expires by itself).
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // An idempotent cleanup, retried for at most the lease's remaining validity.
+/// lock_core::driver::retry_in_background(Instant::now() + Duration::from_secs(5), || async {
+///     Ok(()) // say, an owner-checked delete of the lock key
+/// });
+/// # }
+/// ```
+pub fn retry_in_background<F, Fut>(until: Instant, mut attempt: F)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
     rt.spawn(async move {
         let mut pause = Duration::from_millis(50);
-        while Instant::now() + pause < until {
-            tokio::time::sleep(pause).await;
-            match tokio::time::timeout_at(until.into(), ops.release()).await {
-                Ok(Err(e)) if e.is_retryable() => pause = (pause * 2).min(Duration::from_secs(1)),
+        loop {
+            match tokio::time::timeout_at(until.into(), attempt()).await {
+                Ok(Err(e)) if e.is_retryable() && Instant::now() + pause < until => {
+                    tracing::debug!(error = %e, "background retry failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
                 _ => return,
             }
         }
@@ -589,7 +613,7 @@ mod tests {
                 "the failed release gave {r:?}, expected Unavailable"
             ));
         }
-        // Pauses of 50, 100 and 200 ms before the second, third and fourth attempts.
+        // The second attempt at once, the third and fourth after 50 and 100 ms.
         let deadline = Instant::now() + Duration::from_secs(2);
         while attempts.load(Ordering::SeqCst) < 4 {
             if Instant::now() > deadline {

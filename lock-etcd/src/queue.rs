@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{drift, retry_in_background, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
 
 use crate::client::{malformed, txn_call};
@@ -276,24 +276,11 @@ async fn revoke(lock: &EtcdLock, id: i64) -> Result<()> {
 }
 
 /// Revokes lease `id` in the background, again after each failure that may pass (a revoke is
-/// idempotent) until one is answered or `expires` has passed, so the task cannot outlive the
-/// lease. Without a runtime the lease expires by itself.
+/// idempotent), until `expires`.
 fn spawn_revoke(lock: EtcdLock, id: i64, expires: Instant) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    rt.spawn(async move {
-        let mut pause = Duration::from_millis(50);
-        loop {
-            match revoke(&lock, id).await {
-                Err(e) if e.is_retryable() && Instant::now() + pause < expires => {
-                    tracing::debug!(error = %e, "revoking a contender's lease failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-                _ => return,
-            }
-        }
+    retry_in_background(expires, move || {
+        let lock = lock.clone();
+        async move { revoke(&lock, id).await }
     });
 }
 
