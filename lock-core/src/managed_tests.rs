@@ -1,0 +1,188 @@
+//! Unit tests of [`ManagedLease`](super::ManagedLease): the watchdog, the lost signal, release.
+
+use super::*;
+use std::sync::Mutex;
+
+/// Ops of a session-style lease (no TTL of its own) whose release records whether the
+/// lease was already Lost at the moment the lock was freed on the backend.
+#[derive(Debug, Default)]
+struct SessionOps {
+    signal: Mutex<Option<LostSignal>>,
+    lost_when_freed: Mutex<Option<bool>>,
+}
+
+#[async_trait]
+impl LeaseOps for Arc<SessionOps> {
+    async fn renew(&self) -> Result<Instant> {
+        Ok(Instant::now() + Duration::from_millis(300))
+    }
+    async fn release(&self) -> Result<()> {
+        let lost = self
+            .signal
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(LostSignal::is_lost));
+        if let Ok(mut slot) = self.lost_when_freed.lock() {
+            *slot = lost;
+        }
+        Ok(())
+    }
+    fn lapses_without_renewal(&self) -> bool {
+        false
+    }
+}
+
+/// Ops whose renewal never answers (a frozen server, no request timeout).
+#[derive(Debug)]
+struct HangingOps;
+
+#[async_trait]
+impl LeaseOps for HangingOps {
+    async fn renew(&self) -> Result<Instant> {
+        std::future::pending().await
+    }
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A manual renewal that gets no answer ends at `valid_until` with `Lost`, and the lease is
+/// Lost: it does not hang with the driver's request.
+#[tokio::test]
+async fn a_hanging_manual_renewal_ends_at_valid_until() -> std::result::Result<(), String> {
+    let name = LockName::new("hanging-renew").map_err(|e| e.to_string())?;
+    let valid_until = Instant::now() + Duration::from_millis(100);
+    let lease = ManagedLease::new(
+        name,
+        Grant {
+            token: None,
+            ttl: Duration::from_millis(100),
+            valid_until,
+        },
+        Renewal::Manual,
+        HangingOps,
+    );
+    let r = tokio::time::timeout(Duration::from_secs(5), lease.renew())
+        .await
+        .map_err(|_| "a hanging renewal still unanswered 5 s after valid_until".to_string())?;
+    if !matches!(r, Err(Error::Lost { .. })) {
+        return Err(format!("a hanging renewal gave {r:?}, expected Lost"));
+    }
+    let late = Instant::now().saturating_duration_since(valid_until);
+    if late > Duration::from_millis(50) {
+        return Err(format!(
+            "a hanging renewal ended {late:?} after valid_until"
+        ));
+    }
+    if lease.state() != LeaseState::Lost {
+        return Err(format!(
+            "after a hanging renewal the lease is {:?}",
+            lease.state()
+        ));
+    }
+    Ok(())
+}
+
+/// Ops whose first `failures` releases fail as a dropped connection would.
+#[derive(Debug, Default)]
+struct FlakyRelease {
+    failures: u32,
+    attempts: Arc<std::sync::atomic::AtomicU32>,
+}
+
+#[async_trait]
+impl LeaseOps for FlakyRelease {
+    async fn renew(&self) -> Result<Instant> {
+        Ok(Instant::now() + Duration::from_secs(1))
+    }
+    async fn release(&self) -> Result<()> {
+        let n = self.attempts.fetch_add(1, Ordering::SeqCst);
+        if n < self.failures {
+            return Err(Error::unavailable("test", "broken pipe"));
+        }
+        Ok(())
+    }
+}
+
+/// A release that fails for a reason that may pass reports it, and is sent again in the
+/// background until one gets through: the caller cannot, its lease is gone.
+#[tokio::test]
+async fn a_failed_release_is_sent_again_until_it_gets_through() -> std::result::Result<(), String> {
+    let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let ops = FlakyRelease {
+        failures: 3,
+        attempts: attempts.clone(),
+    };
+    let name = LockName::new("flaky-release").map_err(|e| e.to_string())?;
+    let lease = ManagedLease::new(
+        name,
+        Grant {
+            token: None,
+            ttl: Duration::from_secs(5),
+            valid_until: Instant::now() + Duration::from_secs(5),
+        },
+        Renewal::Manual,
+        ops,
+    );
+    let r = Box::new(lease).release().await;
+    if !matches!(r, Err(Error::Unavailable { .. })) {
+        return Err(format!(
+            "the failed release gave {r:?}, expected Unavailable"
+        ));
+    }
+    // The second attempt at once, the third and fourth after 50 and 100 ms.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while attempts.load(Ordering::SeqCst) < 4 {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} release attempts 2 s after the first failed; the fourth would get through",
+                attempts.load(Ordering::SeqCst)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let n = attempts.load(Ordering::SeqCst);
+    if n != 4 {
+        return Err(format!(
+            "{n} release attempts: it went on after one got through"
+        ));
+    }
+    Ok(())
+}
+
+/// The watchdog at `max_hold` must mark the lease Lost before it frees the lock: a
+/// successor granted the instant the lock is freed must find the holder's signal fired.
+#[tokio::test]
+async fn max_hold_marks_lost_before_the_lock_is_freed() -> std::result::Result<(), String> {
+    let ops = Arc::new(SessionOps::default());
+    let name = LockName::new("max-hold-order").map_err(|e| e.to_string())?;
+    let lease = ManagedLease::new(
+        name,
+        Grant {
+            token: None,
+            ttl: Duration::from_millis(300),
+            valid_until: Instant::now() + Duration::from_millis(300),
+        },
+        Renewal::Auto {
+            max_hold: Some(Duration::from_millis(50)),
+        },
+        ops.clone(),
+    );
+    *ops.signal.lock().map_err(|e| e.to_string())? = Some(lease.lost());
+    let lost = lease.lost();
+    tokio::time::timeout(Duration::from_secs(5), lost.wait())
+        .await
+        .map_err(|_| "lease not lost within 5 s of max_hold 50 ms".to_string())?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let freed = *ops.lost_when_freed.lock().map_err(|e| e.to_string())?;
+    match freed {
+        Some(true) => Ok(()),
+        Some(false) => Err(
+            "the watchdog freed the lock while the lease was still Held: a \
+             successor could be granted before the holder's lost signal fired"
+                .into(),
+        ),
+        None => Err("the watchdog never freed the lock at max_hold".into()),
+    }
+}
