@@ -44,6 +44,7 @@ mod error;
 mod managed;
 pub mod memory;
 mod name;
+mod name_rules;
 mod options;
 mod registry;
 mod secret;

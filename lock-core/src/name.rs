@@ -1,10 +1,8 @@
-//! Validated lock names.
+//! The lock-name value: what a valid name is and how it shows. Which strings are valid, and
+//! the constructors that check them, are in `name_rules`.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
-
-use crate::{Error, Result};
 
 /// Longest accepted name, in bytes. Chosen so that every backend can carry it with its own
 /// prefix and suffix: a file name (`<name>.lock`, 255-byte limit), a ZooKeeper node, a Redis key.
@@ -21,7 +19,7 @@ pub const NAME_PUNCTUATION: &str = "-_.:@+=";
 ///
 /// Names are case-sensitive, 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits and
 /// [`NAME_PUNCTUATION`], and neither `.` nor `..`. Anything else is an
-/// [`Error::InvalidName`], never a silently different key.
+/// [`Error::InvalidName`](crate::Error::InvalidName), never a silently different key.
 ///
 /// ```
 /// use lock_core::LockName;
@@ -37,59 +35,15 @@ pub const NAME_PUNCTUATION: &str = "-_.:@+=";
 pub struct LockName(Arc<str>);
 
 impl LockName {
-    /// Validates `name` and wraps it.
-    pub fn new(name: impl AsRef<str>) -> Result<Self> {
-        let s = name.as_ref();
-        validate(s)?;
-        Ok(LockName(Arc::from(s)))
-    }
-
     /// The name as given.
     pub fn as_str(&self) -> &str {
         &self.0
     }
-}
 
-fn invalid(name: &str, reason: impl Into<String>) -> Error {
-    // Escaped and shortened: a hostile or binary name must not flood a log line.
-    let mut shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
-    if name.chars().count() > 64 {
-        shown.push('…');
+    /// Wraps a string that `name_rules` has checked; the only way to make one.
+    pub(crate) fn checked(s: &str) -> Self {
+        LockName(Arc::from(s))
     }
-    Error::InvalidName {
-        name: format!("\"{shown}\""),
-        reason: reason.into(),
-    }
-}
-
-fn validate(s: &str) -> Result<()> {
-    if s.is_empty() {
-        return Err(invalid(s, "must not be empty"));
-    }
-    if s.len() > MAX_NAME_LEN {
-        return Err(invalid(
-            s,
-            format!("is {} bytes long; the limit is {MAX_NAME_LEN}", s.len()),
-        ));
-    }
-    for (i, c) in s.chars().enumerate() {
-        if c.is_control() {
-            return Err(invalid(s, format!("control character at position {i}")));
-        }
-        if !(c.is_ascii_alphanumeric() || NAME_PUNCTUATION.contains(c)) {
-            return Err(invalid(
-                s,
-                format!(
-                    "character {c:?} at position {i} is not allowed \
-                     (use ASCII letters, digits and {NAME_PUNCTUATION})"
-                ),
-            ));
-        }
-    }
-    if s == "." || s == ".." {
-        return Err(invalid(s, "`.` and `..` are reserved"));
-    }
-    Ok(())
 }
 
 impl fmt::Display for LockName {
@@ -107,78 +61,5 @@ impl fmt::Debug for LockName {
 impl AsRef<str> for LockName {
     fn as_ref(&self) -> &str {
         &self.0
-    }
-}
-
-impl FromStr for LockName {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        LockName::new(s)
-    }
-}
-
-impl TryFrom<&str> for LockName {
-    type Error = Error;
-    fn try_from(s: &str) -> Result<Self> {
-        LockName::new(s)
-    }
-}
-
-impl TryFrom<String> for LockName {
-    type Error = Error;
-    fn try_from(s: String) -> Result<Self> {
-        LockName::new(s)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_the_documented_alphabet() {
-        for ok in [
-            "a",
-            "A-b_c.d:e@f+g=h",
-            "0",
-            &"x".repeat(MAX_NAME_LEN),
-            "...",
-        ] {
-            assert!(LockName::new(ok).is_ok(), "{ok:?} should be accepted");
-        }
-    }
-
-    #[test]
-    fn rejects_with_typed_errors() {
-        let long = "x".repeat(MAX_NAME_LEN + 1);
-        for bad in [
-            "",
-            &long,
-            "a\nb",
-            "a\0b",
-            "tab\there",
-            "a/b",
-            "{tag}",
-            "a b",
-            "ü",
-            "*",
-            ".",
-            "..",
-        ] {
-            match LockName::new(bad) {
-                Err(Error::InvalidName { name, reason }) => {
-                    assert!(!reason.is_empty());
-                    assert!(!name.contains('\n') && !name.contains('\0'), "{name}");
-                }
-                other => panic!("{bad:?} gave {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn error_text_is_bounded() {
-        let huge = "\u{1}".repeat(10_000);
-        let msg = LockName::new(huge).unwrap_err().to_string();
-        assert!(msg.len() < 600, "{}", msg.len());
     }
 }

@@ -1,0 +1,131 @@
+//! Which strings are lock names, and the constructors of [`LockName`] that check them: a bad
+//! name is an [`Error::InvalidName`], never a silently different key.
+
+use std::str::FromStr;
+
+use crate::name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
+use crate::{Error, Result};
+
+impl LockName {
+    /// Validates `name` and wraps it.
+    pub fn new(name: impl AsRef<str>) -> Result<Self> {
+        let s = name.as_ref();
+        validate(s)?;
+        Ok(LockName::checked(s))
+    }
+}
+
+fn invalid(name: &str, reason: impl Into<String>) -> Error {
+    // Escaped and shortened: a hostile or binary name must not flood a log line.
+    let mut shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
+    if name.chars().count() > 64 {
+        shown.push('…');
+    }
+    Error::InvalidName {
+        name: format!("\"{shown}\""),
+        reason: reason.into(),
+    }
+}
+
+fn validate(s: &str) -> Result<()> {
+    if s.is_empty() {
+        return Err(invalid(s, "must not be empty"));
+    }
+    if s.len() > MAX_NAME_LEN {
+        return Err(invalid(
+            s,
+            format!("is {} bytes long; the limit is {MAX_NAME_LEN}", s.len()),
+        ));
+    }
+    for (i, c) in s.chars().enumerate() {
+        if c.is_control() {
+            return Err(invalid(s, format!("control character at position {i}")));
+        }
+        if !(c.is_ascii_alphanumeric() || NAME_PUNCTUATION.contains(c)) {
+            return Err(invalid(
+                s,
+                format!(
+                    "character {c:?} at position {i} is not allowed \
+                     (use ASCII letters, digits and {NAME_PUNCTUATION})"
+                ),
+            ));
+        }
+    }
+    if s == "." || s == ".." {
+        return Err(invalid(s, "`.` and `..` are reserved"));
+    }
+    Ok(())
+}
+
+impl FromStr for LockName {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        LockName::new(s)
+    }
+}
+
+impl TryFrom<&str> for LockName {
+    type Error = Error;
+    fn try_from(s: &str) -> Result<Self> {
+        LockName::new(s)
+    }
+}
+
+impl TryFrom<String> for LockName {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        LockName::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_documented_alphabet() {
+        for ok in [
+            "a",
+            "A-b_c.d:e@f+g=h",
+            "0",
+            &"x".repeat(MAX_NAME_LEN),
+            "...",
+        ] {
+            assert!(LockName::new(ok).is_ok(), "{ok:?} should be accepted");
+        }
+    }
+
+    #[test]
+    fn rejects_with_typed_errors() {
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        for bad in [
+            "",
+            &long,
+            "a\nb",
+            "a\0b",
+            "tab\there",
+            "a/b",
+            "{tag}",
+            "a b",
+            "ü",
+            "*",
+            ".",
+            "..",
+        ] {
+            match LockName::new(bad) {
+                Err(Error::InvalidName { name, reason }) => {
+                    assert!(!reason.is_empty());
+                    assert!(!name.contains('\n') && !name.contains('\0'), "{name}");
+                }
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn error_text_is_bounded() {
+        let huge = "\u{1}".repeat(10_000);
+        let msg = LockName::new(huge).unwrap_err().to_string();
+        assert!(msg.len() < 600, "{}", msg.len());
+    }
+}
