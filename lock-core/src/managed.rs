@@ -44,16 +44,17 @@ pub trait LeaseOps: Send + Sync + 'static {
     /// Deletes the lock on the backend if this owner still holds it; `Err(NotHeld)` otherwise.
     async fn release(&self) -> Result<()>;
 
-    /// Called when the lease is dropped without `release` or `abandon`. The default releases in
-    /// a background task on the current tokio runtime, if there is one; otherwise the lock
-    /// expires. Never block here.
-    fn release_on_drop(self: Arc<Self>)
+    /// Called when the lease is dropped without `release` or `abandon`, with the lease's
+    /// `valid_until`. The default releases in a background task on the current Tokio runtime,
+    /// as [`release_with_retries`] does (sent again after a failure that may pass, until
+    /// `until`); without a runtime the lock expires. Never block here.
+    fn release_on_drop(self: Arc<Self>, until: Instant)
     where
         Self: Sized,
     {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = self.release().await {
+                if let Err(e) = release_with_retries(self, until).await {
                     tracing::debug!(error = %e, "background release of a dropped lease failed");
                 }
             });
@@ -370,20 +371,13 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         let until = self.shared.tracker.valid_until();
         let result = {
             let _gate = self.shared.gate.lock().await;
-            self.shared.ops.release().await
+            release_with_retries(self.shared.ops.clone(), until).await
         };
         self.finished = true;
         self.shared.tracker.mark_released();
         if let Err(e) = &result {
             if e.is_retryable() {
-                tracing::warn!(lock = %self.name, error = %e, "release failed; retrying in the background");
-                // The caller cannot retry: its lease is gone. Owner-checked like every
-                // release, so a retry after a first attempt that did land touches nothing.
-                let ops = self.shared.ops.clone();
-                retry_in_background(until, move || {
-                    let ops = ops.clone();
-                    async move { ops.release().await }
-                });
+                tracing::warn!(lock = %self.name, error = %e, "release failed; sending it again in the background");
             }
         }
         result
@@ -414,8 +408,9 @@ impl<O: LeaseOps> Drop for ManagedLease<O> {
         }
         self.shared.released.store(true, Ordering::SeqCst);
         self.stop_watchdog();
+        let until = self.shared.tracker.valid_until();
         self.shared.tracker.mark_released();
-        self.shared.ops.clone().release_on_drop();
+        self.shared.ops.clone().release_on_drop(until);
     }
 }
 
@@ -428,6 +423,42 @@ impl<O: LeaseOps> fmt::Debug for ManagedLease<O> {
             .field("state", &self.state())
             .finish_non_exhaustive()
     }
+}
+
+/// Sends `ops`'s release and returns its answer; after a failure that may pass (its
+/// connection dropped), sends it again in the background ([`retry_in_background`]) until it
+/// gets through or `until` (the lease's `valid_until`) has passed. The caller cannot retry: a
+/// released or dropped lease is gone. Owner-checked like every release, so a retry after a
+/// first attempt that did land touches nothing. What [`ManagedLease`]'s `release` and the
+/// default [`LeaseOps::release_on_drop`] do.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::{Duration, Instant};
+/// use lock_core::{async_trait, driver::LeaseOps, Result};
+///
+/// struct Ops;
+/// #[async_trait]
+/// impl LeaseOps for Ops {
+///     async fn renew(&self) -> Result<Instant> { Ok(Instant::now()) }
+///     async fn release(&self) -> Result<()> { Ok(()) } // an owner-checked delete
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<()> {
+/// let until = Instant::now() + Duration::from_secs(5);
+/// lock_core::driver::release_with_retries(Arc::new(Ops), until).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn release_with_retries<O: LeaseOps>(ops: Arc<O>, until: Instant) -> Result<()> {
+    let result = ops.release().await;
+    if matches!(&result, Err(e) if e.is_retryable()) {
+        retry_in_background(until, move || {
+            let ops = ops.clone();
+            async move { ops.release().await }
+        });
+    }
+    result
 }
 
 /// Runs `attempt` in the background, at once and then again after each failure that may pass

@@ -1,6 +1,7 @@
 //! Unit tests of [`ManagedLease`](super::ManagedLease): the watchdog, the lost signal, release.
 
 use super::*;
+use std::sync::atomic::AtomicU32;
 use std::sync::Mutex;
 
 /// Ops of a session-style lease (no TTL of its own) whose release records whether the
@@ -87,7 +88,7 @@ async fn a_hanging_manual_renewal_ends_at_valid_until() -> std::result::Result<(
 #[derive(Debug, Default)]
 struct FlakyRelease {
     failures: u32,
-    attempts: Arc<std::sync::atomic::AtomicU32>,
+    attempts: Arc<AtomicU32>,
 }
 
 #[async_trait]
@@ -104,38 +105,40 @@ impl LeaseOps for FlakyRelease {
     }
 }
 
-/// A release that fails for a reason that may pass reports it, and is sent again in the
-/// background until one gets through: the caller cannot, its lease is gone.
-#[tokio::test]
-async fn a_failed_release_is_sent_again_until_it_gets_through() -> std::result::Result<(), String> {
-    let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+/// A lease of 5 s over ops whose first three releases fail as a dropped connection would,
+/// and the count of release attempts.
+fn flaky_lease(
+    name: &str,
+) -> std::result::Result<(ManagedLease<FlakyRelease>, Arc<AtomicU32>), String> {
+    let attempts = Arc::new(AtomicU32::new(0));
     let ops = FlakyRelease {
         failures: 3,
         attempts: attempts.clone(),
     };
-    let name = LockName::new("flaky-release").map_err(|e| e.to_string())?;
-    let lease = ManagedLease::new(
-        name,
-        Grant {
-            token: None,
-            ttl: Duration::from_secs(5),
-            valid_until: Instant::now() + Duration::from_secs(5),
-        },
-        Renewal::Manual,
-        ops,
-    );
-    let r = Box::new(lease).release().await;
-    if !matches!(r, Err(Error::Unavailable { .. })) {
-        return Err(format!(
-            "the failed release gave {r:?}, expected Unavailable"
-        ));
-    }
-    // The second attempt at once, the third and fourth after 50 and 100 ms.
+    let name = LockName::new(name).map_err(|e| e.to_string())?;
+    let grant = Grant {
+        token: None,
+        ttl: Duration::from_secs(5),
+        valid_until: Instant::now() + Duration::from_secs(5),
+    };
+    Ok((
+        ManagedLease::new(name, grant, Renewal::Manual, ops),
+        attempts,
+    ))
+}
+
+/// The release is sent again until the fourth attempt gets through (the second at once, the
+/// third and fourth after 50 and 100 ms), and never after that.
+async fn sent_again_until_through(
+    attempts: &AtomicU32,
+    what: &str,
+) -> std::result::Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(2);
     while attempts.load(Ordering::SeqCst) < 4 {
         if Instant::now() > deadline {
             return Err(format!(
-                "{} release attempts 2 s after the first failed; the fourth would get through",
+                "{what}: {} release attempts 2 s after the first failed; the fourth would get \
+                 through",
                 attempts.load(Ordering::SeqCst)
             ));
         }
@@ -145,10 +148,32 @@ async fn a_failed_release_is_sent_again_until_it_gets_through() -> std::result::
     let n = attempts.load(Ordering::SeqCst);
     if n != 4 {
         return Err(format!(
-            "{n} release attempts: it went on after one got through"
+            "{what}: {n} release attempts: it went on after one got through"
         ));
     }
     Ok(())
+}
+
+/// A release that fails for a reason that may pass reports it, and is sent again in the
+/// background until one gets through: the caller cannot, its lease is gone.
+#[tokio::test]
+async fn a_failed_release_is_sent_again_until_it_gets_through() -> std::result::Result<(), String> {
+    let (lease, attempts) = flaky_lease("flaky-release")?;
+    let r = Box::new(lease).release().await;
+    if !matches!(r, Err(Error::Unavailable { .. })) {
+        return Err(format!(
+            "the failed release gave {r:?}, expected Unavailable"
+        ));
+    }
+    sent_again_until_through(&attempts, "release").await
+}
+
+/// A dropped lease's background release is sent again the same way: nobody else can.
+#[tokio::test]
+async fn a_dropped_leases_failed_release_is_sent_again() -> std::result::Result<(), String> {
+    let (lease, attempts) = flaky_lease("flaky-drop")?;
+    drop(lease);
+    sent_again_until_through(&attempts, "drop").await
 }
 
 /// The watchdog at `max_hold` must mark the lease Lost before it frees the lock: a

@@ -386,7 +386,7 @@ impl LeaseOps for MemoryLeaseOps {
         self.release_now()
     }
 
-    fn release_on_drop(self: Arc<Self>) {
+    fn release_on_drop(self: Arc<Self>, _until: Instant) {
         // Synchronous: no runtime needed, and the next waiter is woken at once.
         let _ = self.release_now();
     }

@@ -159,9 +159,11 @@ impl HolderInfo {
 /// release it, and release takes it by value so it cannot be released twice.
 ///
 /// Dropping a lease without [`release`](Lease::release) inside a Tokio runtime frees the lock
-/// promptly, in the background (conformance case `lost::dropped_lease_frees_promptly`); where no
-/// runtime is left to send the release, it frees by expiry. [`abandon`](Lease::abandon)
-/// deliberately leaves it to expire.
+/// promptly, in the background (conformance case `lost::dropped_lease_frees_promptly`), and a
+/// background release that fails for a reason that may pass is sent again until it gets
+/// through or the lease has expired anyway (`faults::dropped_lease_still_frees_after_a_lost_release`);
+/// where no runtime is left to send the release, it frees by expiry.
+/// [`abandon`](Lease::abandon) deliberately leaves it to expire.
 #[async_trait]
 pub trait Lease: Send + Sync + Debug {
     /// The lock this lease holds.

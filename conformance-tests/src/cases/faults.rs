@@ -406,32 +406,63 @@ pub async fn lost_reply_leaves_no_orphan(h: &dyn Harness) -> Result<(), Failure>
 /// Another client must get it within four of the suite's TTLs plus the slack after the call
 /// answered.
 pub async fn failed_release_still_frees(h: &dyn Harness) -> Result<(), Failure> {
-    let (t, holder, other, name) = holder_and_other(h, "lost-release").await?;
+    lost_release_still_frees(h, "lost-release", false).await
+}
+
+/// The same for a lease dropped without `release` (a `?` or a panic on the way): its
+/// background release, lost with its connection, must still get through once the link is
+/// back. Another client must get the lock within four of the suite's TTLs plus the slack
+/// after the drop.
+pub async fn dropped_lease_still_frees_after_a_lost_release(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    lost_release_still_frees(h, "lost-drop", true).await
+}
+
+/// A holder's release (by `release`, or by dropping the lease) is cut with its connection on
+/// its way; then another client must get the lock within four TTLs plus the slack.
+async fn lost_release_still_frees(
+    h: &dyn Harness,
+    tag: &str,
+    by_drop: bool,
+) -> Result<(), Failure> {
+    let (t, holder, other, name) = holder_and_other(h, tag).await?;
     let lease = holder.lock.try_acquire(&name, &long_opts(h)).await?;
     let lease = held(lease, "holder")?;
     let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
     holder.link.set(Fault::Delay(delay));
-    let release = tokio::spawn(lease.release());
-    // The release request is on its way: lose it with the connection, then heal the link.
+    let release = if by_drop {
+        drop(lease);
+        None
+    } else {
+        Some(tokio::spawn(lease.release()))
+    };
+    // The release request is on its way (a dropped lease sends its own at once): lose it
+    // with the connection, then heal the link.
     sleep(delay / 2).await;
     holder.link.set(Fault::Cut);
     holder.link.set(Fault::Healed);
-    let answer = within(
-        Duration::from_secs(20),
-        "the release whose request was lost",
-        release,
-    )
-    .await?
-    .map_err(|e| Failure(format!("the release task failed: {e}")))?;
+    let what = match release {
+        Some(release) => {
+            let answer = within(
+                Duration::from_secs(20),
+                "the release whose request was lost",
+                release,
+            )
+            .await?
+            .map_err(|e| Failure(format!("the release task failed: {e}")))?;
+            format!("a release whose request was lost with its connection (it answered {answer:?})")
+        }
+        None => "a dropped lease whose release was lost with its connection".to_string(),
+    };
     let bound = t.ttl * 4 + t.slack;
     let next = other
         .acquire(&name, &long_opts(h).wait_for(bound))
         .await
         .map_err(|e| {
             Failure(format!(
-                "after a release whose request was lost with its connection (it answered \
-                 {answer:?}), the lock stayed held for over {bound:?} ({e}): a release that \
-                 fails must still get through, or the lock waits out its TTL"
+                "after {what}, the lock stayed held for over {bound:?} ({e}): a release that \
+                 fails must be sent again until it gets through, or the lock waits out its TTL"
             ))
         })?;
     next.release().await?;

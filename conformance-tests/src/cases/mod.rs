@@ -200,6 +200,10 @@ pub static CASES: &[Case] = &[
     case!(faults::unreachable_backend_is_an_error, delays),
     case!(faults::lost_reply_leaves_no_orphan, delays),
     case!(faults::failed_release_still_frees, delays),
+    case!(
+        faults::dropped_lease_still_frees_after_a_lost_release,
+        delays
+    ),
     case!(faults::cut_off_holder_gets_answers_not_hangs, delays),
     case!(safety::history_is_clean, always),
     case!(security::right_credentials_lock_and_never_show, auth),

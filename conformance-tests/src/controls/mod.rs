@@ -243,6 +243,9 @@ pub enum Flaw {
     LostReplyLeavesGrant,
     /// A release lost with its connection is not sent again: the lock waits out its TTL.
     FailedReleaseLeftToTtl,
+    /// A dropped lease's background release is sent once: lost with its connection, the lock
+    /// waits out its TTL (an explicit release is still sent again).
+    DroppedReleaseSentOnce,
 }
 
 impl Flaw {
@@ -336,6 +339,7 @@ impl Flaw {
         Flaw::MinTtlRefused,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,
+        Flaw::DroppedReleaseSentOnce,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -478,7 +482,13 @@ impl Flaw {
             Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
             Flaw::MinTtlRefused => cases![input::declared_min_ttl_is_granted],
             Flaw::LostReplyLeavesGrant => cases![faults::lost_reply_leaves_no_orphan],
-            Flaw::FailedReleaseLeftToTtl => cases![faults::failed_release_still_frees],
+            Flaw::FailedReleaseLeftToTtl => cases![
+                faults::failed_release_still_frees,
+                faults::dropped_lease_still_frees_after_a_lost_release
+            ],
+            Flaw::DroppedReleaseSentOnce => {
+                cases![faults::dropped_lease_still_frees_after_a_lost_release]
+            }
             Flaw::CancelledRenewLeavesAtRisk => {
                 cases![renewal::cancelled_renew_leaves_the_lease_held]
             }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, LeaseOps};
+use lock_core::driver::{drift, release_with_retries, LeaseOps};
 use lock_core::{Error, Lease, LockName, Result};
 use tokio::sync::watch;
 
@@ -225,6 +225,27 @@ impl LeaseOps for WiredOps {
         Some(Box::pin(async move {
             let _ = cut.wait_for(|n| *n != at_grant).await;
         }))
+    }
+
+    /// Sent again until it gets through, as by default, except under
+    /// [`Flaw::DroppedReleaseSentOnce`].
+    fn release_on_drop(self: Arc<Self>, until: Instant) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            if self.flaw == Flaw::DroppedReleaseSentOnce {
+                if self.release().await.is_err() {
+                    // Nobody sends it again: on a server the lock would wait out its TTL (the
+                    // store lease must not be dropped, which would release it).
+                    if let Some(l) = self.store.lock().await.take() {
+                        l.abandon();
+                    }
+                }
+            } else {
+                let _ = release_with_retries(self, until).await;
+            }
+        });
     }
 
     fn abandon(&self) {
