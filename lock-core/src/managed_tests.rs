@@ -176,6 +176,41 @@ async fn a_dropped_leases_failed_release_is_sent_again() -> std::result::Result<
     sent_again_until_through(&attempts, "drop").await
 }
 
+/// A dropped lease's release that never gets through stops at the lease's `valid_until`: the
+/// retry task must not outlive the lease it serves (after that the backend frees the lock).
+#[tokio::test]
+async fn release_retries_end_at_valid_until() -> std::result::Result<(), String> {
+    let attempts = Arc::new(AtomicU32::new(0));
+    let ops = FlakyRelease {
+        failures: u32::MAX,
+        attempts: attempts.clone(),
+    };
+    let name = LockName::new("never-through").map_err(|e| e.to_string())?;
+    let valid_until = Instant::now() + Duration::from_millis(400);
+    let grant = Grant {
+        token: None,
+        ttl: Duration::from_millis(400),
+        valid_until,
+    };
+    drop(ManagedLease::new(name, grant, Renewal::Manual, ops));
+    tokio::time::sleep_until((valid_until + Duration::from_millis(100)).into()).await;
+    let at_end = attempts.load(Ordering::SeqCst);
+    if at_end < 3 {
+        return Err(format!(
+            "{at_end} release attempts before valid_until; a failed one must be sent again"
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let later = attempts.load(Ordering::SeqCst);
+    if later != at_end {
+        return Err(format!(
+            "{} release attempts after valid_until: the retry outlived the lease",
+            later - at_end
+        ));
+    }
+    Ok(())
+}
+
 /// The watchdog at `max_hold` must mark the lease Lost before it frees the lock: a
 /// successor granted the instant the lock is freed must find the holder's signal fired.
 #[tokio::test]
