@@ -103,7 +103,7 @@ impl FlawedLock {
             Flaw::TimedOutWaiterGrantedLater | Flaw::TimedOutWaiterStaysQueued => {
                 let r = self.inner.acquire(&key, &self.inner_opts(opts)).await;
                 if let Err(Error::Timeout { .. }) = r {
-                    self.leave_timed_out_waiter(&key, opts);
+                    self.leave_timed_out_waiter(&key, opts).await;
                 }
                 Ok(self.wrap(r?, opts, started, started))
             }
@@ -142,7 +142,7 @@ impl FlawedLock {
     }
 
     /// What a waiter that timed out leaves behind under this flaw.
-    fn leave_timed_out_waiter(&self, key: &LockName, opts: &LockOptions) {
+    async fn leave_timed_out_waiter(&self, key: &LockName, opts: &LockOptions) {
         if self.flaw == Flaw::TimedOutWaiterStaysQueued {
             locked(&self.shared.queued_ghosts).insert(key.clone(), Instant::now() + opts.ttl * 50);
             return;
@@ -154,10 +154,20 @@ impl FlawedLock {
             .ttl(opts.ttl * 50)
             .manual_renewal()
             .wait_forever();
-        tokio::spawn(async move {
+        let mut left = Box::pin(async move {
             if let Ok(l) = inner.acquire(&key, &o).await {
                 l.abandon();
             }
         });
+        // Polled once here, so it is in the store's queue (the memory driver joins it on the
+        // first poll) before the timeout returns: spawned unpolled, it could join only after
+        // the holder's release, and then a newcomer would win the race and hide the flaw.
+        let first = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(left.as_mut(), cx))
+        })
+        .await;
+        if first.is_pending() {
+            tokio::spawn(left);
+        }
     }
 }
