@@ -297,22 +297,8 @@ async fn connection(
         let (cr, cw) = client.into_split();
         let (sr, sw) = server.into_split();
         let heard = Heard::default();
-        let up = pump(
-            cr,
-            sw,
-            shared.mode.subscribe(),
-            Direction::Up(&shared),
-            &trapped,
-            &heard,
-        );
-        let down = pump(
-            sr,
-            cw,
-            shared.mode.subscribe(),
-            Direction::Down(&shared),
-            &trapped,
-            &heard,
-        );
+        let up = pump(cr, sw, Direction::Up(&shared), &trapped, &heard);
+        let down = pump(sr, cw, Direction::Down(&shared), &trapped, &heard);
         tokio::join!(up, down, reaper(&shared, &heard));
         Some(())
     };
@@ -427,11 +413,12 @@ async fn wait_passable(mode: &mut watch::Receiver<Mode>) -> Option<bool> {
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
-    mut mode: watch::Receiver<Mode>,
     direction: Direction<'_>,
     trapped: &Trapped,
     heard: &Heard,
 ) {
+    let (Direction::Up(shared) | Direction::Down(shared)) = direction;
+    let mut mode = shared.mode.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
     let mut reaped = heard.reaped.subscribe();
     loop {

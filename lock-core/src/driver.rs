@@ -20,7 +20,7 @@ pub use crate::endpoint::{
     parse_bool_param, percent_decode, percent_encode, redacted_url, MultiHostUrl, Query, TlsCa,
 };
 pub use crate::managed::{
-    drift, release_with_retries, retry_in_background, Grant, LeaseOps, ManagedLease,
+    drift, lease_end, release_with_retries, retry_in_background, Grant, LeaseOps, ManagedLease,
 };
 pub use crate::registry::{connecting, ConnectFuture, Driver};
 pub use crate::secret::{scrub, ClientError, Secret};

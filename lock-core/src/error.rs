@@ -134,6 +134,18 @@ impl Error {
         )
     }
 
+    /// [`Error::NotHeld`] for `name`: the lease's owner check failed.
+    ///
+    /// ```
+    /// use lock_core::{Error, LockName};
+    /// let name: LockName = "jobs.nightly".parse()?;
+    /// assert!(matches!(Error::not_held(&name), Error::NotHeld { name: n } if n == name));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn not_held(name: &LockName) -> Self {
+        Error::NotHeld { name: name.clone() }
+    }
+
     /// A [`Error::Config`] without an underlying error.
     ///
     /// ```

@@ -511,6 +511,20 @@ pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+/// The conservative end of a lease that a request sent at `start` was granted (or renewed) for
+/// `ttl`: the server's clock may have started the TTL any time after `start`, and the clocks
+/// may drift apart by [`drift`] meanwhile.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// let start = Instant::now();
+/// let end = lock_core::driver::lease_end(start, Duration::from_secs(10));
+/// assert_eq!(end - start, Duration::from_millis(9898));
+/// ```
+pub fn lease_end(start: Instant, ttl: Duration) -> Instant {
+    start + ttl.saturating_sub(drift(ttl))
+}
+
 #[cfg(test)]
 #[path = "managed_tests.rs"]
 mod tests;

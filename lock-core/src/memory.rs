@@ -350,14 +350,10 @@ impl MemoryLeaseOps {
                     slot.wake_head();
                     Ok(())
                 } else {
-                    Err(Error::NotHeld {
-                        name: self.name.clone(),
-                    })
+                    Err(Error::not_held(&self.name))
                 }
             }
-            None => Err(Error::NotHeld {
-                name: self.name.clone(),
-            }),
+            None => Err(Error::not_held(&self.name)),
         }
     }
 }
@@ -376,9 +372,7 @@ impl LeaseOps for MemoryLeaseOps {
                 h.expires_at = now + self.ttl;
                 Ok(h.expires_at)
             }
-            None => Err(Error::NotHeld {
-                name: self.name.clone(),
-            }),
+            None => Err(Error::not_held(&self.name)),
         }
     }
 

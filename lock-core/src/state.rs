@@ -110,34 +110,27 @@ impl LeaseTracker {
 
     /// A renewal or the connection failed transiently: Held becomes AtRisk.
     pub fn at_risk(&self) {
-        self.tx.send_if_modified(|s| {
-            if s.phase == Phase::Held {
-                s.phase = Phase::AtRisk;
-                true
-            } else {
-                false
-            }
-        });
+        self.move_to(Phase::AtRisk, |p| p == Phase::Held);
     }
 
     /// The backend said the lease is gone (or the driver knows it may be). Final.
     pub fn mark_lost(&self) {
-        self.tx.send_if_modified(|s| {
-            if matches!(s.phase, Phase::Held | Phase::AtRisk) {
-                s.phase = Phase::Lost;
-                true
-            } else {
-                false
-            }
-        });
+        self.move_to(Phase::Lost, |p| matches!(p, Phase::Held | Phase::AtRisk));
     }
 
     /// The holder released the lease; signals resolve.
     pub fn mark_released(&self) {
+        self.move_to(Phase::Released, |p| p != Phase::Released);
+    }
+
+    /// Moves to `to` from any phase `from` accepts; watchers hear only of a real change.
+    fn move_to(&self, to: Phase, from: impl Fn(Phase) -> bool) {
         self.tx.send_if_modified(|s| {
-            let changed = s.phase != Phase::Released;
-            s.phase = Phase::Released;
-            changed
+            let moves = from(s.phase);
+            if moves {
+                s.phase = to;
+            }
+            moves
         });
     }
 

@@ -36,9 +36,7 @@ impl EtcdLock {
         lease: &dyn Lease,
         ops: impl IntoIterator<Item = TxnOp>,
     ) -> Result<etcd_client::TxnResponse> {
-        let not_held = || Error::NotHeld {
-            name: lease.name().clone(),
-        };
+        let not_held = || Error::not_held(lease.name());
         let rev = lease
             .fencing_token()
             .and_then(|t| i64::try_from(t.get()).ok())

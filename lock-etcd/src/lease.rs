@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
-use lock_core::driver::{drift, LeaseOps};
+use lock_core::driver::{lease_end, LeaseOps};
 use lock_core::{Error, LockName, Result};
 
 use crate::client::{call, txn_call};
@@ -44,15 +44,11 @@ impl LeaseOps for EtcdLeaseOps {
             keep_alive(&self.client, &self.config, self.id, self.ttl, limit),
             key_check
         );
-        let ttl = alive?.ok_or_else(|| Error::NotHeld {
-            name: self.name.clone(),
-        })?;
+        let ttl = alive?.ok_or_else(|| Error::not_held(&self.name))?;
         if key?.kvs().first().map(|kv| kv.create_revision()) != Some(self.rev) {
-            return Err(Error::NotHeld {
-                name: self.name.clone(),
-            });
+            return Err(Error::not_held(&self.name));
         }
-        let until = start + ttl.saturating_sub(drift(ttl));
+        let until = lease_end(start, ttl);
         *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
         Ok(until)
     }
@@ -80,9 +76,7 @@ impl LeaseOps for EtcdLeaseOps {
         if resp.succeeded() {
             Ok(())
         } else {
-            Err(Error::NotHeld {
-                name: self.name.clone(),
-            })
+            Err(Error::not_held(&self.name))
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use lock_core::driver::{drift, retry_in_background, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{drift, lease_end, retry_in_background, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
 
 use crate::client::{malformed, txn_call};
@@ -201,14 +201,7 @@ impl Enqueued {
         put: (i64, bool),
         guard: RevokeGuard,
     ) -> Self {
-        Self::new(
-            id,
-            ttl,
-            start + ttl.saturating_sub(drift(ttl)),
-            key,
-            put,
-            guard,
-        )
+        Self::new(id, ttl, lease_end(start, ttl), key, put, guard)
     }
 }
 

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
-use lock_core::driver::drift;
+use lock_core::driver::lease_end;
 use lock_core::{Deadline, Error, LockName, Result};
 
 use crate::client::map_error;
@@ -115,7 +115,7 @@ impl WaitingLease {
         {
             Ok(Some(ttl)) => {
                 self.ttl = ttl;
-                self.valid_until = start + ttl.saturating_sub(drift(ttl));
+                self.valid_until = lease_end(start, ttl);
                 self.next_keep_alive = start + ttl / 3;
                 Ok(())
             }

@@ -130,9 +130,7 @@ impl lock_core::Lease for ShadowLease {
         lock_core::driver::LeaseTracker::new(std::time::Instant::now()).signal()
     }
     async fn renew(&self) -> lock_core::Result<()> {
-        Err(Error::NotHeld {
-            name: self.name.clone(),
-        })
+        Err(Error::not_held(&self.name))
     }
     async fn release(self: Box<Self>) -> lock_core::Result<()> {
         Ok(())

@@ -25,12 +25,6 @@ pub(crate) struct FileLeaseOps {
 }
 
 impl FileLeaseOps {
-    fn not_held(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.clone(),
-        }
-    }
-
     /// Takes the file out (the caller closes it, which releases the OS lock, then wakes a
     /// local waiter).
     fn let_go(&self) -> Option<Held> {
@@ -56,13 +50,13 @@ impl LeaseOps for FileLeaseOps {
         if held {
             Ok(start + self.ttl)
         } else {
-            Err(self.not_held())
+            Err(Error::not_held(&self.name))
         }
     }
 
     async fn release(&self) -> Result<()> {
         let Some(file) = self.let_go() else {
-            return Err(self.not_held());
+            return Err(Error::not_held(&self.name));
         };
         let (path, id) = (self.path.clone(), self.id);
         let still_ours = blocking(move || {
@@ -76,7 +70,7 @@ impl LeaseOps for FileLeaseOps {
         if still_ours == Some(id) {
             Ok(())
         } else {
-            Err(self.not_held())
+            Err(Error::not_held(&self.name))
         }
     }
 

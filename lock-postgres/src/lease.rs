@@ -104,9 +104,7 @@ impl LeaseOps for PgLeaseOps {
                 *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
                 return Ok(until);
             }
-            Ok(false) => Error::NotHeld {
-                name: self.name.clone(),
-            },
+            Ok(false) => Error::not_held(&self.name),
             Err(_) if session.is_closed() => {
                 self.ended("ended (connection closed or backend terminated)")
             }
@@ -142,9 +140,7 @@ impl LeaseOps for PgLeaseOps {
                 }
                 Ok(())
             }
-            Ok(false) => Err(Error::NotHeld {
-                name: self.name.clone(),
-            }),
+            Ok(false) => Err(Error::not_held(&self.name)),
             Err(_) if session.is_closed() => Err(self.ended("ended before the release")),
             // Dropping the session closes the connection: the lock goes with the session.
             Err(e) => Err(self.opener.error(e)),

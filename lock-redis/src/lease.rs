@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, LeaseOps};
+use lock_core::driver::{lease_end, LeaseOps};
 use lock_core::{Error, Result};
 use redis::aio::ConnectionManager;
 
@@ -35,10 +35,8 @@ impl LeaseOps for RedisLeaseOps {
         )
         .await
         {
-            Ok(Ok(true)) => Ok(start + self.ttl.saturating_sub(drift(self.ttl))),
-            Ok(Ok(false)) => Err(Error::NotHeld {
-                name: self.keys.name(),
-            }),
+            Ok(Ok(true)) => Ok(lease_end(start, self.ttl)),
+            Ok(Ok(false)) => Err(Error::not_held(&self.keys.name())),
             Ok(Err(e)) => Err(self.node.error(&e)),
             Err(_) => Err(self.node.unavailable("renew timed out")),
         }
@@ -53,9 +51,7 @@ impl LeaseOps for RedisLeaseOps {
         .await
         {
             Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => Err(Error::NotHeld {
-                name: self.keys.name(),
-            }),
+            Ok(Ok(false)) => Err(Error::not_held(&self.keys.name())),
             Ok(Err(e)) => Err(self.node.error(&e)),
             Err(_) => Err(self.node.unavailable("release timed out")),
         }

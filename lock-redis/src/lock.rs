@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{lease_end, Acquisition, Grant, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
     LockOptions, Result,
@@ -129,7 +129,7 @@ impl RedisLock {
             scripts::acquire(&mut conn, keys, &token, ttl),
         )
         .await;
-        let valid_until = start + ttl.saturating_sub(drift(ttl));
+        let valid_until = lease_end(start, ttl);
         let failure = match reply {
             Ok(Ok(Acquired::Busy {
                 remaining, foreign, ..

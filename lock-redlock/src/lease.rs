@@ -49,9 +49,7 @@ impl LeaseOps for RedlockLeaseOps {
         // Masters that were extended stay extended: undoing them would only shorten a lease
         // that a later renewal may still save.
         if not_held > self.nodes.len() - self.quorum {
-            return Err(Error::NotHeld {
-                name: self.keys.name(),
-            });
+            return Err(Error::not_held(&self.keys.name()));
         }
         Err(Error::QuorumNotReached {
             granted: extended,
@@ -72,9 +70,7 @@ impl LeaseOps for RedlockLeaseOps {
         if released >= self.quorum {
             Ok(())
         } else if not_held > self.nodes.len() - self.quorum || released + not_held >= self.quorum {
-            Err(Error::NotHeld {
-                name: self.keys.name(),
-            })
+            Err(Error::not_held(&self.keys.name()))
         } else {
             Err(Error::QuorumNotReached {
                 granted: released,

@@ -374,9 +374,7 @@ impl Lease for Released {
         LeaseTracker::new(Instant::now()).signal()
     }
     async fn renew(&self) -> Result<()> {
-        Err(Error::NotHeld {
-            name: self.0.clone(),
-        })
+        Err(Error::not_held(&self.0))
     }
     async fn release(self: Box<Self>) -> Result<()> {
         Ok(())

@@ -160,12 +160,6 @@ impl WiredOps {
         }
         ops
     }
-
-    fn not_held(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.clone(),
-        }
-    }
 }
 
 #[async_trait]
@@ -180,11 +174,11 @@ impl LeaseOps for WiredOps {
             if let Some(l) = self.store.lock().await.take() {
                 let _ = l.release().await;
             }
-            return Err(self.not_held());
+            return Err(Error::not_held(&self.name));
         }
         self.wire.request(self.flaw).await?;
         let store = self.store.lock().await;
-        let lease = store.as_ref().ok_or_else(|| self.not_held())?;
+        let lease = store.as_ref().ok_or_else(|| Error::not_held(&self.name))?;
         lease.renew().await?;
         Ok(start + self.ttl - drift(self.ttl))
     }
@@ -211,7 +205,10 @@ impl LeaseOps for WiredOps {
             }
         }
         let lease = self.store.lock().await.take();
-        lease.ok_or_else(|| self.not_held())?.release().await
+        lease
+            .ok_or_else(|| Error::not_held(&self.name))?
+            .release()
+            .await
     }
 
     /// A session-bound lease learns of a cut at once, except under

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, LeaseOps};
+use lock_core::driver::{lease_end, LeaseOps};
 use lock_core::{Error, LockName, Result};
 
 use crate::client::Shared;
@@ -17,29 +17,21 @@ pub(crate) struct TableOps {
     pub(crate) ttl: Duration,
 }
 
-impl TableOps {
-    fn not_held(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.clone(),
-        }
-    }
-}
-
 #[async_trait]
 impl LeaseOps for TableOps {
     /// Compare owner and extend; never recreate a lock that is gone.
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         if !self.shared.extend(&self.name, self.owner, self.ttl) {
-            return Err(self.not_held());
+            return Err(Error::not_held(&self.name));
         }
-        Ok(start + self.ttl.saturating_sub(drift(self.ttl)))
+        Ok(lease_end(start, self.ttl))
     }
 
     /// Compare owner and delete; a stale lease never touches its successor.
     async fn release(&self) -> Result<()> {
         if !self.shared.delete(&self.name, self.owner) {
-            return Err(self.not_held());
+            return Err(Error::not_held(&self.name));
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{lease_end, Acquisition, Grant, ManagedLease};
 use lock_core::{Capabilities, DistributedLock, Fencing, FencingToken, Lease, Result};
 
 use crate::client::{Shared, Table};
@@ -91,7 +91,7 @@ impl DistributedLock for TableLock {
                         Grant {
                             token: Some(FencingToken::new(fence)),
                             ttl,
-                            valid_until: start + ttl.saturating_sub(drift(ttl)),
+                            valid_until: lease_end(start, ttl),
                         },
                         opts.renewal,
                         ops,
