@@ -1,6 +1,5 @@
-//! Connecting: TLS, opening a session and setting it up, making the fencing table, refusing a
-//! transaction-pooling proxy; PostgreSQL errors mapped onto the contract's variants without
-//! the password.
+//! Connecting: TLS, opening a session and setting it up, making the fencing table; PostgreSQL
+//! errors mapped onto the contract's variants without the password.
 
 use std::future::Future;
 use std::time::Duration;
@@ -191,9 +190,10 @@ pub(crate) struct Opener {
 
 /// A connection with its server settings made, not yet prepared.
 pub(crate) struct Opened {
-    client: Client,
+    pub(crate) client: Client,
     driven: Driven,
-    pid: i32,
+    /// The backend's pid, as the session set-up reported it.
+    pub(crate) pid: i32,
     user_timeout: bool,
 }
 
@@ -373,62 +373,6 @@ impl Opener {
         }
     }
 
-    /// Refuses a transaction-pooling proxy (PgBouncer's `pool_mode = transaction`, say)
-    /// before the first grant: it hands each transaction to whichever server connection is
-    /// free, so a session advisory lock lands on a connection this client does not own and
-    /// stays there, held, after the client lets go. Two signs, either one enough: a second
-    /// connection, inside an open transaction, finds the first connection's backend (its pid,
-    /// or a session setting the first one made); or the first connection's next statement
-    /// runs on another backend. A direct connection, or a proxy that keeps sessions (a TCP
-    /// proxy, `pool_mode = session`), shows neither.
-    pub(crate) async fn refuse_pooler(&self, first: &Opened) -> Result<()> {
-        let marker = uuid_like(first.pid);
-        let pid_and_marker = "SELECT pg_backend_pid(), current_setting('distlock.probe', true)";
-        first
-            .client
-            .query_one("SELECT set_config('distlock.probe', $1, false)", &[&marker])
-            .await
-            .map_err(|e| self.error(e))?;
-        let second = self.open().await?;
-        let pinned = second.client.batch_execute("BEGIN").await;
-        let other = match pinned {
-            Ok(()) => second.client.query_one(pid_and_marker, &[]).await,
-            Err(e) => Err(e),
-        };
-        let again = first.client.query_one(pid_and_marker, &[]).await;
-        drop(second); // closes it; the open transaction ends with it
-        let pooled = |why: String| {
-            Err(Error::config(format!(
-                "{} goes through a transaction-pooling proxy ({why}): a session advisory lock \
-                 would stay on a server connection this client no longer has. Connect to \
-                 PostgreSQL directly, or through a pool in session mode (PgBouncer: \
-                 pool_mode = session)",
-                self.config.redacted_url()
-            )))
-        };
-        let other = match other {
-            Ok(r) => r,
-            // A statement-pooling proxy refuses the transaction itself.
-            Err(e) if e.code().is_none() => return Err(self.error(e)),
-            Err(e) => return pooled(format!("a transaction was refused: {}", self.scrub(&e))),
-        };
-        let again = again.map_err(|e| self.error(e))?;
-        let (other_pid, other_marker): (i32, Option<String>) = (other.get(0), other.get(1));
-        let (again_pid, again_marker): (i32, Option<String>) = (again.get(0), again.get(1));
-        if other_pid == first.pid || other_marker.as_deref() == Some(marker.as_str()) {
-            return pooled(format!(
-                "a second connection was served by the first one's backend, pid {other_pid}"
-            ));
-        }
-        if again_pid != first.pid || again_marker.as_deref() != Some(marker.as_str()) {
-            return pooled(format!(
-                "one connection's statements ran on backends {} and {again_pid}",
-                first.pid
-            ));
-        }
-        Ok(())
-    }
-
     /// Whether this server drops a vanished client's session by `tcp_user_timeout` as well as
     /// by keepalives (PostgreSQL 12 and later on Linux).
     pub(crate) fn warn_unbounded(&self, o: &Opened) {
@@ -444,22 +388,13 @@ impl Opener {
         lock_core::driver::scrub(&e, self.config.secret())
     }
 
-    fn odd(&self, what: &str) -> Error {
+    pub(crate) fn odd(&self, what: &str) -> Error {
         Error::backend(BACKEND, format!("{what} ({})", self.config.redacted_url()))
     }
 
     pub(crate) fn error(&self, e: tokio_postgres::Error) -> Error {
         map_error(e, &self.config)
     }
-}
-
-/// A value for the pooler probe's session setting, unique enough per connection attempt.
-fn uuid_like(pid: i32) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{pid}-{nanos}")
 }
 
 /// PostgreSQL's errors onto the contract: refused logins and missing privileges are

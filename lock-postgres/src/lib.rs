@@ -92,6 +92,7 @@ mod client;
 mod config;
 mod lease;
 mod lock;
+mod pooler;
 mod session;
 
 pub use client::advisory_key;

@@ -147,25 +147,53 @@ async fn the_documented_key_expression_matches_case() {
 }
 
 /// PgBouncer in transaction-pooling mode is refused before any lock is granted, with a message
-/// that says what to change; a proxy that keeps sessions (plain TCP) is accepted.
+/// that says what to change, every time: on an idle pool and on one that other clients keep
+/// busy (which hand the pool's connections round in an order the driver does not choose); a
+/// proxy that keeps sessions (plain TCP) is accepted.
 #[test]
 fn a_transaction_pooler_is_refused() {
     serial(a_transaction_pooler_is_refused_case());
 }
 
+/// How many times each pool is probed: the refusal must not depend on which server
+/// connection the pooler happens to hand out.
+const POOLER_PROBES: usize = 15;
+
 async fn a_transaction_pooler_is_refused_case() {
     let pooled =
         PgConfig::from_url("postgres://locker@127.0.0.1:16432/postgres?sslmode=disable").unwrap();
-    match PgLock::connect(pooled).await {
-        Err(Error::Config { message, .. }) => {
-            assert!(
-                message.contains("transaction-pooling") && message.contains("pool_mode = session"),
-                "{message}"
-            );
-        }
-        Err(e) => panic!("pgbouncer (transaction pooling) refused with the wrong error: {e:?}"),
-        Ok(_) => panic!("pgbouncer in transaction-pooling mode was accepted"),
+    let accepted = times_accepted(&pooled).await;
+    assert_eq!(
+        accepted, 0,
+        "pgbouncer in transaction-pooling mode was accepted {accepted} times of {POOLER_PROBES} \
+         (idle pool)"
+    );
+    // Two other clients keep the pool busy with short transactions, as an application
+    // sharing the pooler would.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let stop = stop.clone();
+        let other =
+            test_support::pg_client("host=127.0.0.1 port=16432 user=locker dbname=postgres")
+                .await
+                .expect("pgbouncer of scripts/services.sh (scripts/services.sh up pgbouncer)");
+        busy.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                other.batch_execute("SELECT pg_sleep(0.002)").await.unwrap();
+            }
+        }));
     }
+    let accepted = times_accepted(&pooled).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in busy {
+        b.await.unwrap();
+    }
+    assert_eq!(
+        accepted, 0,
+        "pgbouncer in transaction-pooling mode was accepted {accepted} times of {POOLER_PROBES} \
+         (pool kept busy by two other clients)"
+    );
     let (_proxy, through) = proxied("");
     let lock = PgLock::connect(through)
         .await
@@ -173,6 +201,23 @@ async fn a_transaction_pooler_is_refused_case() {
     let n = name("proxied");
     let lease = lock.try_acquire(&n, &opts()).await.unwrap().unwrap();
     lease.release().await.unwrap();
+}
+
+/// Connects through `pooled` [`POOLER_PROBES`] times; how many connections were accepted.
+/// A refusal must be the `Config` error that says what to change.
+async fn times_accepted(pooled: &PgConfig) -> usize {
+    let mut accepted = 0;
+    for _ in 0..POOLER_PROBES {
+        match PgLock::connect(pooled.clone()).await {
+            Err(Error::Config { message, .. }) => assert!(
+                message.contains("transaction-pooling") && message.contains("pool_mode = session"),
+                "{message}"
+            ),
+            Err(e) => panic!("pgbouncer (transaction pooling) refused with the wrong error: {e:?}"),
+            Ok(_) => accepted += 1,
+        }
+    }
+    accepted
 }
 
 /// An operator terminates the holder's backend: the lock is free at once on the server, and
