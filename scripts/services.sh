@@ -37,8 +37,9 @@ ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
 # etcd: single, a 3-member cluster, one with auth enabled, one serving clients over TLS only.
 ETCD=(etcd:12379 etcd-c1:12479 etcd-c2:12579 etcd-c3:12679 etcd-auth:12779 etcd-tls:12879)
 # PostgreSQL 15: plain (trust on loopback), one that requires a password (scram-sha-256), one
-# that speaks only TLS; pgbouncer in transaction-pooling mode in front of `pg`.
-PG=(pg:15432 pg-auth:15433 pg-tls:15434 pgbouncer:16432)
+# that speaks only TLS; pgbouncer in front of `pg`, in transaction-pooling mode (which the driver
+# must refuse) and in session-pooling mode (which it must accept).
+PG=(pg:15432 pg-auth:15433 pg-tls:15434 pgbouncer:16432 pgbouncer-session:16433)
 PG_BIN=${DISTLOCK_PG_BIN:-/usr/lib/postgresql/15/bin}
 PG_USER=locker
 PG_PASSWORD=locker-pw
@@ -74,7 +75,7 @@ kind_of() {
     redis* | redlock*) echo redis ;;
     zk*) echo zk ;;
     etcd*) echo etcd ;;
-    pgbouncer) echo pgbouncer ;;
+    pgbouncer*) echo pgbouncer ;;
     pg*) echo pg ;;
     *) die "unknown server '$1'" ;;
   esac
@@ -336,11 +337,14 @@ pg_ready() {
   pg_isready -q -h 127.0.0.1 -p "$2" -U "$PG_USER" -d postgres -t 2
 }
 
-# pgbouncer in transaction-pooling mode in front of `pg`: the pooler that silently breaks
-# session advisory locks, for the driver's refusal test.
+# pgbouncer in front of `pg`: `pgbouncer` pools by transaction, which silently breaks session
+# advisory locks (the driver must refuse it); `pgbouncer-session` by session, which keeps them
+# (the driver must accept it).
 start_pgbouncer() {
-  local name=$1 port=$2 dir=$STATE/$1 upstream
+  local name=$1 port=$2 dir=$STATE/$1 upstream mode=transaction size=4
   upstream=$(port_of pg)
+  # A session holds its server connection until the client leaves: room for a test's clients.
+  [ "$name" = pgbouncer-session ] && mode=session size=10
   {
     echo "[databases]"
     echo "* = host=127.0.0.1 port=$upstream"
@@ -350,8 +354,8 @@ start_pgbouncer() {
     echo "unix_socket_dir ="
     echo "auth_type = trust"
     echo "auth_file = $dir/users.txt"
-    echo "pool_mode = transaction"
-    echo "default_pool_size = 4"
+    echo "pool_mode = $mode"
+    echo "default_pool_size = $size"
     echo "logfile = $dir/server.log"
   } >"$dir/pgbouncer.ini"
   printf '"%s" ""\n' "$PG_USER" >"$dir/users.txt"

@@ -1,8 +1,8 @@
 //! PostgreSQL's own failure modes, against the servers of `scripts/services.sh` (`pg` on 15432,
-//! `pgbouncer` in transaction-pooling mode on 16432): what an operator's
-//! `pg_terminate_backend`, a restart, a pooler, a cancelled waiter and a foreign client do to
-//! a lease, observed on the server itself (`pg_locks`, `pg_stat_activity`, the kernel's socket
-//! table). One test at a time: one of them restarts the server.
+//! `pgbouncer` in transaction-pooling mode on 16432, `pgbouncer-session` on 16433): what an
+//! operator's `pg_terminate_backend`, a restart, a pooler, a cancelled waiter and a foreign
+//! client do to a lease, observed on the server itself (`pg_locks`, `pg_stat_activity`, the
+//! kernel's socket table). One test at a time: one of them restarts the server.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::time::{Duration, Instant};
@@ -203,6 +203,47 @@ async fn a_transaction_pooler_is_refused_case() {
     lease.release().await.unwrap();
 }
 
+/// PgBouncer in session-pooling mode keeps each client on one server connection, so session
+/// advisory locks work through it: `connect` accepts it every time (the probe must not refuse
+/// a pooler for being one), and a lock taken through it excludes a direct client until it is
+/// released.
+#[test]
+fn a_session_pooler_is_accepted() {
+    serial(a_session_pooler_is_accepted_case());
+}
+
+async fn a_session_pooler_is_accepted_case() {
+    let pooled = PgConfig::from_url("postgres://locker@127.0.0.1:16433/postgres?sslmode=disable")
+        .unwrap()
+        .with_session_timeout(SESSION)
+        .unwrap();
+    let accepted = times_accepted(&pooled).await;
+    assert_eq!(
+        accepted, POOLER_PROBES,
+        "pgbouncer in session-pooling mode (scripts/services.sh up pgbouncer-session) was \
+         accepted only {accepted} times of {POOLER_PROBES}"
+    );
+    let through = PgLock::connect(pooled).await.unwrap();
+    let direct = lock().await;
+    let n = name("session-pooled");
+    let lease = through
+        .try_acquire(&n, &opts())
+        .await
+        .unwrap()
+        .expect("a free lock, through the session pooler");
+    assert!(
+        direct.try_acquire(&n, &opts()).await.unwrap().is_none(),
+        "a direct client got the lock held through the session pooler"
+    );
+    lease.release().await.unwrap();
+    let again = direct
+        .try_acquire(&n, &opts())
+        .await
+        .unwrap()
+        .expect("released through the session pooler, the lock is free for a direct client");
+    again.release().await.unwrap();
+}
+
 /// Connects through `pooled` [`POOLER_PROBES`] times; how many connections were accepted.
 /// A refusal must be the `Config` error that says what to change.
 async fn times_accepted(pooled: &PgConfig) -> usize {
@@ -213,7 +254,7 @@ async fn times_accepted(pooled: &PgConfig) -> usize {
                 message.contains("transaction-pooling") && message.contains("pool_mode = session"),
                 "{message}"
             ),
-            Err(e) => panic!("pgbouncer (transaction pooling) refused with the wrong error: {e:?}"),
+            Err(e) => panic!("{pooled}: an error other than the pooler refusal: {e:?}"),
             Ok(_) => accepted += 1,
         }
     }
