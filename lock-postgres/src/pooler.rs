@@ -36,22 +36,28 @@ impl Opener {
         // The marker is digits and a dash: safe inside the literal.
         let set =
             format!("SELECT pg_backend_pid(), set_config('distlock.probe', '{marker}', false)");
-        let (pid, _) = self.look(&first.client, &set).await?;
-        if pid != first.pid {
-            return self.pooled(format!(
+        let hopped = |pid: i32| {
+            self.pooled(format!(
                 "one connection's statements ran on backends {} and {pid}",
                 first.pid
-            ));
+            ))
+        };
+        let shared = || {
+            self.pooled(format!(
+                "a second connection was served by the first one's backend, pid {}",
+                first.pid
+            ))
+        };
+        let (pid, _) = self.look(&first.client, &set).await?;
+        if pid != first.pid {
+            return hopped(pid);
         }
         let second = self.open().await?;
         if second.pid == first.pid {
-            return self.pooled(format!(
-                "a second connection was served by the first one's backend, pid {}",
-                first.pid
-            ));
+            return shared();
         }
         for _ in 0..ROUNDS {
-            let inside = match look(&second.client, &format!("BEGIN; {LOOK}")).await {
+            let (pid, seen) = match look(&second.client, &format!("BEGIN; {LOOK}")).await {
                 Ok(r) => r,
                 Err(Looked::Sql(e)) if e.code().is_some() => {
                     // A statement-pooling proxy refuses the transaction itself.
@@ -59,11 +65,8 @@ impl Opener {
                 }
                 Err(e) => return Err(self.looked(e)),
             };
-            if inside.0 == first.pid || inside.1.as_deref() == Some(marker.as_str()) {
-                return self.pooled(format!(
-                    "a second connection was served by the first one's backend, pid {}",
-                    first.pid
-                ));
+            if pid == first.pid || seen.as_deref() == Some(marker.as_str()) {
+                return shared();
             }
             second
                 .client
@@ -71,10 +74,14 @@ impl Opener {
                 .await
                 .map_err(|e| self.error(e))?;
             let (pid, seen) = self.look(&first.client, LOOK).await?;
-            if pid != first.pid || seen.as_deref() != Some(marker.as_str()) {
+            if pid != first.pid {
+                return hopped(pid);
+            }
+            if seen.as_deref() != Some(marker.as_str()) {
+                // Same backend, but its session was reset under the client: as bad.
                 return self.pooled(format!(
-                    "one connection's statements ran on backends {} and {pid}",
-                    first.pid
+                    "the first connection's session setting was gone at its next statement, on \
+                     backend {pid}"
                 ));
             }
         }
