@@ -306,22 +306,33 @@ impl EtcdLock {
             }
             let mut woken = false;
             loop {
-                if lease.valid_until <= Instant::now() {
-                    return Err(lease.lost("its lease could not be kept alive while waiting"));
-                }
                 // After a wake-up, refresh the lease in the same round trip as the check, so
                 // a waiter that is granted holds a lease with its whole TTL ahead, as an
                 // uncontended grant does.
                 let position = if std::mem::take(&mut woken) {
-                    let (position, refreshed) =
-                        tokio::join!(self.check(name, &key, rev), lease.keep_alive(self));
+                    let (position, refreshed) = tokio::join!(
+                        self.check(name, &key, rev),
+                        lease.keep_alive(self, deadline)
+                    );
                     refreshed?;
                     position
                 } else {
                     self.check(name, &key, rev).await
                 };
                 let (pred, seen) = match position {
-                    Ok(Position::Head) => break,
+                    // Granted only on a lease confirmed to live now (its refresh above may
+                    // have gone unanswered, through an election, say).
+                    Ok(Position::Head) if lease.confirm(self, deadline).await? => break,
+                    Ok(Position::Head) => {
+                        guard.revoke_now().await;
+                        return Err(Error::unavailable(
+                            BACKEND,
+                            format!(
+                                "{name}'s turn came, but no member confirmed the waiter's \
+                                 lease before the deadline"
+                            ),
+                        ));
+                    }
                     Ok(Position::Gone) => {
                         return Err(lease.lost("its key vanished while waiting (lease expired?)"))
                     }
@@ -330,7 +341,12 @@ impl EtcdLock {
                         // Transient: keep the lease alive and try again shortly.
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         if Instant::now() >= lease.next_keep_alive {
-                            lease.keep_alive(self).await?;
+                            lease.keep_alive(self, deadline).await?;
+                        }
+                        if deadline.passed() {
+                            // Not a busy lock: the backend did not answer.
+                            guard.revoke_now().await;
+                            return Err(e);
                         }
                         continue;
                     }

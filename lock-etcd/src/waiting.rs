@@ -62,7 +62,7 @@ impl EtcdLock {
                     Ok(None) | Err(_) => return Ok(Woken::Broken),
                 },
                 _ = tokio::time::sleep_until(lease.next_keep_alive.into()) => {
-                    lease.keep_alive(self).await?;
+                    lease.keep_alive(self, deadline).await?;
                 }
                 _ = until_deadline => return Ok(Woken::Deadline),
             }
@@ -92,6 +92,12 @@ pub(crate) enum Woken {
 }
 
 /// A waiter's lease, kept alive while it waits.
+///
+/// Unlike a holder's lease, a waiter's may go unconfirmed past its `valid_until`: it guards
+/// nothing yet, and etcd extends every lease when a new leader takes over, so an election that
+/// outlasts the TTL does not end it. The waiter keeps asking until the server says whether the
+/// lease lives (gone: the wait is lost) or the deadline passes; a grant needs a confirmed,
+/// unexpired lease ([`confirm`](Self::confirm)).
 pub(crate) struct WaitingLease {
     pub(crate) id: i64,
     pub(crate) ttl: Duration,
@@ -101,15 +107,27 @@ pub(crate) struct WaitingLease {
 }
 
 impl WaitingLease {
-    pub(crate) async fn keep_alive(&mut self, lock: &EtcdLock) -> Result<()> {
+    /// One keep-alive, bounded by half the TTL (and the request timeout, and the deadline).
+    /// `Ok` when the lease lives (its validity moved on) or the server did not answer (another
+    /// try is scheduled); `Err(Lost)` when the lease is gone.
+    ///
+    /// Half the TTL, because a member whose leader froze keeps forwarding keep-alives to it
+    /// until it learns of the next one: an attempt that waits out the whole request timeout
+    /// there can outlive the lease the new leader extended (measured: lost every time at the
+    /// minimum TTL, `tests/partition.rs`).
+    pub(crate) async fn keep_alive(&mut self, lock: &EtcdLock, deadline: Deadline) -> Result<()> {
         let start = Instant::now();
-        let left = self.valid_until.saturating_duration_since(start);
+        let limit = deadline
+            .at()
+            .map_or(Duration::MAX, |at| at.saturating_duration_since(start))
+            .min(self.ttl / 2)
+            .max(Duration::from_millis(1));
         match keep_alive(
             &lock.inner.client,
             &lock.inner.config,
             self.id,
             self.ttl,
-            left,
+            limit,
         )
         .await
         {
@@ -120,13 +138,25 @@ impl WaitingLease {
                 Ok(())
             }
             Ok(None) => Err(self.lost("its lease expired while waiting")),
-            Err(e) if e.is_retryable() && Instant::now() < self.valid_until => {
-                // Try again soon, but never past the lease's validity.
+            Err(e) if e.is_retryable() => {
                 self.next_keep_alive = Instant::now() + Duration::from_millis(100);
                 Ok(())
             }
             Err(_) => Err(self.lost("its lease could not be kept alive while waiting")),
         }
+    }
+
+    /// Makes sure the lease is confirmed and not yet expired, asking the server again as long
+    /// as it does not answer: `Ok(false)` if the deadline passed first.
+    pub(crate) async fn confirm(&mut self, lock: &EtcdLock, deadline: Deadline) -> Result<bool> {
+        while self.valid_until <= Instant::now() {
+            if deadline.passed() {
+                return Ok(false);
+            }
+            tokio::time::sleep_until(self.next_keep_alive.into()).await;
+            self.keep_alive(lock, deadline).await?;
+        }
+        Ok(true)
     }
 
     pub(crate) fn lost(&self, why: &str) -> Error {
