@@ -32,14 +32,37 @@ async fn behind_proxy(session: Duration) -> (FaultProxy, ZkLock, ZkLock) {
     (proxy, through, direct)
 }
 
-/// The index in `ENSEMBLE` of the member that says it leads.
-async fn ensemble_leader() -> usize {
-    for (i, port) in ENSEMBLE.iter().enumerate() {
-        if zk_mode(&format!("127.0.0.1:{port}")).await.as_deref() == Some("leader") {
-            return i;
-        }
+/// Every ensemble member's mode (`None`: it does not serve now).
+async fn ensemble_modes() -> Vec<Option<String>> {
+    let mut modes = Vec::new();
+    for port in ENSEMBLE {
+        modes.push(zk_mode(&format!("127.0.0.1:{port}")).await);
     }
-    panic!("no member of the ensemble {ENSEMBLE:?} says it leads")
+    modes
+}
+
+/// The index in `ENSEMBLE` of the leader, once the ensemble agrees: one member leads and the
+/// others follow. (A member that alone says it leads may be an old leader that has not yet
+/// noticed the others elected another, after a restart or a freeze of an earlier test.)
+async fn ensemble_leader() -> usize {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let modes = ensemble_modes().await;
+        let leaders: Vec<usize> = (0..modes.len())
+            .filter(|i| modes[*i].as_deref() == Some("leader"))
+            .collect();
+        let followers = (modes.iter())
+            .filter(|m| m.as_deref() == Some("follower"))
+            .count();
+        if let ([leader], 2) = (leaders.as_slice(), followers) {
+            return *leader;
+        }
+        assert!(
+            Instant::now() < until,
+            "the ensemble {ENSEMBLE:?} agreed on no leader within 30 s: {modes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// What the conformance suite's partition case cannot see: once a partition outlived the
@@ -402,7 +425,8 @@ fn a_stalled_leader_does_not_free_a_lock_its_holder_still_believes() {
         let mut rounds = Vec::new();
         // 1.5 s: longer than the 1 s a confirmation vouches for in an ensemble, shorter than
         // the session; a lease vouched for the whole session timeout would outlive it.
-        for freeze_ms in [1500, 2500, 4000] {
+        let (mut freezes, mut void) = (vec![4000, 2500, 1500], 0);
+        while let Some(freeze_ms) = freezes.pop() {
             let li = ensemble_leader().await;
             let followers: Vec<String> = ENSEMBLE
                 .iter()
@@ -420,6 +444,9 @@ fn a_stalled_leader_does_not_free_a_lock_its_holder_still_believes() {
             let path = lease.backend_key().unwrap();
             let pid = services(&["pid", &format!("zk-ens{}", li + 1)]);
             kill("STOP", &pid);
+            // The premise: the frozen member leads. Another that leads as the freeze begins
+            // (too soon for an election) means it did not.
+            let at_freeze = ensemble_modes().await;
             tokio::time::sleep(Duration::from_millis(freeze_ms)).await;
             let believed_until = lease.valid_until();
             let held = lease.state() != LeaseState::Lost;
@@ -434,9 +461,25 @@ fn a_stalled_leader_does_not_free_a_lock_its_holder_still_believes() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let until = believed_until.saturating_duration_since(thaw);
+            if at_freeze.iter().any(|m| m.as_deref() == Some("leader")) {
+                // Not a round of this test: do it again.
+                rounds.push(format!(
+                    "frozen {freeze_ms} ms: void, it did not lead: {at_freeze:?}"
+                ));
+                void += 1;
+                assert!(
+                    void < 3,
+                    "three rounds froze a member that did not lead: {rounds:?}"
+                );
+                freezes.push(freeze_ms);
+                drop(lease);
+                tokio::time::sleep(session * 2).await;
+                continue;
+            }
             rounds.push(format!(
                 "frozen {freeze_ms} ms: Held at the thaw {held}, valid until thaw + {until:?}, \
-                 node gone at thaw + {:?} (lease Lost by then: {:?})",
+                 node gone at thaw + {:?} (lease Lost by then: {:?}); modes at the freeze \
+                 {at_freeze:?}",
                 gone.map(|g| g.0),
                 gone.map(|g| g.1)
             ));
