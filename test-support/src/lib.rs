@@ -8,6 +8,8 @@
 //! - The servers' own request counters: [`redis_commands_processed`] / [`commands_processed`],
 //!   [`zk_packets_received`] / [`zk_mode`], [`etcd_grpc_messages_received`].
 //! - [`scratch`]: a temporary directory that is removed when the test ends, however it ends.
+//! - [`partition`]: clusters a test starts itself, with proxies between their members, and
+//!   the scenario that checks a lock under a partition or a frozen member.
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
 //!   restart by pid; which member leads).
 
@@ -17,6 +19,7 @@ use std::sync::Mutex;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod partition;
 mod servers;
 
 pub use servers::ServicesSh;

@@ -1,0 +1,162 @@
+//! Partitions between ZooKeeper servers, and a frozen leader, on a 3-server ensemble of the
+//! test's own (ZooKeeper from `scripts/services.sh install`, the timings of its `zk-ens`
+//! servers: tick 500 ms, `syncLimit` 10 ticks). Every server lists the others at the addresses
+//! of `FaultProxy`s in front of their quorum and election ports, and itself at its own, so
+//! every connection another server dials to it passes through its proxies
+//! (`test_support::partition`). Followers dial the leader's quorum port: blackholing the
+//! leader's proxies cuts it off from every follower.
+//!
+//! Every scenario checks that the lock is never held twice; the figures (`--nocapture`) are in
+//! RELIABILITY.md.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::fmt::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{async_trait, FaultProxy};
+use lock_core::DistributedLock;
+use lock_zookeeper::{ZkConfig, ZkLock};
+use test_support::partition::{free_port, scenario, shm_dir, Cluster, Fault, Members, Parts};
+use test_support::{loopback, serial, zk_mode};
+
+/// The lock's TTL is the session timeout.
+const SESSION: Duration = Duration::from_millis(2000);
+
+const CLASSPATH: &str =
+    "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar";
+
+/// Three servers; `peers[i]` are the proxies in front of server `i`'s quorum and election
+/// ports.
+struct Zk(Parts);
+
+impl Zk {
+    fn start() -> Zk {
+        let dir = shm_dir("distlock-zk-partition-");
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let peers: Vec<Vec<FaultProxy>> = ports
+            .iter()
+            .map(|(q, e)| {
+                [q, e]
+                    .map(|p| FaultProxy::start(loopback(*p)).expect("a peer proxy"))
+                    .into()
+            })
+            .collect();
+        let (mut members, mut clients) = (Members::default(), Vec::new());
+        for (i, (quorum, election)) in ports.iter().enumerate() {
+            let (conf, data) = (dir.join(format!("s{i}")), dir.join(format!("s{i}/data")));
+            std::fs::create_dir_all(&data).unwrap();
+            std::fs::write(data.join("myid"), format!("{}\n", i + 1)).unwrap();
+            let client = free_port();
+            let mut cfg = format!(
+                "tickTime=500\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client}\n\
+                 clientPortAddress=127.0.0.1\nmaxClientCnxns=0\nminSessionTimeout=1000\n\
+                 maxSessionTimeout=20000\nadmin.enableServer=false\n\
+                 4lw.commands.whitelist=ruok,srvr,stat,mntr,cons\nforceSync=no\n\
+                 preAllocSize=4096\n",
+                data.display()
+            );
+            for (j, proxies) in peers.iter().enumerate() {
+                let (q, e) = if i == j {
+                    (*quorum, *election)
+                } else {
+                    (proxies[0].addr().port(), proxies[1].addr().port())
+                };
+                writeln!(cfg, "server.{}=127.0.0.1:{q}:{e}", j + 1).unwrap();
+            }
+            std::fs::write(conf.join("zoo.cfg"), cfg).unwrap();
+            std::fs::write(
+                conf.join("log4j.properties"),
+                format!(
+                    "log4j.rootLogger=WARN, FILE\nlog4j.appender.FILE=org.apache.log4j.FileAppender\n\
+                     log4j.appender.FILE.File={}/server.log\n\
+                     log4j.appender.FILE.layout=org.apache.log4j.PatternLayout\n\
+                     log4j.appender.FILE.layout.ConversionPattern=%d %p %c{{1}}: %m%n\n",
+                    conf.display()
+                ),
+            )
+            .unwrap();
+            let log = std::fs::File::create(conf.join("out.log")).unwrap();
+            let child = Command::new("java")
+                .args(["-Xmx256m", "-XX:+UseSerialGC"])
+                .arg(format!("-Dzookeeper.log.dir={}", conf.display()))
+                .arg(format!(
+                    "-Dlog4j.configuration=file:{}/log4j.properties",
+                    conf.display()
+                ))
+                .arg("-cp")
+                .arg(format!("{}:{CLASSPATH}", conf.display()))
+                .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+                .arg(conf.join("zoo.cfg"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("java (scripts/services.sh install puts ZooKeeper there)");
+            members.0.push(child);
+            clients.push(format!("127.0.0.1:{client}"));
+        }
+        Zk(Parts {
+            members,
+            clients,
+            peers,
+            dir,
+        })
+    }
+}
+
+#[async_trait]
+impl Cluster for Zk {
+    fn parts(&self) -> &Parts {
+        &self.0
+    }
+
+    async fn agreed_leader(&self) -> Option<usize> {
+        let mut modes = Vec::new();
+        for client in &self.0.clients {
+            modes.push(zk_mode(client).await?);
+        }
+        let leaders: Vec<usize> = (0..modes.len()).filter(|i| modes[*i] == "leader").collect();
+        let followers = modes.iter().filter(|m| *m == "follower").count();
+        match (leaders.as_slice(), followers) {
+            ([leader], 2) => Some(*leader),
+            _ => None,
+        }
+    }
+
+    async fn client(&self, i: usize) -> lock_core::Result<Arc<dyn DistributedLock>> {
+        let config = ZkConfig::new(self.0.clients[i].clone()).with_session_timeout(SESSION);
+        Ok(Arc::new(ZkLock::connect(config).await?))
+    }
+}
+
+/// The leader is cut off from both followers, with the lock's holder on it and the waiter on
+/// a follower: the followers elect a new leader; the old one keeps its clients until it gives
+/// up its leadership (`syncLimit`).
+#[test]
+fn a_leader_cut_off_from_its_followers_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| (l, (l + 1) % 3, l);
+        scenario(&Zk::start(), "zk-cut-leader", roles, Fault::Mute, None).await;
+    });
+}
+
+/// A follower is cut off from the leader (it dials the leader, whose proxies stay open, but
+/// nothing the others dial to it gets through), with the holder on it.
+#[test]
+fn a_cut_off_follower_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| ((l + 1) % 3, l, (l + 1) % 3);
+        scenario(&Zk::start(), "zk-cut-follower", roles, Fault::Mute, None).await;
+    });
+}
+
+/// The leader is frozen with the holder on one follower and the waiter on the other.
+#[test]
+fn a_frozen_leader_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| ((l + 1) % 3, (l + 2) % 3, l);
+        scenario(&Zk::start(), "zk-election", roles, Fault::Freeze, None).await;
+    });
+}

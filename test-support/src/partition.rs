@@ -1,0 +1,310 @@
+//! Partitions between the members of a cluster, which a proxy between clients and servers
+//! cannot make. A test starts a cluster of its own ([`Members`], on [`free_port`]s, data in
+//! [`shm_dir`]) whose members reach each other only through `FaultProxy`s: each member
+//! names the proxies as its peers' addresses, so every connection another member dials to
+//! member *i* passes through *i*'s proxies, and blackholing them makes *i* a member that nobody
+//! can dial ([`Fault::Mute`]). Each client talks to one member only, so a client of a
+//! struck member has no way around the fault.
+//!
+//! [`scenario`] checks the promise under such a fault: the lock is never held twice. When the
+//! other client is granted the lock, the holder's lease is already Lost or past its
+//! `valid_until`. What it saw ([`Seen`]) is printed for RELIABILITY.md (`--nocapture`).
+
+use std::net::TcpListener;
+use std::process::Child;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use conformance_tests::{fresh_name, FaultProxy};
+use lock_core::{DistributedLock, Lease, LeaseState, LockOptions};
+
+/// What every cluster a test starts itself has: its processes, the address each serves
+/// clients on, the proxies in front of each one's peer ports, and its data directory.
+#[derive(Debug)]
+pub struct Parts {
+    /// The servers' processes.
+    pub members: Members,
+    /// `host:port` where member `i` serves clients.
+    pub clients: Vec<String>,
+    /// The proxies every connection dialed to member `i` by another member passes through.
+    pub peers: Vec<Vec<FaultProxy>>,
+    /// Data and logs.
+    pub dir: crate::Scratch,
+}
+
+/// A cluster a test started itself, with proxies in front of its members' peer ports.
+#[async_trait]
+pub trait Cluster: Send + Sync {
+    /// Its processes, addresses and proxies.
+    fn parts(&self) -> &Parts;
+    /// The member every member names as leader, if they agree now.
+    async fn agreed_leader(&self) -> Option<usize>;
+    /// A client that talks to member `i` only.
+    async fn client(&self, i: usize) -> lock_core::Result<Arc<dyn DistributedLock>>;
+
+    /// The member every member names as leader, once they agree (within a minute).
+    ///
+    /// # Panics
+    /// If they do not agree within a minute (the failure names the logs' directory).
+    async fn leader(&self) -> usize {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(i) = self.agreed_leader().await {
+                return i;
+            }
+            assert!(
+                Instant::now() < until,
+                "the test's cluster agreed on no leader within 60 s (logs in {})",
+                self.parts().dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The processes of a test's own cluster, killed (SIGCONT first, in case one is frozen) when
+/// dropped, however the test ends.
+#[derive(Debug, Default)]
+pub struct Members(pub Vec<Child>);
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A loopback port nobody listens on now (the kernel's choice; a race with another binder
+/// fails the cluster's start loudly, not silently).
+///
+/// # Panics
+/// If no port can be bound.
+#[allow(clippy::expect_used)]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// A fresh [`Scratch`](crate::Scratch) directory on `/dev/shm` where there is one (servers
+/// that fsync every write take seconds per write on a disk here), else in the temporary
+/// directory.
+///
+/// # Panics
+/// If it cannot be created.
+#[allow(clippy::expect_used)]
+pub fn shm_dir(prefix: &str) -> crate::Scratch {
+    let shm = std::path::Path::new("/dev/shm");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(prefix);
+    crate::Scratch(
+        if shm.is_dir() {
+            builder.tempdir_in(shm)
+        } else {
+            builder.tempdir()
+        }
+        .expect("a data directory"),
+    )
+}
+
+/// What happens to one member.
+#[derive(Clone, Copy, Debug)]
+pub enum Fault {
+    /// Nothing another member dials to it gets through (its peer proxies blackholed); what it
+    /// dials itself does.
+    Mute,
+    /// SIGSTOP: it answers nobody, peers and clients alike.
+    Freeze,
+}
+
+impl Fault {
+    fn apply(self, cluster: &dyn Cluster, i: usize) {
+        match self {
+            Fault::Mute => cluster.parts().peers[i]
+                .iter()
+                .for_each(FaultProxy::blackhole),
+            Fault::Freeze => crate::kill("STOP", cluster.parts().members.0[i].id()),
+        }
+    }
+
+    fn heal(self, cluster: &dyn Cluster, i: usize) {
+        match self {
+            Fault::Mute => cluster.parts().peers[i].iter().for_each(FaultProxy::heal),
+            Fault::Freeze => crate::kill("CONT", cluster.parts().members.0[i].id()),
+        }
+    }
+}
+
+/// Who is where, by the index of the leader: `(holder's member, waiter's member, struck member)`.
+pub type Roles = fn(leader: usize) -> (usize, usize, usize);
+
+/// What one scenario saw, for the failure message and for RELIABILITY.md.
+#[derive(Debug)]
+pub struct Seen {
+    /// The lock's TTL (the backend's minimum, at least 2 s).
+    pub ttl: Duration,
+    /// From the fault to the holder's lease turning Lost or released (`None`: neither).
+    pub holder_lost: Option<Duration>,
+    /// From the fault to the waiter's grant (`None`: not granted).
+    pub other_granted: Option<Duration>,
+    /// The waiter's error, if it was not granted.
+    pub other_error: Option<String>,
+    /// Every state the holder's lease passed through.
+    pub holder_states: Vec<LeaseState>,
+}
+
+/// The holder's lease, shared by the scenario, the sampler and the release: `None` once taken
+/// out to be released.
+type Held = Arc<Mutex<Option<Box<dyn Lease>>>>;
+
+/// Locks `held`, whatever a panicking sampler left in it.
+fn lock(held: &Held) -> std::sync::MutexGuard<'_, Option<Box<dyn Lease>>> {
+    held.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// When the lease's lost signal resolved (a release counts too), and every state it passed
+/// through, sampled every 5 ms until it is released or Lost.
+fn watch(
+    held: &Held,
+) -> (
+    Arc<Mutex<Option<Instant>>>,
+    tokio::task::JoinHandle<Vec<LeaseState>>,
+) {
+    let at = Arc::new(Mutex::new(None));
+    let signal = lock(held).as_ref().map(|l| l.lost());
+    let slot = at.clone();
+    tokio::spawn(async move {
+        if let Some(signal) = signal {
+            signal.await;
+        }
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    });
+    let held = held.clone();
+    let states = tokio::spawn(async move {
+        let mut seen: Vec<LeaseState> = Vec::new();
+        loop {
+            let Some(state) = lock(&held).as_ref().map(|l| l.state()) else {
+                return seen;
+            };
+            if seen.last() != Some(&state) {
+                seen.push(state);
+            }
+            if state == LeaseState::Lost {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    (at, states)
+}
+
+/// Releases the lease in `held`, if it is still there.
+async fn release(held: &Held) {
+    let lease = lock(held).take();
+    if let Some(lease) = lease {
+        if let Err(e) = lease.release().await {
+            eprintln!("the holder's release failed: {e}");
+        }
+    }
+}
+
+/// A client of one member holds a lock (auto-renewed, at the backend's minimum TTL), a client
+/// of another waits for it, then `fault` strikes a third (the members by `roles`). The waiter
+/// may be granted the lock only once the holder's lease is Lost or past its `valid_until`.
+/// With `release_after`, the holder releases that long after the fault, if it still can.
+///
+/// # Panics
+/// If the lock is held twice (the failure names both sides' evidence), or the cluster does not
+/// answer before the fault.
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+pub async fn scenario(
+    cluster: &dyn Cluster,
+    tag: &str,
+    roles: Roles,
+    fault: Fault,
+    release_after: Option<Duration>,
+) -> Seen {
+    let (holder_at, other_at, struck) = roles(cluster.leader().await);
+    let client = |i| async move {
+        match cluster.client(i).await {
+            Ok(c) => c,
+            Err(e) => panic!("{tag}: a client of member {i}: {e}"),
+        }
+    };
+    let (a, b) = (client(holder_at).await, client(other_at).await);
+    let ttl = a.capabilities().min_ttl.max(Duration::from_secs(2));
+    let name = fresh_name(tag);
+    let auto = LockOptions::new(ttl).auto_renew(None);
+    let held: Held = Arc::new(Mutex::new(Some(
+        a.acquire(&name, &auto).await.expect("the holder's grant"),
+    )));
+    let (holder_lost, states) = watch(&held);
+    let (n, o) = (
+        name.clone(),
+        auto.wait_for(ttl * 6 + Duration::from_secs(10)),
+    );
+    let waiting = tokio::spawn(async move {
+        let r = b.acquire(&n, &o).await;
+        (Instant::now(), r)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await; // queued
+    let struck_at = Instant::now();
+    fault.apply(cluster, struck);
+    if let Some(after) = release_after {
+        let held = held.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            release(&held).await;
+        });
+    }
+    let (granted_at, granted) = waiting.await.expect("the waiter's task");
+    let since = |t: Instant| t.saturating_duration_since(struck_at);
+    let (other_granted, other_error) = match granted {
+        Ok(other) => {
+            // Read after the grant: a renewal confirmed since then only makes it worse.
+            let belief = lock(&held).as_ref().map(|l| (l.state(), l.valid_until()));
+            let lost = *holder_lost.lock().unwrap_or_else(|p| p.into_inner());
+            let ended = lost.is_some_and(|l| l <= granted_at);
+            if let Some((state, until)) = belief.filter(|(_, until)| *until > granted_at) {
+                assert!(
+                    ended,
+                    "{tag}: the lock was held twice: the waiter was granted it {:?} after the \
+                     fault, while the holder's lease was {state:?}, valid {:?} longer, and not \
+                     yet Lost (lost signal {:?} after the fault)",
+                    since(granted_at),
+                    until - granted_at,
+                    lost.map(since),
+                );
+            }
+            assert!(
+                belief.is_some() || ended,
+                "{tag}: the waiter was granted the lock {:?} after the fault, before the \
+                 holder's release had finished",
+                since(granted_at)
+            );
+            fault.heal(cluster, struck);
+            let _ = other.release().await;
+            (Some(since(granted_at)), None)
+        }
+        Err(e) => (None, Some(e.to_string())),
+    };
+    fault.heal(cluster, struck);
+    release(&held).await;
+    let holder_lost = holder_lost.lock().unwrap().map(since);
+    let seen = Seen {
+        ttl,
+        holder_lost,
+        other_granted,
+        other_error,
+        holder_states: states.await.unwrap_or_default(),
+    };
+    eprintln!("{tag}: {seen:?}");
+    seen
+}
