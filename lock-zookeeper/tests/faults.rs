@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, record_states, FaultProxy};
-use lock_core::{DistributedLock, LeaseState, LockOptions};
+use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
 use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::{kill, serial, services, zk_mode};
 
@@ -110,6 +110,14 @@ fn a_session_lost_to_a_partition_is_replaced_by_one_with_the_same_timeout() {
             "the new lease's validity exceeds its session's timeout"
         );
         assert_eq!(lease.state(), LeaseState::Lost, "the old lease stays lost");
+        // Its release fails, naming its own lock (not a placeholder such as "session").
+        match lease.release().await {
+            Err(Error::Lost { name: n, .. } | Error::NotHeld { name: n }) => assert_eq!(
+                n, name,
+                "the release of a lease whose session expired names another lock"
+            ),
+            other => panic!("release of a lease whose session expired: {other:?}"),
+        }
         again.release().await.unwrap();
     });
 }
