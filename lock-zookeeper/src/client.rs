@@ -51,13 +51,13 @@ impl ZkLock {
             let root = open_session(&config.without_chroot()).await?;
             match root.mkdir(chroot, &opts).await {
                 Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-                Err(e) => return Err(lock.error(e)),
+                Err(e) => return Err(lock.error(e, None)),
             }
             made = client.mkdir(config.base_path(), &opts).await;
         }
         match made {
             Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-            Err(e) => return Err(lock.error(e)),
+            Err(e) => return Err(lock.error(e, None)),
         }
         Ok(lock)
     }
@@ -170,8 +170,9 @@ pub(crate) async fn open_session(config: &ZkConfig) -> Result<Client> {
 }
 
 impl ZkLock {
-    pub(crate) fn error(&self, e: zookeeper_client::Error) -> Error {
-        map_error(e, &self.inner.config)
+    /// `e` as the driver's error; `name`: the lock the request was for, if any.
+    pub(crate) fn error(&self, e: zookeeper_client::Error, name: Option<&LockName>) -> Error {
+        map_error(e, &self.inner.config, name)
     }
 }
 
@@ -208,13 +209,23 @@ where
     }
 }
 
-pub(crate) fn map_error(e: zookeeper_client::Error, config: &ZkConfig) -> Error {
+/// `e` as the driver's error. A session that ended loses the lock `name` (the one a lease holds
+/// or an acquisition waits for); without one (connecting, inspecting) it is `Unavailable`: the
+/// next request opens a new session.
+pub(crate) fn map_error(
+    e: zookeeper_client::Error,
+    config: &ZkConfig,
+    name: Option<&LockName>,
+) -> Error {
     use zookeeper_client::Error as Z;
     let text = scrub(&e, config.secret());
     match &e {
-        Z::SessionExpired | Z::ClientClosed => Error::Lost {
-            name: LockName::new("session").unwrap_or_else(|_| unreachable!()),
-            reason: format!("ZooKeeper session ended: {text}"),
+        Z::SessionExpired | Z::ClientClosed => match name {
+            Some(name) => Error::Lost {
+                name: name.clone(),
+                reason: format!("ZooKeeper session ended: {text}"),
+            },
+            None => Error::unavailable(BACKEND, format!("ZooKeeper session ended: {text}")),
         },
         // `Custom` errors come from the connection layer ("no response from connection").
         Z::ConnectionLoss

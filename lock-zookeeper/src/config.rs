@@ -207,14 +207,6 @@ lock_core::driver::redacted_config!(ZkConfig {
     persistent_parents
 });
 
-/// The name of the lock whose node is `parent` (the inverse of [`ZkConfig::lock_path`]), or
-/// `unknown` if its last segment is not a lock name.
-pub(crate) fn lock_name(parent: &str) -> lock_core::LockName {
-    let n = parent.rsplit('/').next().unwrap_or("");
-    lock_core::LockName::new(n)
-        .unwrap_or_else(|_| lock_core::LockName::new("unknown").unwrap_or_else(|_| unreachable!()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

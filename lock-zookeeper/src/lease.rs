@@ -8,11 +8,12 @@ use lock_core::{Error, LockName, Result};
 use zookeeper_client::Client;
 
 use crate::client::{map_error, transient, until_definite};
-use crate::config::{lock_name, BACKEND};
+use crate::config::BACKEND;
 use crate::confirm::{Confirmation, Pace};
 use crate::ZkConfig;
 
 pub(crate) struct ZkLeaseOps {
+    pub(crate) name: LockName,
     pub(crate) client: Client,
     pub(crate) path: String,
     pub(crate) session: i64,
@@ -21,9 +22,8 @@ pub(crate) struct ZkLeaseOps {
 }
 
 impl ZkLeaseOps {
-    pub(crate) fn name(&self) -> LockName {
-        let parent = self.path.rsplit_once('/').map_or("", |(p, _)| p);
-        lock_name(parent)
+    fn error(&self, e: zookeeper_client::Error) -> Error {
+        map_error(e, &self.config, Some(&self.name))
     }
 }
 
@@ -44,8 +44,8 @@ impl LeaseOps for ZkLeaseOps {
                 BACKEND,
                 "the confirmation came back too late to vouch for the session",
             )),
-            Ok(Confirmation::Gone) => Err(Error::NotHeld { name: self.name() }),
-            Err(e) => Err(map_error(e, &self.config)),
+            Ok(Confirmation::Gone) => Err(Error::not_held(&self.name)),
+            Err(e) => Err(self.error(e)),
         }
     }
 
@@ -56,10 +56,8 @@ impl LeaseOps for ZkLeaseOps {
         let first = self.client.delete(&self.path, None).await;
         match first {
             Ok(()) => return Ok(()),
-            Err(zookeeper_client::Error::NoNode) => {
-                return Err(Error::NotHeld { name: self.name() })
-            }
-            Err(ref e) if !transient(e) => return Err(map_error(e.clone(), &self.config)),
+            Err(zookeeper_client::Error::NoNode) => return Err(Error::not_held(&self.name)),
+            Err(ref e) if !transient(e) => return Err(self.error(e.clone())),
             Err(_) => {}
         }
         let Some(deleting) = delete_in_background(&self.client, &self.path) else {
@@ -71,7 +69,7 @@ impl LeaseOps for ZkLeaseOps {
         match tokio::time::timeout(self.pace.session_timeout, deleting).await {
             // After a lost request, "no node" is most likely that request having landed.
             Ok(Ok(Ok(_))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(map_error(e, &self.config)),
+            Ok(Ok(Err(e))) => Err(self.error(e)),
             Ok(Err(_)) => Err(Error::unavailable(BACKEND, "the delete task failed")),
             Err(_) => Err(Error::unavailable(
                 BACKEND,

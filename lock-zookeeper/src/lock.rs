@@ -134,7 +134,7 @@ impl DistributedLock for ZkLock {
         let children = match client.list_children(&parent).await {
             Ok(c) => c,
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(self.error(e)),
+            Err(e) => return Err(self.error(e, None)),
         };
         for (_, head) in contenders(children) {
             match client.check_stat(&format!("{parent}/{head}")).await {
@@ -145,7 +145,7 @@ impl DistributedLock for ZkLock {
                     )))
                 }
                 Ok(None) => continue, // released meanwhile: the next one holds
-                Err(e) => return Err(self.error(e)),
+                Err(e) => return Err(self.error(e, None)),
             }
         }
         Ok(None)

@@ -9,7 +9,6 @@ use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result}
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite};
-use crate::config::lock_name;
 use crate::lease::{delete_in_background, ZkLeaseOps};
 use crate::lock::{contenders, ZkLock, MARK};
 
@@ -20,7 +19,8 @@ impl ZkLock {
 
     /// Creates this contender's node; after a connection loss, finds it by its unique prefix
     /// instead of creating a second one.
-    pub(crate) async fn enqueue(&self, client: &Client, parent: &str) -> Result<(String, Stat)> {
+    pub(crate) async fn enqueue(&self, client: &Client, name: &LockName) -> Result<(String, Stat)> {
+        let parent = &self.parent(name);
         let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
         // Dropped while a create is in flight, the server may still create the node — an
         // ephemeral that would head the queue for as long as this session lives. The guard then
@@ -60,17 +60,17 @@ impl ZkLock {
                                 .await
                             {
                                 Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-                                Err(e) => return Err(self.error(e)),
+                                Err(e) => return Err(self.error(e, Some(name))),
                             }
                         }
-                        Err(e) => return Err(self.error(e)),
+                        Err(e) => return Err(self.error(e, Some(name))),
                     }
                 }
                 Err(e) if transient(&e) => {
                     // The create may have been applied. Create again only once the lookup says
                     // for certain that it was not: a second node would queue behind the first,
                     // an orphan of this session that nobody deletes.
-                    match self.find_own(client, parent, &prefix).await? {
+                    match self.find_own(client, name, &prefix).await? {
                         Some(found) => {
                             pending.armed = false;
                             return Ok(found);
@@ -78,10 +78,13 @@ impl ZkLock {
                         None => last = Some(e),
                     }
                 }
-                Err(e) => return Err(self.error(e)),
+                Err(e) => return Err(self.error(e, Some(name))),
             }
         }
-        Err(self.error(last.unwrap_or(zookeeper_client::Error::ConnectionLoss)))
+        Err(self.error(
+            last.unwrap_or(zookeeper_client::Error::ConnectionLoss),
+            Some(name),
+        ))
     }
 
     /// This session's node under `parent` whose name starts with `prefix`, if one exists — a
@@ -90,13 +93,14 @@ impl ZkLock {
     pub(crate) async fn find_own(
         &self,
         client: &Client,
-        parent: &str,
+        name: &LockName,
         prefix: &str,
     ) -> Result<Option<(String, Stat)>> {
+        let parent = &self.parent(name);
         let children = match until_definite(client, || client.list_children(parent)).await {
             Ok(c) => c,
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(self.error(e)),
+            Err(e) => return Err(self.error(e, Some(name))),
         };
         let Some(mine) = children.into_iter().find(|c| c.starts_with(prefix)) else {
             return Ok(None);
@@ -107,7 +111,7 @@ impl ZkLock {
                 Ok(Some((mine, stat)))
             }
             Ok(_) => Ok(None),
-            Err(e) => Err(self.error(e)),
+            Err(e) => Err(self.error(e, Some(name))),
         }
     }
 
@@ -117,10 +121,11 @@ impl ZkLock {
     pub(crate) async fn wait_turn(
         &self,
         client: &Client,
-        parent: &str,
+        name: &LockName,
         me: &str,
         deadline: Deadline,
     ) -> Result<Option<Instant>> {
+        let parent = &self.parent(name);
         let pace = self.pace(client);
         loop {
             // In an ensemble the listing comes after a sync: a follower behind its leader could
@@ -128,11 +133,11 @@ impl ZkLock {
             let (children, asked) = pace
                 .fresh(client, parent, || client.list_children(parent))
                 .await
-                .map_err(|e| self.error(e))?;
+                .map_err(|e| self.error(e, Some(name)))?;
             let children = contenders(children);
             let Some(idx) = children.iter().position(|(_, c)| c == me) else {
                 return Err(Error::Lost {
-                    name: lock_name(parent),
+                    name: name.clone(),
                     reason: "the contender's node vanished (session expired?)".into(),
                 });
             };
@@ -155,7 +160,7 @@ impl ZkLock {
             let (stat, watcher) = client
                 .check_and_watch_stat(&pred)
                 .await
-                .map_err(|e| self.error(e))?;
+                .map_err(|e| self.error(e, Some(name)))?;
             if stat.is_none() {
                 continue; // gone between the listing and the watch
             }
@@ -176,14 +181,14 @@ impl ZkLock {
     ) -> Result<Option<Box<dyn Lease>>> {
         let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let parent = self.parent(name);
-        let (me, stat) = self.enqueue(client, &parent).await?;
+        let (me, stat) = self.enqueue(client, name).await?;
         let path = format!("{parent}/{me}");
         // Until granted, a dropped (cancelled) future deletes the node in the background.
         let mut guard = NodeGuard {
             client: client.clone(),
             path: Some(path.clone()),
         };
-        match self.wait_turn(client, &parent, &me, deadline).await {
+        match self.wait_turn(client, name, &me, deadline).await {
             Ok(Some(valid_until)) => {
                 guard.path = None;
                 let renewal = match opts.renewal {
@@ -191,6 +196,7 @@ impl ZkLock {
                     auto => auto,
                 };
                 let ops = ZkLeaseOps {
+                    name: name.clone(),
                     client: client.clone(),
                     path,
                     session: client.session_id().0,
@@ -214,7 +220,7 @@ impl ZkLock {
                 guard.path = None;
                 if let Some(deleting) = delete_in_background(client, &path) {
                     if let Ok(Err(e)) = deleting.await {
-                        return Err(self.error(e));
+                        return Err(self.error(e, Some(name)));
                     }
                 }
                 Ok(None)
