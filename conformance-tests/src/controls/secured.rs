@@ -20,16 +20,18 @@ const PASSWORD: &str = "right-pw";
 const BACKEND: &str = "flawed-memory";
 
 /// The fake TLS server's CA: a file that exists (the PEM case reads it), whose content only
-/// stands for a certificate.
+/// stands for a certificate. One file for every run (a file per process piled up in the
+/// temporary directory): written under a name of this process's, then renamed over it, so a
+/// reader in another process sees the whole content or the same content before.
 fn ca_file() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let path =
-            std::env::temp_dir().join(format!("distlock-controls-ca-{}.pem", std::process::id()));
-        let _ = std::fs::write(
-            &path,
-            "-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n",
-        );
+        let path = std::env::temp_dir().join("distlock-controls-ca.pem");
+        let mine = path.with_extension(format!("pem.{}", std::process::id()));
+        let pem = "-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n";
+        if std::fs::write(&mine, pem).is_err() || std::fs::rename(&mine, &path).is_err() {
+            let _ = std::fs::remove_file(&mine);
+        }
         path.to_string_lossy().into_owned()
     })
 }
