@@ -74,6 +74,48 @@ fn a_waiter_whose_lease_expires_while_waiting_is_never_granted() {
     });
 }
 
+/// A waiter whose cluster goes silent for good (its link blackholed, never healed) is not left
+/// waiting without end, though it may wait forever: once its lease has gone unconfirmed for a
+/// request timeout past its validity, `acquire` fails with the backend's retryable error.
+#[test]
+fn a_waiter_cut_off_for_good_gets_an_error_not_an_endless_wait() {
+    serial(async {
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let holder = etcd(&local(SINGLE)).await;
+        let timeout = Duration::from_secs(2);
+        let config = EtcdConfig::new([proxy.addr().to_string()]).with_request_timeout(timeout);
+        let waiter = EtcdLock::connect(config).await.unwrap();
+        let ttl = holder.capabilities().min_ttl;
+        let name = fresh_name("etcd-waiter-silent");
+        let lease = holder
+            .acquire(&name, &LockOptions::new(ttl * 30))
+            .await
+            .unwrap();
+        let (n, o) = (name.clone(), LockOptions::new(ttl));
+        let waiting = tokio::spawn(async move { waiter.acquire(&n, &o).await });
+        tokio::time::sleep(Duration::from_millis(300)).await; // queued
+        proxy.blackhole();
+        let cut = Instant::now();
+        // The lease's validity (at most a TTL), the request timeout, one more try and slack.
+        let bound = ttl + timeout + ttl / 2 + Duration::from_secs(2);
+        let r = tokio::time::timeout(bound, waiting)
+            .await
+            .unwrap_or_else(|_| panic!("a cut-off waiter still waited {bound:?} after the cut"))
+            .unwrap();
+        match r {
+            Err(e) if e.is_retryable() => {}
+            Err(e) => panic!("a cut-off waiter failed with {e:?}, which is not retryable"),
+            Ok(_) => panic!("a cut-off waiter was granted the lock its holder holds"),
+        }
+        eprintln!(
+            "the cut-off waiter's error came {:?} after the cut",
+            cut.elapsed()
+        );
+        proxy.heal();
+        lease.release().await.unwrap();
+    });
+}
+
 /// Which member of the cluster leads now, by its `services.sh` name.
 async fn leader() -> Option<&'static str> {
     for (svc, port) in CLUSTER {
