@@ -38,9 +38,10 @@
 //! key and the next waiter is woken. **A waiter whose keep-alives go unanswered** keeps
 //! waiting: its lease guards nothing yet, and a new leader extends every lease, so it comes
 //! through an election longer than its TTL. It asks again (each try bounded by half the TTL)
-//! until the server says whether the lease lives, and fails with `Lost` when it does not, or
-//! with the backend's error at its deadline; it is never granted on an unconfirmed or expired
-//! lease. **A cancelled, timed-out or failed
+//! until the server says whether the lease lives, and fails with `Lost` when it does not; with
+//! the backend's error (`Unavailable`) when the cluster has not answered for a request timeout
+//! past the lease's validity, or at its deadline. It is never granted on an unconfirmed or
+//! expired lease. **A cancelled, timed-out or failed
 //! acquire** (say, one whose reply was lost with its connection) revokes its lease, so no key
 //! of it stays in the queue; a revoke that fails is sent again until it is answered or the
 //! lease has expired by itself. **Requests** are bounded by the request

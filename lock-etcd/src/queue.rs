@@ -110,7 +110,8 @@ impl EtcdLock {
             let full = ttl.saturating_sub(drift(ttl));
             if fresh_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
                 if let Ok((rev, head)) = self.put_key(name, &key, id).await {
-                    return Ok(Enqueued::new(id, ttl, fresh_until, key, (rev, head), guard));
+                    let lease = WaitingLease::new(name, id, ttl, fresh_until);
+                    return Ok(Enqueued::new(lease, key, (rev, head), guard));
                 }
                 // Not what it seemed (it expired, or a request failed): start over below.
                 drop(guard);
@@ -127,7 +128,8 @@ impl EtcdLock {
                 self.put_key(name, &key, id)
             );
             if let (Ok(Some(ttl)), Ok(put)) = (alive, put) {
-                return Ok(Enqueued::confirmed_at(start, id, ttl, key, put, guard));
+                let lease = WaitingLease::new(name, id, ttl, lease_end(start, ttl));
+                return Ok(Enqueued::new(lease, key, put, guard));
             }
             // The spare had expired (or a request failed): the guard revokes it, which also
             // deletes a key put meanwhile; start over with a new lease.
@@ -149,17 +151,14 @@ impl EtcdLock {
         let guard = RevokeGuard::new(self, id, ttl);
         let key = self.key(name, id);
         let put = self.put_key(name, &key, id).await?;
-        Ok(Enqueued::confirmed_at(start, id, ttl, key, put, guard))
+        let lease = WaitingLease::new(name, id, ttl, lease_end(start, ttl));
+        Ok(Enqueued::new(lease, key, put, guard))
     }
 }
 
-/// A contender's key in the queue.
+/// A contender's key in the queue, and the lease it is put with.
 pub(crate) struct Enqueued {
-    pub(crate) id: i64,
-    /// The lease's TTL.
-    pub(crate) ttl: Duration,
-    /// End of the lease's validity as last confirmed.
-    pub(crate) valid_until: Instant,
+    pub(crate) lease: WaitingLease,
     pub(crate) key: String,
     /// The key's `create_revision`.
     pub(crate) rev: i64,
@@ -169,39 +168,17 @@ pub(crate) struct Enqueued {
 }
 
 impl Enqueued {
-    /// Lease `id` (of `ttl`, valid until `valid_until`) and its `key`, put at revision `rev`
-    /// (`head`: it holds the lock), revoked by `guard` unless granted.
-    fn new(
-        id: i64,
-        ttl: Duration,
-        valid_until: Instant,
-        key: String,
-        (rev, head): (i64, bool),
-        guard: RevokeGuard,
-    ) -> Self {
+    /// `lease`'s `key`, put at revision `rev` (`head`: it holds the lock), revoked by `guard`
+    /// unless granted. (A spare confirmed earlier brings its own end of validity: it must not
+    /// be counted from the put again.)
+    fn new(lease: WaitingLease, key: String, (rev, head): (i64, bool), guard: RevokeGuard) -> Self {
         Enqueued {
-            id,
-            ttl,
-            valid_until,
+            lease,
             key,
             rev,
             head,
             guard,
         }
-    }
-
-    /// Like [`new`](Self::new), for a lease whose TTL a request begun at `start` confirmed:
-    /// valid until `start` + TTL − drift. (A spare confirmed earlier passes its own end of
-    /// validity to `new` instead: it must not be counted from `start` again.)
-    fn confirmed_at(
-        start: Instant,
-        id: i64,
-        ttl: Duration,
-        key: String,
-        put: (i64, bool),
-        guard: RevokeGuard,
-    ) -> Self {
-        Self::new(id, ttl, lease_end(start, ttl), key, put, guard)
     }
 }
 
@@ -281,24 +258,12 @@ impl EtcdLock {
     pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let Enqueued {
-            id,
-            ttl: granted_ttl,
-            valid_until,
+            mut lease,
             key,
             rev,
             head: head_is_me,
             mut guard,
         } = self.enqueue(name, ttl).await?;
-        let mut lease = WaitingLease {
-            id,
-            ttl: granted_ttl,
-            valid_until,
-            // A third of the TTL after the lease was last confirmed.
-            next_keep_alive: valid_until
-                .checked_sub(granted_ttl.saturating_sub(drift(granted_ttl)) * 2 / 3)
-                .unwrap_or_else(Instant::now),
-            name: name.clone(),
-        };
         if !head_is_me {
             if deadline == Deadline::Now {
                 guard.revoke_now().await;
@@ -378,8 +343,8 @@ impl EtcdLock {
             config: self.inner.config.clone(),
             spares: self.inner.spares.clone(),
             valid_until: std::sync::Mutex::new(lease.valid_until),
-            id,
-            ttl: granted_ttl,
+            id: lease.id,
+            ttl: lease.ttl,
             key,
             rev,
             name: name.clone(),
@@ -388,7 +353,7 @@ impl EtcdLock {
             name.clone(),
             Grant {
                 token: Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
-                ttl: granted_ttl,
+                ttl: lease.ttl,
                 valid_until: lease.valid_until,
             },
             opts.renewal,

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
-use lock_core::driver::lease_end;
+use lock_core::driver::{drift, lease_end};
 use lock_core::{Deadline, Error, LockName, Result};
 
 use crate::client::map_error;
@@ -96,8 +96,9 @@ pub(crate) enum Woken {
 /// Unlike a holder's lease, a waiter's may go unconfirmed past its `valid_until`: it guards
 /// nothing yet, and etcd extends every lease when a new leader takes over, so an election that
 /// outlasts the TTL does not end it. The waiter keeps asking until the server says whether the
-/// lease lives (gone: the wait is lost) or the deadline passes; a grant needs a confirmed,
-/// unexpired lease ([`confirm`](Self::confirm)).
+/// lease lives (gone: the wait is lost), for one request timeout past `valid_until` at most
+/// (then the backend's error: a silent cluster is an error, not a wait without end), or until
+/// the deadline; a grant needs a confirmed, unexpired lease ([`confirm`](Self::confirm)).
 pub(crate) struct WaitingLease {
     pub(crate) id: i64,
     pub(crate) ttl: Duration,
@@ -107,9 +108,23 @@ pub(crate) struct WaitingLease {
 }
 
 impl WaitingLease {
+    /// Lease `id` of `ttl`, put for a contender of `name`, confirmed valid until `valid_until`:
+    /// its next keep-alive is due a third of the way through that validity.
+    pub(crate) fn new(name: &LockName, id: i64, ttl: Duration, valid_until: Instant) -> Self {
+        let next = valid_until.checked_sub(ttl.saturating_sub(drift(ttl)) * 2 / 3);
+        WaitingLease {
+            id,
+            ttl,
+            valid_until,
+            next_keep_alive: next.unwrap_or_else(Instant::now),
+            name: name.clone(),
+        }
+    }
+
     /// One keep-alive, bounded by half the TTL (and the request timeout, and the deadline).
     /// `Ok` when the lease lives (its validity moved on) or the server did not answer (another
-    /// try is scheduled); `Err(Lost)` when the lease is gone.
+    /// try is scheduled); `Err(Lost)` when the lease is gone; the backend's error when it has
+    /// not answered for a request timeout past the lease's validity.
     ///
     /// Half the TTL, because a member whose leader froze keeps forwarding keep-alives to it
     /// until it learns of the next one: an attempt that waits out the whole request timeout
@@ -139,7 +154,11 @@ impl WaitingLease {
             }
             Ok(None) => Err(self.lost("its lease expired while waiting")),
             Err(e) if e.is_retryable() => {
-                self.next_keep_alive = Instant::now() + Duration::from_millis(100);
+                let now = Instant::now();
+                if now > self.valid_until + lock.inner.config.request_timeout() {
+                    return Err(e);
+                }
+                self.next_keep_alive = now + Duration::from_millis(100);
                 Ok(())
             }
             Err(_) => Err(self.lost("its lease could not be kept alive while waiting")),
