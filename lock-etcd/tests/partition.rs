@@ -14,7 +14,7 @@ use std::time::Duration;
 use conformance_tests::{async_trait, FaultProxy};
 use lock_core::{DistributedLock, LeaseState};
 use lock_etcd::{EtcdConfig, EtcdLock};
-use test_support::partition::{free_port, scenario, shm_dir, Cluster, Fault, Members, Parts};
+use test_support::partition::{free_ports, scenario, shm_dir, Cluster, Fault, Members, Parts};
 use test_support::{loopback, serial};
 
 /// Three etcd members; `peers[i]` is the proxy in front of member `i`'s peer port.
@@ -23,7 +23,9 @@ struct Etcd(Parts);
 impl Etcd {
     fn start() -> Etcd {
         let dir = shm_dir("distlock-etcd-partition-");
-        let peer_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let held = free_ports(6);
+        let ports = held.numbers();
+        let (peer_ports, client_ports) = ports.split_at(3);
         let peers: Vec<Vec<FaultProxy>> = peer_ports
             .iter()
             .map(|p| vec![FaultProxy::start(loopback(*p)).expect("a peer proxy")])
@@ -31,9 +33,10 @@ impl Etcd {
         let initial: Vec<String> = (peers.iter().enumerate())
             .map(|(i, p)| format!("m{i}=http://{}", p[0].addr()))
             .collect();
+        held.release();
         let (mut members, mut clients) = (Members::default(), Vec::new());
         for (i, peer) in peer_ports.iter().enumerate() {
-            let client = format!("127.0.0.1:{}", free_port());
+            let client = format!("127.0.0.1:{}", client_ports[i]);
             let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
             let advertised = format!("http://{}", peers[i][0].addr());
             let child = Command::new("etcd")

@@ -18,7 +18,7 @@ use std::time::Duration;
 use conformance_tests::{async_trait, FaultProxy};
 use lock_core::DistributedLock;
 use lock_zookeeper::{ZkConfig, ZkLock};
-use test_support::partition::{free_port, scenario, shm_dir, Cluster, Fault, Members, Parts};
+use test_support::partition::{free_ports, scenario, shm_dir, Cluster, Fault, Members, Parts};
 use test_support::{loopback, serial, zk_mode};
 
 /// The lock's TTL is the session timeout.
@@ -34,7 +34,9 @@ struct Zk(Parts);
 impl Zk {
     fn start() -> Zk {
         let dir = shm_dir("distlock-zk-partition-");
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let held = free_ports(9);
+        let n = held.numbers();
+        let ports: Vec<(u16, u16)> = (0..3).map(|i| (n[i], n[3 + i])).collect();
         let peers: Vec<Vec<FaultProxy>> = ports
             .iter()
             .map(|(q, e)| {
@@ -43,12 +45,13 @@ impl Zk {
                     .into()
             })
             .collect();
+        held.release();
         let (mut members, mut clients) = (Members::default(), Vec::new());
         for (i, (quorum, election)) in ports.iter().enumerate() {
             let (conf, data) = (dir.join(format!("s{i}")), dir.join(format!("s{i}/data")));
             std::fs::create_dir_all(&data).unwrap();
             std::fs::write(data.join("myid"), format!("{}\n", i + 1)).unwrap();
-            let client = free_port();
+            let client = n[6 + i];
             let mut cfg = format!(
                 "tickTime=500\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client}\n\
                  clientPortAddress=127.0.0.1\nmaxClientCnxns=0\nminSessionTimeout=1000\n\

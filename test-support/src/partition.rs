@@ -1,5 +1,5 @@
 //! Partitions between the members of a cluster, which a proxy between clients and servers
-//! cannot make. A test starts a cluster of its own ([`Members`], on [`free_port`]s, data in
+//! cannot make. A test starts a cluster of its own ([`Members`], on [`free_ports`], data in
 //! [`shm_dir`]) whose members reach each other only through `FaultProxy`s: each member
 //! names the proxies as its peers' addresses, so every connection another member dials to
 //! member *i* passes through *i*'s proxies, and blackholing them makes *i* a member that nobody
@@ -80,17 +80,39 @@ impl Drop for Members {
     }
 }
 
-/// A loopback port nobody listens on now (the kernel's choice; a race with another binder
-/// fails the cluster's start loudly, not silently).
+/// `n` distinct loopback ports nobody listens on, held (bound) until [`Ports::release`]:
+/// start the proxies while they are held, so the kernel cannot hand a proxy one of them, and
+/// release them just before the servers bind them. (Ports taken one at a time and let go at
+/// once can come back twice: a cluster whose members then collided never agreed on a leader.)
 ///
 /// # Panics
-/// If no port can be bound.
+/// If `n` ports cannot be bound.
 #[allow(clippy::expect_used)]
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+pub fn free_ports(n: usize) -> Ports {
+    Ports(
+        (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+            .collect(),
+    )
+}
+
+/// Ports held by [`free_ports`].
+#[derive(Debug)]
+pub struct Ports(Vec<TcpListener>);
+
+impl Ports {
+    /// The ports, in order.
+    ///
+    /// # Panics
+    /// If a bound socket has no address (it always has).
+    #[allow(clippy::expect_used)]
+    pub fn numbers(&self) -> Vec<u16> {
+        let port = |l: &TcpListener| l.local_addr().expect("a bound socket's address").port();
+        self.0.iter().map(port).collect()
+    }
+
+    /// Lets go of them, for the servers to bind.
+    pub fn release(self) {}
 }
 
 /// A fresh [`Scratch`](crate::Scratch) directory on `/dev/shm` where there is one (servers
