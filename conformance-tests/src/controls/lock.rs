@@ -361,6 +361,10 @@ impl FlawedLock {
                 "ttl must be above {:?}",
                 caps.min_ttl
             ))),
+            Flaw::MinTtlUnavailable if opts.ttl == caps.min_ttl => Err(Error::unavailable(
+                self.inner.backend(),
+                "the grant arrived after the lease's validity had passed",
+            )),
             _ => opts.validate(&caps),
         };
         if checked.is_err() && self.flaw == Flaw::ValidatesAfterLocking {

@@ -238,6 +238,9 @@ pub enum Flaw {
     /// A TTL of exactly the declared `min_ttl` is refused (an off-by-one in the driver's own
     /// check).
     MinTtlRefused,
+    /// A TTL of exactly the declared `min_ttl` is refused at once with a retryable
+    /// `Unavailable`, as if every grant at that TTL came back too late to use.
+    MinTtlUnavailable,
     /// An acquisition whose reply was lost with its connection reports an error and leaves
     /// the grant it may have made to its TTL (it undoes only cancelled ones).
     LostReplyLeavesGrant,
@@ -337,6 +340,7 @@ impl Flaw {
         Flaw::BackendKeyIgnoresName,
         Flaw::TokenChangesOnRenew,
         Flaw::MinTtlRefused,
+        Flaw::MinTtlUnavailable,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,
         Flaw::DroppedReleaseSentOnce,
@@ -480,7 +484,9 @@ impl Flaw {
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
             Flaw::BackendKeyIgnoresName => cases![inspect::backend_key_is_the_locks_own],
             Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
-            Flaw::MinTtlRefused => cases![input::declared_min_ttl_is_granted],
+            Flaw::MinTtlRefused | Flaw::MinTtlUnavailable => {
+                cases![input::declared_min_ttl_is_granted]
+            }
             Flaw::LostReplyLeavesGrant => cases![faults::lost_reply_leaves_no_orphan],
             Flaw::FailedReleaseLeftToTtl => cases![
                 faults::failed_release_still_frees,
