@@ -154,7 +154,9 @@ impl Report {
 
     /// The history around `v`, one event a line: every event of the clients whose leases it
     /// involves, and every fault and heal, from the earliest of their acquisitions to just
-    /// after it (the last 60 of them), times relative to the history's start.
+    /// after it (the last 60 of them), times relative to the history's start. For a name that
+    /// was not granted again (no lease involved): every event on that name, and every fault
+    /// and heal, from its last grant to the end.
     pub fn evidence(&self, v: &Violation) -> String {
         let Some(origin) = self.events.first().map(|e| e.at) else {
             return String::new();
@@ -180,8 +182,27 @@ impl Report {
             })
             .min()
             .unwrap_or(v.at);
-        let to = v.at + EVIDENCE_AFTER;
-        let involved = |e: &Event| e.client == NOBODY || grants.iter().any(|&(c, _)| c == e.client);
+        // A name that stopped being granted involves no lease: show what happened on it since
+        // its last grant (who held it, who asked, what they were told), to the history's end.
+        let stuck = v.leases.is_empty() && v.name != NOBODY;
+        let to = match stuck {
+            true => self.events.iter().map(|e| e.at).max().unwrap_or(v.at),
+            false => v.at + EVIDENCE_AFTER,
+        };
+        let from = match stuck {
+            true => self
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.name == v.name && e.at <= v.at && matches!(e.op, Op::Granted { .. }))
+                .map_or(origin, |e| e.at),
+            false => from,
+        };
+        let involved = |e: &Event| {
+            e.client == NOBODY
+                || grants.iter().any(|&(c, _)| c == e.client)
+                || (stuck && e.name == v.name)
+        };
         // Faults still open at `from` (a freeze that began earlier) belong to the picture too.
         let open = fault_spans(&self.events)
             .into_iter()
@@ -426,24 +447,8 @@ mod tests {
             end: ms(2000),
             cut_notice: None,
         };
-        let violations = check(&events, &rules);
-        let first = violations.first().expect("an overlap");
-        let report = Report {
-            seed: 0,
-            grants: 2,
-            refused: 0,
-            unknown: 0,
-            stale_writes_refused: 0,
-            faults: BTreeMap::new(),
-            server_errors: vec![],
-            elapsed: Duration::from_secs(2),
-            loss_to_signal: vec![],
-            recovery: vec![],
-            handoff: vec![],
-            cut_races: vec![],
-            violations: violations.clone(),
-            events,
-        };
+        let report = checked(events, &rules);
+        let first = report.violations.first().expect("an overlap");
         let text = report.evidence(first);
         for want in [
             "0.0050 client 0 name 0: Acquire",
@@ -461,5 +466,89 @@ mod tests {
             panic!("an overlap passed the verdict");
         };
         assert!(failure.to_string().contains(&text), "{failure}");
+    }
+
+    /// A name not granted again after the last heal: the evidence shows what happened on that
+    /// name since its last grant (the holder that never let go, the waiter refused) and the
+    /// heal, and nothing of another name.
+    #[test]
+    fn evidence_of_a_stuck_name_shows_that_name_since_its_last_grant() {
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        let ev = |m: u64, client: usize, name: usize, op: Op| Event {
+            at: ms(m),
+            client,
+            name,
+            op,
+        };
+        let granted = |lease| Op::Granted {
+            lease,
+            token: None,
+            valid_until: ms(5000),
+        };
+        let refused = Op::Refused {
+            error: "timed out".into(),
+        };
+        let events = vec![
+            ev(0, 0, 1, Op::Acquire),
+            ev(10, 0, 1, granted(1)),
+            ev(20, 0, 1, Op::Release { lease: 1 }),
+            ev(30, 1, 1, Op::Acquire),
+            ev(40, 1, 1, granted(2)),
+            ev(
+                50,
+                NOBODY,
+                NOBODY,
+                Op::Heal {
+                    what: "restart zk-ens2".into(),
+                },
+            ),
+            ev(60, 2, 1, Op::Acquire),
+            ev(60, 3, 0, Op::Acquire),
+            ev(70, 3, 0, granted(3)),
+            ev(80, 3, 0, Op::Release { lease: 3 }),
+            ev(900, 2, 1, refused),
+        ];
+        let rules = Rules {
+            fencing: false,
+            recovery: Duration::from_millis(500),
+            end: ms(2000),
+            cut_notice: None,
+        };
+        let report = checked(events, &rules);
+        let stuck = (report.violations.iter())
+            .find(|v| v.kind == crate::safety::checker::Kind::Liveness)
+            .expect("name 1 not granted again");
+        let text = report.evidence(stuck);
+        for want in [
+            "0.0400 client 1 name 1: granted lease 2",
+            "0.0500 nemesis: Heal",
+            "0.0600 client 2 name 1: Acquire",
+            "0.9000 client 2 name 1: Refused",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        assert!(!text.contains("lease 1 "), "before the last grant:\n{text}");
+        assert!(!text.contains("name 0"), "another name:\n{text}");
+    }
+
+    /// The report of a history, checked by `rules`.
+    fn checked(events: Vec<Event>, rules: &Rules) -> Report {
+        Report {
+            seed: 0,
+            grants: 2,
+            refused: 0,
+            unknown: 0,
+            stale_writes_refused: 0,
+            faults: BTreeMap::new(),
+            server_errors: vec![],
+            elapsed: Duration::from_secs(2),
+            loss_to_signal: vec![],
+            recovery: vec![],
+            handoff: vec![],
+            cut_races: vec![],
+            violations: check(&events, rules),
+            events,
+        }
     }
 }
