@@ -441,27 +441,21 @@ mod tests {
                 },
             ),
         ];
-        let rules = Rules {
-            fencing: true,
-            recovery: Duration::from_secs(5),
-            end: ms(2000),
-            cut_notice: None,
-        };
-        let report = checked(events, &rules);
+        let report = checked(events, true, Duration::from_secs(5), ms(2000));
         let first = report.violations.first().expect("an overlap");
         let text = report.evidence(first);
-        for want in [
-            "0.0050 client 0 name 0: Acquire",
-            "nemesis: Fault { what: \"freeze server zk-ens1 for 2s\" }",
-            "0.0100 client 0 name 0: granted lease 1 (token Some(1)), valid until 1.0000",
-            "0.0200 nemesis: Fault",
-            "0.0400 client 1 name 0: granted lease 2",
-            "last woken at 0.0350, last polled at 0.0390",
-        ] {
-            assert!(text.contains(want), "{want:?} missing from:\n{text}");
-        }
-        assert!(!text.contains("client 2"), "an uninvolved client:\n{text}");
-        assert!(!text.contains("pause"), "a fault healed before:\n{text}");
+        assert_shows(
+            &text,
+            &[
+                "0.0050 client 0 name 0: Acquire",
+                "nemesis: Fault { what: \"freeze server zk-ens1 for 2s\" }",
+                "0.0100 client 0 name 0: granted lease 1 (token Some(1)), valid until 1.0000",
+                "0.0200 nemesis: Fault",
+                "0.0400 client 1 name 0: granted lease 2",
+                "last woken at 0.0350, last polled at 0.0390",
+            ],
+            &["client 2", "pause"], // an uninvolved client, a fault healed before
+        );
         let Err(failure) = report.verdict() else {
             panic!("an overlap passed the verdict");
         };
@@ -509,31 +503,31 @@ mod tests {
             ev(80, 3, 0, Op::Release { lease: 3 }),
             ev(900, 2, 1, refused),
         ];
-        let rules = Rules {
-            fencing: false,
-            recovery: Duration::from_millis(500),
-            end: ms(2000),
-            cut_notice: None,
-        };
-        let report = checked(events, &rules);
+        let report = checked(events, false, Duration::from_millis(500), ms(2000));
         let stuck = (report.violations.iter())
             .find(|v| v.kind == crate::safety::checker::Kind::Liveness)
             .expect("name 1 not granted again");
         let text = report.evidence(stuck);
-        for want in [
-            "0.0400 client 1 name 1: granted lease 2",
-            "0.0500 nemesis: Heal",
-            "0.0600 client 2 name 1: Acquire",
-            "0.9000 client 2 name 1: Refused",
-        ] {
-            assert!(text.contains(want), "{want:?} missing from:\n{text}");
-        }
-        assert!(!text.contains("lease 1 "), "before the last grant:\n{text}");
-        assert!(!text.contains("name 0"), "another name:\n{text}");
+        assert_shows(
+            &text,
+            &[
+                "0.0400 client 1 name 1: granted lease 2",
+                "0.0500 nemesis: Heal",
+                "0.0600 client 2 name 1: Acquire",
+                "0.9000 client 2 name 1: Refused",
+            ],
+            &["lease 1 ", "name 0"], // before the last grant, another name
+        );
     }
 
-    /// The report of a history, checked by `rules`.
-    fn checked(events: Vec<Event>, rules: &Rules) -> Report {
+    /// The report of a history of a run that ended at `end`, checked with these rules.
+    fn checked(events: Vec<Event>, fencing: bool, recovery: Duration, end: Instant) -> Report {
+        let rules = Rules {
+            fencing,
+            recovery,
+            end,
+            cut_notice: None,
+        };
         Report {
             seed: 0,
             grants: 2,
@@ -547,8 +541,18 @@ mod tests {
             recovery: vec![],
             handoff: vec![],
             cut_races: vec![],
-            violations: check(&events, rules),
+            violations: check(&events, &rules),
             events,
+        }
+    }
+
+    /// Fails unless `text` contains every one of `wanted` and none of `unwanted`.
+    fn assert_shows(text: &str, wanted: &[&str], unwanted: &[&str]) {
+        for want in wanted {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        for not in unwanted {
+            assert!(!text.contains(not), "{not:?} should not be in:\n{text}");
         }
     }
 }
