@@ -14,10 +14,14 @@ use std::time::Duration;
 use conformance_tests::{async_trait, FaultProxy};
 use lock_core::{DistributedLock, LeaseState};
 use lock_etcd::{EtcdConfig, EtcdLock};
-use test_support::partition::{free_ports, scenario, shm_dir, Cluster, Fault, Members, Parts};
+use test_support::partition::{
+    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts,
+};
 use test_support::{loopback, serial};
 
-/// Three etcd members; `peers[i]` is the proxy in front of member `i`'s peer port.
+/// Three etcd members; `links[i]` is the proxy in front of member `i`'s peer port, which every
+/// other member dials (etcd members know each other by one advertised peer URL each, so the
+/// links are shared: no `Fault::Isolate` here).
 struct Etcd(Parts);
 
 impl Etcd {
@@ -26,19 +30,22 @@ impl Etcd {
         let held = free_ports(6);
         let ports = held.numbers();
         let (peer_ports, client_ports) = ports.split_at(3);
-        let peers: Vec<Vec<FaultProxy>> = peer_ports
-            .iter()
-            .map(|p| vec![FaultProxy::start(loopback(*p)).expect("a peer proxy")])
+        let links: Vec<Link> = (peer_ports.iter().enumerate())
+            .map(|(to, p)| Link {
+                from: None,
+                to,
+                proxy: FaultProxy::start(loopback(*p)).expect("a peer proxy"),
+            })
             .collect();
-        let initial: Vec<String> = (peers.iter().enumerate())
-            .map(|(i, p)| format!("m{i}=http://{}", p[0].addr()))
+        let initial: Vec<String> = (links.iter())
+            .map(|l| format!("m{}=http://{}", l.to, l.proxy.addr()))
             .collect();
         held.release();
         let (mut members, mut clients) = (Members::default(), Vec::new());
         for (i, peer) in peer_ports.iter().enumerate() {
             let client = format!("127.0.0.1:{}", client_ports[i]);
             let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
-            let advertised = format!("http://{}", peers[i][0].addr());
+            let advertised = format!("http://{}", links[i].proxy.addr());
             let child = Command::new("etcd")
                 .args(["--name", &format!("m{i}")])
                 .arg("--data-dir")
@@ -62,7 +69,7 @@ impl Etcd {
         Etcd(Parts {
             members,
             clients,
-            peers,
+            links,
             dir,
         })
     }

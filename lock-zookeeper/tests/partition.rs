@@ -1,10 +1,12 @@
 //! Partitions between ZooKeeper servers, and a frozen leader, on a 3-server ensemble of the
 //! test's own (ZooKeeper from `scripts/services.sh install`, the timings of its `zk-ens`
-//! servers: tick 500 ms, `syncLimit` 10 ticks). Every server lists the others at the addresses
-//! of `FaultProxy`s in front of their quorum and election ports, and itself at its own, so
-//! every connection another server dials to it passes through its proxies
-//! (`test_support::partition`). Followers dial the leader's quorum port: blackholing the
-//! leader's proxies cuts it off from every follower.
+//! servers: tick 500 ms, `syncLimit` 10 ticks). Every server lists each other server at
+//! `FaultProxy`s of its own in front of that server's quorum and election ports, and itself at
+//! its own, so every connection server *i* dials to server *j* passes through the links from
+//! *i* to *j* (`test_support::partition`). Followers dial the leader's quorum port, and each
+//! server dials the election port of every lower-numbered one: blackholing only the links to a
+//! server (`Fault::Mute`) leaves what it dials open, so a muted follower keeps following;
+//! `Fault::Isolate` blackholes both.
 //!
 //! Every scenario checks that the lock is never held twice; the figures (`--nocapture`) are in
 //! RELIABILITY.md.
@@ -18,7 +20,9 @@ use std::time::Duration;
 use conformance_tests::{async_trait, FaultProxy};
 use lock_core::DistributedLock;
 use lock_zookeeper::{ZkConfig, ZkLock};
-use test_support::partition::{free_ports, scenario, shm_dir, Cluster, Fault, Members, Parts};
+use test_support::partition::{
+    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts,
+};
 use test_support::{loopback, serial, zk_mode};
 
 /// The lock's TTL is the session timeout.
@@ -27,8 +31,8 @@ const SESSION: Duration = Duration::from_millis(2000);
 const CLASSPATH: &str =
     "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar";
 
-/// Three servers; `peers[i]` are the proxies in front of server `i`'s quorum and election
-/// ports.
+/// Three servers, each with a link of its own to each other server's quorum port and one to
+/// its election port.
 struct Zk(Parts);
 
 impl Zk {
@@ -37,17 +41,19 @@ impl Zk {
         let held = free_ports(9);
         let n = held.numbers();
         let ports: Vec<(u16, u16)> = (0..3).map(|i| (n[i], n[3 + i])).collect();
-        let peers: Vec<Vec<FaultProxy>> = ports
-            .iter()
-            .map(|(q, e)| {
-                [q, e]
-                    .map(|p| FaultProxy::start(loopback(*p)).expect("a peer proxy"))
-                    .into()
-            })
-            .collect();
+        let mut links = Vec::new();
+        for from in 0..3 {
+            for (to, (quorum, election)) in ports.iter().enumerate() {
+                for port in [quorum, election].into_iter().filter(|_| from != to) {
+                    let proxy = FaultProxy::start(loopback(*port)).expect("a peer proxy");
+                    let from = Some(from);
+                    links.push(Link { from, to, proxy });
+                }
+            }
+        }
         held.release();
         let (mut members, mut clients) = (Members::default(), Vec::new());
-        for (i, (quorum, election)) in ports.iter().enumerate() {
+        for i in 0..ports.len() {
             let (conf, data) = (dir.join(format!("s{i}")), dir.join(format!("s{i}/data")));
             std::fs::create_dir_all(&data).unwrap();
             std::fs::write(data.join("myid"), format!("{}\n", i + 1)).unwrap();
@@ -60,11 +66,14 @@ impl Zk {
                  preAllocSize=4096\n",
                 data.display()
             );
-            for (j, proxies) in peers.iter().enumerate() {
-                let (q, e) = if i == j {
-                    (*quorum, *election)
-                } else {
-                    (proxies[0].addr().port(), proxies[1].addr().port())
+            for (j, own) in ports.iter().enumerate() {
+                // The links from i to j, quorum first, in the order they were made.
+                let mut via = (links.iter())
+                    .filter(|l: &&Link| l.from == Some(i) && l.to == j)
+                    .map(|l| l.proxy.addr().port());
+                let (q, e) = match (via.next(), via.next()) {
+                    (Some(q), Some(e)) => (q, e),
+                    _ => *own,
                 };
                 writeln!(cfg, "server.{}=127.0.0.1:{q}:{e}", j + 1).unwrap();
             }
@@ -103,7 +112,7 @@ impl Zk {
         Zk(Parts {
             members,
             clients,
-            peers,
+            links,
             dir,
         })
     }
@@ -134,9 +143,12 @@ impl Cluster for Zk {
     }
 }
 
-/// The leader is cut off from both followers, with the lock's holder on it and the waiter on
-/// a follower: the followers elect a new leader; the old one keeps its clients until it gives
-/// up its leadership (`syncLimit`).
+/// The leader is muted, with the lock's holder on it and the waiter on a follower: the
+/// followers' connections to it (they dial the leader) stall, they elect a new leader, and the
+/// old one keeps its clients until it gives up its leadership (`syncLimit`). What it dials
+/// itself still gets through: a server dials the election port of every lower-numbered one, so
+/// a leader that is not the highest-numbered can then join the new leader as a follower, and
+/// its clients keep their sessions and locks (the next test cuts it off both ways).
 #[test]
 fn a_leader_cut_off_from_its_followers_never_lets_the_lock_be_held_twice() {
     serial(async {
@@ -145,13 +157,52 @@ fn a_leader_cut_off_from_its_followers_never_lets_the_lock_be_held_twice() {
     });
 }
 
-/// A follower is cut off from the leader (it dials the leader, whose proxies stay open, but
-/// nothing the others dial to it gets through), with the holder on it.
+/// The leader is cut off from both followers both ways, with the holder on it and the waiter
+/// on a follower: the old leader gives up after `syncLimit` and cannot join the new one.
+#[test]
+fn an_isolated_leader_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| (l, (l + 1) % 3, l);
+        scenario(
+            &Zk::start(),
+            "zk-isolated-leader",
+            roles,
+            Fault::Isolate,
+            None,
+        )
+        .await;
+    });
+}
+
+/// A follower is muted, with the holder on it: nothing the others dial to it gets through, but
+/// it dials the leader itself and that connection stays open both ways, so it stays in the
+/// ensemble (see the next test for a follower cut off for real).
 #[test]
 fn a_cut_off_follower_never_lets_the_lock_be_held_twice() {
     serial(async {
         let roles = |l| ((l + 1) % 3, l, (l + 1) % 3);
         scenario(&Zk::start(), "zk-cut-follower", roles, Fault::Mute, None).await;
+    });
+}
+
+/// A follower is cut off from the other servers both ways, with the holder on it and the waiter
+/// on the other follower. The cut-off follower keeps answering its clients' pings from its own
+/// state until it gives up on the leader (`syncLimit`, 5 s), while the leader, which no longer
+/// hears of the holder's session, expires it after the session timeout (2 s) and grants the
+/// waiter: the holder must know before then, from its confirmations (each a `sync`, which
+/// needs the leader) going unanswered.
+#[test]
+fn an_isolated_follower_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| ((l + 1) % 3, (l + 2) % 3, (l + 1) % 3);
+        scenario(
+            &Zk::start(),
+            "zk-isolated-follower",
+            roles,
+            Fault::Isolate,
+            None,
+        )
+        .await;
     });
 }
 

@@ -1,10 +1,12 @@
 //! Partitions between the members of a cluster, which a proxy between clients and servers
 //! cannot make. A test starts a cluster of its own ([`Members`], on [`free_ports`], data in
-//! [`shm_dir`]) whose members reach each other only through `FaultProxy`s: each member
-//! names the proxies as its peers' addresses, so every connection another member dials to
-//! member *i* passes through *i*'s proxies, and blackholing them makes *i* a member that nobody
-//! can dial ([`Fault::Mute`]). Each client talks to one member only, so a client of a
-//! struck member has no way around the fault.
+//! [`shm_dir`]) whose members reach each other only through `FaultProxy`s ([`Link`]s): each
+//! member names the proxies as its peers' addresses, so every connection another member dials
+//! to member *i* passes through a link to *i*, and blackholing those makes *i* a member that
+//! nobody can dial ([`Fault::Mute`]). Where each member has links of its own to each peer (its
+//! configuration names its peers separately from the others'), blackholing also the links *i*
+//! dials through cuts it off both ways ([`Fault::Isolate`]). Each client talks to one member
+//! only, so a client of a struck member has no way around the fault.
 //!
 //! [`scenario`] checks the promise under such a fault: the lock is never held twice. When the
 //! other client is granted the lock, the holder's lease is already Lost or past its
@@ -27,10 +29,23 @@ pub struct Parts {
     pub members: Members,
     /// `host:port` where member `i` serves clients.
     pub clients: Vec<String>,
-    /// The proxies every connection dialed to member `i` by another member passes through.
-    pub peers: Vec<Vec<FaultProxy>>,
+    /// The proxies between members.
+    pub links: Vec<Link>,
     /// Data and logs.
     pub dir: crate::Scratch,
+}
+
+/// A proxy between members: every connection member `from` dials to member `to` (to one of
+/// its peer ports) passes through it.
+#[derive(Debug)]
+pub struct Link {
+    /// The member that dials through it; `None` when every other member does (a cluster whose
+    /// members all name a peer at one address, as etcd's advertised peer URLs are).
+    pub from: Option<usize>,
+    /// The member it leads to.
+    pub to: usize,
+    /// The proxy.
+    pub proxy: FaultProxy,
 }
 
 /// A cluster a test started itself, with proxies in front of its members' peer ports.
@@ -139,27 +154,56 @@ pub fn shm_dir(prefix: &str) -> crate::Scratch {
 /// What happens to one member.
 #[derive(Clone, Copy, Debug)]
 pub enum Fault {
-    /// Nothing another member dials to it gets through (its peer proxies blackholed); what it
-    /// dials itself does.
+    /// Nothing another member dials to it gets through (the links to it blackholed); what it
+    /// dials itself does, and on such a connection both sides still hear each other.
     Mute,
+    /// Cut off from every other member both ways: the links to it and the links it dials
+    /// through blackholed. Its clients still reach it.
+    ///
+    /// # Panics
+    /// On a cluster with a link that every member dials through ([`Link::from`] `None`):
+    /// blackholing it would cut off the others too.
+    Isolate,
     /// SIGSTOP: it answers nobody, peers and clients alike.
     Freeze,
 }
 
 impl Fault {
+    /// The links this fault blackholes on member `i`.
+    fn links(self, cluster: &dyn Cluster, i: usize) -> Vec<&FaultProxy> {
+        let links = &cluster.parts().links;
+        let struck = |l: &&Link| match self {
+            Fault::Mute => l.to == i,
+            Fault::Isolate => l.to == i || l.from == Some(i),
+            Fault::Freeze => false,
+        };
+        if matches!(self, Fault::Isolate) {
+            assert!(
+                links.iter().all(|l| l.from.is_some()),
+                "this cluster's members dial each other through shared links: it cannot cut \
+                 off one member both ways"
+            );
+        }
+        links.iter().filter(struck).map(|l| &l.proxy).collect()
+    }
+
     fn apply(self, cluster: &dyn Cluster, i: usize) {
         match self {
-            Fault::Mute => cluster.parts().peers[i]
-                .iter()
-                .for_each(FaultProxy::blackhole),
             Fault::Freeze => crate::kill("STOP", cluster.parts().members.0[i].id()),
+            _ => self
+                .links(cluster, i)
+                .into_iter()
+                .for_each(FaultProxy::blackhole),
         }
     }
 
     fn heal(self, cluster: &dyn Cluster, i: usize) {
         match self {
-            Fault::Mute => cluster.parts().peers[i].iter().for_each(FaultProxy::heal),
             Fault::Freeze => crate::kill("CONT", cluster.parts().members.0[i].id()),
+            _ => self
+                .links(cluster, i)
+                .into_iter()
+                .for_each(FaultProxy::heal),
         }
     }
 }
