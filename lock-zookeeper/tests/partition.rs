@@ -214,3 +214,76 @@ fn a_frozen_leader_never_lets_the_lock_be_held_twice() {
         scenario(&Zk::start(), "zk-election", roles, Fault::Freeze, None).await;
     });
 }
+
+/// A contender's create is lost with its connection while the session moves to another
+/// server, and the create was already on its way to the leader: the new server does not have
+/// it yet when the client looks for it. The client must find that node and queue with it, not
+/// create a second one behind it: that first node would be an orphan of a live session,
+/// heading the queue for as long as the session lives, and nobody could take the lock.
+///
+/// How: every link to the leader is slowed (400 ms each way), so the create's commit reaches
+/// the other follower about a second and a half after it was sent; the client's connection
+/// (through a proxy) is closed 100 ms after the create reached its server, and the proxy then
+/// leads to the other follower.
+#[test]
+fn a_create_lost_while_the_session_moves_leaves_no_orphan() {
+    serial(async {
+        let zk = Zk::start();
+        let leader = zk.leader().await;
+        let (first, second) = ((leader + 1) % 3, (leader + 2) % 3);
+        let parts = &zk.0;
+        let address = |i: usize| parts.clients[i].parse().expect("a socket address");
+        let via = FaultProxy::start(address(first)).expect("a client proxy");
+        let session = Duration::from_secs(6);
+        let moving =
+            ZkLock::connect(ZkConfig::new(via.addr().to_string()).with_session_timeout(session))
+                .await
+                .expect("a client of the first follower, through the proxy");
+        let other = ZkLock::connect(
+            ZkConfig::new(parts.clients[second].clone()).with_session_timeout(session),
+        )
+        .await
+        .expect("a client of the second follower");
+        let name = conformance_tests::fresh_name("zk-moved-create");
+        let opts = lock_core::LockOptions::new(session).manual_renewal();
+        // The lock's parent exists, so the first create the client sends is its contender's.
+        other
+            .try_acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("a free lock")
+            .release()
+            .await
+            .unwrap();
+        for link in parts.links.iter().filter(|l| l.to == leader) {
+            link.proxy.delay(Duration::from_millis(400));
+        }
+        via.lose_replies(b"/_c_", 1);
+        let redirect = async {
+            while via.trap_armed() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            via.redirect(address(second));
+        };
+        let waiting = opts.clone().wait_for(Duration::from_secs(8));
+        let (granted, ()) = tokio::join!(moving.acquire(&name, &waiting), redirect);
+        for link in &parts.links {
+            link.proxy.heal();
+        }
+        let lease = granted.unwrap_or_else(|e| {
+            panic!(
+                "the free lock was not granted to the client whose create was lost as its \
+                 session moved: {e} (a second node queued behind the first, an orphan of its \
+                 own session)"
+            )
+        });
+        lease.release().await.unwrap();
+        let after = other
+            .acquire(&name, &opts.clone().wait_for(Duration::from_secs(3)))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("after the moved client released, the lock stayed taken: {e}")
+            });
+        after.release().await.unwrap();
+    });
+}
