@@ -9,6 +9,7 @@ use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result}
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite};
+use crate::confirm::Pace;
 use crate::lease::{delete_in_background, ZkLeaseOps};
 use crate::lock::{contenders, ZkLock, MARK};
 
@@ -24,10 +25,11 @@ impl ZkLock {
         let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
         // Dropped while a create is in flight, the server may still create the node — an
         // ephemeral that would head the queue for as long as this session lives. The guard then
-        // finds it by its unique prefix (same session: the listing is served after the create)
-        // and deletes it in the background.
+        // finds it by its unique prefix (see `definite_children`) and deletes it in the
+        // background.
         let mut pending = PendingNode {
             client: client.clone(),
+            pace: self.pace(client),
             parent: parent.to_string(),
             prefix: prefix.clone(),
             armed: true,
@@ -89,7 +91,8 @@ impl ZkLock {
 
     /// This session's node under `parent` whose name starts with `prefix`, if one exists — a
     /// definite answer: a lookup that fails on a connection loss is repeated, while the
-    /// session lives.
+    /// session lives, and it sees every create this session sent before (see
+    /// [`definite_children`]).
     pub(crate) async fn find_own(
         &self,
         client: &Client,
@@ -97,7 +100,7 @@ impl ZkLock {
         prefix: &str,
     ) -> Result<Option<(String, Stat)>> {
         let parent = &self.parent(name);
-        let children = match until_definite(client, || client.list_children(parent)).await {
+        let children = match definite_children(client, self.pace(client), parent).await {
             Ok(c) => c,
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
             Err(e) => return Err(self.error(e, Some(name))),
@@ -230,10 +233,31 @@ impl ZkLock {
     }
 }
 
+/// The children of `parent` as the leader has them, asked again after a connection loss while
+/// the session lives. After a connection loss the session may have moved to another server,
+/// which may not yet have applied a create the old one had passed on to the leader: a plain
+/// listing there can miss this session's own node (and a second create would queue behind it,
+/// an orphan for the life of the session). In an ensemble the listing is sent with a `sync`
+/// ([`Pace::fresh`]), which the leader answers only after every proposal before it.
+async fn definite_children(
+    client: &Client,
+    pace: Pace,
+    parent: &str,
+) -> std::result::Result<Vec<String>, zookeeper_client::Error> {
+    until_definite(client, || async {
+        let (children, _) = pace
+            .fresh(client, parent, || client.list_children(parent))
+            .await?;
+        Ok(children)
+    })
+    .await
+}
+
 /// Deletes the node created under `parent` with `prefix`, if any, when dropped while armed:
 /// the acquisition was cancelled (or failed) with its create request possibly applied.
 pub(crate) struct PendingNode {
     pub(crate) client: Client,
+    pub(crate) pace: Pace,
     pub(crate) parent: String,
     pub(crate) prefix: String,
     pub(crate) armed: bool,
@@ -247,13 +271,14 @@ impl Drop for PendingNode {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return; // the node goes with the session
         };
-        let (client, parent, prefix) = (
+        let (client, pace, parent, prefix) = (
             self.client.clone(),
+            self.pace,
             std::mem::take(&mut self.parent),
             std::mem::take(&mut self.prefix),
         );
         rt.spawn(async move {
-            if let Ok(children) = until_definite(&client, || client.list_children(&parent)).await {
+            if let Ok(children) = definite_children(&client, pace, &parent).await {
                 for child in children.iter().filter(|c| c.starts_with(&prefix)) {
                     let path = format!("{parent}/{child}");
                     let _ = until_definite(&client, || client.delete(&path, None)).await;
