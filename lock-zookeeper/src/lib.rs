@@ -9,7 +9,8 @@
 //! sequence holds, each waiter watches only its predecessor (no herd, FIFO). A contender that
 //! loses the connection while creating its node finds it again by its uuid instead of leaving
 //! an orphan behind (it creates again only once a lookup said for certain that the first create
-//! was not applied). **The session is the lease**: every lock of a client lives as long as its
+//! was not applied; in an ensemble that lookup goes through the leader with a `sync`, because
+//! the session may have moved to a server that has not yet applied the create). **The session is the lease**: every lock of a client lives as long as its
 //! session, confirmed in the background; in an ensemble each confirmation (and each grant) goes
 //! through the leader with a `sync` and vouches for half the session timeout, on a standalone
 //! server for all of it. See [`ZkLock`] for the pacing and for what the TTL option means here.
