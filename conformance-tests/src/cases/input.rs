@@ -303,11 +303,12 @@ pub async fn declared_max_ttl_is_enforced(h: &dyn Harness) -> Result<(), Failure
 pub async fn declared_min_ttl_is_granted(h: &dyn Harness) -> Result<(), Failure> {
     let a = client(h).await?;
     let min = a.capabilities().min_ttl;
-    let name = fresh_name("min-ttl");
     let exact = LockOptions::new(min).manual_renewal();
     let what = format!("a TTL of exactly the declared min_ttl {min:?}");
     let by_try = format!("try_acquire with {what}");
+    // A fresh name for every try: a grant refused as late may stay on its name a moment.
     let l = granted_at_min_ttl(min, &by_try, || async {
+        let name = fresh_name("min-ttl");
         Ok(held(a.try_acquire(&name, &exact).await?, &by_try))
     })
     .await?;
@@ -316,14 +317,28 @@ pub async fn declared_min_ttl_is_granted(h: &dyn Harness) -> Result<(), Failure>
         "granted TTL {:?} is shorter than the declared min_ttl {min:?}",
         l.ttl()
     );
-    l.release().await?;
+    release_short(l).await?;
     let waiting = exact.clone().wait_for(h.timing().slack);
     let l = granted_at_min_ttl(min, &format!("acquire with {what}"), || async {
-        Ok(Ok(a.acquire(&name, &waiting).await?))
+        Ok(Ok(a.acquire(&fresh_name("min-ttl"), &waiting).await?))
     })
     .await?;
-    l.release().await?;
+    release_short(l).await?;
     Ok(())
+}
+
+/// Releases a lease of the declared `min_ttl`, which may be over before its release arrives:
+/// `NotHeld` (it expired) and a retryable error (the backend answered too slowly for it — a
+/// Redlock majority within its 50 ms per-node timeout, on a loaded machine) are its short
+/// life, not a broken promise; any other error is.
+async fn release_short(l: Box<dyn Lease>) -> Result<(), Failure> {
+    match l.release().await {
+        Ok(()) | Err(Error::NotHeld { .. }) => Ok(()),
+        Err(e) if e.is_retryable() => Ok(()),
+        Err(e) => Err(Failure(format!(
+            "releasing a lease of the declared min_ttl gave {e:?}"
+        ))),
+    }
 }
 
 /// How many times [`declared_min_ttl_is_granted`] asks before a late grant counts as a failure.
