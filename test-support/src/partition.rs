@@ -187,23 +187,21 @@ impl Fault {
         links.iter().filter(struck).map(|l| &l.proxy).collect()
     }
 
-    fn apply(self, cluster: &dyn Cluster, i: usize) {
+    /// Strikes member `i` (`on`) or heals it.
+    fn set(self, cluster: &dyn Cluster, i: usize, on: bool) {
         match self {
-            Fault::Freeze => crate::kill("STOP", cluster.parts().members.0[i].id()),
-            _ => self
-                .links(cluster, i)
-                .into_iter()
-                .for_each(FaultProxy::blackhole),
-        }
-    }
-
-    fn heal(self, cluster: &dyn Cluster, i: usize) {
-        match self {
-            Fault::Freeze => crate::kill("CONT", cluster.parts().members.0[i].id()),
-            _ => self
-                .links(cluster, i)
-                .into_iter()
-                .for_each(FaultProxy::heal),
+            Fault::Freeze => {
+                let signal = if on { "STOP" } else { "CONT" };
+                crate::kill(signal, cluster.parts().members.0[i].id());
+            }
+            _ => {
+                let act = if on {
+                    FaultProxy::blackhole
+                } else {
+                    FaultProxy::heal
+                };
+                self.links(cluster, i).into_iter().for_each(act);
+            }
         }
     }
 }
@@ -322,7 +320,7 @@ pub async fn scenario(
     });
     tokio::time::sleep(Duration::from_millis(300)).await; // queued
     let struck_at = Instant::now();
-    fault.apply(cluster, struck);
+    fault.set(cluster, struck, true);
     if let Some(after) = release_after {
         let held = held.clone();
         tokio::spawn(async move {
@@ -355,13 +353,13 @@ pub async fn scenario(
                  holder's release had finished",
                 since(granted_at)
             );
-            fault.heal(cluster, struck);
+            fault.set(cluster, struck, false);
             let _ = other.release().await;
             (Some(since(granted_at)), None)
         }
         Err(e) => (None, Some(e.to_string())),
     };
-    fault.heal(cluster, struck);
+    fault.set(cluster, struck, false);
     release(&held).await;
     let holder_lost = holder_lost.lock().unwrap().map(since);
     let seen = Seen {
