@@ -185,18 +185,13 @@ impl Report {
         // A name that stopped being granted involves no lease: show what happened on it since
         // its last grant (who held it, who asked, what they were told), to the history's end.
         let stuck = v.leases.is_empty() && v.name != NOBODY;
-        let to = match stuck {
-            true => self.events.iter().map(|e| e.at).max().unwrap_or(v.at),
-            false => v.at + EVIDENCE_AFTER,
-        };
-        let from = match stuck {
-            true => self
-                .events
-                .iter()
-                .rev()
-                .find(|e| e.name == v.name && e.at <= v.at && matches!(e.op, Op::Granted { .. }))
-                .map_or(origin, |e| e.at),
-            false => from,
+        let (from, to) = if stuck {
+            let last_grant = (self.events.iter().rev())
+                .find(|e| e.name == v.name && e.at <= v.at && matches!(e.op, Op::Granted { .. }));
+            let end = self.events.iter().map(|e| e.at).max().unwrap_or(v.at);
+            (last_grant.map_or(origin, |e| e.at), end)
+        } else {
+            (from, v.at + EVIDENCE_AFTER)
         };
         let involved = |e: &Event| {
             e.client == NOBODY
