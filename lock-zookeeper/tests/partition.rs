@@ -220,56 +220,72 @@ fn a_frozen_leader_never_lets_the_lock_be_held_twice() {
 /// it yet when the client looks for it. The client must find that node and queue with it, not
 /// create a second one behind it: that first node would be an orphan of a live session,
 /// heading the queue for as long as the session lives, and nobody could take the lock.
-///
+#[test]
+fn a_create_lost_while_the_session_moves_leaves_no_orphan() {
+    serial(lost_create_while_the_session_moves(false));
+}
+
+/// As above, but the acquisition is cancelled while its create is on its way: the cleanup
+/// that deletes the node it may have made must find it on the new server too.
+#[test]
+fn a_cancelled_create_while_the_session_moves_leaves_no_orphan() {
+    serial(lost_create_while_the_session_moves(true));
+}
+
 /// How: every link to the leader is slowed (400 ms each way), so the create's commit reaches
 /// the other follower about a second and a half after it was sent; the client's connection
 /// (through a proxy) is closed 100 ms after the create reached its server, and the proxy then
-/// leads to the other follower.
-#[test]
-fn a_create_lost_while_the_session_moves_leaves_no_orphan() {
-    serial(async {
-        let zk = Zk::start();
-        let leader = zk.leader().await;
-        let (first, second) = ((leader + 1) % 3, (leader + 2) % 3);
-        let parts = &zk.0;
-        let address = |i: usize| parts.clients[i].parse().expect("a socket address");
-        let via = FaultProxy::start(address(first)).expect("a client proxy");
-        let session = Duration::from_secs(6);
-        let moving =
-            ZkLock::connect(ZkConfig::new(via.addr().to_string()).with_session_timeout(session))
-                .await
-                .expect("a client of the first follower, through the proxy");
-        let other = ZkLock::connect(
-            ZkConfig::new(parts.clients[second].clone()).with_session_timeout(session),
-        )
+/// leads to the other follower. With `cancel`, the acquisition is dropped as the create
+/// reaches the server.
+async fn lost_create_while_the_session_moves(cancel: bool) {
+    let zk = Zk::start();
+    let leader = zk.leader().await;
+    let (first, second) = ((leader + 1) % 3, (leader + 2) % 3);
+    let parts = &zk.0;
+    let address = |i: usize| parts.clients[i].parse().expect("a socket address");
+    let via = FaultProxy::start(address(first)).expect("a client proxy");
+    let session = Duration::from_secs(6);
+    let moving =
+        ZkLock::connect(ZkConfig::new(via.addr().to_string()).with_session_timeout(session))
+            .await
+            .expect("a client of the first follower, through the proxy");
+    let other =
+        ZkLock::connect(ZkConfig::new(parts.clients[second].clone()).with_session_timeout(session))
+            .await
+            .expect("a client of the second follower");
+    let name = conformance_tests::fresh_name("zk-moved-create");
+    let opts = lock_core::LockOptions::new(session).manual_renewal();
+    // The lock's parent exists, so the first create the client sends is its contender's.
+    other
+        .try_acquire(&name, &opts)
         .await
-        .expect("a client of the second follower");
-        let name = conformance_tests::fresh_name("zk-moved-create");
-        let opts = lock_core::LockOptions::new(session).manual_renewal();
-        // The lock's parent exists, so the first create the client sends is its contender's.
-        other
-            .try_acquire(&name, &opts)
-            .await
-            .unwrap()
-            .expect("a free lock")
-            .release()
-            .await
-            .unwrap();
-        for link in parts.links.iter().filter(|l| l.to == leader) {
-            link.proxy.delay(Duration::from_millis(400));
+        .unwrap()
+        .expect("a free lock")
+        .release()
+        .await
+        .unwrap();
+    for link in parts.links.iter().filter(|l| l.to == leader) {
+        link.proxy.delay(Duration::from_millis(400));
+    }
+    via.lose_replies(b"/_c_", 1);
+    let redirect = async {
+        while via.trap_armed() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        via.lose_replies(b"/_c_", 1);
-        let redirect = async {
-            while via.trap_armed() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+        via.redirect(address(second));
+    };
+    let waiting = opts.clone().wait_for(Duration::from_secs(8));
+    if cancel {
+        tokio::select! {
+            r = moving.acquire(&name, &waiting) => {
+                panic!("the acquisition ended before its create reached the server: {r:?}")
             }
-            via.redirect(address(second));
-        };
-        let waiting = opts.clone().wait_for(Duration::from_secs(8));
-        let (granted, ()) = tokio::join!(moving.acquire(&name, &waiting), redirect);
-        for link in &parts.links {
-            link.proxy.heal();
+            () = redirect => {} // the acquisition is dropped here, its create under way
         }
+        // The cleanup runs while the commit is still on its slow way.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    } else {
+        let (granted, ()) = tokio::join!(moving.acquire(&name, &waiting), redirect);
         let lease = granted.unwrap_or_else(|e| {
             panic!(
                 "the free lock was not granted to the client whose create was lost as its \
@@ -278,12 +294,19 @@ fn a_create_lost_while_the_session_moves_leaves_no_orphan() {
             )
         });
         lease.release().await.unwrap();
-        let after = other
-            .acquire(&name, &opts.clone().wait_for(Duration::from_secs(3)))
-            .await
-            .unwrap_or_else(|e| {
-                panic!("after the moved client released, the lock stayed taken: {e}")
-            });
-        after.release().await.unwrap();
-    });
+    }
+    for link in &parts.links {
+        link.proxy.heal();
+    }
+    let after = other
+        .acquire(&name, &opts.clone().wait_for(Duration::from_secs(3)))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the lock stayed taken after the moved client (cancelled: {cancel}) was done \
+                 with it, by a node of its live session: {e}"
+            )
+        });
+    after.release().await.unwrap();
+    drop(moving);
 }
