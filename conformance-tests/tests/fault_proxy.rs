@@ -91,6 +91,34 @@ async fn delay_is_latency_not_a_queue() {
     );
 }
 
+/// A delay is the same for every chunk: one sent while an earlier one is still on its way
+/// arrives the whole delay late too, not with the earlier one (which would make the latency
+/// anything between none and the delay, depending on what else was on the link).
+#[tokio::test]
+async fn every_chunk_arrives_the_whole_delay_late() {
+    let d = Duration::from_millis(100);
+    let (_proxy, mut s) = delayed_by(d).await;
+    s.write_all(b"one").await.unwrap();
+    tokio::time::sleep(d / 2).await;
+    let second_sent = Instant::now();
+    s.write_all(b"two").await.unwrap();
+    let mut buf = [0u8; 6];
+    let mut got = 0;
+    while got < 6 {
+        got += s.read(&mut buf[got..]).await.unwrap();
+    }
+    let took = second_sent.elapsed();
+    assert_eq!(&buf, b"onetwo");
+    assert!(
+        took >= 2 * d,
+        "a chunk sent {:?} after another came back {took:?} after it was sent, through a \
+         {d:?} delay each way: it travelled with the earlier chunk instead of taking the \
+         round trip of its own ({:?})",
+        d / 2,
+        2 * d
+    );
+}
+
 #[tokio::test]
 async fn blackhole_holds_data_until_heal() {
     let proxy = FaultProxy::start(echo_server().await).unwrap();
