@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -289,8 +290,9 @@ async fn connection(
 ) {
     let trapped = Trapped::default();
     let work = async {
-        // A partitioned network does not let the connection reach the server either.
-        wait_passable(&mut shared.mode.subscribe()).await?;
+        // A partitioned network does not let the connection reach the server either, and a
+        // slow one delays its opening.
+        until_due(&mut shared.mode.subscribe(), Instant::now()).await?;
         let server = TcpStream::connect(upstream).await.ok()?;
         let _ = client.set_nodelay(true);
         let _ = server.set_nodelay(true);
@@ -394,22 +396,12 @@ enum Direction<'a> {
     Down(&'a Shared),
 }
 
-/// Returns once data may flow, after the delay if one is set (then `Some(true)`); `None` if
-/// the proxy is gone.
-async fn wait_passable(mode: &mut watch::Receiver<Mode>) -> Option<bool> {
-    loop {
-        let m = *mode.borrow_and_update();
-        match m {
-            Mode::Pass => return Some(false),
-            Mode::Delay(d) => {
-                tokio::time::sleep(d).await;
-                return Some(true);
-            }
-            Mode::Blackhole => mode.changed().await.ok()?,
-        }
-    }
-}
-
+/// Forwards one direction of a connection until either side closes, the server gives up on
+/// the client ([`FaultProxy::server_keepalive`]), or the proxy stops.
+///
+/// A delay is a link's latency: every chunk leaves the delay after it arrived, however many
+/// are on their way (pipelined, as on a wire), never sooner because an earlier one was due.
+/// A blackhole holds the chunk it has read, and TCP's flow control the rest.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
@@ -418,66 +410,98 @@ async fn pump(
     heard: &Heard,
 ) {
     let (Direction::Up(shared) | Direction::Down(shared)) = direction;
-    let mut mode = shared.mode.subscribe();
-    let mut buf = vec![0u8; 16 * 1024];
     let mut reaped = heard.reaped.subscribe();
-    loop {
-        let next = async {
-            let mut n = match from.read(&mut buf).await {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => n,
-            };
-            if wait_passable(&mut mode).await? {
-                // What arrived during the delay leaves with this chunk: a link's latency delays
-                // each chunk by the delay; it does not queue them one delay after another (two
-                // pipelined requests would take two delays).
-                while n < buf.len() {
-                    match from.try_read(&mut buf[n..]) {
-                        Ok(k) if k > 0 => n += k,
-                        _ => break,
-                    }
+    let gave_up = {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+        let read = async {
+            let mut mode = shared.mode.subscribe();
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = from.read(&mut buf).await {
+                let arrived = Instant::now();
+                if until_open(&mut mode).await.is_none()
+                    || tx.send((arrived, buf[..n].to_vec())).is_err()
+                {
+                    break;
                 }
             }
-            Some(n)
+            drop(tx); // the writer sends what is queued, then closes
         };
-        let n = tokio::select! {
-            n = next => n,
-            _ = async { reaped.wait_for(|r| *r).await.is_ok() } => {
-                // The server gave up on this client: its side closes now; the client's side
-                // stays open and silent until the partition heals.
-                match direction {
-                    Direction::Up(_) => {
-                        let _ = to.shutdown().await;
-                        drop(to);
-                        let _ = wait_passable(&mut mode).await;
-                    }
-                    Direction::Down(_) => {
-                        drop(from);
-                        let _ = wait_passable(&mut mode).await;
-                    }
+        let write = async {
+            let mut mode = shared.mode.subscribe();
+            while let Some((arrived, chunk)) = rx.recv().await {
+                if until_due(&mut mode, arrived).await.is_none() {
+                    return;
                 }
-                return;
+                let counter = match direction {
+                    Direction::Up(shared) => {
+                        // Sprung before the request is forwarded, so no part of its reply can
+                        // slip by.
+                        if !trapped.is_sprung() && shared.springs_trap(&chunk) {
+                            trapped.spring();
+                        }
+                        &shared.bytes_up
+                    }
+                    Direction::Down(_) if trapped.is_sprung() => continue,
+                    Direction::Down(shared) => &shared.bytes_down,
+                };
+                if to.write_all(&chunk).await.is_err() {
+                    return;
+                }
+                if matches!(direction, Direction::Up(_)) {
+                    heard.now();
+                }
+                counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+            let _ = to.shutdown().await;
+        };
+        let forward = async {
+            tokio::pin!(write);
+            tokio::select! {
+                () = read => write.await,
+                () = &mut write => {} // the other side is gone: nothing more to read for
             }
         };
-        let Some(n) = n else { break };
-        let counter = match direction {
-            Direction::Up(shared) => {
-                // Sprung before the request is forwarded, so no part of its reply can slip by.
-                if !trapped.is_sprung() && shared.springs_trap(&buf[..n]) {
-                    trapped.spring();
-                }
-                &shared.bytes_up
-            }
-            Direction::Down(_) if trapped.is_sprung() => continue,
-            Direction::Down(shared) => &shared.bytes_down,
-        };
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
+        tokio::select! {
+            () = forward => false,
+            _ = async { reaped.wait_for(|r| *r).await.is_ok() } => true,
         }
-        if matches!(direction, Direction::Up(_)) {
-            heard.now();
+    };
+    if gave_up {
+        // The server gave up on this client: its side closes now; the client's side stays
+        // open and silent until the partition heals.
+        let mut mode = shared.mode.subscribe();
+        match direction {
+            Direction::Up(_) => {
+                let _ = to.shutdown().await;
+                drop(to);
+            }
+            Direction::Down(_) => drop(from),
         }
-        counter.fetch_add(n as u64, Ordering::Relaxed);
+        let _ = until_open(&mut mode).await;
     }
-    let _ = to.shutdown().await;
+}
+
+/// Returns once the link is not blackholed; `None` if the proxy is gone.
+async fn until_open(mode: &mut watch::Receiver<Mode>) -> Option<()> {
+    while *mode.borrow_and_update() == Mode::Blackhole {
+        mode.changed().await.ok()?;
+    }
+    Some(())
+}
+
+/// Returns once a chunk that `arrived` may leave: the link is not blackholed and, under a
+/// delay, the delay has passed since it arrived (a change of fault meanwhile counts at once);
+/// `None` if the proxy is gone.
+async fn until_due(mode: &mut watch::Receiver<Mode>, arrived: Instant) -> Option<()> {
+    loop {
+        let m = *mode.borrow_and_update();
+        match m {
+            Mode::Pass => return Some(()),
+            Mode::Delay(d) => tokio::select! {
+                () = tokio::time::sleep_until(arrived + d) => return Some(()),
+                changed = mode.changed() => changed.ok()?,
+            },
+            Mode::Blackhole => mode.changed().await.ok()?,
+        }
+    }
 }
