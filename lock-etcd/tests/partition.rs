@@ -1,28 +1,36 @@
 //! Partitions between etcd members, and a frozen leader, on a 3-member cluster of the test's
 //! own (`etcd` from `scripts/services.sh install`, data on `/dev/shm`, default heartbeat and
-//! election timeout). Each member advertises a `FaultProxy` as its peer URL, so every
-//! connection another member dials to it passes there (`test_support::partition`).
+//! election timeout). Every connection member *i* dials to member *j* passes through a
+//! `FaultProxy` of its own, the link from *i* to *j* (`test_support::partition`), sorted there
+//! by the `ByDialer` that *j* advertises as its peer URL. Followers forward their clients' lease
+//! keep-alives to the leader over those connections too.
 //!
 //! Every scenario checks that the lock is never held twice; the figures (`--nocapture`) are in
 //! RELIABILITY.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance_tests::{async_trait, FaultProxy};
 use lock_core::{DistributedLock, LeaseState};
 use lock_etcd::{EtcdConfig, EtcdLock};
+use test_support::by_dialer::{ByDialer, Pids};
 use test_support::partition::{
-    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts,
+    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts, Seen,
 };
 use test_support::{loopback, serial};
 
-/// Three etcd members; `links[i]` is the proxy in front of member `i`'s peer port, which every
-/// other member dials (etcd members know each other by one advertised peer URL each, so the
-/// links are shared: no `Fault::Isolate` here).
-struct Etcd(Parts);
+/// Three etcd members. etcd members know each other by one advertised peer URL each, so each
+/// member advertises a `ByDialer` that sends every connection on by the member that dialed it,
+/// through the link from that member: the links are each one member's own, and
+/// `Fault::Isolate` can cut one member off both ways.
+struct Etcd {
+    parts: Parts,
+    /// The advertised peer addresses, kept for as long as the members run.
+    _advertised: Vec<ByDialer>,
+}
 
 impl Etcd {
     fn start() -> Etcd {
@@ -30,22 +38,38 @@ impl Etcd {
         let held = free_ports(6);
         let ports = held.numbers();
         let (peer_ports, client_ports) = ports.split_at(3);
-        let links: Vec<Link> = (peer_ports.iter().enumerate())
-            .map(|(to, p)| Link {
-                from: None,
-                to,
-                proxy: FaultProxy::start(loopback(*p)).expect("a peer proxy"),
+        let mut links = Vec::new();
+        for from in 0..3 {
+            for (to, peer) in peer_ports.iter().enumerate().filter(|(to, _)| *to != from) {
+                let proxy = FaultProxy::start(loopback(*peer)).expect("a peer proxy");
+                let from = Some(from);
+                links.push(Link { from, to, proxy });
+            }
+        }
+        let pids: Pids = Arc::new(Mutex::new(vec![None; 3]));
+        let advertised: Vec<ByDialer> = (0..3)
+            .map(|to| {
+                // Each member's route to `to`: its link there (a member's own connections to
+                // itself, if it makes any, go straight to its peer port).
+                let routes = (0..3)
+                    .map(|from| {
+                        (links.iter())
+                            .find(|l: &&Link| l.from == Some(from) && l.to == to)
+                            .map_or(Some(loopback(peer_ports[to])), |l| Some(l.proxy.addr()))
+                    })
+                    .collect();
+                ByDialer::start(pids.clone(), routes).expect("an advertised peer address")
             })
             .collect();
-        let initial: Vec<String> = (links.iter())
-            .map(|l| format!("m{}=http://{}", l.to, l.proxy.addr()))
+        let initial: Vec<String> = (advertised.iter().enumerate())
+            .map(|(i, a)| format!("m{i}=http://{}", a.addr()))
             .collect();
         held.release();
         let (mut members, mut clients) = (Members::default(), Vec::new());
         for (i, peer) in peer_ports.iter().enumerate() {
             let client = format!("127.0.0.1:{}", client_ports[i]);
             let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
-            let advertised = format!("http://{}", links[i].proxy.addr());
+            let own = format!("http://{}", advertised[i].addr());
             let child = Command::new("etcd")
                 .args(["--name", &format!("m{i}")])
                 .arg("--data-dir")
@@ -53,7 +77,7 @@ impl Etcd {
                 .args(["--listen-client-urls", &format!("http://{client}")])
                 .args(["--advertise-client-urls", &format!("http://{client}")])
                 .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-advertise-peer-urls", &advertised])
+                .args(["--initial-advertise-peer-urls", &own])
                 .args(["--initial-cluster", &initial.join(",")])
                 .args(["--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", "distlock-partition"])
@@ -63,27 +87,31 @@ impl Etcd {
                 .stderr(log)
                 .spawn()
                 .expect("etcd (scripts/services.sh install puts it on the PATH)");
+            pids.lock().unwrap()[i] = Some(child.id());
             members.0.push(child);
             clients.push(client);
         }
-        Etcd(Parts {
-            members,
-            clients,
-            links,
-            dir,
-        })
+        Etcd {
+            parts: Parts {
+                members,
+                clients,
+                links,
+                dir,
+            },
+            _advertised: advertised,
+        }
     }
 }
 
 #[async_trait]
 impl Cluster for Etcd {
     fn parts(&self) -> &Parts {
-        &self.0
+        &self.parts
     }
 
     async fn agreed_leader(&self) -> Option<usize> {
         let mut ids = Vec::new();
-        for client in &self.0.clients {
+        for client in &self.parts.clients {
             ids.push(test_support::etcd_status(client).await?);
         }
         // Every member's (own id, leader's id): the leader is the member whose id all name.
@@ -93,7 +121,7 @@ impl Cluster for Etcd {
     }
 
     async fn client(&self, i: usize) -> lock_core::Result<Arc<dyn DistributedLock>> {
-        let config = EtcdConfig::new([self.0.clients[i].clone()]);
+        let config = EtcdConfig::new([self.parts.clients[i].clone()]);
         Ok(Arc::new(EtcdLock::connect(config).await?))
     }
 }
@@ -109,16 +137,9 @@ fn a_waiter_comes_through_a_leader_election() {
     serial(async {
         let roles = |l| ((l + 1) % 3, (l + 2) % 3, l);
         let seen = scenario(&Etcd::start(), "etcd-election", roles, Fault::Freeze, None).await;
-        let Some(granted) = seen.other_granted else {
-            panic!("the waiter did not come through the election: {seen:?}");
-        };
         // The holder could not confirm its lease through the election: it must have been told
         // (Lost) before the lock moved on, never left believing it still held it.
-        assert!(
-            seen.holder_lost.is_some_and(|l| l <= granted)
-                && seen.holder_states.last() == Some(&LeaseState::Lost),
-            "the holder was not told it had lost the lock before the waiter got it: {seen:?}"
-        );
+        granted_after_loss(&seen, "the waiter did not come through the election");
     });
 }
 
@@ -165,4 +186,64 @@ fn a_mute_waiters_member_never_lets_the_lock_be_held_twice() {
         )
         .await;
     });
+}
+
+/// The leader is cut off from both followers both ways, with the holder on it and the waiter
+/// on a follower. The old leader steps down when it stops hearing from a quorum (etcd's check
+/// quorum, one election timeout), and until then it can still renew leases on its own; the
+/// followers elect a new leader, which extends every lease by an election timeout, and grant
+/// the waiter once the holder's lease ends there.
+#[test]
+fn an_isolated_leader_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| (l, (l + 1) % 3, l);
+        let seen = scenario(
+            &Etcd::start(),
+            "etcd-isolated-leader",
+            roles,
+            Fault::Isolate,
+            None,
+        )
+        .await;
+        granted_after_loss(
+            &seen,
+            "the waiter, on the side with a quorum, was never granted the lock",
+        );
+    });
+}
+
+/// A follower is cut off from the others both ways, with the holder on it and the waiter on
+/// the leader. The follower forwards its clients' keep-alives to the leader over those
+/// connections, so the holder's renewals fail from the fault on; the leader expires the
+/// holder's lease after its TTL and grants the waiter.
+#[test]
+fn an_isolated_follower_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| ((l + 1) % 3, l, (l + 1) % 3);
+        let seen = scenario(
+            &Etcd::start(),
+            "etcd-isolated-follower",
+            roles,
+            Fault::Isolate,
+            None,
+        )
+        .await;
+        granted_after_loss(
+            &seen,
+            "the waiter, on the side with a quorum, was never granted the lock",
+        );
+    });
+}
+
+/// Asserts that the waiter was granted the lock (else fails with `not_granted`), and that the
+/// holder had been told (Lost) before then.
+fn granted_after_loss(seen: &Seen, not_granted: &str) {
+    let Some(granted) = seen.other_granted else {
+        panic!("{not_granted}: {seen:?}");
+    };
+    assert!(
+        seen.holder_lost.is_some_and(|l| l <= granted)
+            && seen.holder_states.last() == Some(&LeaseState::Lost),
+        "the holder was not told it had lost the lock before the waiter got it: {seen:?}"
+    );
 }

@@ -9,7 +9,8 @@
 //!   [`zk_packets_received`] / [`zk_mode`], [`etcd_grpc_messages_received`].
 //! - [`scratch`]: a temporary directory that is removed when the test ends, however it ends.
 //! - [`partition`]: clusters a test starts itself, with proxies between their members, and
-//!   the scenario that checks a lock under a partition or a frozen member.
+//!   the scenario that checks a lock under a partition or a frozen member; [`by_dialer`]: a
+//!   link of its own for each member that dials one shared address.
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
 //!   restart by pid; which member leads).
 
@@ -19,6 +20,7 @@ use std::sync::Mutex;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod by_dialer;
 pub mod partition;
 mod servers;
 

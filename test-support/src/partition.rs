@@ -4,8 +4,10 @@
 //! member names the proxies as its peers' addresses, so every connection another member dials
 //! to member *i* passes through a link to *i*, and blackholing those makes *i* a member that
 //! nobody can dial ([`Fault::Mute`]). Where each member has links of its own to each peer (its
-//! configuration names its peers separately from the others'), blackholing also the links *i*
-//! dials through cuts it off both ways ([`Fault::Isolate`]). Each client talks to one member
+//! configuration names its peers separately from the others', or a
+//! [`ByDialer`](crate::by_dialer::ByDialer) at the one address they all name sends each
+//! member's connections through its own link), blackholing also the links *i* dials through
+//! cuts it off both ways ([`Fault::Isolate`]). Each client talks to one member
 //! only, so a client of a struck member has no way around the fault.
 //!
 //! [`scenario`] checks the promise under such a fault: the lock is never held twice. When the
@@ -39,8 +41,8 @@ pub struct Parts {
 /// its peer ports) passes through it.
 #[derive(Debug)]
 pub struct Link {
-    /// The member that dials through it; `None` when every other member does (a cluster whose
-    /// members all name a peer at one address, as etcd's advertised peer URLs are).
+    /// The member that dials through it; `None` when every other member does (members that
+    /// all name a peer at one address, with no [`ByDialer`](crate::by_dialer::ByDialer) there).
     pub from: Option<usize>,
     /// The member it leads to.
     pub to: usize,
