@@ -189,8 +189,8 @@ impl FaultProxy {
         }
     }
 
-    /// Forwards data `d` late, in both directions: a link's latency (data that arrives while
-    /// a chunk waits leaves with it).
+    /// Forwards data `d` late, in both directions: a link's latency (each chunk leaves `d`
+    /// after it arrived, however many are on their way; a new connection opens `d` late).
     pub fn delay(&self, d: Duration) {
         self.shared.mode.send_replace(Mode::Delay(d));
     }

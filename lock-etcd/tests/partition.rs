@@ -18,7 +18,7 @@ use lock_core::{DistributedLock, LeaseState};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use test_support::by_dialer::{ByDialer, Pids};
 use test_support::partition::{
-    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts, Seen,
+    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts, Roles, Seen,
 };
 use test_support::{loopback, serial};
 
@@ -195,21 +195,7 @@ fn a_mute_waiters_member_never_lets_the_lock_be_held_twice() {
 /// the waiter once the holder's lease ends there.
 #[test]
 fn an_isolated_leader_never_lets_the_lock_be_held_twice() {
-    serial(async {
-        let roles = |l| (l, (l + 1) % 3, l);
-        let seen = scenario(
-            &Etcd::start(),
-            "etcd-isolated-leader",
-            roles,
-            Fault::Isolate,
-            None,
-        )
-        .await;
-        granted_after_loss(
-            &seen,
-            "the waiter, on the side with a quorum, was never granted the lock",
-        );
-    });
+    serial(isolated("etcd-isolated-leader", |l| (l, (l + 1) % 3, l)));
 }
 
 /// A follower is cut off from the others both ways, with the holder on it and the waiter on
@@ -218,21 +204,19 @@ fn an_isolated_leader_never_lets_the_lock_be_held_twice() {
 /// holder's lease after its TTL and grants the waiter.
 #[test]
 fn an_isolated_follower_never_lets_the_lock_be_held_twice() {
-    serial(async {
-        let roles = |l| ((l + 1) % 3, l, (l + 1) % 3);
-        let seen = scenario(
-            &Etcd::start(),
-            "etcd-isolated-follower",
-            roles,
-            Fault::Isolate,
-            None,
-        )
-        .await;
-        granted_after_loss(
-            &seen,
-            "the waiter, on the side with a quorum, was never granted the lock",
-        );
-    });
+    serial(isolated("etcd-isolated-follower", |l| {
+        ((l + 1) % 3, l, (l + 1) % 3)
+    }));
+}
+
+/// The scenario with the struck member (by `roles`) cut off both ways: the waiter, on the side
+/// with a quorum, must be granted the lock, and the holder told first.
+async fn isolated(tag: &str, roles: Roles) {
+    let seen = scenario(&Etcd::start(), tag, roles, Fault::Isolate, None).await;
+    granted_after_loss(
+        &seen,
+        "the waiter, on the side with a quorum, was never granted the lock",
+    );
 }
 
 /// Asserts that the waiter was granted the lock (else fails with `not_granted`), and that the
