@@ -28,6 +28,8 @@ use test_support::{loopback, serial};
 /// `Fault::Isolate` can cut one member off both ways.
 struct Etcd {
     parts: Parts,
+    /// Whether a client of member *i* lists every member (*i* first), not *i* alone.
+    every: bool,
     /// The advertised peer addresses, kept for as long as the members run.
     _advertised: Vec<ByDialer>,
 }
@@ -98,7 +100,16 @@ impl Etcd {
                 links,
                 dir,
             },
+            every: false,
             _advertised: advertised,
+        }
+    }
+
+    /// The same cluster, whose clients list every member.
+    fn listing_every_member(self) -> Etcd {
+        Etcd {
+            every: true,
+            ..self
         }
     }
 }
@@ -121,7 +132,11 @@ impl Cluster for Etcd {
     }
 
     async fn client(&self, i: usize) -> lock_core::Result<Arc<dyn DistributedLock>> {
-        let config = EtcdConfig::new([self.parts.clients[i].clone()]);
+        let clients = &self.parts.clients;
+        let others = (clients.iter().enumerate()).filter(|(j, _)| self.every && *j != i);
+        let config = EtcdConfig::new(
+            std::iter::once(clients[i].clone()).chain(others.map(|(_, c)| c.clone())),
+        );
         Ok(Arc::new(EtcdLock::connect(config).await?))
     }
 }
@@ -190,12 +205,31 @@ fn a_mute_waiters_member_never_lets_the_lock_be_held_twice() {
 
 /// The leader is cut off from both followers both ways, with the holder on it and the waiter
 /// on a follower. The old leader steps down when it stops hearing from a quorum (etcd's check
-/// quorum, one election timeout), and until then it can still renew leases on its own; the
-/// followers elect a new leader, which extends every lease by an election timeout, and grant
-/// the waiter once the holder's lease ends there.
+/// quorum, one election timeout), and until then may still renew leases on its own; the
+/// followers elect a new leader, which extends every lease by an election timeout (covering
+/// that window), and grant the waiter once the holder's lease ends there.
 #[test]
 fn an_isolated_leader_never_lets_the_lock_be_held_twice() {
     serial(isolated("etcd-isolated-leader", |l| (l, (l + 1) % 3, l)));
+}
+
+/// As above, but both clients list every member (their own first), so they can reach the side
+/// with a quorum: the lock must still never be held twice, and what the holder saw is
+/// printed (`--nocapture`) for RELIABILITY.md.
+#[test]
+fn an_isolated_leader_with_clients_of_every_member_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| (l, (l + 1) % 3, l);
+        let etcd = Etcd::start().listing_every_member();
+        scenario(
+            &etcd,
+            "etcd-isolated-leader-every",
+            roles,
+            Fault::Isolate,
+            None,
+        )
+        .await;
+    });
 }
 
 /// A follower is cut off from the others both ways, with the holder on it and the waiter on
@@ -207,6 +241,23 @@ fn an_isolated_follower_never_lets_the_lock_be_held_twice() {
     serial(isolated("etcd-isolated-follower", |l| {
         ((l + 1) % 3, l, (l + 1) % 3)
     }));
+}
+
+/// As above, but both clients list every member (their own first).
+#[test]
+fn an_isolated_follower_with_clients_of_every_member_never_lets_the_lock_be_held_twice() {
+    serial(async {
+        let roles = |l| ((l + 1) % 3, l, (l + 1) % 3);
+        let etcd = Etcd::start().listing_every_member();
+        scenario(
+            &etcd,
+            "etcd-isolated-follower-every",
+            roles,
+            Fault::Isolate,
+            None,
+        )
+        .await;
+    });
 }
 
 /// The scenario with the struck member (by `roles`) cut off both ways: the waiter, on the side
