@@ -194,18 +194,21 @@ mod tests {
         );
     }
 
-    /// This process dials a `ByDialer` whose only route is for its own pid: the connection
-    /// reaches the route's listener. Then with no route for it: the connection is closed
-    /// without reaching anyone.
+    /// This process dials a `ByDialer` whose routes are a decoy for another process (pid 1)
+    /// and the target for this one: the connection reaches the target, the decoy nothing.
+    /// Then a dialer that is no member, and a member with no route: both connections are
+    /// closed without reaching anyone.
     #[test]
     fn a_connection_goes_on_by_the_process_that_dialed_it() {
         crate::serial(async {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let me = Some(std::process::id());
+            let decoy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let (to_target, to_decoy) = (target.local_addr().ok(), decoy.local_addr().ok());
+            let (me, other) = (Some(std::process::id()), Some(1));
             let routed = ByDialer::start(
-                Arc::new(Mutex::new(vec![None, me])),
-                vec![None, Some(target.local_addr().unwrap())],
+                Arc::new(Mutex::new(vec![other, me])),
+                vec![to_decoy, to_target],
             )
             .unwrap();
             let mut a = TcpStream::connect(routed.addr()).await.unwrap();
@@ -218,16 +221,24 @@ mod tests {
             b.read_exact(&mut got).await.unwrap();
             assert_eq!(&got, b"ping");
 
-            let unrouted = ByDialer::start(Arc::new(Mutex::new(vec![me])), vec![None]).unwrap();
-            let mut c = TcpStream::connect(unrouted.addr()).await.unwrap();
-            let read = tokio::time::timeout(Duration::from_secs(5), c.read(&mut got))
-                .await
-                .expect("a connection with no route was not closed within 5 s");
-            assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-            let none = tokio::time::timeout(Duration::from_millis(200), target.accept()).await;
+            for (why, pids, routes) in [
+                ("from no member", vec![other], vec![to_decoy]),
+                ("with no route", vec![me], vec![None]),
+            ] {
+                let dropped = ByDialer::start(Arc::new(Mutex::new(pids)), routes).unwrap();
+                let mut c = TcpStream::connect(dropped.addr()).await.unwrap();
+                let read = tokio::time::timeout(LOOK_FOR * 2, c.read(&mut got))
+                    .await
+                    .unwrap_or_else(|_| panic!("a connection {why} was not closed"));
+                assert!(
+                    matches!(read, Ok(0) | Err(_)),
+                    "a connection {why}: {read:?}"
+                );
+            }
+            let reached = tokio::time::timeout(Duration::from_millis(200), decoy.accept()).await;
             assert!(
-                none.is_err(),
-                "a connection with no route reached a listener"
+                reached.is_err(),
+                "a connection reached another dialer's route"
             );
         });
     }
