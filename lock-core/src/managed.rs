@@ -231,6 +231,12 @@ impl<O: LeaseOps> ManagedLease<O> {
 /// Renews when a third of the validity window has passed (`ttl` here is that window); marks
 /// AtRisk when a renewal is unconfirmed after a sixth of it or fails transiently, and retries
 /// until `valid_until`; on refusal or when `valid_until` passes marks Lost and stops.
+///
+/// Each try may take half of the validity left (at least a sixth of the window): a try that
+/// hangs — its request went to a server cut off by a partition, which neither answers nor
+/// refuses — is dropped and sent again while the lease can still be saved, and a driver with
+/// several servers may route it to one that answers. Renewals are owner-checked extensions,
+/// so a dropped try that lands after all changes nothing.
 async fn watchdog<O: LeaseOps>(
     shared: Arc<Shared<O>>,
     ttl: Duration,
@@ -267,7 +273,10 @@ async fn watchdog<O: LeaseOps>(
         }
         // A renewal that hangs (partition, frozen server) makes the lease AtRisk long before
         // it is Lost; a confirmation that arrives in time makes it Held again.
-        let renew = tokio::time::timeout_at(valid_until.into(), shared.ops.renew());
+        let now = Instant::now();
+        let try_until =
+            (now + (valid_until.saturating_duration_since(now) / 2).max(slow)).min(valid_until);
+        let renew = tokio::time::timeout_at(try_until.into(), shared.ops.renew());
         tokio::pin!(renew);
         let outcome = tokio::select! {
             r = &mut renew => r,
@@ -294,6 +303,12 @@ async fn watchdog<O: LeaseOps>(
                 tracing::warn!(lock = %name, error = %e, "renewal refused; lease lost");
                 shared.tracker.mark_lost();
                 return;
+            }
+            Err(_) if Instant::now() < valid_until => {
+                // No pause: the try already waited, and the time left is what can save it.
+                tracing::warn!(lock = %name, "renewal unanswered; sending it again");
+                shared.tracker.at_risk();
+                next = None;
             }
             Err(_) => {
                 tracing::warn!(lock = %name, "no renewal confirmed before valid_until; lease lost");

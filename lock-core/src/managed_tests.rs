@@ -246,3 +246,131 @@ async fn max_hold_marks_lost_before_the_lock_is_freed() -> std::result::Result<(
         None => Err("the watchdog never freed the lock at max_hold".into()),
     }
 }
+
+/// Ops whose first `hanging` renewals never answer (sent to a server cut off by a partition)
+/// and whose later ones answer at once with a fresh window of 600 ms: another server would
+/// have answered.
+#[derive(Debug, Default)]
+struct RenewalsHang {
+    hanging: usize,
+    /// When each renewal was asked for.
+    tries: Mutex<Vec<Instant>>,
+}
+
+#[async_trait]
+impl LeaseOps for Arc<RenewalsHang> {
+    async fn renew(&self) -> Result<Instant> {
+        let hangs = {
+            let mut tries = self
+                .tries
+                .lock()
+                .map_err(|e| Error::backend("test", e.to_string()))?;
+            tries.push(Instant::now());
+            tries.len() <= self.hanging
+        };
+        if hangs {
+            std::future::pending::<()>().await;
+        }
+        Ok(Instant::now() + Duration::from_millis(600))
+    }
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A lease renewed by the watchdog, its ops, and the instant it was granted.
+type Watched = (ManagedLease<Arc<RenewalsHang>>, Arc<RenewalsHang>, Instant);
+
+/// A 600 ms lease renewed by the watchdog over ops whose first `hanging` renewals hang.
+fn watched_lease(name: &str, hanging: usize) -> std::result::Result<Watched, String> {
+    let ops = Arc::new(RenewalsHang {
+        hanging,
+        ..RenewalsHang::default()
+    });
+    let name = LockName::new(name).map_err(|e| e.to_string())?;
+    let granted = Instant::now();
+    let lease = ManagedLease::new(
+        name,
+        Grant {
+            token: None,
+            ttl: Duration::from_millis(600),
+            valid_until: granted + Duration::from_millis(600),
+        },
+        Renewal::Auto { max_hold: None },
+        ops.clone(),
+    );
+    Ok((lease, ops, granted))
+}
+
+/// When each renewal was asked for, counted from `granted`.
+fn tries_since(ops: &RenewalsHang, granted: Instant) -> std::result::Result<Vec<Duration>, String> {
+    Ok(ops
+        .tries
+        .lock()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|t| t.saturating_duration_since(granted))
+        .collect())
+}
+
+/// A watchdog renewal that hangs is given up while the lease is still valid and tried again,
+/// so one unanswered request (a partitioned server) does not cost the lease when a second
+/// try would be answered: the lease goes AtRisk, then Held again, and is never Lost.
+#[tokio::test]
+async fn a_hanging_watchdog_renewal_is_tried_again_before_valid_until(
+) -> std::result::Result<(), String> {
+    let (lease, ops, granted) = watched_lease("hung-renewal-retried", 1)?;
+    let mut states = Vec::new();
+    while granted.elapsed() < Duration::from_millis(1800) {
+        let s = lease.state();
+        if states.last() != Some(&s) {
+            states.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let tries = tries_since(&ops, granted)?;
+    if lease.lost().is_lost() || states.contains(&LeaseState::Lost) {
+        return Err(format!(
+            "the lease was Lost though only its first renewal hung: renewals asked at {tries:?} \
+             after the grant (valid until 600 ms), states seen {states:?}"
+        ));
+    }
+    if !tries
+        .get(1)
+        .is_some_and(|t| *t < Duration::from_millis(600))
+    {
+        return Err(format!(
+            "no second renewal before valid_until (600 ms): renewals asked at {tries:?}"
+        ));
+    }
+    if !states.contains(&LeaseState::AtRisk) || lease.state() != LeaseState::Held {
+        return Err(format!(
+            "expected Held → AtRisk → Held while the first renewal hung; states seen {states:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Renewals that all hang are tried again, but the lease is Lost at `valid_until`: not
+/// before (a try that hangs is no refusal) and not later (no try outlives the lease).
+#[tokio::test]
+async fn renewals_that_all_hang_end_in_lost_at_valid_until() -> std::result::Result<(), String> {
+    let (lease, ops, granted) = watched_lease("hung-renewals", usize::MAX)?;
+    let lost = lease.lost();
+    tokio::time::timeout(Duration::from_secs(5), lost.wait())
+        .await
+        .map_err(|_| "lease not Lost within 5 s though no renewal was answered".to_string())?;
+    let at = granted.elapsed();
+    let tries = tries_since(&ops, granted)?;
+    if at < Duration::from_millis(600) || at > Duration::from_millis(700) {
+        return Err(format!(
+            "lease Lost {at:?} after the grant, valid until 600 ms; renewals asked at {tries:?}"
+        ));
+    }
+    if tries.len() < 2 {
+        return Err(format!(
+            "a hanging renewal was not tried again before valid_until: renewals asked at {tries:?}"
+        ));
+    }
+    Ok(())
+}
