@@ -228,15 +228,9 @@ impl<O: LeaseOps> ManagedLease<O> {
     }
 }
 
-/// Renews when a third of the validity window has passed (`ttl` here is that window); marks
-/// AtRisk when a renewal is unconfirmed after a sixth of it or fails transiently, and retries
-/// until `valid_until`; on refusal or when `valid_until` passes marks Lost and stops.
-///
-/// Each try may take half of the validity left (at least a sixth of the window): a try that
-/// hangs — its request went to a server cut off by a partition, which neither answers nor
-/// refuses — is dropped and sent again while the lease can still be saved, and a driver with
-/// several servers may route it to one that answers. Renewals are owner-checked extensions,
-/// so a dropped try that lands after all changes nothing.
+/// Renews when a third of the validity window has passed (`ttl` here is that window), each
+/// time a [`renewal`] tried until `valid_until`; on refusal or when `valid_until` passes marks
+/// Lost and stops.
 async fn watchdog<O: LeaseOps>(
     shared: Arc<Shared<O>>,
     ttl: Duration,
@@ -244,8 +238,6 @@ async fn watchdog<O: LeaseOps>(
     name: LockName,
 ) {
     let lead = ttl * 2 / 3;
-    let retry = (ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
-    let slow = ttl / 6;
     let mut next = shared.tracker.valid_until().checked_sub(lead);
     loop {
         if let Some(at) = next {
@@ -271,50 +263,103 @@ async fn watchdog<O: LeaseOps>(
         if shared.released.load(Ordering::SeqCst) {
             return;
         }
-        // A renewal that hangs (partition, frozen server) makes the lease AtRisk long before
-        // it is Lost; a confirmation that arrives in time makes it Held again.
-        let now = Instant::now();
-        let try_until =
-            (now + (valid_until.saturating_duration_since(now) / 2).max(slow)).min(valid_until);
-        let renew = tokio::time::timeout_at(try_until.into(), shared.ops.renew());
-        tokio::pin!(renew);
-        let outcome = tokio::select! {
-            r = &mut renew => r,
-            _ = tokio::time::sleep(slow) => {
-                tracing::warn!(lock = %name, "renewal unconfirmed after {slow:?}; lease at risk");
-                shared.tracker.at_risk();
-                renew.await
-            }
-        };
+        let outcome = renewal(&shared, ttl, valid_until, stop_at, &name).await;
         drop(_gate);
         match outcome {
-            Ok(Ok(new_valid_until)) => {
+            Ok(new_valid_until) => {
                 if !shared.tracker.renewed(new_valid_until) {
                     return;
                 }
                 next = new_valid_until.checked_sub(lead);
             }
-            Ok(Err(e)) if e.is_retryable() && Instant::now() < valid_until => {
-                tracing::warn!(lock = %name, error = %e, "renewal failed; lease at risk");
-                shared.tracker.at_risk();
-                next = Some(Instant::now() + retry);
-            }
-            Ok(Err(e)) => {
+            Err(Some(e)) => {
                 tracing::warn!(lock = %name, error = %e, "renewal refused; lease lost");
                 shared.tracker.mark_lost();
                 return;
             }
-            Err(_) if Instant::now() < valid_until => {
-                // No pause: the try already waited, and the time left is what can save it.
-                tracing::warn!(lock = %name, "renewal unanswered; sending it again");
-                shared.tracker.at_risk();
-                next = None;
-            }
-            Err(_) => {
+            Err(None) => {
                 tracing::warn!(lock = %name, "no renewal confirmed before valid_until; lease lost");
                 shared.tracker.mark_lost();
                 return;
             }
+        }
+    }
+}
+
+/// One renewal of the watchdog's, for a lease of validity `window`: tries until one is
+/// confirmed (`Ok`), one is refused (`Err(Some)`), or `valid_until` passes (`Err(None)`). The
+/// lease turns AtRisk when no try is confirmed after a sixth of the window, or one fails for a
+/// reason that may pass.
+///
+/// A try that hangs is not given up, for a slow answer still counts; but once it has had half
+/// of the validity left (at least a sixth of the window), another is sent beside it. A request
+/// that went to a server cut off by a partition is neither answered nor refused, and the next
+/// try may reach one that answers. A try that fails for a reason that may pass is followed by
+/// another after `retry`. No try starts once a release has begun or after `stop_at`
+/// (`max_hold`), and dropping this future drops every try. Renewals are owner-checked
+/// extensions, so tries that land together change nothing.
+async fn renewal<O: LeaseOps>(
+    shared: &Shared<O>,
+    window: Duration,
+    valid_until: Instant,
+    stop_at: Option<Instant>,
+    name: &LockName,
+) -> std::result::Result<Instant, Option<Error>> {
+    let started = Instant::now();
+    let slow = window / 6;
+    let retry = (window / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let beside = |now: Instant| now + (valid_until.saturating_duration_since(now) / 2).max(slow);
+    let mut tries = vec![shared.ops.renew()];
+    let mut next_try = beside(started);
+    let mut unconfirmed = Some(started + slow);
+    loop {
+        let answer = std::future::poll_fn(|cx| {
+            let ready = tries
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, t)| match t.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => Some((i, r)),
+                    std::task::Poll::Pending => None,
+                });
+            match ready {
+                Some((i, r)) => {
+                    drop(tries.swap_remove(i));
+                    std::task::Poll::Ready(r)
+                }
+                None => std::task::Poll::Pending,
+            }
+        });
+        tokio::select! {
+            r = answer => match r {
+                Ok(t) => return Ok(t),
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(lock = %name, error = %e, "renewal failed; lease at risk");
+                    shared.tracker.at_risk();
+                    next_try = next_try.min(Instant::now() + retry);
+                }
+                Err(e) => return Err(Some(e)),
+            },
+            _ = tokio::time::sleep_until(next_try.into()) => {
+                let now = Instant::now();
+                let stopped = stop_at.is_some_and(|s| now >= s)
+                    || shared.released.load(Ordering::SeqCst);
+                // Stopped: no more tries; the ones under way may still answer.
+                next_try = if stopped { valid_until + window } else { beside(now) };
+                if !stopped {
+                    if !tries.is_empty() {
+                        tracing::warn!(lock = %name, "renewal unanswered; sending another beside it");
+                    }
+                    tries.push(shared.ops.renew());
+                }
+            }
+            _ = tokio::time::sleep_until(unconfirmed.unwrap_or(valid_until).into()),
+                if unconfirmed.is_some() =>
+            {
+                unconfirmed = None;
+                tracing::warn!(lock = %name, "renewal unconfirmed after {slow:?}; lease at risk");
+                shared.tracker.at_risk();
+            }
+            _ = tokio::time::sleep_until(valid_until.into()) => return Err(None),
         }
     }
 }

@@ -248,11 +248,12 @@ async fn max_hold_marks_lost_before_the_lock_is_freed() -> std::result::Result<(
 }
 
 /// Ops whose first `hanging` renewals never answer (sent to a server cut off by a partition)
-/// and whose later ones answer at once with a fresh window of 600 ms: another server would
-/// have answered.
+/// and whose later ones answer after `slowness` with a fresh window of 600 ms: another server
+/// would have answered.
 #[derive(Debug, Default)]
 struct RenewalsHang {
     hanging: usize,
+    slowness: Duration,
     /// When each renewal was asked for.
     tries: Mutex<Vec<Instant>>,
 }
@@ -271,7 +272,9 @@ impl LeaseOps for Arc<RenewalsHang> {
         if hangs {
             std::future::pending::<()>().await;
         }
-        Ok(Instant::now() + Duration::from_millis(600))
+        let start = Instant::now();
+        tokio::time::sleep(self.slowness).await;
+        Ok(start + Duration::from_millis(600))
     }
     async fn release(&self) -> Result<()> {
         Ok(())
@@ -281,10 +284,16 @@ impl LeaseOps for Arc<RenewalsHang> {
 /// A lease renewed by the watchdog, its ops, and the instant it was granted.
 type Watched = (ManagedLease<Arc<RenewalsHang>>, Arc<RenewalsHang>, Instant);
 
-/// A 600 ms lease renewed by the watchdog over ops whose first `hanging` renewals hang.
-fn watched_lease(name: &str, hanging: usize) -> std::result::Result<Watched, String> {
+/// A 600 ms lease renewed by the watchdog over ops whose first `hanging` renewals hang and
+/// whose others answer after `slowness`.
+fn watched_lease(
+    name: &str,
+    hanging: usize,
+    slowness: Duration,
+) -> std::result::Result<Watched, String> {
     let ops = Arc::new(RenewalsHang {
         hanging,
+        slowness,
         ..RenewalsHang::default()
     });
     let name = LockName::new(name).map_err(|e| e.to_string())?;
@@ -313,13 +322,13 @@ fn tries_since(ops: &RenewalsHang, granted: Instant) -> std::result::Result<Vec<
         .collect())
 }
 
-/// A watchdog renewal that hangs is given up while the lease is still valid and tried again,
-/// so one unanswered request (a partitioned server) does not cost the lease when a second
-/// try would be answered: the lease goes AtRisk, then Held again, and is never Lost.
+/// A watchdog renewal that hangs is followed by another while the lease is still valid, so one
+/// unanswered request (a partitioned server) does not cost the lease when a second try would
+/// be answered: the lease goes AtRisk, then Held again, and is never Lost.
 #[tokio::test]
 async fn a_hanging_watchdog_renewal_is_tried_again_before_valid_until(
 ) -> std::result::Result<(), String> {
-    let (lease, ops, granted) = watched_lease("hung-renewal-retried", 1)?;
+    let (lease, ops, granted) = watched_lease("hung-renewal-retried", 1, Duration::ZERO)?;
     let mut states = Vec::new();
     while granted.elapsed() < Duration::from_millis(1800) {
         let s = lease.state();
@@ -355,7 +364,7 @@ async fn a_hanging_watchdog_renewal_is_tried_again_before_valid_until(
 /// before (a try that hangs is no refusal) and not later (no try outlives the lease).
 #[tokio::test]
 async fn renewals_that_all_hang_end_in_lost_at_valid_until() -> std::result::Result<(), String> {
-    let (lease, ops, granted) = watched_lease("hung-renewals", usize::MAX)?;
+    let (lease, ops, granted) = watched_lease("hung-renewals", usize::MAX, Duration::ZERO)?;
     let lost = lease.lost();
     tokio::time::timeout(Duration::from_secs(5), lost.wait())
         .await
@@ -370,6 +379,24 @@ async fn renewals_that_all_hang_end_in_lost_at_valid_until() -> std::result::Res
     if tries.len() < 2 {
         return Err(format!(
             "a hanging renewal was not tried again before valid_until: renewals asked at {tries:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// A renewal that is slow but answers in time keeps the lease, however long it takes within
+/// the validity: each answer here comes 270 ms after its request, with renewals due 200 ms
+/// into a 600 ms window. (A watchdog that gave up a try after half of the validity left, and
+/// sent a new one, would never see an answer and lose the lease.)
+#[tokio::test]
+async fn a_slow_renewal_that_answers_in_time_keeps_the_lease() -> std::result::Result<(), String> {
+    let (lease, ops, granted) = watched_lease("slow-renewals", 0, Duration::from_millis(270))?;
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let tries = tries_since(&ops, granted)?;
+    if lease.state() == LeaseState::Lost || lease.lost().is_lost() {
+        return Err(format!(
+            "a lease whose renewals all answered in 270 ms, within its 600 ms window, was \
+             Lost; renewals asked at {tries:?} after the grant"
         ));
     }
     Ok(())

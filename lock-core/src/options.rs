@@ -113,7 +113,9 @@ pub enum Renewal {
     /// A watchdog renews when about a third of the validity window has passed (the window is
     /// the TTL, or less where the driver vouches for less; conformance case
     /// `renewal::watchdog_renews_at_about_a_third_of_the_ttl`), until the lease is released or
-    /// dropped. After
+    /// dropped. A renewal that fails for a reason that may pass is tried again until
+    /// `valid_until`, and one unanswered after half of the validity left gets another try
+    /// beside it (a late answer still counts); the lease is AtRisk meanwhile. After
     /// `max_hold` (counted from the grant) it stops renewing, so the lease ends at most one TTL
     /// later and its lost signal fires: a hung holder cannot keep the lock forever.
     Auto {

@@ -53,10 +53,16 @@ impl EtcdLock {
             "" => "/",
             p => p,
         };
-        call(&config, &client, limit, |mut c| async move {
-            c.get(prefix, Some(GetOptions::new().with_count_only()))
-                .await
-        })
+        call(
+            &config,
+            &client,
+            limit,
+            Resend::Unsent,
+            |mut c| async move {
+                c.get(prefix, Some(GetOptions::new().with_count_only()))
+                    .await
+            },
+        )
         .await
         .map_err(|e| match e {
             Error::Unavailable { .. } => Error::unavailable(
@@ -70,14 +76,22 @@ impl EtcdLock {
         })?;
         // The server raises short leases to its minimum TTL; measure it so that validation and
         // `ttl()` report what the server will actually enforce.
-        let probe = call(&config, &client, limit, |mut c| async move {
-            c.lease_grant(1, None).await
-        })
+        let probe = call(
+            &config,
+            &client,
+            limit,
+            Resend::Unsent,
+            |mut c| async move { c.lease_grant(1, None).await },
+        )
         .await?;
         let probe_id = probe.id();
-        let _ = call(&config, &client, limit, |mut c| async move {
-            c.lease_revoke(probe_id).await
-        })
+        let _ = call(
+            &config,
+            &client,
+            limit,
+            Resend::Unsent,
+            |mut c| async move { c.lease_revoke(probe_id).await },
+        )
         .await;
         let min_ttl = Duration::from_secs(u64::try_from(probe.ttl()).unwrap_or(1).max(1));
         Ok(EtcdLock {
@@ -115,7 +129,14 @@ impl EtcdLock {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let config = &self.inner.config;
-        call(config, &self.inner.client, config.request_timeout(), f).await
+        call(
+            config,
+            &self.inner.client,
+            config.request_timeout(),
+            Resend::Unsent,
+            f,
+        )
+        .await
     }
 }
 
@@ -137,15 +158,46 @@ pub(crate) async fn with_tls(_: ConnectOptions, _: &EtcdConfig) -> Result<Connec
     ))
 }
 
-/// Runs one request within `limit`. A request that provably never left this process (the
-/// connection to a dead member was refused) is sent again, which the balanced channel routes
-/// to another member: it keeps a dead member's endpoint until a request fails on it.
+/// Runs one request within `limit`, sending it again where `resend` allows (see [`Resend`]).
 pub(crate) async fn call<T, Fut>(
     config: &EtcdConfig,
     client: &Client,
     limit: Duration,
-    mut f: impl FnMut(Client) -> Fut,
+    resend: Resend,
+    f: impl FnMut(Client) -> Fut,
 ) -> Result<T>
+where
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let sent = send(config, client, limit, resend, f).await;
+    sent.map_err(|e| mapped(e, config, limit))
+}
+
+/// Which failed requests are sent again. The balanced channel may route the next try to
+/// another member: it keeps a dead member's endpoint until a request fails on it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Only a request that provably never left this process (the connection to a dead member
+    /// was refused): any request, writes included.
+    Unsent,
+    /// Also one that a member refused for having no leader. A member cut off from the others
+    /// refuses so once it notices (etcd's require-leader check), and the next try may reach
+    /// one that has a leader, as etcd's own client retries reads. Only for requests that
+    /// change nothing, or nothing twice (reads, keep-alives): for a write, a refusal is
+    /// certain only where it came from that check, and a write resent after a doubtful
+    /// failure could apply twice.
+    Refused,
+}
+
+/// Sends `f`'s request until it is answered, fails in a way `resend` does not cover, or
+/// `limit` has passed: the client's own error, or `None` when no answer came in time.
+pub(crate) async fn send<T, Fut>(
+    config: &EtcdConfig,
+    client: &Client,
+    limit: Duration,
+    resend: Resend,
+    mut f: impl FnMut(Client) -> Fut,
+) -> std::result::Result<T, Option<etcd_client::Error>>
 where
     Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
 {
@@ -154,20 +206,26 @@ where
         match tokio::time::timeout_at(deadline, f(client.clone())).await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e))
-                if never_sent(&e)
+                if (never_sent(&e) || (resend == Resend::Refused && no_leader(&e)))
                     && tokio::time::Instant::now() + Duration::from_millis(20) < deadline =>
             {
-                tracing::debug!(error = %scrub(&e, config.secret()), "etcd request not sent; retrying");
+                tracing::debug!(error = %scrub(&e, config.secret()), "etcd request not taken; sending it again");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            Ok(Err(e)) => return Err(map_error(e, config)),
-            Err(_) => {
-                return Err(Error::unavailable(
-                    BACKEND,
-                    format!("no answer from {} within {limit:?}", config.redacted_url()),
-                ))
-            }
+            Ok(Err(e)) => return Err(Some(e)),
+            Err(_) => return Err(None),
         }
+    }
+}
+
+/// The contract's error for what [`send`] returned.
+fn mapped(e: Option<etcd_client::Error>, config: &EtcdConfig, limit: Duration) -> Error {
+    match e {
+        Some(e) => map_error(e, config),
+        None => Error::unavailable(
+            BACKEND,
+            format!("no answer from {} within {limit:?}", config.redacted_url()),
+        ),
     }
 }
 
@@ -177,10 +235,16 @@ pub(crate) async fn txn_call(
     client: &Client,
     txn: Txn,
 ) -> Result<etcd_client::TxnResponse> {
-    call(config, client, config.request_timeout(), |mut c| {
-        let txn = txn.clone(); // a re-sent request needs its own copy
-        async move { c.txn(txn).await }
-    })
+    call(
+        config,
+        client,
+        config.request_timeout(),
+        Resend::Unsent,
+        |mut c| {
+            let txn = txn.clone(); // a re-sent request needs its own copy
+            async move { c.txn(txn).await }
+        },
+    )
     .await
 }
 
@@ -193,6 +257,13 @@ pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
         etcd_client::Error::TransportError(_) => true,
         _ => false,
     }
+}
+
+/// A member refused the request for having no leader (the require-leader check, or a
+/// keep-alive it could not forward): nothing was done.
+fn no_leader(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::Unavailable && s.message().contains("no leader"))
 }
 
 pub(crate) fn malformed(what: &str) -> Error {

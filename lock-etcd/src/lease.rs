@@ -9,7 +9,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lock_core::driver::{lease_end, LeaseOps};
 use lock_core::{Error, LockName, Result};
 
-use crate::client::{call, txn_call};
+use crate::client::{call, txn_call, Resend};
 use crate::spares::Spares;
 use crate::waiting::keep_alive;
 use crate::EtcdConfig;
@@ -37,9 +37,13 @@ impl LeaseOps for EtcdLeaseOps {
         let start = Instant::now();
         let limit = self.config.request_timeout();
         let key = self.key.as_str();
-        let key_check = call(&self.config, &self.client, limit, |mut c| async move {
-            c.get(key, Some(GetOptions::new().with_keys_only())).await
-        });
+        let key_check = call(
+            &self.config,
+            &self.client,
+            limit,
+            Resend::Refused,
+            |mut c| async move { c.get(key, Some(GetOptions::new().with_keys_only())).await },
+        );
         let (alive, key) = tokio::join!(
             keep_alive(&self.client, &self.config, self.id, self.ttl, limit),
             key_check

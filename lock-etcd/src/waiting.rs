@@ -6,7 +6,7 @@ use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
 use lock_core::driver::{drift, lease_end};
 use lock_core::{Deadline, Error, LockName, Result};
 
-use crate::client::map_error;
+use crate::client::{map_error, send, Resend};
 use crate::config::BACKEND;
 use crate::lock::EtcdLock;
 use crate::EtcdConfig;
@@ -199,13 +199,19 @@ pub(crate) async fn keep_alive(
     ttl: Duration,
     limit: Duration,
 ) -> Result<Option<Duration>> {
-    let mut c = client.clone();
     let limit = limit.min(config.request_timeout());
-    match tokio::time::timeout(limit, c.lease_keep_alive(id)).await {
-        Ok(Ok(_)) => Ok(Some(ttl)),
-        Ok(Err(etcd_client::Error::LeaseKeepAliveError(m))) if m.contains("not found") => Ok(None),
-        Ok(Err(e)) => Err(map_error(e, config)),
-        Err(_) => Err(Error::unavailable(
+    // A keep-alive extends the lease to its TTL however often it lands: safe to send again.
+    let sent = send(config, client, limit, Resend::Refused, |mut c| async move {
+        c.lease_keep_alive(id).await
+    })
+    .await;
+    match sent {
+        Ok(_) => Ok(Some(ttl)),
+        Err(Some(etcd_client::Error::LeaseKeepAliveError(m))) if m.contains("not found") => {
+            Ok(None)
+        }
+        Err(Some(e)) => Err(map_error(e, config)),
+        Err(None) => Err(Error::unavailable(
             BACKEND,
             format!(
                 "no keep-alive answer from {} within {limit:?}",

@@ -37,6 +37,18 @@ pub struct Parts {
     pub dir: crate::Scratch,
 }
 
+impl Parts {
+    /// The client addresses a client of member `i` lists: `i`'s, then, with `every`, the
+    /// others' (so it can move to a member that still answers).
+    pub fn client_hosts(&self, i: usize, every: bool) -> Vec<String> {
+        let others = (self.clients.iter().enumerate()).filter(|(j, _)| every && *j != i);
+        let others = others.map(|(_, c)| c.clone());
+        (self.clients.get(i).cloned().into_iter())
+            .chain(others)
+            .collect()
+    }
+}
+
 /// A proxy between members: every connection member `from` dials to member `to` (to one of
 /// its peer ports) passes through it.
 #[derive(Debug)]
@@ -190,7 +202,7 @@ impl Fault {
     }
 
     /// Strikes member `i` (`on`) or heals it.
-    fn set(self, cluster: &dyn Cluster, i: usize, on: bool) {
+    pub fn set(self, cluster: &dyn Cluster, i: usize, on: bool) {
         match self {
             Fault::Freeze => {
                 let signal = if on { "STOP" } else { "CONT" };
