@@ -84,7 +84,8 @@ pub trait LeaseOps: Send + Sync + 'static {
 
     /// Whether the lock ends by itself once renewals stop (a TTL). Backends where it lives as
     /// long as the client's session (ZooKeeper) return `false`; the watchdog then releases
-    /// actively at `max_hold` instead of just ceasing to renew.
+    /// actively at `max_hold`, and once the lease has turned Lost, instead of just ceasing to
+    /// renew.
     fn lapses_without_renewal(&self) -> bool {
         true
     }
@@ -246,15 +247,7 @@ async fn watchdog<O: LeaseOps>(
         if stop_at.is_some_and(|s| Instant::now() >= s) {
             tracing::debug!(lock = %name, "max_hold reached: watchdog stops renewing");
             if !shared.ops.lapses_without_renewal() {
-                // Lost first, then the delete: a successor can be granted as soon as the lock
-                // is freed, and by then the holder's signal must have fired.
-                shared.tracker.mark_lost();
-                let _gate = shared.gate.lock().await;
-                if !shared.released.swap(true, Ordering::SeqCst) {
-                    if let Err(e) = shared.ops.release().await {
-                        tracing::warn!(lock = %name, error = %e, "release at max_hold failed");
-                    }
-                }
+                lose(&shared, ttl, &name).await;
             }
             return;
         }
@@ -274,14 +267,35 @@ async fn watchdog<O: LeaseOps>(
             }
             Err(Some(e)) => {
                 tracing::warn!(lock = %name, error = %e, "renewal refused; lease lost");
-                shared.tracker.mark_lost();
+                lose(&shared, ttl, &name).await;
                 return;
             }
             Err(None) => {
                 tracing::warn!(lock = %name, "no renewal confirmed before valid_until; lease lost");
-                shared.tracker.mark_lost();
+                lose(&shared, ttl, &name).await;
                 return;
             }
+        }
+    }
+}
+
+/// Marks the lease Lost; where the lock does not end by itself ([`LeaseOps::lapses_without_renewal`]
+/// is `false`: it lives as long as the client's session), then releases it, sending the
+/// release again for up to one more `window` after a failure that may pass. A session can
+/// outlive a lease that could not be confirmed in time (it moved to another server), and its
+/// lock would otherwise stay held, by nobody who knows it, until the lease is dropped. Lost
+/// first: a successor can be granted as soon as the lock is freed, and by then the holder's
+/// signal must have fired. The release is owner-checked, so a lock already gone is untouched.
+async fn lose<O: LeaseOps>(shared: &Arc<Shared<O>>, window: Duration, name: &LockName) {
+    shared.tracker.mark_lost();
+    if shared.ops.lapses_without_renewal() {
+        return;
+    }
+    let _gate = shared.gate.lock().await;
+    if !shared.released.swap(true, Ordering::SeqCst) {
+        let until = Instant::now() + window;
+        if let Err(e) = release_with_retries(shared.ops.clone(), until).await {
+            tracing::warn!(lock = %name, error = %e, "release of a lost lease failed");
         }
     }
 }

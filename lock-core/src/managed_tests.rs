@@ -10,11 +10,16 @@ use std::sync::Mutex;
 struct SessionOps {
     signal: Mutex<Option<LostSignal>>,
     lost_when_freed: Mutex<Option<bool>>,
+    /// Renewals hang (a server that cannot confirm the session) instead of answering.
+    hang: bool,
 }
 
 #[async_trait]
 impl LeaseOps for Arc<SessionOps> {
     async fn renew(&self) -> Result<Instant> {
+        if self.hang {
+            std::future::pending::<()>().await;
+        }
         Ok(Instant::now() + Duration::from_millis(300))
     }
     async fn release(&self) -> Result<()> {
@@ -211,12 +216,16 @@ async fn release_retries_end_at_valid_until() -> std::result::Result<(), String>
     Ok(())
 }
 
-/// The watchdog at `max_hold` must mark the lease Lost before it frees the lock: a
-/// successor granted the instant the lock is freed must find the holder's signal fired.
-#[tokio::test]
-async fn max_hold_marks_lost_before_the_lock_is_freed() -> std::result::Result<(), String> {
-    let ops = Arc::new(SessionOps::default());
-    let name = LockName::new("max-hold-order").map_err(|e| e.to_string())?;
+/// A session-scoped lease (its lock does not lapse) over `ops`, renewed by the watchdog with
+/// `max_hold`: waits for its lost signal, and reports whether the lock was then freed, and
+/// Lost first. `when` names the moment for the failure message.
+async fn freed_after_loss(
+    ops: SessionOps,
+    max_hold: Option<Duration>,
+    when: &str,
+) -> std::result::Result<(), String> {
+    let ops = Arc::new(ops);
+    let name = LockName::new("lost-then-freed").map_err(|e| e.to_string())?;
     let lease = ManagedLease::new(
         name,
         Grant {
@@ -224,27 +233,46 @@ async fn max_hold_marks_lost_before_the_lock_is_freed() -> std::result::Result<(
             ttl: Duration::from_millis(300),
             valid_until: Instant::now() + Duration::from_millis(300),
         },
-        Renewal::Auto {
-            max_hold: Some(Duration::from_millis(50)),
-        },
+        Renewal::Auto { max_hold },
         ops.clone(),
     );
     *ops.signal.lock().map_err(|e| e.to_string())? = Some(lease.lost());
     let lost = lease.lost();
     tokio::time::timeout(Duration::from_secs(5), lost.wait())
         .await
-        .map_err(|_| "lease not lost within 5 s of max_hold 50 ms".to_string())?;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+        .map_err(|_| format!("lease not lost within 5 s {when}"))?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let freed = *ops.lost_when_freed.lock().map_err(|e| e.to_string())?;
     match freed {
         Some(true) => Ok(()),
-        Some(false) => Err(
-            "the watchdog freed the lock while the lease was still Held: a \
-             successor could be granted before the holder's lost signal fired"
-                .into(),
-        ),
-        None => Err("the watchdog never freed the lock at max_hold".into()),
+        Some(false) => Err(format!(
+            "the watchdog freed the lock {when} while the lease was still Held: a successor \
+             could be granted before the holder's lost signal fired"
+        )),
+        None => Err(format!(
+            "the watchdog never freed the lock {when}: a lock that lives as long as the \
+             session stays held, by nobody who knows it, until the lease is dropped"
+        )),
     }
+}
+
+/// The watchdog at `max_hold` must mark the lease Lost before it frees the lock: a
+/// successor granted the instant the lock is freed must find the holder's signal fired.
+#[tokio::test]
+async fn max_hold_marks_lost_before_the_lock_is_freed() -> std::result::Result<(), String> {
+    let max_hold = Some(Duration::from_millis(50));
+    freed_after_loss(SessionOps::default(), max_hold, "at max_hold (50 ms)").await
+}
+
+/// A session-scoped lease whose renewals go unconfirmed turns Lost at `valid_until`, and its
+/// lock is then freed: its session may live on (moved to another server), and with it the lock.
+#[tokio::test]
+async fn a_lost_session_lease_frees_its_lock() -> std::result::Result<(), String> {
+    let ops = SessionOps {
+        hang: true,
+        ..SessionOps::default()
+    };
+    freed_after_loss(ops, None, "after its renewals went unconfirmed").await
 }
 
 /// Ops whose first `hanging` renewals never answer (sent to a server cut off by a partition)

@@ -28,8 +28,6 @@ use test_support::{loopback, serial};
 /// `Fault::Isolate` can cut one member off both ways.
 struct Etcd {
     parts: Parts,
-    /// Whether a client of member *i* lists every member (*i* first), not *i* alone.
-    every: bool,
     /// The advertised peer addresses, kept for as long as the members run.
     _advertised: Vec<ByDialer>,
 }
@@ -94,23 +92,15 @@ impl Etcd {
             clients.push(client);
         }
         Etcd {
-            parts: Parts {
-                members,
-                clients,
-                links,
-                dir,
-            },
-            every: false,
+            parts: Parts::new(members, clients, links, dir),
             _advertised: advertised,
         }
     }
 
     /// The same cluster, whose clients list every member.
     fn listing_every_member(self) -> Etcd {
-        Etcd {
-            every: true,
-            ..self
-        }
+        let parts = self.parts.listing_every_member();
+        Etcd { parts, ..self }
     }
 }
 
@@ -132,7 +122,7 @@ impl Cluster for Etcd {
     }
 
     async fn client(&self, i: usize) -> lock_core::Result<Arc<dyn DistributedLock>> {
-        let config = EtcdConfig::new(self.parts.client_hosts(i, self.every));
+        let config = EtcdConfig::new(self.parts.client_hosts(i));
         Ok(Arc::new(EtcdLock::connect(config).await?))
     }
 }

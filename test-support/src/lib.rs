@@ -217,6 +217,13 @@ pub async fn zk_packets_received(hosts: &str) -> Option<u64> {
     Some(total)
 }
 
+/// Whether the ZooKeeper server at `host` serves session `sid` (as `0x…`, the way
+/// `zookeeper_client::SessionId` displays), from its `cons` list of connections.
+pub async fn zk_serves_session(host: &str, sid: &str) -> bool {
+    let out = ask(host, b"cons").await.unwrap_or_default();
+    out.contains(&format!("sid={sid},")) || out.contains(&format!("sid={sid})"))
+}
+
 /// A ZooKeeper server's mode (`leader`, `follower`, `standalone`), if it answers.
 pub async fn zk_mode(host: &str) -> Option<String> {
     zk_srvr(host, "Mode").await

@@ -35,13 +35,40 @@ pub struct Parts {
     pub links: Vec<Link>,
     /// Data and logs.
     pub dir: crate::Scratch,
+    /// Whether a client of member *i* lists every member (*i* first), not *i* alone.
+    pub every: bool,
 }
 
 impl Parts {
-    /// The client addresses a client of member `i` lists: `i`'s, then, with `every`, the
-    /// others' (so it can move to a member that still answers).
-    pub fn client_hosts(&self, i: usize, every: bool) -> Vec<String> {
-        let others = (self.clients.iter().enumerate()).filter(|(j, _)| every && *j != i);
+    /// A cluster's parts, whose clients list their own member alone.
+    pub fn new(
+        members: Members,
+        clients: Vec<String>,
+        links: Vec<Link>,
+        dir: crate::Scratch,
+    ) -> Self {
+        Parts {
+            members,
+            clients,
+            links,
+            dir,
+            every: false,
+        }
+    }
+
+    /// The same, whose clients list every member, their own first (so they can move to a
+    /// member that still answers).
+    pub fn listing_every_member(self) -> Self {
+        Parts {
+            every: true,
+            ..self
+        }
+    }
+
+    /// The client addresses a client of member `i` lists: `i`'s, then, with
+    /// [`every`](Self::every), the others'.
+    pub fn client_hosts(&self, i: usize) -> Vec<String> {
+        let others = (self.clients.iter().enumerate()).filter(|(j, _)| self.every && *j != i);
         let others = others.map(|(_, c)| c.clone());
         (self.clients.get(i).cloned().into_iter())
             .chain(others)
