@@ -25,6 +25,13 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "no circle of imports between files"
 python3 scripts/import-cycles.py
+step "no source file outside tests over 600 lines"
+long=$(git ls-files '*.rs' | grep -v -e '/tests/' -e '_tests\.rs$' | xargs wc -l \
+  | awk '$2 != "total" && $1 > 600')
+if [ -n "$long" ]; then
+  printf 'over 600 lines (split by job):\n%s\n' "$long" >&2
+  exit 1
+fi
 step "cargo clippy"
 # The CLI's default features leave etcd out (its client needs protoc): lint and test it whole.
 cargo clippy --workspace --all-targets --features distlock-cli/full -- -D warnings

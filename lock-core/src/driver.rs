@@ -19,9 +19,8 @@ pub use crate::acquisition::Acquisition;
 pub use crate::endpoint::{
     parse_bool_param, percent_decode, percent_encode, redacted_url, MultiHostUrl, Query, TlsCa,
 };
-pub use crate::managed::{
-    drift, lease_end, release_with_retries, retry_in_background, Grant, LeaseOps, ManagedLease,
-};
+pub use crate::managed::{drift, lease_end, Grant, ManagedLease};
+pub use crate::ops::{release_with_retries, retry_in_background, LeaseOps};
 pub use crate::registry::{connecting, ConnectFuture, Driver};
 pub use crate::secret::{scrub, ClientError, Secret};
 pub use crate::state::LeaseTracker;

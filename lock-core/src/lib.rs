@@ -45,12 +45,14 @@ mod managed;
 pub mod memory;
 mod name;
 mod name_rules;
+mod ops;
 mod options;
 mod registry;
 mod secret;
 mod state;
 mod token;
 mod traits;
+mod watchdog;
 
 pub use async_trait::async_trait;
 pub use caps::{Capabilities, Fencing, MAX_TTL};
