@@ -115,7 +115,7 @@ async fn renewal<O: LeaseOps>(
     let beside = |now: Instant| now + (valid_until.saturating_duration_since(now) / 2).max(slow);
     let mut tries = vec![shared.ops.renew()];
     let mut next_try = beside(started);
-    let mut unconfirmed = Some(started + slow);
+    let (at_risk_at, mut at_risk) = (started + slow, false);
     loop {
         let answer = std::future::poll_fn(|cx| {
             let ready = tries
@@ -156,10 +156,8 @@ async fn renewal<O: LeaseOps>(
                     tries.push(shared.ops.renew());
                 }
             }
-            _ = tokio::time::sleep_until(unconfirmed.unwrap_or(valid_until).into()),
-                if unconfirmed.is_some() =>
-            {
-                unconfirmed = None;
+            _ = tokio::time::sleep_until(at_risk_at.into()), if !at_risk => {
+                at_risk = true;
                 tracing::warn!(lock = %name, "renewal unconfirmed after {slow:?}; lease at risk");
                 shared.tracker.at_risk();
             }
