@@ -1,5 +1,5 @@
-//! The backend's server processes, which the safety nemesis freezes, crashes and restarts:
-//! what [`Harness::servers`](crate::Harness::servers) returns.
+//! The backend's server processes, which the safety nemesis freezes, crashes, restarts and
+//! (where it can) partitions: what [`Harness::servers`](crate::Harness::servers) returns.
 
 use std::fmt;
 
@@ -65,5 +65,20 @@ pub trait Servers: Send + Sync + fmt::Debug {
     /// not known.
     async fn leader(&self) -> Option<usize> {
         None
+    }
+
+    /// Whether [`isolate`](Servers::isolate) works here: the members reach each other through
+    /// links the tests can break (a cluster a test started itself). The nemesis partitions only
+    /// such servers.
+    fn can_isolate(&self) -> bool {
+        false
+    }
+
+    /// Cuts member `i` off from every other member, both ways, while its own clients still
+    /// reach it (`on`), or heals that partition. The default: an error, for servers without
+    /// links between their members.
+    async fn isolate(&self, i: usize, on: bool) -> Result<(), BoxError> {
+        let _ = (i, on);
+        Err("these servers have no links between members to break".into())
     }
 }

@@ -10,7 +10,9 @@
 //! - [`scratch`]: a temporary directory that is removed when the test ends, however it ends.
 //! - [`partition`]: clusters a test starts itself, with proxies between their members, and
 //!   the scenario that checks a lock under a partition or a frozen member; [`by_dialer`]: a
-//!   link of its own for each member that dials one shared address.
+//!   link of its own for each member that dials one shared address;
+//!   [`partition_history`]: the history checker's workload on such a cluster while the
+//!   nemesis partitions it.
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
 //!   restart by pid; which member leads).
 
@@ -22,6 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod by_dialer;
 pub mod partition;
+pub mod partition_history;
 mod servers;
 
 pub use servers::ServicesSh;

@@ -2,20 +2,8 @@
 
 use std::time::Duration;
 
-use crate::safety::{run, Report, Workload};
+use crate::safety::{run, seed, Report, Workload};
 use crate::{Failure, Harness};
-
-/// The seed: `DISTLOCK_SAFETY_SEED`, else the clock.
-fn seed() -> u64 {
-    std::env::var("DISTLOCK_SAFETY_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        })
-}
 
 /// Eight clients over six names make 2,000 grants and meet at least six faults (or run for a
 /// minute) while the nemesis breaks the links of the clients behind
@@ -62,8 +50,8 @@ pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
     report.verdict()
 }
 
-/// `| label | grants | time | blackhole | delay | cut | pause | freeze | restart | a/b/c/d |
-/// stale writes refused | lost signal p50 / p99 (n) | heal to grant p50 / p99 (n) |
+/// `| label | grants | time | blackhole | delay | cut | pause | freeze | restart | partition |
+/// a/b/c/d | stale writes refused | lost signal p50 / p99 (n) | heal to grant p50 / p99 (n) |
 /// hand-off p50 / p99 |`
 pub fn table_row(label: &str, r: &Report) -> String {
     let faults: Vec<String> = crate::safety::FAULT_KINDS

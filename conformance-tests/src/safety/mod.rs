@@ -41,4 +41,4 @@ pub use nemesis::{Rng, FAULT_KINDS};
 pub use report::{quantile, Report};
 pub use store::FencedStore;
 pub use timeline::draw;
-pub use workload::{run, Workload};
+pub use workload::{run, seed, Workload};

@@ -1,8 +1,9 @@
 //! The nemesis: faults on a schedule drawn from a seed, each healed later. It breaks the links
 //! of the run's faulty clients (blackhole, delay, cut), pauses holders (a GC pause or a
 //! stopped VM between a holder's check and its write), and, where the harness gives its
-//! [`Servers`], freezes a server (SIGSTOP, then SIGCONT) or crashes and restarts one — half
-//! the time the leader, where there is one.
+//! [`Servers`], freezes a server (SIGSTOP, then SIGCONT), crashes and restarts one, or cuts one
+//! off from the other members ([`Servers::isolate`], where they can be) — half the time the
+//! leader, where there is one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,11 +58,20 @@ pub(super) fn pause(ttl: Duration) -> Duration {
 }
 
 /// Kinds of fault the nemesis injects, for the report.
-pub const FAULT_KINDS: [&str; 6] = ["blackhole", "delay", "cut", "pause", "freeze", "restart"];
+pub const FAULT_KINDS: [&str; 7] = [
+    "blackhole",
+    "delay",
+    "cut",
+    "pause",
+    "freeze",
+    "restart",
+    "partition",
+];
 
 const PAUSE: usize = 3;
 const FREEZE: usize = 4;
 const RESTART: usize = 5;
+const PARTITION: usize = 6;
 
 /// The nemesis's hold on the run: the clients' links and their pause switches.
 pub(super) struct Nemesis {
@@ -74,17 +84,19 @@ pub(super) struct Nemesis {
     pub(super) ttl: Duration,
     /// The backend's servers, if the harness gives them.
     pub(super) servers: Option<Arc<dyn Servers>>,
+    /// Only these kinds ([`FAULT_KINDS`]); `None`: all the run can inject.
+    pub(super) only: Option<&'static [&'static str]>,
     /// Faults injected per kind, in [`FAULT_KINDS`] order.
-    pub(super) counts: [u64; 6],
+    pub(super) counts: [u64; FAULT_KINDS.len()],
     /// Server faults that could not be injected or healed (the run is then not what it
     /// claims: the report says so).
     pub(super) errors: Vec<String>,
 }
 
 impl Nemesis {
-    /// The kinds this run can inject: link faults where clients have links, pauses always,
-    /// server faults where the harness gives its servers (restarts only where they keep
-    /// locks).
+    /// The kinds this run can inject (of those `only` allows): link faults where clients have
+    /// links, pauses always, server faults where the harness gives its servers (restarts only where they keep
+    /// locks; partitions only where members can be cut off from each other).
     fn kinds(&self) -> Vec<usize> {
         let mut kinds = Vec::new();
         if !self.links.is_empty() {
@@ -97,7 +109,13 @@ impl Nemesis {
                 if s.restart_keeps_locks() {
                     kinds.push(RESTART);
                 }
+                if s.can_isolate() && s.members().len() > 1 {
+                    kinds.push(PARTITION);
+                }
             }
+        }
+        if let Some(only) = self.only {
+            kinds.retain(|k| only.contains(&FAULT_KINDS[*k]));
         }
         kinds
     }
@@ -105,10 +123,12 @@ impl Nemesis {
     /// Injects one fault and heals it (except a pause, which the client serves itself).
     pub(super) async fn strike(&mut self) {
         let kinds = self.kinds();
-        let kind = kinds[self.rng.below(kinds.len() as u64) as usize];
+        let Some(&kind) = kinds.get(self.rng.below(kinds.len() as u64) as usize) else {
+            return; // none allowed: `fault_kinds` names none this harness can inject
+        };
         match kind {
             PAUSE => self.pause(),
-            FREEZE | RESTART => self.server_fault(kind).await,
+            FREEZE | RESTART | PARTITION => self.server_fault(kind).await,
             k => self.link_fault(k).await,
         }
     }
@@ -185,8 +205,8 @@ impl Nemesis {
         );
     }
 
-    /// Freezes a server for a while, or crashes and restarts it: the leader half the time,
-    /// where there is one.
+    /// Freezes a server for a while, cuts it off from the other members for a while, or
+    /// crashes and restarts it: the leader half the time, where there is one.
     async fn server_fault(&mut self, kind: usize) {
         let Some(servers) = self.servers.clone() else {
             return;
@@ -202,19 +222,36 @@ impl Nemesis {
             return;
         };
         let role = if leader.is_some() { " (leader)" } else { "" };
-        let frozen_for = (kind == FREEZE).then(|| self.rng.duration(self.ttl / 2, self.ttl * 2));
-        let what = match frozen_for {
-            Some(lasts) => format!("freeze server {member}{role} for {lasts:?}"),
+        // A partition lasts 1–3 TTLs, mostly long enough for the other side to expire the
+        // leases of the struck side's holders; a freeze ½–2.
+        let lasts = match kind {
+            RESTART => None,
+            PARTITION => Some(self.rng.duration(self.ttl, self.ttl * 3)),
+            _ => Some(self.rng.duration(self.ttl / 2, self.ttl * 2)),
+        };
+        let what = match lasts {
+            Some(lasts) => format!("{} server {member}{role} for {lasts:?}", FAULT_KINDS[kind]),
             None => format!("restart server {member}{role}"),
         };
         self.history
             .record(NOBODY, NOBODY, Op::Fault { what: what.clone() });
         self.counts[kind] += 1;
-        let done = match frozen_for {
-            Some(lasts) => match servers.freeze(i).await {
+        // Strikes (`true`) or heals a fault that lasts: a freeze or a partition.
+        let set = |on: bool| {
+            let servers = servers.clone();
+            async move {
+                match (kind, on) {
+                    (FREEZE, true) => servers.freeze(i).await,
+                    (FREEZE, false) => servers.thaw(i).await,
+                    _ => servers.isolate(i, on).await,
+                }
+            }
+        };
+        let done = match lasts {
+            Some(lasts) => match set(true).await {
                 Ok(()) => {
                     tokio::time::sleep(lasts).await;
-                    servers.thaw(i).await
+                    set(false).await
                 }
                 Err(e) => Err(e),
             },

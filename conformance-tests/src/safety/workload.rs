@@ -40,9 +40,15 @@ pub struct Workload {
     pub abandon_per_mille: u64,
     /// Holds (per thousand) that end by dropping the lease (freed in the background).
     pub drop_per_mille: u64,
+    /// Holds (per thousand) that last one to three TTLs instead of up to `hold`: a long job,
+    /// whose lease must be renewed, across the faults, for it to finish.
+    pub long_per_mille: u64,
     /// Faults the nemesis injects at least (time allowing), however fast the grants come: a
     /// backend that makes its grants quickly still meets a few faults.
     pub min_faults: u64,
+    /// Only these kinds of fault ([`FAULT_KINDS`]), for a run about one of them; `None`: every
+    /// kind the harness allows.
+    pub fault_kinds: Option<&'static [&'static str]>,
 }
 
 impl Workload {
@@ -59,7 +65,9 @@ impl Workload {
             hold: Duration::from_millis(40),
             abandon_per_mille: 10,
             drop_per_mille: 40,
+            long_per_mille: 0,
             min_faults: 6,
+            fault_kinds: None,
         }
     }
 
@@ -77,9 +85,30 @@ impl Workload {
             hold: Duration::from_millis(20),
             abandon_per_mille: 2,
             drop_per_mille: 20,
+            long_per_mille: 0,
             min_faults: 0,
+            fault_kinds: None,
         }
     }
+}
+
+/// The seed of a run: `DISTLOCK_SAFETY_SEED`, else the clock (the report shows it, and setting
+/// it replays the run's schedule).
+///
+/// ```
+/// let seed = conformance_tests::safety::seed();
+/// let w = conformance_tests::safety::Workload::short(seed);
+/// assert_eq!(w.seed, seed);
+/// ```
+pub fn seed() -> u64 {
+    std::env::var("DISTLOCK_SAFETY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
 }
 
 /// Shared by the clients of one run.
@@ -97,6 +126,7 @@ struct Shared {
     hold: Duration,
     abandon: u64,
     drop: u64,
+    long: u64,
 }
 
 /// Runs `w` against `h`'s driver and checks the history.
@@ -150,6 +180,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         hold: w.hold,
         abandon: w.abandon_per_mille,
         drop: w.drop_per_mille,
+        long: w.long_per_mille,
     });
     let pauses: Vec<Arc<AtomicBool>> = (0..w.clients).map(|_| Arc::default()).collect();
     let holding: Arc<Vec<AtomicBool>> =
@@ -184,7 +215,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         rng: Rng::new(w.seed),
         ttl,
         servers: if w.faults { h.servers() } else { None },
-        counts: [0; 6],
+        only: w.fault_kinds,
+        counts: [0; FAULT_KINDS.len()],
         errors: Vec::new(),
     };
     let deadline = started + w.limit;
@@ -351,7 +383,13 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
             history.record(c, n, Op::LostSignal { lease: id });
         });
         me.set_holding(true);
-        hold(c, n, id, token, lease.as_ref(), &s, &me, &mut rng, hold_max).await;
+        // Drawn only where there are long holds: a seed's schedule stays what it was without.
+        let span = if s.long > 0 && rng.below(1000) < s.long {
+            (ttl, ttl * 3)
+        } else {
+            (Duration::ZERO, hold_max)
+        };
+        hold(c, n, id, token, lease.as_ref(), &s, &me, &mut rng, span).await;
         me.set_holding(false);
         // Now and then a holder crashes (abandon: the lock stays until its TTL) or forgets its
         // lease (drop: freed in the background); most release.
@@ -392,8 +430,8 @@ fn look(c: usize, n: usize, id: LeaseId, lease: &dyn Lease, s: &Shared) -> bool 
     !lost && Instant::now() < valid_until
 }
 
-/// Holds lease `id`: a few writes, each after a look at the lease, only while its holder
-/// believes it holds. A paused holder stops between its look and its write for longer than
+/// Holds lease `id` for a time drawn from `span`: a few writes, each after a look at the
+/// lease, only while its holder believes it holds. A paused holder stops between its look and its write for longer than
 /// the TTL, as a GC pause would, then writes with its old token: the store must refuse it if a
 /// newer holder wrote meanwhile.
 #[allow(clippy::too_many_arguments)]
@@ -406,10 +444,17 @@ async fn hold(
     s: &Shared,
     me: &Client,
     rng: &mut Rng,
-    hold_max: Duration,
+    span: (Duration, Duration),
 ) {
-    let writes = 1 + rng.below(3);
-    let each = rng.duration(Duration::ZERO, hold_max) / writes as u32;
+    let mut writes = 1 + rng.below(3);
+    let mut each = rng.duration(span.0, span.1) / writes as u32;
+    if !span.0.is_zero() {
+        // A long job looks at its lease every quarter TTL, as a careful holder does between
+        // steps: a belief kept up by renewals is then on record, whatever they were worth.
+        let whole = each * writes as u32;
+        writes = (whole.as_millis() / (s.timing.ttl / 4).as_millis().max(1)).max(1) as u64;
+        each = whole / writes as u32;
+    }
     for _ in 0..writes {
         // Now and then a manual renewal on top of the watchdog's, as a careful user does
         // before a long step; a failed one is the lease telling its holder it is gone.
