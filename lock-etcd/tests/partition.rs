@@ -20,7 +20,7 @@ use test_support::by_dialer::{ByDialer, Pids};
 use test_support::partition::{
     free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts, Roles, Seen,
 };
-use test_support::partition_history::history_under_partitions;
+use test_support::partition_history::{history_under_partitions, soak_under_partitions};
 use test_support::{loopback, serial};
 
 /// Three etcd members. etcd members know each other by one advertised peer URL each, so each
@@ -348,5 +348,22 @@ fn a_history_under_partitions_with_clients_of_every_member_is_clean() {
     serial(async {
         let cluster = Etcd::start().listing_every_member();
         history_under_partitions(cluster, Duration::from_secs(2), Duration::from_secs(90)).await;
+    });
+}
+
+/// The partition soak (ignored; `DISTLOCK_PARTITION_SOAK_SECS`, default 600): the workload
+/// above with partitions, freezes and pauses, on clients that list every member. Its figures are
+/// in RELIABILITY.md.
+#[test]
+#[ignore = "a soak: minutes long; run by hand for RELIABILITY.md"]
+fn partition_soak() {
+    serial(async {
+        let cluster = Etcd::start().listing_every_member();
+        soak_under_partitions(
+            cluster,
+            Duration::from_secs(2),
+            "etcd, own cluster of 3, partitions",
+        )
+        .await;
     });
 }

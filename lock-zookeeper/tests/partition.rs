@@ -23,7 +23,7 @@ use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::partition::{
     free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts,
 };
-use test_support::partition_history::history_under_partitions;
+use test_support::partition_history::{history_under_partitions, soak_under_partitions};
 use test_support::{loopback, serial, zk_mode, zk_serves_session};
 
 /// The lock's TTL is the session timeout.
@@ -388,5 +388,17 @@ fn a_history_under_partitions_with_clients_of_every_server_is_clean() {
     serial(async {
         let cluster = Zk::start().listing_every_server();
         history_under_partitions(cluster, SESSION, Duration::from_secs(90)).await;
+    });
+}
+
+/// The partition soak (ignored; `DISTLOCK_PARTITION_SOAK_SECS`, default 600): the workload
+/// above with partitions, freezes and pauses, on clients that list every server. Its figures are
+/// in RELIABILITY.md.
+#[test]
+#[ignore = "a soak: minutes long; run by hand for RELIABILITY.md"]
+fn partition_soak() {
+    serial(async {
+        let cluster = Zk::start().listing_every_server();
+        soak_under_partitions(cluster, SESSION, "ZooKeeper, own ensemble of 3, partitions").await;
     });
 }

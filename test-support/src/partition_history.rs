@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::safety::{run, seed, Report, Workload};
+use conformance_tests::safety::{draw, run, seed, Report, Workload};
 use conformance_tests::{Harness, Servers, Timing};
 use lock_core::{BoxError, DistributedLock};
 
@@ -90,6 +90,41 @@ impl<C: Cluster + 'static> Servers for Members<C> {
     }
 }
 
+/// The workload of these runs: the suite's short one with twelve clients (four per member, so
+/// that most partitions strike a holder, with others waiting on the other side) over six
+/// names, at `ttl`, one hold in ten 1–3 TTLs long (renewals, not only grants, meet the
+/// faults), for `limit`.
+fn workload(ttl: Duration, limit: Duration) -> Workload {
+    let mut w = Workload {
+        clients: 12,
+        limit,
+        ..Workload::short(seed())
+    };
+    w.hold = w.hold.min(ttl / 4);
+    w.long_per_mille = 100;
+    w
+}
+
+/// Runs `w` on `cluster` (once it has a leader) at `ttl`, prints the summary and panics on any
+/// violation.
+async fn checked<C: Cluster + 'static>(cluster: C, ttl: Duration, w: &Workload) -> Report {
+    cluster.leader().await;
+    let harness = OwnCluster {
+        cluster: Arc::new(cluster),
+        next: AtomicUsize::new(0),
+        ttl,
+    };
+    let report = match run(&harness, w).await {
+        Ok(r) => r,
+        Err(e) => panic!("the workload could not run: {e}"),
+    };
+    eprintln!("partition history: {}", report.summary());
+    if let Err(e) = report.verdict() {
+        panic!("{e}");
+    }
+    report
+}
+
 /// Runs the suite's short workload (here twelve clients over six names; one hold in ten 1–3
 /// TTLs long) for up to `limit` on `cluster`, at `ttl`, while the nemesis cuts members off
 /// from the others (half the time the leader, for 1–3 TTLs; at least eight times, time
@@ -106,33 +141,11 @@ pub async fn history_under_partitions<C: Cluster + 'static>(
     ttl: Duration,
     limit: Duration,
 ) -> Report {
-    cluster.leader().await;
-    let harness = OwnCluster {
-        cluster: Arc::new(cluster),
-        next: AtomicUsize::new(0),
-        ttl,
-    };
-    // Twelve clients, not eight: four per member, so that most partitions strike a holder,
-    // with others waiting on the other side.
-    let mut w = Workload {
-        clients: 12,
-        ..Workload::short(seed())
-    };
-    w.limit = limit;
-    w.hold = w.hold.min(ttl / 4);
-    // One hold in ten spans 1–3 TTLs: renewals, not only grants, meet the partitions.
-    w.long_per_mille = 100;
+    let mut w = workload(ttl, limit);
     // Partitions only: drawn among other kinds, a run of this length could make too few.
     w.fault_kinds = Some(&["partition"]);
     w.min_faults = 8;
-    let report = match run(&harness, &w).await {
-        Ok(r) => r,
-        Err(e) => panic!("the workload could not run: {e}"),
-    };
-    eprintln!("partition history: {}", report.summary());
-    if let Err(e) = report.verdict() {
-        panic!("{e}");
-    }
+    let report = checked(cluster, ttl, &w).await;
     let partitions = report.faults.get("partition").copied().unwrap_or(0);
     assert!(
         partitions >= 2,
@@ -142,5 +155,40 @@ pub async fn history_under_partitions<C: Cluster + 'static>(
         report.faults,
         report.seed
     );
+    report
+}
+
+/// The partition soak (an ignored test, for RELIABILITY.md): the same workload for
+/// `DISTLOCK_PARTITION_SOAK_SECS` seconds (default 600) with every fault this harness can
+/// make — partitions, freezes and pauses — checked as above. Where `DISTLOCK_SOAK_OUT` names a
+/// path prefix, writes `<prefix>.md` (the soak table's row, labelled `label`) and
+/// `<prefix>.svg` (the timeline).
+///
+/// # Panics
+/// As [`history_under_partitions`], but for the count of partitions; if the files cannot be
+/// written.
+pub async fn soak_under_partitions<C: Cluster + 'static>(
+    cluster: C,
+    ttl: Duration,
+    label: &str,
+) -> Report {
+    let secs = std::env::var("DISTLOCK_PARTITION_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    let mut w = workload(ttl, Duration::from_secs(secs));
+    w.grants = u64::MAX; // the run lasts its limit
+    let report = checked(cluster, ttl, &w).await;
+    if let Ok(prefix) = std::env::var("DISTLOCK_SOAK_OUT") {
+        let row = conformance_tests::cases::safety::table_row(label, &report);
+        if let Err(e) = std::fs::write(format!("{prefix}.md"), format!("{row}\n")) {
+            panic!("cannot write {prefix}.md: {e}");
+        }
+        let svg = format!("{prefix}.svg");
+        let drawn = draw(&report, label, w.names, w.clients, ttl, svg.as_ref());
+        if let Err(e) = drawn {
+            panic!("cannot draw {svg}: {e}");
+        }
+    }
     report
 }
