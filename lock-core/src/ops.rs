@@ -8,8 +8,9 @@ use async_trait::async_trait;
 
 use crate::Result;
 
-/// The backend half of a lease: what a driver must do on the server. Everything else — state,
-/// lost signal, watchdog, the release/renew ordering, drop — is [`ManagedLease`](crate::driver::ManagedLease)'s job.
+/// The backend half of a lease: what a driver must do on the server. Everything else — state, lost
+/// signal, watchdog, the release/renew ordering, drop — is
+/// [`ManagedLease`](crate::driver::ManagedLease)'s job.
 ///
 /// ```
 /// use std::time::{Duration, Instant};
@@ -57,7 +58,8 @@ pub trait LeaseOps: Send + Sync + 'static {
         }
     }
 
-    /// Called by [`Lease::abandon`](crate::Lease::abandon). The default does nothing: the lock expires.
+    /// Called by [`Lease::abandon`](crate::Lease::abandon). The default does nothing: the lock
+    /// expires.
     fn abandon(&self) {}
 
     /// For a lock that is its connection's session (PostgreSQL): a future that resolves once
@@ -87,12 +89,12 @@ pub trait LeaseOps: Send + Sync + 'static {
     }
 }
 
-/// Sends `ops`'s release and returns its answer; after a failure that may pass (its
-/// connection dropped), sends it again in the background ([`retry_in_background`]) until it
-/// gets through or `until` (the lease's `valid_until`) has passed. The caller cannot retry: a
-/// released or dropped lease is gone. Owner-checked like every release, so a retry after a
-/// first attempt that did land touches nothing. What [`ManagedLease`](crate::driver::ManagedLease)'s `release` and the
-/// default [`LeaseOps::release_on_drop`] do.
+/// Sends `ops`'s release and returns its answer; after a failure that may pass (its connection
+/// dropped), sends it again in the background ([`retry_in_background`]) until it gets through or
+/// `until` (the lease's `valid_until`) has passed. The caller cannot retry: a released or dropped
+/// lease is gone. Owner-checked like every release, so a retry after a first attempt that did land
+/// touches nothing. What [`ManagedLease`](crate::driver::ManagedLease)'s `release` and the default
+/// [`LeaseOps::release_on_drop`] do.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -124,10 +126,11 @@ pub async fn release_with_retries<O: LeaseOps>(ops: Arc<O>, until: Instant) -> R
 }
 
 /// Runs `attempt` in the background, at once and then again after each failure that may pass
-/// ([`Error::is_retryable`](crate::Error::is_retryable)), pausing 50 ms, doubling to 1 s, until one succeeds, one fails for
-/// good, or `until` has passed — so the task cannot outlive the lease it cleans up after. For
-/// what a caller cannot retry itself: a release whose lease is gone, the undo of an acquisition
-/// that failed. Without a Tokio runtime nothing runs (the lock then expires by itself).
+/// ([`Error::is_retryable`](crate::Error::is_retryable)), pausing 50 ms, doubling to 1 s, until one
+/// succeeds, one fails for good, or `until` has passed — so the task cannot outlive the lease it
+/// cleans up after. For what a caller cannot retry itself: a release whose lease is gone, the undo
+/// of an acquisition that failed. Without a Tokio runtime nothing runs (the lock then expires by
+/// itself).
 ///
 /// ```
 /// use std::time::{Duration, Instant};

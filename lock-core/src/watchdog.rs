@@ -69,13 +69,14 @@ pub(crate) async fn watchdog<O: LeaseOps>(
     }
 }
 
-/// Marks the lease Lost; where the lock does not end by itself ([`LeaseOps::lapses_without_renewal`]
-/// is `false`: it lives as long as the client's session), then releases it, sending the
-/// release again for up to one more `window` after a failure that may pass. A session can
-/// outlive a lease that could not be confirmed in time (it moved to another server), and its
-/// lock would otherwise stay held, by nobody who knows it, until the lease is dropped. Lost
-/// first: a successor can be granted as soon as the lock is freed, and by then the holder's
-/// signal must have fired. The release is owner-checked, so a lock already gone is untouched.
+/// Marks the lease Lost; where the lock does not end by itself
+/// ([`LeaseOps::lapses_without_renewal`] is `false`: it lives as long as the client's session),
+/// then releases it, sending the release again for up to one more `window` after a failure that may
+/// pass. A session can outlive a lease that could not be confirmed in time (it moved to another
+/// server), and its lock would otherwise stay held, by nobody who knows it, until the lease is
+/// dropped. Lost first: a successor can be granted as soon as the lock is freed, and by then the
+/// holder's signal must have fired. The release is owner-checked, so a lock already gone is
+/// untouched.
 async fn lose<O: LeaseOps>(shared: &Arc<Shared<O>>, window: Duration, name: &LockName) {
     shared.tracker.mark_lost();
     if shared.ops.lapses_without_renewal() {

@@ -95,8 +95,8 @@ pub(super) struct Nemesis {
 
 impl Nemesis {
     /// The kinds this run can inject (of those `only` allows): link faults where clients have
-    /// links, pauses always, server faults where the harness gives its servers (restarts only where they keep
-    /// locks; partitions only where members can be cut off from each other).
+    /// links, pauses always, server faults where the harness gives its servers (restarts only where
+    /// they keep locks; partitions only where members can be cut off from each other).
     fn kinds(&self) -> Vec<usize> {
         let mut kinds = Vec::new();
         if !self.links.is_empty() {
@@ -284,10 +284,10 @@ impl Nemesis {
             .copied()
     }
 
-    /// Faults with random gaps until `until`, or until `enough()` says so once at least
-    /// `at_least` faults were injected; every fault is healed when this returns. Only the gaps look at the clock and at `enough`: a strike is
-    /// never cut short (a server left frozen would outlive the run), so do not cancel this
-    /// future either.
+    /// Faults with random gaps until `until`, or until `enough()` says so once at least `at_least`
+    /// faults were injected; every fault is healed when this returns. Only the gaps look at the
+    /// clock and at `enough`: a strike is never cut short (a server left frozen would outlive the
+    /// run), so do not cancel this future either.
     pub(super) async fn run_until(
         &mut self,
         until: Instant,

@@ -430,10 +430,10 @@ fn look(c: usize, n: usize, id: LeaseId, lease: &dyn Lease, s: &Shared) -> bool 
     !lost && Instant::now() < valid_until
 }
 
-/// Holds lease `id` for a time drawn from `span`: a few writes, each after a look at the
-/// lease, only while its holder believes it holds. A paused holder stops between its look and its write for longer than
-/// the TTL, as a GC pause would, then writes with its old token: the store must refuse it if a
-/// newer holder wrote meanwhile.
+/// Holds lease `id` for a time drawn from `span`: a few writes, each after a look at the lease,
+/// only while its holder believes it holds. A paused holder stops between its look and its write
+/// for longer than the TTL, as a GC pause would, then writes with its old token: the store must
+/// refuse it if a newer holder wrote meanwhile.
 #[allow(clippy::too_many_arguments)]
 async fn hold(
     c: usize,
