@@ -1,44 +1,126 @@
 //! Which subjects each backend has: the distlock driver, reached through `distlock::connect`
 //! as an application reaches it, and the baselines measured beside it in the same run. Adding
-//! a backend: its URL here, its baselines in a `*_baselines.rs` of their own.
+//! a backend: a [`Backend`] variant (the compiler then asks for its URL, baselines and server
+//! counter), its endpoint flag in [`Endpoints`], its baselines in a `*_baselines.rs` of their
+//! own.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::ValueEnum;
 use lock_core::LockOptions;
 
 use crate::memory_baselines::TokioMutex;
 use crate::subject::{Driver, Subject};
 
-/// Settings the backends need.
-#[derive(Clone)]
+/// A backend to measure. A name that is not one is refused when the arguments are parsed,
+/// before anything is measured.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// The in-process driver, beside a tokio mutex.
+    Memory,
+    /// One Redis server.
+    Redis,
+    /// One Redis server with plain keys, beside redis-py's algorithm on the same keys.
+    RedisPlain,
+    /// Redlock over the masters of `--redlock-url`.
+    Redlock,
+    /// A ZooKeeper single node.
+    Zookeeper,
+    /// A 3-node ZooKeeper ensemble.
+    ZookeeperEnsemble,
+    /// An etcd single member.
+    Etcd,
+    /// A 3-member etcd cluster.
+    EtcdCluster,
+    /// One PostgreSQL server.
+    Postgres,
+}
+
+/// The name a [`ValueEnum`] value has on the command line (and in the results).
+pub(crate) fn value_name(v: &impl ValueEnum) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_string())
+}
+
+/// Where the backends' servers are: one flag each, with services.sh's ports as defaults.
+#[derive(clap::Args, Clone, Debug)]
 pub(crate) struct Endpoints {
-    pub(crate) redis_url: String,
-    pub(crate) redlock_url: String,
-    pub(crate) zk_hosts: String,
-    pub(crate) zk_ensemble_hosts: String,
-    pub(crate) etcd_endpoints: String,
-    pub(crate) etcd_cluster_endpoints: String,
-    pub(crate) pg_url: String,
+    /// Redis server for the `redis` backend and its baselines.
+    #[arg(long, default_value = "redis://127.0.0.1:16379")]
+    redis_url: String,
+    /// Masters for the `redlock` backend; its baselines use the same masters.
+    #[arg(
+        long,
+        default_value = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384"
+    )]
+    redlock_url: String,
+    /// ZooKeeper single node for the `zookeeper` backend.
+    #[arg(long, default_value = "127.0.0.1:12181")]
+    zk_hosts: String,
+    /// ZooKeeper ensemble for the `zookeeper-ensemble` backend.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283"
+    )]
+    zk_ensemble_hosts: String,
+    /// etcd single member for the `etcd` backend.
+    #[arg(long, default_value = "127.0.0.1:12379")]
+    etcd_endpoints: String,
+    /// etcd 3-member cluster for the `etcd-cluster` backend.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679"
+    )]
+    etcd_cluster_endpoints: String,
+    /// PostgreSQL server for the `postgres` backend and its baselines (libpq key=value or URL;
+    /// the driver gets it as a URL).
+    #[arg(long, default_value = "postgres://locker@127.0.0.1:15432/postgres")]
+    pg_url: String,
 }
 
 impl Endpoints {
-    fn zk(&self, backend: &str) -> Option<(&str, &'static str)> {
+    /// The hosts and row label of a ZooKeeper backend.
+    fn zk(&self, backend: Backend) -> Option<(&str, &'static str)> {
         match backend {
-            "zookeeper" => Some((&self.zk_hosts, "single node")),
-            "zookeeper-ensemble" => Some((&self.zk_ensemble_hosts, "3-node ensemble")),
+            Backend::Zookeeper => Some((&self.zk_hosts, "single node")),
+            Backend::ZookeeperEnsemble => Some((&self.zk_ensemble_hosts, "3-node ensemble")),
             _ => None,
         }
     }
 
     /// The members and row label of an etcd backend.
-    pub(crate) fn etcd(&self, backend: &str) -> Option<(Vec<String>, &'static str)> {
+    fn etcd(&self, backend: Backend) -> Option<(Vec<String>, &'static str)> {
         let (eps, label) = match backend {
-            "etcd" => (&self.etcd_endpoints, "single member"),
-            "etcd-cluster" => (&self.etcd_cluster_endpoints, "3-member cluster"),
+            Backend::Etcd => (&self.etcd_endpoints, "single member"),
+            Backend::EtcdCluster => (&self.etcd_cluster_endpoints, "3-member cluster"),
             _ => return None,
         };
         Some((eps.split(',').map(str::to_string).collect(), label))
+    }
+
+    /// The server's own count of processed requests, where the backend has one.
+    pub(crate) async fn server_requests(&self, backend: Backend) -> Option<u64> {
+        match backend {
+            Backend::Memory => None,
+            Backend::Redis | Backend::RedisPlain => {
+                test_support::redis_commands_processed(&self.redis_url).await
+            }
+            Backend::Redlock => {
+                let mut total = 0;
+                for url in redlock_masters(&self.redlock_url) {
+                    total += test_support::redis_commands_processed(&url).await?;
+                }
+                Some(total)
+            }
+            Backend::Zookeeper | Backend::ZookeeperEnsemble => {
+                test_support::zk_packets_received(self.zk(backend)?.0).await
+            }
+            Backend::Etcd | Backend::EtcdCluster => {
+                test_support::etcd_grpc_messages_received(&self.etcd(backend)?.0).await
+            }
+            Backend::Postgres => test_support::pg_statements(&self.pg_url).await,
+        }
     }
 }
 
@@ -49,82 +131,82 @@ fn redlock_masters(url: &str) -> Vec<String> {
     hosts.split(',').map(|h| format!("redis://{h}")).collect()
 }
 
-const BACKENDS: &str = "memory, redis, redis-plain, redlock, zookeeper, zookeeper-ensemble, \
-                        etcd, etcd-cluster, postgres";
-
 /// Baselines measured beside `backend`, in the order they are listed.
 pub(crate) async fn baselines_for(
-    backend: &str,
+    backend: Backend,
     ep: &Endpoints,
 ) -> Result<Vec<Arc<dyn Subject>>, String> {
-    match backend {
-        "memory" => Ok(vec![Arc::new(TokioMutex::default())]),
-        "redis-plain" => Ok(vec![Arc::new(
-            crate::redis_baselines::RawFloor::redis_py(&ep.redis_url, PLAIN_PREFIX).await?,
-        )]),
-        "redis" => Ok(vec![
-            Arc::new(crate::redis_baselines::RawFloor::connect(&ep.redis_url).await?),
-            Arc::new(crate::redis_baselines::Rslock::new(vec![ep
-                .redis_url
-                .clone()])),
-        ]),
-        "redlock" => {
+    use crate::{etcd_baselines, pg_baselines, redis_baselines, zk_baselines};
+    Ok(match backend {
+        Backend::Memory => vec![Arc::new(TokioMutex::default())],
+        Backend::RedisPlain => vec![Arc::new(
+            redis_baselines::RawFloor::redis_py(&ep.redis_url, PLAIN_PREFIX).await?,
+        )],
+        Backend::Redis => vec![
+            Arc::new(redis_baselines::RawFloor::connect(&ep.redis_url).await?),
+            Arc::new(redis_baselines::Rslock::new(vec![ep.redis_url.clone()])),
+        ],
+        Backend::Redlock => {
             let masters = redlock_masters(&ep.redlock_url);
             let first = masters.first().cloned().unwrap_or_default();
             let single = distlock::connect(&first).await.map_err(|e| e.to_string())?;
-            Ok(vec![
+            vec![
                 Arc::new(Driver {
                     lock: single,
                     opts: LockOptions::new(Duration::from_secs(10)),
                     label: None,
                 }),
-                Arc::new(crate::redis_baselines::Rslock::new(masters)),
-            ])
+                Arc::new(redis_baselines::Rslock::new(masters)),
+            ]
         }
-        b if ep.zk(b).is_some() => {
-            let (hosts, label) = ep.zk(b).unwrap_or_default();
-            Ok(vec![Arc::new(
-                crate::zk_baselines::ZkRecipe::connect(hosts, label).await?,
-            )])
+        Backend::Zookeeper | Backend::ZookeeperEnsemble => {
+            let (hosts, label) = ep.zk(backend).unwrap_or_default();
+            vec![Arc::new(
+                zk_baselines::ZkRecipe::connect(hosts, label).await?,
+            )]
         }
-        b if ep.etcd(b).is_some() => {
-            let (eps, label) = ep.etcd(b).unwrap_or_default();
-            Ok(vec![
-                Arc::new(crate::etcd_baselines::TxnFloor::connect(&eps, label).await?),
-                Arc::new(crate::etcd_baselines::LockRpc::connect(&eps, label).await?),
-            ])
+        Backend::Etcd | Backend::EtcdCluster => {
+            let (eps, label) = ep.etcd(backend).unwrap_or_default();
+            vec![
+                Arc::new(etcd_baselines::TxnFloor::connect(&eps, label).await?),
+                Arc::new(etcd_baselines::LockRpc::connect(&eps, label).await?),
+            ]
         }
-        "postgres" => Ok(vec![
-            Arc::new(crate::pg_baselines::PgFloor::connect(&ep.pg_url).await?),
-            Arc::new(crate::pg_baselines::SqlxLock::connect(&ep.pg_url).await?),
-        ]),
-        other => Err(format!("unknown backend {other:?} (available: {BACKENDS})")),
-    }
+        Backend::Postgres => vec![
+            Arc::new(pg_baselines::PgFloor::connect(&ep.pg_url).await?),
+            Arc::new(pg_baselines::SqlxLock::connect(&ep.pg_url).await?),
+        ],
+    })
 }
 
 /// The driver for `backend`.
 pub(crate) async fn driver_subject(
-    backend: &str,
+    backend: Backend,
     ep: &Endpoints,
 ) -> Result<Arc<dyn Subject>, String> {
     // Through the facade, as an application would: the URL picks the driver.
     let url = match backend {
-        "memory" => "memory://lock-bench".to_string(),
-        "redis" => ep.redis_url.clone(),
-        "redis-plain" => format!("{}?keys=plain&prefix={PLAIN_PREFIX}", ep.redis_url),
-        "redlock" => ep.redlock_url.clone(),
-        b if ep.zk(b).is_some() => format!("zk://{}", ep.zk(b).unwrap_or_default().0),
-        b if ep.etcd(b).is_some() => {
-            format!("etcd://{}", ep.etcd(b).unwrap_or_default().0.join(","))
+        Backend::Memory => "memory://lock-bench".to_string(),
+        Backend::Redis => ep.redis_url.clone(),
+        Backend::RedisPlain => format!("{}?keys=plain&prefix={PLAIN_PREFIX}", ep.redis_url),
+        Backend::Redlock => ep.redlock_url.clone(),
+        Backend::Zookeeper | Backend::ZookeeperEnsemble => {
+            format!("zk://{}", ep.zk(backend).unwrap_or_default().0)
         }
-        "postgres" => format!("{}?sslmode=disable", ep.pg_url),
-        other => return Err(format!("unknown backend {other:?} (available: {BACKENDS})")),
+        Backend::Etcd | Backend::EtcdCluster => {
+            format!(
+                "etcd://{}",
+                ep.etcd(backend).unwrap_or_default().0.join(",")
+            )
+        }
+        Backend::Postgres => format!("{}?sslmode=disable", ep.pg_url),
     };
     let lock = distlock::connect(&url).await.map_err(|e| e.to_string())?;
     Ok(Arc::new(Driver {
         lock,
         opts: LockOptions::new(Duration::from_secs(10)),
-        label: (backend == "redis-plain").then_some("distlock redis, plain keys (keys=plain)"),
+        label: (backend == Backend::RedisPlain)
+            .then_some("distlock redis, plain keys (keys=plain)"),
     }))
 }
 
@@ -135,11 +217,11 @@ const PLAIN_PREFIX: &str = "bench-plain:";
 /// Another client than distlock on the same keys, to hold the lock in the `foreign-handoff`
 /// scenario; only backends that share their layout with one have it.
 pub(crate) async fn foreign_holder(
-    backend: &str,
+    backend: Backend,
     ep: &Endpoints,
 ) -> Result<Option<Arc<dyn Subject>>, String> {
     Ok(match backend {
-        "redis-plain" => Some(Arc::new(
+        Backend::RedisPlain => Some(Arc::new(
             crate::redis_baselines::RawFloor::redis_py(&ep.redis_url, PLAIN_PREFIX).await?,
         )),
         _ => None,

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use serde::Serialize;
 
 mod catalog;
@@ -33,7 +33,7 @@ mod scenarios;
 mod subject;
 mod zk_baselines;
 
-use catalog::{baselines_for, driver_subject, Endpoints};
+use catalog::{baselines_for, driver_subject, value_name, Backend, Endpoints};
 use scenarios::{
     foreign_handoff, handoff, idle, summarize, throughput, uncontended, CountFuture, Sample, Timed,
 };
@@ -42,13 +42,10 @@ use subject::Subject;
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks distlock drivers beside baselines measured in the same run")]
 struct Args {
-    /// Backends to measure (comma separated). Available: memory, redis, redis-plain (plain
-    /// keys, beside redis-py's algorithm), redlock, zookeeper, zookeeper-ensemble, etcd,
-    /// etcd-cluster, postgres.
-    #[arg(long, default_value = "memory", value_delimiter = ',')]
-    backend: Vec<String>,
-    /// Scenarios to run (comma separated): uncontended, acquire, throughput, handoff, idle,
-    /// foreign-handoff.
+    /// Backends to measure (comma separated).
+    #[arg(long, value_enum, default_value = "memory", value_delimiter = ',')]
+    backend: Vec<Backend>,
+    /// Scenarios to run (comma separated).
     #[arg(
         long,
         value_enum,
@@ -56,37 +53,8 @@ struct Args {
         value_delimiter = ','
     )]
     scenarios: Vec<Scenario>,
-    /// Redis server for the `redis` backend and its baselines.
-    #[arg(long, default_value = "redis://127.0.0.1:16379")]
-    redis_url: String,
-    /// Masters for the `redlock` backend; its baselines use the same masters.
-    #[arg(
-        long,
-        default_value = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384"
-    )]
-    redlock_url: String,
-    /// ZooKeeper single node for the `zookeeper` backend.
-    #[arg(long, default_value = "127.0.0.1:12181")]
-    zk_hosts: String,
-    /// ZooKeeper ensemble for the `zookeeper-ensemble` backend.
-    #[arg(
-        long,
-        default_value = "127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283"
-    )]
-    zk_ensemble_hosts: String,
-    /// etcd single member for the `etcd` backend.
-    #[arg(long, default_value = "127.0.0.1:12379")]
-    etcd_endpoints: String,
-    /// etcd 3-member cluster for the `etcd-cluster` backend.
-    #[arg(
-        long,
-        default_value = "127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679"
-    )]
-    etcd_cluster_endpoints: String,
-    /// PostgreSQL server for the `postgres` backend and its baselines (libpq key=value or URL;
-    /// the driver gets it as a URL).
-    #[arg(long, default_value = "postgres://locker@127.0.0.1:15432/postgres")]
-    pg_url: String,
+    #[command(flatten)]
+    endpoints: Endpoints,
     /// Acquire+release cycles per uncontended run.
     #[arg(long, default_value_t = 2000)]
     iterations: u64,
@@ -116,38 +84,22 @@ struct Args {
     markdown: Option<PathBuf>,
 }
 
-/// What is measured; each is described in the crate docs.
-#[derive(clap::ValueEnum, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+/// What is measured (the crate docs say how), in the order the scenarios run.
+#[derive(ValueEnum, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 enum Scenario {
+    /// Acquire + release on one name, one task.
     Uncontended,
+    /// The same loop, timing only the acquire.
     Acquire,
+    /// Many tasks on distinct names for a fixed time.
     Throughput,
+    /// Tasks contending for one name: release to the next grant.
     Handoff,
+    /// Server requests one waiting `lock` adds per second.
     Idle,
+    /// Another client holds, the subject waits: release to grant.
     ForeignHandoff,
-}
-
-impl Scenario {
-    const ALL: [Scenario; 6] = [
-        Scenario::Uncontended,
-        Scenario::Acquire,
-        Scenario::Throughput,
-        Scenario::Handoff,
-        Scenario::Idle,
-        Scenario::ForeignHandoff,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Scenario::Uncontended => "uncontended",
-            Scenario::Acquire => "acquire",
-            Scenario::Throughput => "throughput",
-            Scenario::Handoff => "handoff",
-            Scenario::Idle => "idle",
-            Scenario::ForeignHandoff => "foreign-handoff",
-        }
-    }
 }
 
 /// One line of the results table.
@@ -166,24 +118,16 @@ struct Row {
     server_requests_per_op: Option<f64>,
 }
 
-async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
+async fn measure(args: &Args, backend: Backend) -> Result<Vec<Row>, String> {
     let mut subjects: Vec<(Arc<dyn Subject>, bool)> = Vec::new();
-    let ep = Endpoints {
-        redis_url: args.redis_url.clone(),
-        redlock_url: args.redlock_url.clone(),
-        zk_hosts: args.zk_hosts.clone(),
-        zk_ensemble_hosts: args.zk_ensemble_hosts.clone(),
-        etcd_endpoints: args.etcd_endpoints.clone(),
-        etcd_cluster_endpoints: args.etcd_cluster_endpoints.clone(),
-        pg_url: args.pg_url.clone(),
-    };
-    for b in baselines_for(backend, &ep).await? {
+    let ep = &args.endpoints;
+    for b in baselines_for(backend, ep).await? {
         subjects.push((b, true));
     }
-    subjects.push((driver_subject(backend, &ep).await?, false));
-    let foreign = catalog::foreign_holder(backend, &ep).await?;
+    subjects.push((driver_subject(backend, ep).await?, false));
+    let foreign = catalog::foreign_holder(backend, ep).await?;
     let mut rows = Vec::new();
-    for scenario in Scenario::ALL {
+    for &scenario in Scenario::value_variants() {
         if !args.scenarios.contains(&scenario) {
             continue;
         }
@@ -205,15 +149,15 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
                     continue;
                 }
                 if scenario == Scenario::Idle {
-                    let (backend, ep) = (backend.to_string(), ep.clone());
+                    let ep = ep.clone();
                     let count = move || {
-                        let (backend, ep) = (backend.clone(), ep.clone());
-                        Box::pin(async move { server_requests(&backend, &ep).await }) as CountFuture
+                        let ep = ep.clone();
+                        Box::pin(async move { ep.server_requests(backend).await }) as CountFuture
                     };
                     per_subject[i].push(idle(s.clone(), args.idle_window, count).await?);
                     continue;
                 }
-                let before = server_requests(backend, &ep).await;
+                let before = ep.server_requests(backend).await;
                 let mut sample = match scenario {
                     Scenario::Uncontended => {
                         uncontended(s.as_ref(), args.iterations, Timed::Cycle).await?
@@ -228,7 +172,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
                         handoff(s.clone(), args.waiters, args.handoffs).await?
                     }
                 };
-                if let (Some(b), Some(a)) = (before, server_requests(backend, &ep).await) {
+                if let (Some(b), Some(a)) = (before, ep.server_requests(backend).await) {
                     // The warm-up of `uncontended`/`acquire` is counted too: a small overestimate.
                     sample.requests_per_op =
                         Some(a.saturating_sub(b) as f64 / sample.ops.max(1) as f64);
@@ -254,7 +198,7 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
                 },
             };
             rows.push(Row {
-                backend: backend.to_string(),
+                backend: value_name(&backend),
                 subject: s.label(),
                 baseline: *is_base,
                 scenario,
@@ -267,28 +211,6 @@ async fn measure(args: &Args, backend: &str) -> Result<Vec<Row>, String> {
         }
     }
     Ok(rows)
-}
-
-/// The server's own count of processed requests, where the backend has one.
-async fn server_requests(backend: &str, ep: &Endpoints) -> Option<u64> {
-    match backend {
-        "redis" | "redis-plain" => test_support::redis_commands_processed(&ep.redis_url).await,
-        "redlock" => {
-            let mut total = 0;
-            for url in ep.redlock_url.trim_start_matches("redlock://").split(',') {
-                total += test_support::redis_commands_processed(&format!("redis://{url}")).await?;
-            }
-            Some(total)
-        }
-        "zookeeper" => test_support::zk_packets_received(&ep.zk_hosts).await,
-        "zookeeper-ensemble" => test_support::zk_packets_received(&ep.zk_ensemble_hosts).await,
-        b if ep.etcd(b).is_some() => {
-            let (eps, _) = ep.etcd(b)?;
-            test_support::etcd_grpc_messages_received(&eps).await
-        }
-        "postgres" => test_support::pg_statements(&ep.pg_url).await,
-        _ => None,
-    }
 }
 
 fn table(args: &Args, rows: &[Row]) -> String {
@@ -331,7 +253,7 @@ fn table(args: &Args, rows: &[Row]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
             r.backend,
             r.subject,
-            r.scenario.name(),
+            value_name(&r.scenario),
             f(r.p50_us),
             f(r.p99_us),
             // idle measures a rate of requests, not operations
@@ -359,21 +281,19 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(70);
         }
     };
-    let result = rt.block_on(async {
+    // A backend that fails ends the run, but what was measured before it is still written.
+    let (rows, failed) = rt.block_on(async {
         let mut rows = Vec::new();
         for b in &args.backend {
-            eprintln!("lock-bench: measuring {b} ...");
-            rows.extend(measure(&args, b).await.map_err(|e| format!("{b}: {e}"))?);
+            let name = value_name(b);
+            eprintln!("lock-bench: measuring {name} ...");
+            match measure(&args, *b).await {
+                Ok(r) => rows.extend(r),
+                Err(e) => return (rows, Some(format!("{name}: {e}"))),
+            }
         }
-        Ok::<_, String>(rows)
+        (rows, None)
     });
-    let rows = match result {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("lock-bench: {e}");
-            return std::process::ExitCode::from(69);
-        }
-    };
     let md = table(&args, &rows);
     print!("{md}");
     if let Some(p) = &args.markdown {
@@ -392,5 +312,11 @@ fn main() -> std::process::ExitCode {
         }
         Err(e) => eprintln!("lock-bench: cannot encode results: {e}"),
     }
-    std::process::ExitCode::SUCCESS
+    match failed {
+        None => std::process::ExitCode::SUCCESS,
+        Some(e) => {
+            eprintln!("lock-bench: {e}");
+            std::process::ExitCode::from(69)
+        }
+    }
 }
