@@ -67,18 +67,45 @@ pub trait Servers: Send + Sync + fmt::Debug {
         None
     }
 
-    /// Whether [`isolate`](Servers::isolate) works here: the members reach each other through
-    /// links the tests can break (a cluster a test started itself). The nemesis partitions only
-    /// such servers.
-    fn can_isolate(&self) -> bool {
+    /// Whether [`partition`](Servers::partition) works here: the members reach each other
+    /// through links the tests can break (a cluster a test started itself). The nemesis
+    /// partitions only such servers.
+    fn can_partition(&self) -> bool {
         false
     }
 
-    /// Cuts member `i` off from every other member, both ways, while its own clients still
-    /// reach it (`on`), or heals that partition. The default: an error, for servers without
-    /// links between their members.
-    async fn isolate(&self, i: usize, on: bool) -> Result<(), BoxError> {
-        let _ = (i, on);
+    /// Makes partition `p` between the members (`on`), while every member's own clients still
+    /// reach it, or heals it. The default: an error, for servers without links between their
+    /// members.
+    async fn partition(&self, p: Partition, on: bool) -> Result<(), BoxError> {
+        let _ = (p, on);
         Err("these servers have no links between members to break".into())
+    }
+}
+
+/// A partition between the members of a cluster ([`Servers::partition`]); members are
+/// numbered as in [`Servers::members`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Partition {
+    /// Member `i` cut off from every other member, both ways.
+    Isolate(usize),
+    /// Members `a` and `b` cut off from each other, both ways, while each still reaches the
+    /// others: with three members, the third hears both sides (a bridge).
+    Between(usize, usize),
+    /// The connections other members dial to member `i` carry nothing (either way), while
+    /// those `i` dials still work both ways, as behind a firewall that drops what comes in on
+    /// connections to `i`: what `i` hears, and who hears it, then depends on which side
+    /// dials which connection (a one-way partition for some backends).
+    Mute(usize),
+}
+
+impl fmt::Display for Partition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Partition::Isolate(i) => write!(f, "member {i} cut off from the others"),
+            Partition::Between(a, b) => write!(f, "members {a} and {b} cut off from each other"),
+            Partition::Mute(i) => write!(f, "connections to member {i} refused"),
+        }
     }
 }

@@ -83,3 +83,31 @@ async fn fault_kinds_limit_the_nemesis() {
     let pauses = report.faults.get("pause").copied().unwrap_or(0);
     assert!(pauses >= 3, "only {pauses} pauses: {:?}", report.faults);
 }
+
+/// `fault_kinds` naming kinds the harness cannot make (partitions: the wrapper has no members
+/// to cut off) fails the run before it starts, rather than running it without a fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_kinds_the_harness_cannot_make_fail_the_run() {
+    let h = FlawedHarness::new(Flaw::None);
+    for kinds in [&["partition", "bridge", "one-way"][..], &["partiton"][..]] {
+        let w = Workload {
+            limit: Duration::from_secs(8),
+            fault_kinds: Some(kinds),
+            ..Workload::short(13)
+        };
+        let started = std::time::Instant::now();
+        match run(&h, &w).await {
+            Ok(r) => panic!("a run limited to {kinds:?} ran, with faults {:?}", r.faults),
+            Err(e) => assert!(
+                e.to_string().contains(kinds[0]),
+                "the error does not name {:?}: {e}",
+                kinds[0]
+            ),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "refusing {kinds:?} took {:?}: the run started",
+            started.elapsed()
+        );
+    }
+}

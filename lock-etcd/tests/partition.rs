@@ -20,7 +20,9 @@ use test_support::by_dialer::{ByDialer, Pids};
 use test_support::partition::{
     free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts, Roles, Seen,
 };
-use test_support::partition_history::{history_under_partitions, soak_under_partitions};
+use test_support::partition_history::{
+    history_under, history_under_partitions, soak_under_partitions,
+};
 use test_support::{loopback, serial};
 
 /// Three etcd members. etcd members know each other by one advertised peer URL each, so each
@@ -323,12 +325,12 @@ fn granted_after_loss(seen: &Seen, not_granted: &str) {
     );
 }
 
-/// The history checker's short workload (eight clients over six names, each a client of one
-/// member in turn) while the nemesis cuts members off from the others both ways (half the time the
-/// leader, for ½–2 TTLs, eight times or more): the lock is never held twice, tokens keep grant
-/// order, every loss is seen before the next grant, and every name is granted again after the
-/// last heal. A holder on the struck member can only renew there. The summary (`--nocapture`) is
-/// in RELIABILITY.md.
+/// The history checker's short workload (twelve clients over six names, each a client of one
+/// member in turn; one hold in ten 1–3 TTLs long) while the nemesis cuts members off from the
+/// others both ways (half the time the leader, for 1–3 TTLs, eight times or more): the lock is
+/// never held twice, tokens keep grant order, every loss is seen before the next grant, and every
+/// name is granted again after the last heal. A holder on the struck member can only renew
+/// there. The summary (`--nocapture`) is in RELIABILITY.md.
 #[test]
 fn a_history_under_partitions_is_clean() {
     serial(async {
@@ -348,6 +350,24 @@ fn a_history_under_partitions_with_clients_of_every_member_is_clean() {
     serial(async {
         let cluster = Etcd::start().listing_every_member();
         history_under_partitions(cluster, Duration::from_secs(2), Duration::from_secs(90)).await;
+    });
+}
+
+/// The same workload while the nemesis makes the partitions of other shapes: two members cut
+/// off from each other while both still reach the third (a bridge; half the time one is the
+/// leader), and the connections dialed to one member refused (one way; half the time the
+/// leader). Each client knows one member. The summary (`--nocapture`) is in RELIABILITY.md.
+#[test]
+fn a_history_under_bridges_and_one_way_partitions_is_clean() {
+    serial(async {
+        let kinds = &["bridge", "one-way"];
+        history_under(
+            Etcd::start(),
+            Duration::from_secs(2),
+            Duration::from_secs(90),
+            kinds,
+        )
+        .await;
     });
 }
 

@@ -23,7 +23,9 @@ use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::partition::{
     free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts,
 };
-use test_support::partition_history::{history_under_partitions, soak_under_partitions};
+use test_support::partition_history::{
+    history_under, history_under_partitions, soak_under_partitions,
+};
 use test_support::{loopback, serial, zk_mode, zk_serves_session};
 
 /// The lock's TTL is the session timeout.
@@ -368,12 +370,12 @@ async fn lost_create_while_the_session_moves(cancel: bool) {
     drop(moving);
 }
 
-/// The history checker's short workload (eight clients over six names, each a client of one
-/// server in turn) while the nemesis cuts servers off from the others both ways (half the time the
-/// leader, for ½–2 TTLs, eight times or more): the lock is never held twice, tokens keep grant
-/// order, every loss is seen before the next grant, and every name is granted again after the
-/// last heal. A holder on the struck server can only renew there. The summary (`--nocapture`) is
-/// in RELIABILITY.md.
+/// The history checker's short workload (twelve clients over six names, each a client of one
+/// server in turn; one hold in ten 1–3 TTLs long) while the nemesis cuts servers off from the
+/// others both ways (half the time the leader, for 1–3 TTLs, eight times or more): the lock is
+/// never held twice, tokens keep grant order, every loss is seen before the next grant, and every
+/// name is granted again after the last heal. A holder on the struck server can only renew
+/// there. The summary (`--nocapture`) is in RELIABILITY.md.
 #[test]
 fn a_history_under_partitions_is_clean() {
     serial(async {
@@ -388,6 +390,18 @@ fn a_history_under_partitions_with_clients_of_every_server_is_clean() {
     serial(async {
         let cluster = Zk::start().listing_every_server();
         history_under_partitions(cluster, SESSION, Duration::from_secs(90)).await;
+    });
+}
+
+/// The same workload while the nemesis makes the partitions of other shapes: two servers cut
+/// off from each other while both still reach the third (a bridge; half the time one is the
+/// leader), and the connections dialed to one server refused (one way; half the time the
+/// leader). Each client knows one server. The summary (`--nocapture`) is in RELIABILITY.md.
+#[test]
+fn a_history_under_bridges_and_one_way_partitions_is_clean() {
+    serial(async {
+        let kinds = &["bridge", "one-way"];
+        history_under(Zk::start(), SESSION, Duration::from_secs(90), kinds).await;
     });
 }
 

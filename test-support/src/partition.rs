@@ -207,6 +207,13 @@ pub enum Fault {
     Isolate,
     /// SIGSTOP: it answers nobody, peers and clients alike.
     Freeze,
+    /// Cut off from member `j` both ways (the links between the two blackholed), while both
+    /// still reach the others.
+    ///
+    /// # Panics
+    /// As [`Isolate`](Fault::Isolate), on a cluster with a link that every member dials
+    /// through.
+    Between(usize),
 }
 
 impl Fault {
@@ -217,12 +224,15 @@ impl Fault {
             Fault::Mute => l.to == i,
             Fault::Isolate => l.to == i || l.from == Some(i),
             Fault::Freeze => false,
+            Fault::Between(j) => {
+                (l.from == Some(i) && l.to == j) || (l.from == Some(j) && l.to == i)
+            }
         };
-        if matches!(self, Fault::Isolate) {
+        if matches!(self, Fault::Isolate | Fault::Between(_)) {
             assert!(
                 links.iter().all(|l| l.from.is_some()),
                 "this cluster's members dial each other through shared links: it cannot cut \
-                 off one member both ways"
+                 a member off both ways"
             );
         }
         links.iter().filter(struck).map(|l| &l.proxy).collect()

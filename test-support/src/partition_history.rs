@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::safety::{draw, run, seed, Report, Workload};
-use conformance_tests::{Harness, Servers, Timing};
+use conformance_tests::{Harness, Partition, Servers, Timing};
 use lock_core::{BoxError, DistributedLock};
 
 use crate::partition::{Cluster, Fault};
 
 /// A [`Harness`] over a test's own cluster: each client talks to the next member in turn (and
 /// lists every member if the cluster's [`Parts::every`](crate::partition::Parts::every) says
-/// so); its [`Servers`] freeze members by pid and cut them off from the others
-/// ([`Fault::Isolate`]). They are not restarted: the members are the test's children.
+/// so); its [`Servers`] freeze members by pid and partition them through their links
+/// ([`Fault::Isolate`], [`Fault::Between`], [`Fault::Mute`]). They are not restarted: the members are the test's children.
 struct OwnCluster<C> {
     cluster: Arc<C>,
     next: AtomicUsize,
@@ -80,12 +80,18 @@ impl<C: Cluster + 'static> Servers for Members<C> {
         self.0.agreed_leader().await
     }
 
-    fn can_isolate(&self) -> bool {
+    fn can_partition(&self) -> bool {
         true
     }
 
-    async fn isolate(&self, i: usize, on: bool) -> Result<(), BoxError> {
-        Fault::Isolate.set(&*self.0, i, on);
+    async fn partition(&self, p: Partition, on: bool) -> Result<(), BoxError> {
+        let (fault, i) = match p {
+            Partition::Isolate(i) => (Fault::Isolate, i),
+            Partition::Between(a, b) => (Fault::Between(b), a),
+            Partition::Mute(i) => (Fault::Mute, i),
+            other => return Err(format!("no such partition here: {other:?}").into()),
+        };
+        fault.set(&*self.0, i, on);
         Ok(())
     }
 }
@@ -130,7 +136,7 @@ async fn checked<C: Cluster + 'static>(cluster: C, ttl: Duration, w: &Workload) 
 /// from the others (half the time the leader, for 1–3 TTLs; at least eight times, time
 /// allowing), and checks the history: no overlap, tokens in grant order, every loss seen
 /// before the next grant, every name granted again after the last heal. Prints the report's
-/// summary (`--nocapture`) and returns it.
+/// summary (`--nocapture`) and returns it. [`history_under`] with `["partition"]`.
 ///
 /// # Panics
 /// If the cluster agrees on no leader within a minute; on any violation (the failure shows
@@ -141,16 +147,33 @@ pub async fn history_under_partitions<C: Cluster + 'static>(
     ttl: Duration,
     limit: Duration,
 ) -> Report {
+    history_under(cluster, ttl, limit, &["partition"]).await
+}
+
+/// As [`history_under_partitions`], with the nemesis's fault kinds limited to `kinds` (of
+/// [`FAULT_KINDS`](conformance_tests::safety::FAULT_KINDS): `"bridge"`, `"one-way"`, ...).
+///
+/// # Panics
+/// As [`history_under_partitions`]; the run must make at least two faults of `kinds`.
+pub async fn history_under<C: Cluster + 'static>(
+    cluster: C,
+    ttl: Duration,
+    limit: Duration,
+    kinds: &'static [&'static str],
+) -> Report {
     let mut w = workload(ttl, limit);
-    // Partitions only: drawn among other kinds, a run of this length could make too few.
-    w.fault_kinds = Some(&["partition"]);
+    // These kinds only: drawn among others, a run of this length could make too few.
+    w.fault_kinds = Some(kinds);
     w.min_faults = 8;
     let report = checked(cluster, ttl, &w).await;
-    let partitions = report.faults.get("partition").copied().unwrap_or(0);
+    let made: u64 = kinds
+        .iter()
+        .map(|k| report.faults.get(k).copied().unwrap_or(0))
+        .sum();
     assert!(
-        partitions >= 2,
-        "the nemesis made {partitions} partition(s) in {:?} (faults {:?}, seed {}): the run did \
-         not test partitions",
+        made >= 2,
+        "the nemesis made {made} fault(s) of {kinds:?} in {:?} (faults {:?}, seed {}): the run \
+         did not test them",
         report.elapsed,
         report.faults,
         report.seed
@@ -160,7 +183,7 @@ pub async fn history_under_partitions<C: Cluster + 'static>(
 
 /// The partition soak (an ignored test, for RELIABILITY.md): the same workload for
 /// `DISTLOCK_PARTITION_SOAK_SECS` seconds (default 600) with every fault this harness can
-/// make — partitions, freezes and pauses — checked as above. Where `DISTLOCK_SOAK_OUT` names a
+/// make — partitions of each shape, freezes and pauses — checked as above. Where `DISTLOCK_SOAK_OUT` names a
 /// path prefix, writes `<prefix>.md` (the soak table's row, labelled `label`) and
 /// `<prefix>.svg` (the timeline).
 ///

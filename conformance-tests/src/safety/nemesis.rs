@@ -1,8 +1,9 @@
 //! The nemesis: faults on a schedule drawn from a seed, each healed later. It breaks the links
 //! of the run's faulty clients (blackhole, delay, cut), pauses holders (a GC pause or a
 //! stopped VM between a holder's check and its write), and, where the harness gives its
-//! [`Servers`], freezes a server (SIGSTOP, then SIGCONT), crashes and restarts one, or cuts one
-//! off from the other members ([`Servers::isolate`], where they can be) — half the time the
+//! [`Servers`], freezes a server (SIGSTOP, then SIGCONT), crashes and restarts one, or, where
+//! the members can be partitioned ([`Servers::partition`]), cuts one off from the others, cuts
+//! two off from each other, or refuses the connections dialed to one — half the time the
 //! leader, where there is one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::history::{History, Op, NOBODY};
-use crate::{Fault, Link, Servers};
+use crate::{Fault, Link, Partition, Servers};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same schedule.
 #[derive(Clone, Debug)]
@@ -58,7 +59,7 @@ pub(super) fn pause(ttl: Duration) -> Duration {
 }
 
 /// Kinds of fault the nemesis injects, for the report.
-pub const FAULT_KINDS: [&str; 7] = [
+pub const FAULT_KINDS: [&str; 9] = [
     "blackhole",
     "delay",
     "cut",
@@ -66,12 +67,19 @@ pub const FAULT_KINDS: [&str; 7] = [
     "freeze",
     "restart",
     "partition",
+    "bridge",
+    "one-way",
 ];
 
 const PAUSE: usize = 3;
 const FREEZE: usize = 4;
 const RESTART: usize = 5;
+/// One member cut off from the others ([`Partition::Isolate`]).
 const PARTITION: usize = 6;
+/// Two members cut off from each other ([`Partition::Between`]).
+const BRIDGE: usize = 7;
+/// Connections dialed to one member refused ([`Partition::Mute`]).
+const ONE_WAY: usize = 8;
 
 /// The nemesis's hold on the run: the clients' links and their pause switches.
 pub(super) struct Nemesis {
@@ -96,8 +104,9 @@ pub(super) struct Nemesis {
 impl Nemesis {
     /// The kinds this run can inject (of those `only` allows): link faults where clients have
     /// links, pauses always, server faults where the harness gives its servers (restarts only where
-    /// they keep locks; partitions only where members can be cut off from each other).
-    fn kinds(&self) -> Vec<usize> {
+    /// they keep locks; partitions only where members can be cut off from each other, bridges
+    /// only where a third member can hear both sides).
+    pub(super) fn kinds(&self) -> Vec<usize> {
         let mut kinds = Vec::new();
         if !self.links.is_empty() {
             kinds.extend([0, 1, 2]);
@@ -109,8 +118,13 @@ impl Nemesis {
                 if s.restart_keeps_locks() {
                     kinds.push(RESTART);
                 }
-                if s.can_isolate() && s.members().len() > 1 {
+                let n = s.members().len();
+                if s.can_partition() && n > 1 {
                     kinds.push(PARTITION);
+                    if n > 2 {
+                        kinds.push(BRIDGE);
+                    }
+                    kinds.push(ONE_WAY);
                 }
             }
         }
@@ -128,7 +142,7 @@ impl Nemesis {
         };
         match kind {
             PAUSE => self.pause(),
-            FREEZE | RESTART | PARTITION => self.server_fault(kind).await,
+            FREEZE | RESTART | PARTITION | BRIDGE | ONE_WAY => self.server_fault(kind).await,
             k => self.link_fault(k).await,
         }
     }
@@ -205,8 +219,8 @@ impl Nemesis {
         );
     }
 
-    /// Freezes a server for a while, cuts it off from the other members for a while, or
-    /// crashes and restarts it: the leader half the time, where there is one.
+    /// Freezes a server for a while, partitions it for a while, or crashes and restarts it:
+    /// the leader half the time, where there is one.
     async fn server_fault(&mut self, kind: usize) {
         let Some(servers) = self.servers.clone() else {
             return;
@@ -222,16 +236,35 @@ impl Nemesis {
             return;
         };
         let role = if leader.is_some() { " (leader)" } else { "" };
+        let partition = match kind {
+            PARTITION => Some(Partition::Isolate(i)),
+            BRIDGE => {
+                // Any other member: `kinds` offers bridges only with three or more.
+                let n = members.len().max(2) as u64;
+                Some(Partition::Between(
+                    i,
+                    (i + 1 + self.rng.below(n - 1) as usize) % n as usize,
+                ))
+            }
+            ONE_WAY => Some(Partition::Mute(i)),
+            _ => None,
+        };
         // A partition lasts 1–3 TTLs, mostly long enough for the other side to expire the
         // leases of the struck side's holders; a freeze ½–2.
         let lasts = match kind {
             RESTART => None,
-            PARTITION => Some(self.rng.duration(self.ttl, self.ttl * 3)),
+            _ if partition.is_some() => Some(self.rng.duration(self.ttl, self.ttl * 3)),
             _ => Some(self.rng.duration(self.ttl / 2, self.ttl * 2)),
         };
-        let what = match lasts {
-            Some(lasts) => format!("{} server {member}{role} for {lasts:?}", FAULT_KINDS[kind]),
-            None => format!("restart server {member}{role}"),
+        let what = match (lasts, partition) {
+            (None, _) => format!("restart server {member}{role}"),
+            (Some(lasts), Some(Partition::Between(_, j))) => {
+                let other = members.get(j).map_or("?", String::as_str);
+                format!("bridge: servers {member}{role} and {other} cut off from each other for {lasts:?}")
+            }
+            (Some(lasts), _) => {
+                format!("{} server {member}{role} for {lasts:?}", FAULT_KINDS[kind])
+            }
         };
         self.history
             .record(NOBODY, NOBODY, Op::Fault { what: what.clone() });
@@ -240,10 +273,10 @@ impl Nemesis {
         let set = |on: bool| {
             let servers = servers.clone();
             async move {
-                match (kind, on) {
-                    (FREEZE, true) => servers.freeze(i).await,
-                    (FREEZE, false) => servers.thaw(i).await,
-                    _ => servers.isolate(i, on).await,
+                match (partition, on) {
+                    (Some(p), on) => servers.partition(p, on).await,
+                    (None, true) => servers.freeze(i).await,
+                    (None, false) => servers.thaw(i).await,
                 }
             }
         };

@@ -47,7 +47,8 @@ pub struct Workload {
     /// backend that makes its grants quickly still meets a few faults.
     pub min_faults: u64,
     /// Only these kinds of fault ([`FAULT_KINDS`]), for a run about one of them; `None`: every
-    /// kind the harness allows.
+    /// kind the harness allows. A name that is not a kind, or kinds of which the harness can
+    /// make none, fail the run before it starts.
     pub fault_kinds: Option<&'static [&'static str]>,
 }
 
@@ -188,6 +189,36 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     let own_links: Vec<Option<Arc<dyn Link>>> = (0..w.clients)
         .map(|i| links.iter().find(|(c, _)| *c == i).map(|(_, l)| l.clone()))
         .collect();
+    // The recovery bound (d): a cut-off holder's lock expires within a TTL of the fault, a
+    // waiter is woken within the slack; twice that for a loaded machine.
+    let recovery = (ttl + timing.slack) * 4;
+    let mut nemesis = Nemesis {
+        links,
+        pauses: pauses.clone(),
+        holding: holding.clone(),
+        history: shared.history.clone(),
+        rng: Rng::new(w.seed),
+        ttl,
+        servers: if w.faults { h.servers() } else { None },
+        only: w.fault_kinds,
+        counts: [0; FAULT_KINDS.len()],
+        errors: Vec::new(),
+    };
+    // A run limited to kinds it cannot make would quietly make no fault at all.
+    if let (true, Some(only)) = (w.faults, w.fault_kinds) {
+        if let Some(bad) = only.iter().find(|k| !FAULT_KINDS.contains(k)) {
+            return Err(Failure(format!(
+                "no fault kind is called {bad:?} (the kinds: {FAULT_KINDS:?})"
+            )));
+        }
+        if nemesis.kinds().is_empty() {
+            return Err(Failure(format!(
+                "this harness can make none of the fault kinds {only:?} (partitions need \
+                 `Servers::can_partition`, server faults `Harness::servers`, link faults \
+                 `Harness::faulty_client`)"
+            )));
+        }
+    }
     let started = Instant::now();
     let tasks: Vec<_> = clients
         .into_iter()
@@ -204,21 +235,6 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         })
         .collect();
 
-    // The recovery bound (d): a cut-off holder's lock expires within a TTL of the fault, a
-    // waiter is woken within the slack; twice that for a loaded machine.
-    let recovery = (ttl + timing.slack) * 4;
-    let mut nemesis = Nemesis {
-        links,
-        pauses,
-        holding,
-        history: shared.history.clone(),
-        rng: Rng::new(w.seed),
-        ttl,
-        servers: if w.faults { h.servers() } else { None },
-        only: w.fault_kinds,
-        counts: [0; FAULT_KINDS.len()],
-        errors: Vec::new(),
-    };
     let deadline = started + w.limit;
     if w.faults {
         // Faults while grants accumulate, none in the last stretch: (d) needs calm after them.
