@@ -406,7 +406,8 @@ fn a_history_under_bridges_and_one_way_partitions_is_clean() {
 }
 
 /// The partition soak (ignored; `DISTLOCK_PARTITION_SOAK_SECS`, default 600): the workload
-/// above with partitions, freezes and pauses, on clients that list every server. Its figures are
+/// above with every fault the cluster allows (partitions of each shape, freezes and pauses),
+/// on clients that list every server. Its figures are
 /// in RELIABILITY.md.
 #[test]
 #[ignore = "a soak: minutes long; run by hand for RELIABILITY.md"]
