@@ -19,6 +19,11 @@ use crate::{
 /// Object safe: applications hold an `Arc<dyn DistributedLock>` and swap the backend from
 /// configuration without code changes.
 ///
+/// Works on any tokio runtime, a current-thread one included: no call, and no task a driver
+/// spawns (a watchdog, a connection, a background release), keeps the runtime's thread
+/// waiting; blocking work goes to `spawn_blocking` (conformance case
+/// `runtime::no_call_blocks_the_runtime`).
+///
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;

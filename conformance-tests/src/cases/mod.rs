@@ -20,6 +20,7 @@ pub mod inspect;
 pub mod lost;
 pub mod ownership;
 pub mod renewal;
+pub mod runtime;
 pub mod safety;
 pub mod security;
 pub mod waiting;
@@ -185,6 +186,7 @@ pub static CASES: &[Case] = &[
     ),
     case!(input::declared_max_ttl_is_enforced, always),
     case!(input::declared_min_ttl_is_granted, always),
+    case!(runtime::no_call_blocks_the_runtime, always),
     case!(
         faults::partitioned_holder_knows_before_anyone_is_granted,
         partitions

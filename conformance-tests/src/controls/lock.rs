@@ -80,7 +80,7 @@ impl FlawedLock {
             Flaw::TtlInflated => opts.clone().ttl(inflated(opts.ttl)),
             Flaw::AutoRenewNeverRuns => opts.clone().manual_renewal(),
             // Renewed by the control's own watchdog instead ([`PacedLease`]).
-            Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins
+            Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins | Flaw::WatchdogBlocksTheRuntime
                 if matches!(opts.renewal, Renewal::Auto { .. }) =>
             {
                 opts.clone().manual_renewal()
@@ -164,9 +164,11 @@ impl FlawedLock {
     ) -> Box<dyn Lease> {
         let lease = match (&self.link, self.flaw, opts.renewal) {
             (Some(wire), _, _) => self.wired(lease, opts, started, wire.clone()),
-            (None, Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins, Renewal::Auto { max_hold }) => {
-                Box::new(PacedLease::new(lease, self.flaw, max_hold))
-            }
+            (
+                None,
+                Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins | Flaw::WatchdogBlocksTheRuntime,
+                Renewal::Auto { max_hold },
+            ) => Box::new(PacedLease::new(lease, self.flaw, max_hold)),
             (None, _, _) => lease,
         };
         let name = lease.name().clone();
@@ -444,6 +446,9 @@ impl DistributedLock for FlawedLock {
     ) -> Result<Option<Box<dyn Lease>>> {
         let key = self.key(name)?;
         self.validate(&key, opts).await?;
+        if self.flaw == Flaw::BlocksTheRuntime {
+            std::thread::sleep(BLOCKING_CALL);
+        }
         if held_until(&self.shared.ghosts, &key).is_some() {
             return Ok(None);
         }

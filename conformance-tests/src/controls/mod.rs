@@ -17,6 +17,10 @@ mod wire;
 
 pub use harness::{FlawedHarness, FlawedLock};
 
+/// How long a blocking flaw keeps the runtime's thread per call: a blocking read of a reply
+/// from a server across a network.
+const BLOCKING_CALL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// `case_name!` for each case: the names of the cases a flaw is caught by.
 macro_rules! cases {
     ($($area:ident :: $name:ident),* $(,)?) => {
@@ -249,6 +253,12 @@ pub enum Flaw {
     /// A dropped lease's background release is sent once: lost with its connection, the lock
     /// waits out its TTL (an explicit release is still sent again).
     DroppedReleaseSentOnce,
+    /// `try_acquire` waits for its reply on the runtime's thread (a blocking socket read of
+    /// 100 ms, acted out by `std::thread::sleep`): every other task on that thread stalls.
+    BlocksTheRuntime,
+    /// The watchdog's renewals each block the runtime's thread for 100 ms (a blocking client
+    /// call inside the spawned task), while every call the application makes is async.
+    WatchdogBlocksTheRuntime,
 }
 
 impl Flaw {
@@ -344,6 +354,8 @@ impl Flaw {
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,
         Flaw::DroppedReleaseSentOnce,
+        Flaw::BlocksTheRuntime,
+        Flaw::WatchdogBlocksTheRuntime,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -500,6 +512,9 @@ impl Flaw {
             }
             Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins => {
                 cases![renewal::watchdog_renews_at_about_a_third_of_the_ttl]
+            }
+            Flaw::BlocksTheRuntime | Flaw::WatchdogBlocksTheRuntime => {
+                cases![runtime::no_call_blocks_the_runtime]
             }
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,

@@ -1,5 +1,6 @@
 //! A driver's own watchdog at the wrong pace ([`Flaw::WatchdogRenewsLate`],
-//! [`Flaw::WatchdogSpins`]): the store's lease, renewed by hand from a task of the control's.
+//! [`Flaw::WatchdogSpins`]) or blocking the runtime ([`Flaw::WatchdogBlocksTheRuntime`]): the
+//! store's lease, renewed by hand from a task of the control's.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +36,8 @@ impl Drop for Pacer {
 
 impl PacedLease {
     /// `lease` (manually renewed), renewed by a task at `flaw`'s pace — a tenth of the TTL
-    /// before `valid_until`, or every two-hundredth of the TTL — until `max_hold` has passed.
+    /// before `valid_until`, every two-hundredth of the TTL, or every third of it after a
+    /// blocking wait — until `max_hold` has passed.
     pub(super) fn new(lease: Box<dyn Lease>, flaw: Flaw, max_hold: Option<Duration>) -> Self {
         let stop_at = max_hold.and_then(|m| Instant::now().checked_add(m));
         let lease = Arc::new(lease);
@@ -44,6 +46,7 @@ impl PacedLease {
             loop {
                 let Some(at) = weak.upgrade().map(|l| match flaw {
                     Flaw::WatchdogRenewsLate => l.valid_until() - l.ttl() / 10,
+                    Flaw::WatchdogBlocksTheRuntime => Instant::now() + l.ttl() / 3,
                     _ => Instant::now() + l.ttl() / 200,
                 }) else {
                     return;
@@ -55,6 +58,9 @@ impl PacedLease {
                 let Some(l) = weak.upgrade() else {
                     return;
                 };
+                if flaw == Flaw::WatchdogBlocksTheRuntime {
+                    std::thread::sleep(super::BLOCKING_CALL);
+                }
                 if l.renew().await.is_err() {
                     return;
                 }
