@@ -24,10 +24,9 @@ const ATTEMPTS: usize = 3;
 /// Connecting, `try_acquire`, `inspect`, `renew`, a waiting `acquire` woken by a `release`, a
 /// dropped lease (released in the background), a lease its watchdog renews for a TTL, an
 /// `abandon` and dropping the clients: none of them keeps the runtime's thread for 50 ms or
-/// more. A driver that blocks there stalls
-/// every other task of an application on a current-thread runtime (or one worker's of a
-/// multi-thread one), its other leases' watchdogs among them. Blocking I/O and sleeps belong
-/// in `spawn_blocking` or in async calls.
+/// more. A driver that blocks there stalls every other task of an application on a
+/// current-thread runtime (or one worker's of a multi-thread one), its other leases'
+/// watchdogs among them. Blocking I/O and sleeps belong in `spawn_blocking` or in async calls.
 pub async fn no_call_blocks_the_runtime(h: &dyn Harness) -> Result<(), Failure> {
     let mut attempts = Vec::new();
     for attempt in 1..=ATTEMPTS {
