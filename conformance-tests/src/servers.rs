@@ -99,13 +99,3 @@ pub enum Partition {
     /// dials which connection (a one-way partition for some backends).
     Mute(usize),
 }
-
-impl fmt::Display for Partition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Partition::Isolate(i) => write!(f, "member {i} cut off from the others"),
-            Partition::Between(a, b) => write!(f, "members {a} and {b} cut off from each other"),
-            Partition::Mute(i) => write!(f, "connections to member {i} refused"),
-        }
-    }
-}

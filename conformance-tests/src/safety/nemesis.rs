@@ -260,7 +260,10 @@ impl Nemesis {
             (None, _) => format!("restart server {member}{role}"),
             (Some(lasts), Some(Partition::Between(_, j))) => {
                 let other = members.get(j).map_or("?", String::as_str);
-                format!("bridge: servers {member}{role} and {other} cut off from each other for {lasts:?}")
+                format!(
+                    "bridge: servers {member}{role} and {other} cut off from each other for \
+                     {lasts:?}"
+                )
             }
             (Some(lasts), _) => {
                 format!("{} server {member}{role} for {lasts:?}", FAULT_KINDS[kind])

@@ -132,6 +132,13 @@ struct Shared {
 
 /// Runs `w` against `h`'s driver and checks the history.
 pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
+    // A misspelt kind is refused before any client is made.
+    let kinds = w.fault_kinds.unwrap_or_default();
+    if let Some(bad) = kinds.iter().find(|k| !FAULT_KINDS.contains(k)) {
+        return Err(Failure(format!(
+            "no fault kind is called {bad:?} (the kinds: {FAULT_KINDS:?})"
+        )));
+    }
     let timing = h.timing();
     let ttl = timing.ttl;
     let mut clients = Vec::new();
@@ -204,13 +211,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         counts: [0; FAULT_KINDS.len()],
         errors: Vec::new(),
     };
-    // A run limited to kinds it cannot make would quietly make no fault at all.
+    // A run limited to kinds the harness cannot make would quietly make no fault at all.
     if let (true, Some(only)) = (w.faults, w.fault_kinds) {
-        if let Some(bad) = only.iter().find(|k| !FAULT_KINDS.contains(k)) {
-            return Err(Failure(format!(
-                "no fault kind is called {bad:?} (the kinds: {FAULT_KINDS:?})"
-            )));
-        }
         if nemesis.kinds().is_empty() {
             return Err(Failure(format!(
                 "this harness can make none of the fault kinds {only:?} (partitions need \
