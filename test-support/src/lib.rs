@@ -13,6 +13,7 @@
 //!   link of its own for each member that dials one shared address;
 //!   [`partition_history`]: the history checker's workload on such a cluster while the
 //!   nemesis partitions it.
+//! - [`clock`]: redis-servers of a test's own whose wall clock it steps or skews.
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
 //!   restart by pid; which member leads).
 
@@ -23,6 +24,7 @@ use std::sync::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod by_dialer;
+pub mod clock;
 pub mod partition;
 pub mod partition_history;
 mod servers;

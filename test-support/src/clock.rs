@@ -1,0 +1,166 @@
+//! Wall-clock faults: redis-servers a test starts itself whose time of day it can step forward
+//! or back at any moment, or make run fast or slow from the start, as an NTP step or a bad
+//! oscillator would. Their monotonic clocks are left alone (an NTP step leaves them too).
+//!
+//! The fault is `shim/clock.c`, preloaded into the server (see its header for why not
+//! libfaketime). Every step is confirmed through the server's own `TIME` before the call
+//! returns, so a shim that is not in effect fails the test at the step, not as a lock that
+//! mysteriously held.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::partition::{free_ports, Members};
+use crate::Scratch;
+
+/// The shim, built by `build.rs`.
+const SHIM: &str = env!("DISTLOCK_CLOCK_SHIM");
+
+/// A redis-server (no persistence) whose wall clock the test sets; killed on drop.
+#[derive(Debug)]
+pub struct ClockedRedis {
+    port: u16,
+    step: File,
+    _process: Members,
+    _dir: Scratch,
+}
+
+impl ClockedRedis {
+    /// Starts `n` servers on free loopback ports whose clocks run `ppm` parts per million
+    /// fast (negative: slow; 0: on time) from their start, with no step. Returns once each
+    /// answers `PING`.
+    ///
+    /// # Errors
+    /// What kept one from starting (no shim, no redis-server, no answer within 10 s), with its
+    /// log.
+    pub async fn start(n: usize, ppm: i64) -> Result<Vec<ClockedRedis>, String> {
+        if !std::path::Path::new(SHIM).is_file() {
+            return Err(format!(
+                "the clock shim {SHIM} was not built (see the build warning of test-support: it \
+                 needs a C compiler)"
+            ));
+        }
+        let ports = free_ports(n);
+        let numbers = ports.numbers();
+        ports.release();
+        let mut servers = Vec::with_capacity(n);
+        for port in numbers {
+            servers.push(Self::spawn(port, ppm).map_err(|e| format!("redis-server: {e}"))?);
+        }
+        for s in &servers {
+            s.wait_ready().await?;
+        }
+        Ok(servers)
+    }
+
+    fn spawn(port: u16, ppm: i64) -> io::Result<ClockedRedis> {
+        let dir = crate::scratch("distlock-clock");
+        let step_path = dir.join("step");
+        let step = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&step_path)?;
+        write_step(&step, 0)?;
+        let log = File::create(dir.join("log"))?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&*dir)
+            .env("LD_PRELOAD", SHIM)
+            .env("DISTLOCK_CLOCK_FILE", &step_path)
+            .env("DISTLOCK_CLOCK_PPM", ppm.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        Ok(ClockedRedis {
+            port,
+            step,
+            _process: Members(vec![child]),
+            _dir: dir,
+        })
+    }
+
+    async fn wait_ready(&self) -> Result<(), String> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.offset().await {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > until => {
+                    let log = std::fs::read_to_string(self._dir.join("log")).unwrap_or_default();
+                    return Err(format!(
+                        "redis-server on {} not up within 10 s: {e}\n{log}",
+                        self.port
+                    ));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Sets the server's clock to the real time plus `by` (negative: behind; it replaces the
+    /// previous step, it does not add to it), and confirms through `TIME` that the server
+    /// reads it (within 500 ms, which the rate of a fast or slow clock must leave room for).
+    ///
+    /// # Errors
+    /// The file could not be written, or the server's `TIME` does not show the step.
+    pub async fn set_step(&self, by: Duration, ahead: bool) -> Result<(), String> {
+        let ns = i64::try_from(by.as_nanos()).map_err(|e| e.to_string())?;
+        let ns = if ahead { ns } else { -ns };
+        write_step(&self.step, ns).map_err(|e| format!("the step file: {e}"))?;
+        let seen = self.offset().await?;
+        let want = ns as f64 / 1e9;
+        if (seen - want).abs() > 0.5 {
+            return Err(format!(
+                "server {} reads its clock {seen:+.3} s off after a step to {want:+.3} s: the \
+                 clock shim is not in effect",
+                self.port
+            ));
+        }
+        Ok(())
+    }
+
+    /// The server's `TIME` less this process's wall clock, in seconds (the round trip
+    /// included: a few hundred µs on loopback).
+    ///
+    /// # Errors
+    /// The server did not answer.
+    pub async fn offset(&self) -> Result<f64, String> {
+        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let ours = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| e.to_string())?;
+        Ok(secs as f64 + micros as f64 / 1e6 - ours.as_secs_f64())
+    }
+}
+
+/// The step and its complement, as the shim reads them (a torn read fails the check).
+fn write_step(file: &File, ns: i64) -> io::Result<()> {
+    let mut pair = [0u8; 16];
+    pair[..8].copy_from_slice(&ns.to_le_bytes());
+    pair[8..].copy_from_slice(&(!ns).to_le_bytes());
+    file.write_all_at(&pair, 0)
+}
