@@ -8,6 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use conformance_tests::FaultProxy;
+use test_support::clock::skew_monotonic;
 use test_support::{kill, scratch, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -47,13 +48,18 @@ fn mark_start(file: &Path, secs: f64) -> String {
 }
 
 /// A `run` on `name` (TTL 2 s, then `extra` options) whose command is [`heartbeat`] into
-/// `hb`, returned once it has beaten four times (so it holds the lock).
-fn beating_holder(url: &str, name: &str, hb: &Path, extra: &[&str]) -> Child {
+/// `hb`, returned once it has beaten four times (so it holds the lock). Its monotonic clock
+/// runs `clock_ppm` parts per million fast (negative: slow; see `test_support::clock`).
+fn beating_holder(url: &str, name: &str, hb: &Path, extra: &[&str], clock_ppm: i64) -> Child {
     let beat = heartbeat(hb);
     let mut args = vec!["run", "--name", name, "--ttl", "2s"];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "sh", "-c", &beat]);
-    let holder = distlock(url, &args).spawn().unwrap();
+    let mut holder = distlock(url, &args);
+    if clock_ppm != 0 {
+        skew_monotonic(&mut holder, clock_ppm).unwrap();
+    }
+    let holder = holder.spawn().unwrap();
     wait_beats(hb, 4);
     holder
 }
@@ -135,6 +141,11 @@ fn second_ran_alone(tag: &str, second: Child, limit: Duration, hb: &Path, start2
     let second = read_stamp(start2);
     let first = beats(hb);
     let last = *first.iter().max().unwrap();
+    println!(
+        "{tag}: the first command's last heartbeat came {:.1} ms before the second command \
+         started",
+        (second as f64 - last as f64) / 1e6
+    );
     assert!(
         last < second,
         "{tag}: the first command wrote a heartbeat {} ms after the second command started \
@@ -165,16 +176,40 @@ fn exits(child: Child, limit: Duration, promise: &str, code: i32) -> Output {
 /// The holder's connections are blackholed; its command ignores SIGTERM. Another client gets
 /// the lock once the backend lets the lease expire. The first command (with its background
 /// grandchild) must be dead before the second starts, and distlock must exit 70.
+///
+/// Twice: with the holder's clock on time, and with its monotonic clock 1 % slow (the lease's
+/// validity, the kill deadline and every timer of the holder then run late in real time; the
+/// drift allowance, 1 % of the TTL + 2 ms, is what covers that).
 fn lost_lock_kills_before_the_next_holder(
     tag: &str,
     via_proxy: &str,
     direct: &str,
     proxies: &[FaultProxy],
 ) {
+    for clock_ppm in [0, -SLOW_CLOCK_PPM] {
+        lost_lock_once(tag, via_proxy, direct, proxies, clock_ppm);
+    }
+}
+
+/// How slow a holder's clock runs in [`lost_lock_kills_before_the_next_holder`]: 1 %.
+const SLOW_CLOCK_PPM: i64 = 10_000;
+
+fn lost_lock_once(
+    tag: &str,
+    via_proxy: &str,
+    direct: &str,
+    proxies: &[FaultProxy],
+    clock_ppm: i64,
+) {
     let dir = tmp(tag);
-    let name = unique(tag);
+    let name = unique(&format!("{tag}{clock_ppm}"));
+    let tag = &if clock_ppm == 0 {
+        tag.to_string()
+    } else {
+        format!("{tag} (holder's clock {:+} %)", clock_ppm as f64 / 1e4)
+    };
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
-    let holder = beating_holder(via_proxy, &name, &hb, &["--grace", "10s"]);
+    let holder = beating_holder(via_proxy, &name, &hb, &["--grace", "10s"], clock_ppm);
     for p in proxies {
         p.blackhole();
     }
@@ -267,7 +302,7 @@ fn supervisor_killed(tag: &str, url: &str) {
     let dir = tmp(tag);
     let name = unique(tag);
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
-    let mut holder = beating_holder(url, &name, &hb, &[]);
+    let mut holder = beating_holder(url, &name, &hb, &[], 0);
     kill("KILL", holder.id());
     let _ = holder.wait();
     let second = second_run(url, &name, &start2, "30s");

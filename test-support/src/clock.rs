@@ -1,6 +1,11 @@
-//! Wall-clock faults: redis-servers a test starts itself whose time of day it can step forward
-//! or back at any moment, or make run fast or slow from the start, as an NTP step or a bad
-//! oscillator would. Their monotonic clocks are left alone (an NTP step leaves them too).
+//! Clock faults.
+//!
+//! - [`ClockedRedis`]: redis-servers a test starts itself whose time of day it can step
+//!   forward or back at any moment, or make run fast or slow from the start, as an NTP step or
+//!   a bad oscillator would. Their monotonic clocks are left alone (an NTP step leaves them
+//!   too).
+//! - [`skew_monotonic`]: a process (a client) whose monotonic clocks, which every timer and
+//!   every lease's validity is counted on, run fast or slow.
 //!
 //! The fault is `shim/clock.c`, preloaded into the server (see its header for why not
 //! libfaketime). Every step is confirmed through the server's own `TIME` before the call
@@ -18,6 +23,28 @@ use crate::Scratch;
 
 /// The shim, built by `build.rs`.
 const SHIM: &str = env!("DISTLOCK_CLOCK_SHIM");
+
+fn shim() -> Result<&'static str, String> {
+    if std::path::Path::new(SHIM).is_file() {
+        Ok(SHIM)
+    } else {
+        Err(format!(
+            "the clock shim {SHIM} was not built (see the build warning of test-support: it \
+             needs a C compiler)"
+        ))
+    }
+}
+
+/// Makes `cmd` run with its monotonic clocks `ppm` parts per million fast (negative: slow),
+/// counted from its start; its time of day is left alone. Its children inherit the fault.
+///
+/// # Errors
+/// The shim was not built.
+pub fn skew_monotonic(cmd: &mut Command, ppm: i64) -> Result<&mut Command, String> {
+    Ok(cmd
+        .env("LD_PRELOAD", shim()?)
+        .env("DISTLOCK_CLOCK_MONO_PPM", ppm.to_string()))
+}
 
 /// A redis-server (no persistence) whose wall clock the test sets; killed on drop.
 #[derive(Debug)]
@@ -37,12 +64,7 @@ impl ClockedRedis {
     /// What kept one from starting (no shim, no redis-server, no answer within 10 s), with its
     /// log.
     pub async fn start(n: usize, ppm: i64) -> Result<Vec<ClockedRedis>, String> {
-        if !std::path::Path::new(SHIM).is_file() {
-            return Err(format!(
-                "the clock shim {SHIM} was not built (see the build warning of test-support: it \
-                 needs a C compiler)"
-            ));
-        }
+        shim()?;
         let ports = free_ports(n);
         let numbers = ports.numbers();
         ports.release();
@@ -163,4 +185,50 @@ fn write_step(file: &File, ns: i64) -> io::Result<()> {
     pair[..8].copy_from_slice(&ns.to_le_bytes());
     pair[8..].copy_from_slice(&(!ns).to_le_bytes());
     file.write_all_at(&pair, 0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+mod tests {
+    use super::*;
+
+    /// Set in the child that [`a_process_with_a_skewed_monotonic_clock_counts_at_its_rate`]
+    /// starts: it prints how long a 400 ms sleep looked on its own clock.
+    const CHILD: &str = "DISTLOCK_CLOCK_SELF_TEST_CHILD";
+
+    #[test]
+    fn a_process_with_a_skewed_monotonic_clock_counts_at_its_rate() {
+        if std::env::var_os(CHILD).is_some() {
+            let start = Instant::now();
+            std::thread::sleep(Duration::from_millis(400)); // a relative, real-time sleep
+            println!("elapsed-ns={}", start.elapsed().as_nanos());
+            return;
+        }
+        let mut child = Command::new(std::env::current_exe().unwrap());
+        child
+            .args([
+                "--exact",
+                "--nocapture",
+                "clock::tests::a_process_with_a_skewed_monotonic_clock_counts_at_its_rate",
+            ])
+            .env(CHILD, "1");
+        let out = skew_monotonic(&mut child, -500_000)
+            .unwrap()
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let seen: f64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("elapsed-ns="))
+            .unwrap_or_else(|| panic!("the child printed no elapsed time: {stdout}"))
+            .parse()
+            .unwrap();
+        let seen = Duration::from_nanos(seen as u64);
+        // Half speed: 400 ms of real sleep reads as about 200 ms (plus scheduling delay).
+        assert!(
+            seen >= Duration::from_millis(190) && seen < Duration::from_millis(300),
+            "a process whose monotonic clock runs at half speed saw a 400 ms sleep as {seen:?}: \
+             the shim is not in effect"
+        );
+    }
 }
