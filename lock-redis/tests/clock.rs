@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
 use lock_redis::{RedisConfig, RedisLock};
-use test_support::clock::ClockedRedis;
+use test_support::clock::ClockedServer;
 use test_support::serial;
 
 /// A clocked server running `ppm` fast, and two clients of it.
-async fn server_and_clients(ppm: i64) -> (ClockedRedis, RedisLock, RedisLock) {
-    let server = ClockedRedis::start(1, ppm).await.unwrap().remove(0);
+async fn server_and_clients(ppm: i64) -> (ClockedServer, RedisLock, RedisLock) {
+    let server = ClockedServer::redis(1, ppm).await.unwrap().remove(0);
     let client = || RedisLock::connect(RedisConfig::new("127.0.0.1", server.port()));
     let (holder, other) = (client().await.unwrap(), client().await.unwrap());
     (server, holder, other)

@@ -11,10 +11,10 @@ use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, Error, LockOptions};
 use lock_redis::RedisConfig;
 use lock_redlock::{RedlockConfig, RedlockLock};
-use test_support::clock::ClockedRedis;
+use test_support::clock::ClockedServer;
 use test_support::serial;
 
-async fn client(masters: &[ClockedRedis]) -> RedlockLock {
+async fn client(masters: &[ClockedServer]) -> RedlockLock {
     let configs = masters
         .iter()
         .map(|m| RedisConfig::new("127.0.0.1", m.port()))
@@ -27,7 +27,7 @@ async fn client(masters: &[ClockedRedis]) -> RedlockLock {
 #[test]
 fn a_clock_step_on_a_minority_of_masters_keeps_exclusion_and_on_a_majority_breaks_it() {
     serial(async {
-        let masters = ClockedRedis::start(5, 0).await.unwrap();
+        let masters = ClockedServer::redis(5, 0).await.unwrap();
         let (holder, other) = (client(&masters).await, client(&masters).await);
         let name = fresh_name("clock-redlock");
         let opts = LockOptions::new(Duration::from_secs(10)).manual_renewal();

@@ -1,6 +1,6 @@
 //! Clock faults.
 //!
-//! - [`ClockedRedis`]: redis-servers a test starts itself whose time of day it can step
+//! - [`ClockedServer`]: redis-servers and ZooKeeper servers a test starts itself whose time of day it can step
 //!   forward or back at any moment, or make run fast or slow from the start, as an NTP step or
 //!   a bad oscillator would. Their monotonic clocks are left alone (an NTP step leaves them
 //!   too).
@@ -46,31 +46,57 @@ pub fn skew_monotonic(cmd: &mut Command, ppm: i64) -> Result<&mut Command, Strin
         .env("DISTLOCK_CLOCK_MONO_PPM", ppm.to_string()))
 }
 
-/// A redis-server (no persistence) whose wall clock the test sets; killed on drop.
+/// A server process of the test's own (no persistence) whose time of day the test sets;
+/// killed on drop.
 #[derive(Debug)]
-pub struct ClockedRedis {
+pub struct ClockedServer {
+    kind: Kind,
     port: u16,
     step: File,
     _process: Members,
-    _dir: Scratch,
+    dir: Scratch,
 }
 
-impl ClockedRedis {
-    /// Starts `n` servers on free loopback ports whose clocks run `ppm` parts per million
-    /// fast (negative: slow; 0: on time) from their start, with no step. Returns once each
-    /// answers `PING`.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Redis,
+    ZooKeeper,
+}
+
+const ZK_CLASSPATH: &str =
+    "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar";
+
+impl ClockedServer {
+    /// Starts `n` redis-servers on free loopback ports whose clocks run `ppm` parts per
+    /// million fast (negative: slow; 0: on time) from their start, with no step. Returns once
+    /// each answers.
     ///
     /// # Errors
     /// What kept one from starting (no shim, no redis-server, no answer within 10 s), with its
     /// log.
-    pub async fn start(n: usize, ppm: i64) -> Result<Vec<ClockedRedis>, String> {
-        shim()?;
+    pub async fn redis(n: usize, ppm: i64) -> Result<Vec<ClockedServer>, String> {
+        Self::start(Kind::Redis, n, ppm).await
+    }
+
+    /// Starts a standalone ZooKeeper server (tick 500 ms, sessions of 1–20 s), as
+    /// [`redis`](Self::redis) does.
+    ///
+    /// # Errors
+    /// As for [`redis`](Self::redis).
+    pub async fn zookeeper(ppm: i64) -> Result<ClockedServer, String> {
+        let mut one = Self::start(Kind::ZooKeeper, 1, ppm).await?;
+        one.pop().ok_or_else(|| "no server".to_string())
+    }
+
+    async fn start(kind: Kind, n: usize, ppm: i64) -> Result<Vec<ClockedServer>, String> {
+        let shim = shim()?;
         let ports = free_ports(n);
         let numbers = ports.numbers();
         ports.release();
         let mut servers = Vec::with_capacity(n);
         for port in numbers {
-            servers.push(Self::spawn(port, ppm).map_err(|e| format!("redis-server: {e}"))?);
+            let server = Self::spawn(kind, port, shim, ppm);
+            servers.push(server.map_err(|e| format!("{kind:?} server: {e}"))?);
         }
         for s in &servers {
             s.wait_ready().await?;
@@ -78,7 +104,7 @@ impl ClockedRedis {
         Ok(servers)
     }
 
-    fn spawn(port: u16, ppm: i64) -> io::Result<ClockedRedis> {
+    fn spawn(kind: Kind, port: u16, shim: &str, ppm: i64) -> io::Result<ClockedServer> {
         let dir = crate::scratch("distlock-clock");
         let step_path = dir.join("step");
         let step = File::options()
@@ -87,24 +113,47 @@ impl ClockedRedis {
             .create_new(true)
             .open(&step_path)?;
         write_step(&step, 0)?;
+        let mut cmd = match kind {
+            Kind::Redis => {
+                let mut cmd = Command::new("redis-server");
+                cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                    .arg("--dir")
+                    .arg(&*dir);
+                cmd
+            }
+            Kind::ZooKeeper => {
+                let data = dir.join("data");
+                std::fs::create_dir_all(&data)?;
+                let cfg = format!(
+                    "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+                     minSessionTimeout=1000\nmaxSessionTimeout=20000\nadmin.enableServer=false\n\
+                     forceSync=no\n",
+                    data.display()
+                );
+                std::fs::write(dir.join("zoo.cfg"), cfg)?;
+                let mut cmd = Command::new("java");
+                cmd.args(["-Xmx256m", "-XX:+UseSerialGC", "-cp", ZK_CLASSPATH])
+                    .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+                    .arg(dir.join("zoo.cfg"));
+                cmd
+            }
+        };
         let log = File::create(dir.join("log"))?;
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(&*dir)
-            .env("LD_PRELOAD", SHIM)
+        let child = cmd
+            .env("LD_PRELOAD", shim)
             .env("DISTLOCK_CLOCK_FILE", &step_path)
             .env("DISTLOCK_CLOCK_PPM", ppm.to_string())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
-        Ok(ClockedRedis {
+        Ok(ClockedServer {
+            kind,
             port,
             step,
             _process: Members(vec![child]),
-            _dir: dir,
+            dir,
         })
     }
 
@@ -114,10 +163,10 @@ impl ClockedRedis {
             match self.offset().await {
                 Ok(_) => return Ok(()),
                 Err(e) if Instant::now() > until => {
-                    let log = std::fs::read_to_string(self._dir.join("log")).unwrap_or_default();
+                    let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
                     return Err(format!(
-                        "redis-server on {} not up within 10 s: {e}\n{log}",
-                        self.port
+                        "{:?} server on {} not up within 10 s: {e}\n{log}",
+                        self.kind, self.port
                     ));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -125,22 +174,22 @@ impl ClockedRedis {
         }
     }
 
-    /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
     /// Its port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Sets the server's clock to the real time plus `by` (negative: behind; it replaces the
-    /// previous step, it does not add to it), and confirms through `TIME` that the server
-    /// reads it (within 500 ms, which the rate of a fast or slow clock must leave room for).
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Sets the server's clock to the real time plus `by` (`ahead` false: behind; it replaces
+    /// the previous step, it does not add to it), and confirms that the server reads it
+    /// (within 500 ms, which the rate of a fast or slow clock must leave room for).
     ///
     /// # Errors
-    /// The file could not be written, or the server's `TIME` does not show the step.
+    /// The file could not be written, or the server does not show the step.
     pub async fn set_step(&self, by: Duration, ahead: bool) -> Result<(), String> {
         let ns = i64::try_from(by.as_nanos()).map_err(|e| e.to_string())?;
         let ns = if ahead { ns } else { -ns };
@@ -157,14 +206,32 @@ impl ClockedRedis {
         Ok(())
     }
 
-    /// The server's `TIME` less this process's wall clock, in seconds (the round trip
-    /// included: a few hundred µs on loopback).
+    /// The server's time of day less this process's, in seconds, as the server tells it:
+    /// Redis's `TIME`; the `mtime` of a node ZooKeeper creates (milliseconds). The round trip
+    /// is included: a few hundred µs on loopback.
     ///
     /// # Errors
-    /// The server did not answer.
+    /// The server did not answer within 2 s.
     pub async fn offset(&self) -> Result<f64, String> {
-        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        let server = async {
+            match self.kind {
+                Kind::Redis => self.redis_time().await,
+                Kind::ZooKeeper => self.zk_time().await,
+            }
+        };
+        let server = tokio::time::timeout(Duration::from_secs(2), server)
+            .await
+            .map_err(|_| "no answer within 2 s".to_string())??;
+        let ours = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| e.to_string())?;
+        Ok(server - ours.as_secs_f64())
+    }
+
+    async fn redis_time(&self) -> Result<f64, String> {
+        let client = redis::Client::open(format!("redis://{}", self.addr()));
         let mut conn = client
+            .map_err(|e| e.to_string())?
             .get_multiplexed_async_connection()
             .await
             .map_err(|e| e.to_string())?;
@@ -172,10 +239,20 @@ impl ClockedRedis {
             .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        let ours = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
+        Ok(secs as f64 + micros as f64 / 1e6)
+    }
+
+    async fn zk_time(&self) -> Result<f64, String> {
+        use zookeeper_client::{Acls, Client, CreateMode};
+        let client = Client::connect(&self.addr())
+            .await
             .map_err(|e| e.to_string())?;
-        Ok(secs as f64 + micros as f64 / 1e6 - ours.as_secs_f64())
+        let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (stat, _) = client
+            .create("/distlock-clock-probe-", b"", &opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(stat.mtime as f64 / 1e3)
     }
 }
 

@@ -13,7 +13,8 @@
 //!   link of its own for each member that dials one shared address;
 //!   [`partition_history`]: the history checker's workload on such a cluster while the
 //!   nemesis partitions it.
-//! - [`clock`]: redis-servers of a test's own whose wall clock it steps or skews.
+//! - [`clock`]: servers of a test's own whose wall clock it steps or skews, and clients whose
+//!   monotonic clock runs slow or fast.
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
 //!   restart by pid; which member leads).
 
