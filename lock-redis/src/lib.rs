@@ -66,6 +66,17 @@
 //! releases it in the background on the current runtime; `abandon()` leaves the key to expire
 //! after its TTL.
 //!
+//! **The server's clock decides when a lock ends.** Redis expires a key at an absolute time
+//! of day, so a step of the server's clock moves every lock's end with it: a forward step
+//! past a key's expiry ends the lock at once, and a second holder can be granted while the
+//! first still believes in its lease (its validity is counted on its own monotonic clock).
+//! The fencing token still orders the two, and the first holder learns it at its next
+//! renewal (`NotHeld`; with the watchdog, within a third of the TTL). A backward step keeps a
+//! dead holder's lock for the TTL plus the step. A server clock that runs fast is covered by
+//! the drift allowance (1 % of the TTL + 2 ms) up to about 1 %. Run the server with a clock
+//! that slews rather than steps (chrony or ntpd without step corrections after boot), and
+//! fence the data. Measured in `tests/clock.rs` and RELIABILITY.md, "Clock faults".
+//!
 //! **A grant that comes back after its own validity** (the TTL less the clock drift allowance,
 //! counted from before the request) is released and reported as `Error::Unavailable`
 //! (retryable), never handed out. TTLs near the 10 ms minimum meet this on a server that

@@ -50,7 +50,10 @@
 //! leader resumes and handled before its expiry pass (RELIABILITY.md). **A member cut off from
 //! its leader** but not from its clients cannot answer a `sync`, so its clients' leases lapse
 //! within half the session timeout (not tested: the fault proxy sits between clients and
-//! servers). Fence the protected data with the token.
+//! servers). **The servers' time of day does not matter**: ZooKeeper counts sessions on its
+//! monotonic clock, so a step of a server's clock neither ends a held lock nor keeps a dead
+//! holder's (`tests/clock.rs`: 60 s forward and back). Fence the protected data with the
+//! token.
 //!
 //! Built on `zookeeper-client` with its `tokio` feature (without it the client panics with
 //! "no spawner"); the crate is re-exported.
