@@ -63,6 +63,9 @@ enum Kind {
     ZooKeeper,
 }
 
+/// How long a server may take to answer after it was started (a JVM on a loaded machine).
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
 const ZK_CLASSPATH: &str =
     "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar";
 
@@ -72,7 +75,7 @@ impl ClockedServer {
     /// each answers.
     ///
     /// # Errors
-    /// What kept one from starting (no shim, no redis-server, no answer within 10 s), with its
+    /// What kept one from starting (no shim, no redis-server, no answer within 30 s), with its
     /// log.
     pub async fn redis(n: usize, ppm: i64) -> Result<Vec<ClockedServer>, String> {
         Self::start(Kind::Redis, n, ppm).await
@@ -158,14 +161,14 @@ impl ClockedServer {
     }
 
     async fn wait_ready(&self) -> Result<(), String> {
-        let until = Instant::now() + Duration::from_secs(10);
+        let until = Instant::now() + READY_WITHIN;
         loop {
             match self.offset().await {
                 Ok(_) => return Ok(()),
                 Err(e) if Instant::now() > until => {
                     let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
                     return Err(format!(
-                        "{:?} server on {} not up within 10 s: {e}\n{log}",
+                        "{:?} server on {} not up within {READY_WITHIN:?}: {e}\n{log}",
                         self.kind, self.port
                     ));
                 }
