@@ -21,8 +21,9 @@ use crate::{
 ///
 /// Works on any tokio runtime, a current-thread one included: no call, and no task a driver
 /// spawns (a watchdog, a connection, a background release), keeps the runtime's thread
-/// waiting; blocking work goes to `spawn_blocking` (conformance case
-/// `runtime::no_call_blocks_the_runtime`).
+/// waiting, on healthy servers or while reconnecting and timing out; blocking work goes to
+/// `spawn_blocking` (conformance cases `runtime::no_call_blocks_the_runtime` and
+/// `runtime::no_call_blocks_the_runtime_under_faults`).
 ///
 /// ```
 /// use std::sync::Arc;

@@ -187,6 +187,7 @@ pub static CASES: &[Case] = &[
     case!(input::declared_max_ttl_is_enforced, always),
     case!(input::declared_min_ttl_is_granted, always),
     case!(runtime::no_call_blocks_the_runtime, always),
+    case!(runtime::no_call_blocks_the_runtime_under_faults, delays),
     case!(
         faults::partitioned_holder_knows_before_anyone_is_granted,
         partitions

@@ -10,8 +10,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::support::{client, held, opts, sleep, within};
-use crate::{fresh_name, Failure, Harness};
+use super::support::{client, faulty, held, opts, sleep, within};
+use crate::{fresh_name, Failure, Fault, Harness};
 
 /// A gap in the ticker longer than this is a blocked thread: far above a poll that computes
 /// or a scheduler's time slice, below a blocking wait for a server, a file lock or a sleep.
@@ -28,14 +28,40 @@ const ATTEMPTS: usize = 3;
 /// current-thread runtime (or one worker's of a multi-thread one), its other leases'
 /// watchdogs among them. Blocking I/O and sleeps belong in `spawn_blocking` or in async calls.
 pub async fn no_call_blocks_the_runtime(h: &dyn Harness) -> Result<(), Failure> {
+    no_stall_in(h, "runtime::no_call_blocks_the_runtime", Calls::Healthy)
+}
+
+/// The same promise where drivers have their other code paths: reconnecting after the
+/// connection was cut (a renewal, a grant, a release), requests into a blackholed link that
+/// end at the request timeout, a renewal and a waiting `acquire` over a slow link, and a
+/// watchdog whose renewals fail. A driver that dials, resolves or waits blocking only when
+/// things go wrong passes the healthy case and stalls its application exactly when the
+/// backend is in trouble. Needs [`Harness::faulty_client`].
+pub async fn no_call_blocks_the_runtime_under_faults(h: &dyn Harness) -> Result<(), Failure> {
+    no_stall_in(
+        h,
+        "runtime::no_call_blocks_the_runtime_under_faults",
+        Calls::UnderFaults,
+    )
+}
+
+/// Which calls an attempt makes.
+#[derive(Clone, Copy)]
+enum Calls {
+    Healthy,
+    UnderFaults,
+}
+
+/// Up to [`ATTEMPTS`] attempts of `calls`; fails if every one saw a stall.
+fn no_stall_in(h: &dyn Harness, case: &str, calls: Calls) -> Result<(), Failure> {
     let mut attempts = Vec::new();
     for attempt in 1..=ATTEMPTS {
-        let stalls = on_a_thread_of_its_own(h)?;
+        let stalls = on_a_thread_of_its_own(h, calls)?;
         if stalls.is_empty() {
             if !attempts.is_empty() {
                 // Passed, but say what the earlier attempts saw: a pattern here is a lead.
                 eprintln!(
-                    "runtime::no_call_blocks_the_runtime passed on attempt {attempt} after: {}",
+                    "{case} passed on attempt {attempt} after: {}",
                     attempts.join("; ")
                 );
             }
@@ -58,19 +84,19 @@ pub async fn no_call_blocks_the_runtime(h: &dyn Harness) -> Result<(), Failure> 
 /// A driver that blocks that thread for good (it waits, blocking, for something only another
 /// task on the same thread could bring) cannot be stopped from outside: after the case's time
 /// limit the process exits with the failure, rather than hanging the run.
-fn on_a_thread_of_its_own(h: &dyn Harness) -> Result<Vec<String>, Failure> {
+fn on_a_thread_of_its_own(h: &dyn Harness, calls: Calls) -> Result<Vec<String>, Failure> {
     let t = h.timing();
     let limit = t.ttl * 10 + Duration::from_secs(30);
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel();
         s.spawn(move || {
-            let _ = tx.send(on_a_runtime_of_its_own(h, limit));
+            let _ = tx.send(on_a_runtime_of_its_own(h, calls, limit));
         });
         match rx.recv_timeout(limit + Duration::from_secs(5)) {
             Ok(r) => r,
             Err(_) => {
                 eprintln!(
-                    "runtime::no_call_blocks_the_runtime: the driver's calls on a current-thread \
+                    "runtime: the driver's calls on a current-thread \
                      runtime did not finish within {limit:?}, and the thread does not answer: it \
                      is blocked for good (a blocking wait for another task of the same runtime?). \
                      Exiting: it cannot be stopped from here."
@@ -83,26 +109,31 @@ fn on_a_thread_of_its_own(h: &dyn Harness) -> Result<Vec<String>, Failure> {
 
 /// Runs [`calls`] on a new current-thread runtime beside the ticker, for `limit` at most;
 /// the stalls it saw.
-fn on_a_runtime_of_its_own(h: &dyn Harness, limit: Duration) -> Result<Vec<String>, Failure> {
+fn on_a_runtime_of_its_own(
+    h: &dyn Harness,
+    calls: Calls,
+    limit: Duration,
+) -> Result<Vec<String>, Failure> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure(format!("cannot start a tokio runtime: {e}")))?;
     rt.block_on(async {
         let ticker = Ticker::start().await;
-        let done = within(
-            limit,
-            "the calls on a current-thread runtime",
-            calls(h, &ticker),
-        )
-        .await;
+        let run = async {
+            match calls {
+                Calls::Healthy => healthy(h, &ticker).await,
+                Calls::UnderFaults => under_faults(h, &ticker).await,
+            }
+        };
+        let done = within(limit, "the calls on a current-thread runtime", run).await;
         let stalls = ticker.stop().await;
         done?.map(|()| stalls)
     })
 }
 
-/// The calls, each announced to the ticker first.
-async fn calls(h: &dyn Harness, ticker: &Ticker) -> Result<(), Failure> {
+/// The calls on healthy servers, each announced to the ticker first.
+async fn healthy(h: &dyn Harness, ticker: &Ticker) -> Result<(), Failure> {
     let t = h.timing();
     ticker.doing("connecting (Harness::client)");
     let (a, b) = (client(h).await?, client(h).await?);
@@ -144,6 +175,79 @@ async fn calls(h: &dyn Harness, ticker: &Ticker) -> Result<(), Failure> {
     held(a.try_acquire(&third, &opts(h)).await?, "a lease to abandon")?.abandon();
     ticker.doing("dropping the clients");
     drop((a, b));
+    sleep(Duration::from_millis(50)).await;
+    Ok(())
+}
+
+/// The calls through a link the case breaks, each announced to the ticker first. Their
+/// results are not judged (a renewal after a cut may be refused; a request into a blackhole
+/// fails): only the thread is.
+async fn under_faults(h: &dyn Harness, ticker: &Ticker) -> Result<(), Failure> {
+    let t = h.timing();
+    ticker.doing("connecting through a link (Harness::faulty_client)");
+    let f = faulty(h, Duration::ZERO).await?;
+    let name = fresh_name("no-block-faults");
+    ticker.doing("try_acquire through the link");
+    let lease = held(f.lock.try_acquire(&name, &opts(h)).await?, "holder")?;
+    ticker.doing("renew after the connection was cut (a reconnect)");
+    f.link.set(Fault::Cut);
+    let _ = lease.renew().await;
+    ticker.doing("try_acquire after a cut");
+    f.link.set(Fault::Cut);
+    let other = fresh_name("no-block-faults-2");
+    if let Ok(Some(l)) = f.lock.try_acquire(&other, &opts(h)).await {
+        ticker.doing("release after a cut");
+        f.link.set(Fault::Cut);
+        let _ = l.release().await;
+    }
+    // Up to the request timeout each, bounded here so a driver that hangs costs a TTL, not
+    // the case (hanging is the `faults` cases' business).
+    let bound = t.ttl + t.slack;
+    ticker.doing("renew into a blackholed link");
+    f.link.set(Fault::Blackhole);
+    let _ = tokio::time::timeout(bound, lease.renew()).await;
+    ticker.doing("try_acquire into a blackholed link");
+    let third = fresh_name("no-block-faults-3");
+    let _ = tokio::time::timeout(bound, f.lock.try_acquire(&third, &opts(h))).await;
+    ticker.doing("a watchdog whose renewals fail (blackholed)");
+    f.link.set(Fault::Healed);
+    let fourth = fresh_name("no-block-faults-4");
+    // Just healed from a blackhole: a client still reconnecting may refuse for a while.
+    let mut auto = None;
+    let until = Instant::now() + t.ttl * 2;
+    while auto.is_none() && Instant::now() < until {
+        match f.lock.try_acquire(&fourth, &opts(h).auto_renew(None)).await {
+            Ok(Some(l)) => auto = Some(l),
+            _ => sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let auto = auto.ok_or_else(|| {
+        Failure(format!(
+            "a free lock was not granted within {:?} of the link healing from a blackhole, so \
+             the watchdog's step could not run",
+            t.ttl * 2
+        ))
+    })?;
+    f.link.set(Fault::Blackhole);
+    sleep(t.ttl / 2).await;
+    ticker.doing("healing the link under a watchdog");
+    f.link.set(Fault::Healed);
+    sleep(t.ttl / 4).await;
+    ticker.doing("release after the watchdog's failures");
+    let _ = auto.release().await;
+    ticker.doing("a slow link (each chunk 60 ms late): renew, a waiting acquire, release");
+    f.link.set(Fault::Delay(Duration::from_millis(60)));
+    let _ = lease.renew().await;
+    let waiter = {
+        let (lock, name, o) = (f.lock.clone(), name.clone(), opts(h).wait_for(t.ttl));
+        tokio::spawn(async move { lock.acquire(&name, &o).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let _ = lease.release().await;
+    let _ = within(t.ttl * 2 + t.slack, "the waiter over a slow link", waiter).await;
+    ticker.doing("dropping a faulty client and its link");
+    f.link.set(Fault::Healed);
+    drop(f);
     sleep(Duration::from_millis(50)).await;
     Ok(())
 }

@@ -259,6 +259,9 @@ pub enum Flaw {
     /// The watchdog's renewals each block the runtime's thread for 100 ms (a blocking client
     /// call inside the spawned task), while every call the application makes is async.
     WatchdogBlocksTheRuntime,
+    /// The first request after a connection was cut blocks the runtime's thread for 100 ms
+    /// (a blocking dial on reconnect); on healthy links every call is async.
+    BlocksOnReconnect,
 }
 
 impl Flaw {
@@ -356,6 +359,7 @@ impl Flaw {
         Flaw::DroppedReleaseSentOnce,
         Flaw::BlocksTheRuntime,
         Flaw::WatchdogBlocksTheRuntime,
+        Flaw::BlocksOnReconnect,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -515,6 +519,9 @@ impl Flaw {
             }
             Flaw::BlocksTheRuntime | Flaw::WatchdogBlocksTheRuntime => {
                 cases![runtime::no_call_blocks_the_runtime]
+            }
+            Flaw::BlocksOnReconnect => {
+                cases![runtime::no_call_blocks_the_runtime_under_faults]
             }
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,

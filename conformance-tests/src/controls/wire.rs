@@ -22,6 +22,8 @@ pub(super) struct Wire {
     cut: watch::Sender<u64>,
     /// Ever blackholed ([`Flaw::NeverReconnects`] stays down after that).
     partitioned: AtomicBool,
+    /// Cut since the last crossing: the next one reconnects ([`Flaw::BlocksOnReconnect`]).
+    reconnecting: AtomicBool,
 }
 
 impl Wire {
@@ -31,6 +33,7 @@ impl Wire {
             cuts: AtomicU64::new(0),
             cut: watch::channel(0).0,
             partitioned: AtomicBool::new(false),
+            reconnecting: AtomicBool::new(false),
         })
     }
 
@@ -64,6 +67,9 @@ impl Wire {
                 "flawed-memory",
                 "the connection broke and this client never reconnects",
             ));
+        }
+        if flaw == Flaw::BlocksOnReconnect && self.reconnecting.swap(false, Ordering::Relaxed) {
+            std::thread::sleep(super::BLOCKING_CALL); // a blocking dial
         }
         let mut rx = self.fault.subscribe();
         let _ = rx.wait_for(|f| *f != Fault::Blackhole).await;
@@ -100,6 +106,7 @@ impl Link for WireLink {
         match fault {
             Fault::Cut => {
                 self.0.cuts.fetch_add(1, Ordering::Relaxed);
+                self.0.reconnecting.store(true, Ordering::Relaxed);
                 self.0.cut.send_modify(|n| *n += 1);
             }
             f => {
