@@ -1,7 +1,9 @@
 //! The backend's server processes, which the safety nemesis freezes, crashes, restarts and
-//! (where it can) partitions: what [`Harness::servers`](crate::Harness::servers) returns.
+//! (where it can) partitions and steps the clocks of: what
+//! [`Harness::servers`](crate::Harness::servers) returns.
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::BoxError;
@@ -80,6 +82,56 @@ pub trait Servers: Send + Sync + fmt::Debug {
     async fn partition(&self, p: Partition, on: bool) -> Result<(), BoxError> {
         let _ = (p, on);
         Err("these servers have no links between members to break".into())
+    }
+
+    /// Whether [`step_clock`](Servers::step_clock) works here: the members run under a clock
+    /// the tests can set (servers a test started itself under a clock shim). The nemesis
+    /// steps only such clocks.
+    fn can_step_clock(&self) -> bool {
+        false
+    }
+
+    /// Sets member `i`'s time of day to the real time moved by `step` (which replaces the
+    /// previous step; `ClockStep::Ahead(Duration::ZERO)` puts the clock right), as an NTP step
+    /// would; its monotonic clock is left alone. The default: an error, for servers whose
+    /// clocks the tests cannot set.
+    async fn step_clock(&self, i: usize, step: ClockStep) -> Result<(), BoxError> {
+        let _ = (i, step);
+        Err("these servers' clocks cannot be set".into())
+    }
+}
+
+/// A server's time of day, away from the real time ([`Servers::step_clock`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockStep {
+    /// This much ahead: a lock that ends at a time of day ends this much early.
+    Ahead(Duration),
+    /// This much behind.
+    Behind(Duration),
+}
+
+impl ClockStep {
+    /// The step in nanoseconds, ahead positive (saturating at ±292 years).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use conformance_tests::ClockStep;
+    /// assert_eq!(ClockStep::Behind(Duration::from_secs(2)).nanos(), -2_000_000_000);
+    /// ```
+    pub fn nanos(self) -> i64 {
+        match self {
+            ClockStep::Ahead(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+            ClockStep::Behind(d) => -i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+impl fmt::Display for ClockStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClockStep::Ahead(d) => write!(f, "+{d:?}"),
+            ClockStep::Behind(d) => write!(f, "-{d:?}"),
+        }
     }
 }
 

@@ -12,9 +12,12 @@
 //!   about 1 %, and no further.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance_tests::fresh_name;
+use conformance_tests::safety::{run, seed, Kind, Workload};
+use conformance_tests::{fresh_name, BoxError, ClockStep, Harness, Servers};
 use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
 use lock_redis::{RedisConfig, RedisLock};
 use test_support::clock::ClockedServer;
@@ -41,7 +44,7 @@ fn a_forward_step_ends_a_held_lock_at_once_and_the_token_orders_the_two_holders(
         );
 
         server
-            .set_step(Duration::from_secs(20), true)
+            .set_step(ClockStep::Ahead(Duration::from_secs(20)))
             .await
             .unwrap();
         let second = other.try_acquire(&name, &opts).await.unwrap().expect(
@@ -99,7 +102,7 @@ fn with_the_watchdog_a_holder_stepped_out_learns_it_within_a_third_of_the_ttl() 
             .unwrap();
         let lost = first.lost();
         server
-            .set_step(Duration::from_secs(60), true)
+            .set_step(ClockStep::Ahead(Duration::from_secs(60)))
             .await
             .unwrap();
         let second = other
@@ -143,7 +146,7 @@ fn a_backward_step_keeps_an_abandoned_lock_for_the_ttl_plus_the_step() {
             .unwrap()
             .unwrap()
             .abandon();
-        server.set_step(back, false).await.unwrap();
+        server.set_step(ClockStep::Behind(back)).await.unwrap();
         let second = other
             .acquire(&name, &opts.clone().wait_for(Duration::from_secs(15)))
             .await
@@ -213,5 +216,63 @@ fn a_server_clock_running_fast_is_covered_up_to_the_drift_allowance() {
                 );
             }
         }
+    });
+}
+
+/// A clocked server as a conformance harness: plain clients of it, and the server for the
+/// nemesis, which here only steps its clock.
+struct OnClockedRedis(Arc<ClockedServer>);
+
+#[conformance_tests::async_trait]
+impl Harness for OnClockedRedis {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        let config = RedisConfig::new("127.0.0.1", self.0.port());
+        Ok(Arc::new(RedisLock::connect(config).await?))
+    }
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        Some(self.0.clone())
+    }
+}
+
+/// The nemesis's clock steps bite where the backend ends locks by its time of day: under the
+/// safety workload with only clock faults, the history checker must report what they do to
+/// Redis (a lock ended early: an overlap (a), or a holder that had not seen its loss (c)).
+/// Every step strikes with a forward jump somewhere: a step ahead at once, a step behind when
+/// it heals (keys set meanwhile are then past their end). The same nemesis finds nothing on
+/// ZooKeeper (`lock-zookeeper/tests/partition.rs`, `a_history_under_clock_steps_is_clean`).
+#[test]
+fn clock_steps_on_redis_are_caught_by_the_history_checker() {
+    serial(async {
+        let server = Arc::new(ClockedServer::redis(1, 0).await.unwrap().remove(0));
+        // One name, and three holds in ten 1–3 TTLs long: a step that ends a hold early finds
+        // waiters ready to take the name.
+        let w = Workload {
+            names: 1,
+            long_per_mille: 300,
+            limit: Duration::from_secs(30),
+            fault_kinds: Some(&["clock"]),
+            min_faults: 4,
+            ..Workload::short(seed())
+        };
+        let report = run(&OnClockedRedis(server), &w).await.unwrap();
+        let steps = report.faults.get("clock").copied().unwrap_or(0);
+        let kinds: BTreeSet<Kind> = report.violations.iter().map(|v| v.kind).collect();
+        println!(
+            "clock steps on Redis: {steps} steps, {} grants, violations {:?} (seed {})",
+            report.grants,
+            report.violations_by_kind(),
+            report.seed
+        );
+        assert!(
+            steps >= 2,
+            "the nemesis made {steps} clock step(s): no test"
+        );
+        assert!(
+            kinds.contains(&Kind::Overlap) || kinds.contains(&Kind::LossNotSeen),
+            "{steps} steps of the Redis server's clock under the workload, and the checker \
+             reported no overlap and no unseen loss (found {kinds:?} in {} grants, seed {})",
+            report.grants,
+            report.seed
+        );
     });
 }

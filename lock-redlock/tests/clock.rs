@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use conformance_tests::fresh_name;
+use conformance_tests::{fresh_name, ClockStep};
 use lock_core::{DistributedLock, Error, LockOptions};
 use lock_redis::RedisConfig;
 use lock_redlock::{RedlockConfig, RedlockLock};
@@ -35,7 +35,7 @@ fn a_clock_step_on_a_minority_of_masters_keeps_exclusion_and_on_a_majority_break
         let step = Duration::from_secs(20);
 
         for (i, master) in masters.iter().enumerate().take(2) {
-            master.set_step(step, true).await.unwrap();
+            master.set_step(ClockStep::Ahead(step)).await.unwrap();
             let got = other.try_acquire(&name, &opts).await.unwrap();
             assert!(
                 got.is_none(),
@@ -51,7 +51,7 @@ fn a_clock_step_on_a_minority_of_masters_keeps_exclusion_and_on_a_majority_break
         });
 
         // A third master steps: a majority has lost the key.
-        masters[2].set_step(step, true).await.unwrap();
+        masters[2].set_step(ClockStep::Ahead(step)).await.unwrap();
         let second = other.try_acquire(&name, &opts).await.unwrap().expect(
             "the documented limit: once a majority of masters' clocks step past the key's \
              expiry, a second holder is granted. If this is refused, the driver has a defence \

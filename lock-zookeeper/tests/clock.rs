@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use conformance_tests::{fresh_name, FaultProxy};
+use conformance_tests::{fresh_name, ClockStep, FaultProxy};
 use lock_core::{DistributedLock, LeaseState, LockOptions};
 use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::clock::ClockedServer;
@@ -58,9 +58,9 @@ fn a_step_of_the_servers_clock_neither_ends_a_lock_nor_keeps_a_dead_holders() {
             .unwrap();
         let step = Duration::from_secs(60);
 
-        server.set_step(step, true).await.unwrap();
+        server.set_step(ClockStep::Ahead(step)).await.unwrap();
         stays_held(&*lease, &other, SESSION * 3, "after a 60 s forward step").await;
-        server.set_step(step, false).await.unwrap();
+        server.set_step(ClockStep::Behind(step)).await.unwrap();
         stays_held(&*lease, &other, SESSION * 3, "after a 60 s backward step").await;
 
         // The holder dies (its connection goes silent) while the clock is 60 s behind: its

@@ -17,9 +17,10 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, FaultProxy};
+use conformance_tests::{async_trait, ClockStep, FaultProxy};
 use lock_core::DistributedLock;
 use lock_zookeeper::{ZkConfig, ZkLock};
+use test_support::clock::StepFile;
 use test_support::partition::{
     free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts,
 };
@@ -44,6 +45,12 @@ struct Zk {
 
 impl Zk {
     fn start() -> Zk {
+        Zk::start_with(false)
+    }
+
+    /// With `clocks`, every server reads its time of day through a step file the nemesis
+    /// sets (`test_support::clock::StepFile`).
+    fn start_with(clocks: bool) -> Zk {
         let dir = shm_dir("distlock-zk-partition-");
         let held = free_ports(9);
         let n = held.numbers();
@@ -59,7 +66,7 @@ impl Zk {
             }
         }
         held.release();
-        let (mut members, mut clients) = (Members::default(), Vec::new());
+        let (mut members, mut clients, mut steps) = (Members::default(), Vec::new(), Vec::new());
         for i in 0..ports.len() {
             let (conf, data) = (dir.join(format!("s{i}")), dir.join(format!("s{i}/data")));
             std::fs::create_dir_all(&data).unwrap();
@@ -97,7 +104,13 @@ impl Zk {
             )
             .unwrap();
             let log = std::fs::File::create(conf.join("out.log")).unwrap();
-            let child = Command::new("java")
+            let mut java = Command::new("java");
+            if clocks {
+                let step = StepFile::new(&conf, "clock").unwrap();
+                step.apply(&mut java, 0).unwrap();
+                steps.push(step);
+            }
+            let child = java
                 .args(["-Xmx256m", "-XX:+UseSerialGC"])
                 .arg(format!("-Dzookeeper.log.dir={}", conf.display()))
                 .arg(format!(
@@ -117,7 +130,7 @@ impl Zk {
             clients.push(format!("127.0.0.1:{client}"));
         }
         Zk {
-            parts: Parts::new(members, clients, links, dir),
+            parts: Parts::new(members, clients, links, dir).with_clocks(steps),
         }
     }
 
@@ -403,6 +416,46 @@ fn a_history_under_bridges_and_one_way_partitions_is_clean() {
         let kinds = &["bridge", "one-way"];
         history_under(Zk::start(), SESSION, Duration::from_secs(90), kinds).await;
     });
+}
+
+/// The same workload while the nemesis steps one server's time of day (half the time the
+/// leader's) by 1 TTL to a minute, ahead or behind, for ½–2 TTLs, then back: ZooKeeper counts
+/// sessions on its monotonic clock, so the history must stay clean. Each client knows one
+/// server. The summary (`--nocapture`) is in RELIABILITY.md, "Clock faults".
+#[test]
+fn a_history_under_clock_steps_is_clean() {
+    serial(async {
+        let cluster = Zk::start_with(true);
+        leaders_clock_moves(&cluster).await;
+        history_under(cluster, SESSION, Duration::from_secs(60), &["clock"]).await;
+    });
+}
+
+/// The leader's time of day follows its step file: a node created while it is an hour ahead
+/// carries an `mtime` an hour ahead (the leader stamps every change). Without this, a shim
+/// that is not in effect would pass the clock-step history unnoticed.
+async fn leaders_clock_moves(cluster: &Zk) {
+    use lock_zookeeper::zookeeper_client::{Acls, Client, CreateMode};
+    let leader = cluster.leader().await;
+    let clock = &cluster.parts.clocks[leader];
+    clock
+        .set(ClockStep::Ahead(Duration::from_secs(3600)))
+        .unwrap();
+    let client = Client::connect(&cluster.parts.clients[leader])
+        .await
+        .unwrap();
+    let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let (stat, _) = client.create("/clock-probe-", b"", &opts).await.unwrap();
+    clock.set(ClockStep::Ahead(Duration::ZERO)).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let ahead = stat.mtime / 1000 - now.as_secs() as i64;
+    assert!(
+        (3590..=3610).contains(&ahead),
+        "the leader's clock read {ahead} s ahead after a step of an hour: the clock shim is not \
+         in effect in the ensemble"
+    );
 }
 
 /// The partition soak (ignored; `DISTLOCK_PARTITION_SOAK_SECS`, default 600): the workload

@@ -4,6 +4,8 @@
 //!   forward or back at any moment, or make run fast or slow from the start, as an NTP step or
 //!   a bad oscillator would. Their monotonic clocks are left alone (an NTP step leaves them
 //!   too).
+//! - [`StepFile`]: the same fault for a process the test starts its own way (a cluster's
+//!   members), which the safety nemesis steps through `Servers::step_clock`.
 //! - [`skew_monotonic`]: a process (a client) whose monotonic clocks, which every timer and
 //!   every lease's validity is counted on, run fast or slow.
 //!
@@ -17,6 +19,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use conformance_tests::{ClockStep, Servers};
+use lock_core::BoxError;
 
 use crate::partition::{free_ports, Members};
 use crate::Scratch;
@@ -46,14 +52,66 @@ pub fn skew_monotonic(cmd: &mut Command, ppm: i64) -> Result<&mut Command, Strin
         .env("DISTLOCK_CLOCK_MONO_PPM", ppm.to_string()))
 }
 
+/// The step of one process's time of day, which it reads through the shim: a file of the
+/// test's own, in a directory that outlives the process.
+#[derive(Debug)]
+pub struct StepFile {
+    path: std::path::PathBuf,
+    file: File,
+}
+
+impl StepFile {
+    /// A step file `name` in `dir`, at no step.
+    ///
+    /// # Errors
+    /// It cannot be created or written.
+    pub fn new(dir: &std::path::Path, name: &str) -> io::Result<StepFile> {
+        let path = dir.join(name);
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let step = StepFile { path, file };
+        step.set(ClockStep::Ahead(Duration::ZERO))?;
+        Ok(step)
+    }
+
+    /// Makes `cmd` read its time of day through this file, running `ppm` parts per million
+    /// fast (negative: slow) from its start besides.
+    ///
+    /// # Errors
+    /// The shim was not built.
+    pub fn apply<'c>(&self, cmd: &'c mut Command, ppm: i64) -> Result<&'c mut Command, String> {
+        Ok(cmd
+            .env("LD_PRELOAD", shim()?)
+            .env("DISTLOCK_CLOCK_FILE", &self.path)
+            .env("DISTLOCK_CLOCK_PPM", ppm.to_string()))
+    }
+
+    /// Moves the process's time of day to the real time plus `step`, at once (it replaces the
+    /// previous step). Not confirmed: [`ClockedServer::set_step`] asks the server.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn set(&self, step: ClockStep) -> io::Result<()> {
+        // The step and its complement, as the shim reads them (a torn read fails its check).
+        let ns = step.nanos();
+        let mut pair = [0u8; 16];
+        pair[..8].copy_from_slice(&ns.to_le_bytes());
+        pair[8..].copy_from_slice(&(!ns).to_le_bytes());
+        self.file.write_all_at(&pair, 0)
+    }
+}
+
 /// A server process of the test's own (no persistence) whose time of day the test sets;
 /// killed on drop.
 #[derive(Debug)]
 pub struct ClockedServer {
     kind: Kind,
     port: u16,
-    step: File,
-    _process: Members,
+    step: StepFile,
+    process: Members,
     dir: Scratch,
 }
 
@@ -92,13 +150,13 @@ impl ClockedServer {
     }
 
     async fn start(kind: Kind, n: usize, ppm: i64) -> Result<Vec<ClockedServer>, String> {
-        let shim = shim()?;
+        shim()?;
         let ports = free_ports(n);
         let numbers = ports.numbers();
         ports.release();
         let mut servers = Vec::with_capacity(n);
         for port in numbers {
-            let server = Self::spawn(kind, port, shim, ppm);
+            let server = Self::spawn(kind, port, ppm);
             servers.push(server.map_err(|e| format!("{kind:?} server: {e}"))?);
         }
         for s in &servers {
@@ -107,15 +165,9 @@ impl ClockedServer {
         Ok(servers)
     }
 
-    fn spawn(kind: Kind, port: u16, shim: &str, ppm: i64) -> io::Result<ClockedServer> {
+    fn spawn(kind: Kind, port: u16, ppm: i64) -> io::Result<ClockedServer> {
         let dir = crate::scratch("distlock-clock");
-        let step_path = dir.join("step");
-        let step = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&step_path)?;
-        write_step(&step, 0)?;
+        let step = StepFile::new(&dir, "step")?;
         let mut cmd = match kind {
             Kind::Redis => {
                 let mut cmd = Command::new("redis-server");
@@ -143,10 +195,8 @@ impl ClockedServer {
             }
         };
         let log = File::create(dir.join("log"))?;
+        step.apply(&mut cmd, ppm).map_err(io::Error::other)?;
         let child = cmd
-            .env("LD_PRELOAD", shim)
-            .env("DISTLOCK_CLOCK_FILE", &step_path)
-            .env("DISTLOCK_CLOCK_PPM", ppm.to_string())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -155,7 +205,7 @@ impl ClockedServer {
             kind,
             port,
             step,
-            _process: Members(vec![child]),
+            process: Members(vec![child]),
             dir,
         })
     }
@@ -177,6 +227,12 @@ impl ClockedServer {
         }
     }
 
+    /// Its process id.
+    fn pid(&self) -> Result<u32, BoxError> {
+        let child = self.process.0.first().ok_or("no process")?;
+        Ok(child.id())
+    }
+
     /// Its port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
@@ -187,18 +243,18 @@ impl ClockedServer {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Sets the server's clock to the real time plus `by` (`ahead` false: behind; it replaces
-    /// the previous step, it does not add to it), and confirms that the server reads it
-    /// (within 500 ms, which the rate of a fast or slow clock must leave room for).
+    /// Sets the server's clock to the real time moved by `step` (it replaces the previous
+    /// step, it does not add to it), and confirms that the server reads it (within 500 ms,
+    /// which the rate of a fast or slow clock must leave room for).
     ///
     /// # Errors
     /// The file could not be written, or the server does not show the step.
-    pub async fn set_step(&self, by: Duration, ahead: bool) -> Result<(), String> {
-        let ns = i64::try_from(by.as_nanos()).map_err(|e| e.to_string())?;
-        let ns = if ahead { ns } else { -ns };
-        write_step(&self.step, ns).map_err(|e| format!("the step file: {e}"))?;
+    pub async fn set_step(&self, step: ClockStep) -> Result<(), String> {
+        self.step
+            .set(step)
+            .map_err(|e| format!("the step file: {e}"))?;
         let seen = self.offset().await?;
-        let want = ns as f64 / 1e9;
+        let want = step.nanos() as f64 / 1e9;
         if (seen - want).abs() > 0.5 {
             return Err(format!(
                 "server {} reads its clock {seen:+.3} s off after a step to {want:+.3} s: the \
@@ -259,12 +315,39 @@ impl ClockedServer {
     }
 }
 
-/// The step and its complement, as the shim reads them (a torn read fails the check).
-fn write_step(file: &File, ns: i64) -> io::Result<()> {
-    let mut pair = [0u8; 16];
-    pair[..8].copy_from_slice(&ns.to_le_bytes());
-    pair[8..].copy_from_slice(&(!ns).to_le_bytes());
-    file.write_all_at(&pair, 0)
+/// One clocked server as the safety nemesis breaks it: frozen by pid, and its clock stepped
+/// (confirmed through the server at each step). Not restarted: it keeps nothing on disk.
+#[async_trait]
+impl Servers for ClockedServer {
+    fn members(&self) -> Vec<String> {
+        vec![format!("{:?}@{}", self.kind, self.port)]
+    }
+
+    async fn freeze(&self, _: usize) -> Result<(), BoxError> {
+        crate::kill("STOP", self.pid()?);
+        Ok(())
+    }
+
+    async fn thaw(&self, _: usize) -> Result<(), BoxError> {
+        crate::kill("CONT", self.pid()?);
+        Ok(())
+    }
+
+    async fn restart(&self, _: &[usize]) -> Result<(), BoxError> {
+        Err("a clocked server is not restarted".into())
+    }
+
+    fn restart_keeps_locks(&self) -> bool {
+        false
+    }
+
+    fn can_step_clock(&self) -> bool {
+        true
+    }
+
+    async fn step_clock(&self, _: usize, step: ClockStep) -> Result<(), BoxError> {
+        Ok(self.set_step(step).await?)
+    }
 }
 
 #[cfg(test)]

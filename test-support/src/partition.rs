@@ -37,6 +37,9 @@ pub struct Parts {
     pub dir: crate::Scratch,
     /// Whether a client of member *i* lists every member (*i* first), not *i* alone.
     pub every: bool,
+    /// Member *i*'s time of day, where the members run under the clock shim (empty: they do
+    /// not, and the nemesis steps no clock).
+    pub clocks: Vec<crate::clock::StepFile>,
 }
 
 impl Parts {
@@ -53,7 +56,14 @@ impl Parts {
             links,
             dir,
             every: false,
+            clocks: Vec::new(),
         }
+    }
+
+    /// The same, whose members read their time of day through `clocks` (one per member, in
+    /// order; see [`StepFile::apply`](crate::clock::StepFile::apply)).
+    pub fn with_clocks(self, clocks: Vec<crate::clock::StepFile>) -> Self {
+        Parts { clocks, ..self }
     }
 
     /// The same, whose clients list every member, their own first (so they can move to a

@@ -9,15 +9,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance_tests::safety::{draw, run, seed, Report, Workload};
-use conformance_tests::{Harness, Partition, Servers, Timing};
+use conformance_tests::{ClockStep, Harness, Partition, Servers, Timing};
 use lock_core::{BoxError, DistributedLock};
 
 use crate::partition::{Cluster, Fault};
 
 /// A [`Harness`] over a test's own cluster: each client talks to the next member in turn (and
 /// lists every member if the cluster's [`Parts::every`](crate::partition::Parts::every) says
-/// so); its [`Servers`] freeze members by pid and partition them through their links
-/// ([`Fault::Isolate`], [`Fault::Between`], [`Fault::Mute`]). They are not restarted: the members are the test's children.
+/// so); its [`Servers`] freeze members by pid, partition them through their links
+/// ([`Fault::Isolate`], [`Fault::Between`], [`Fault::Mute`]) and, where the members run under
+/// the clock shim ([`Parts::clocks`](crate::partition::Parts::clocks)), step their clocks. They
+/// are not restarted: the members are the test's children.
 struct OwnCluster<C> {
     cluster: Arc<C>,
     next: AtomicUsize,
@@ -93,6 +95,15 @@ impl<C: Cluster + 'static> Servers for Members<C> {
         };
         fault.set(&*self.0, i, on);
         Ok(())
+    }
+
+    fn can_step_clock(&self) -> bool {
+        !self.0.parts().clocks.is_empty()
+    }
+
+    async fn step_clock(&self, i: usize, step: ClockStep) -> Result<(), BoxError> {
+        let clock = (self.0.parts().clocks.get(i)).ok_or_else(|| format!("no clock for m{i}"))?;
+        Ok(clock.set(step)?)
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::history::{History, Op, NOBODY};
-use crate::{Fault, Link, Partition, Servers};
+use crate::{ClockStep, Fault, Link, Partition, Servers};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same schedule.
 #[derive(Clone, Debug)]
@@ -59,7 +59,7 @@ pub(super) fn pause(ttl: Duration) -> Duration {
 }
 
 /// Kinds of fault the nemesis injects, for the report.
-pub const FAULT_KINDS: [&str; 9] = [
+pub const FAULT_KINDS: [&str; 10] = [
     "blackhole",
     "delay",
     "cut",
@@ -69,6 +69,7 @@ pub const FAULT_KINDS: [&str; 9] = [
     "partition",
     "bridge",
     "one-way",
+    "clock",
 ];
 
 const PAUSE: usize = 3;
@@ -80,6 +81,8 @@ const PARTITION: usize = 6;
 const BRIDGE: usize = 7;
 /// Connections dialed to one member refused ([`Partition::Mute`]).
 const ONE_WAY: usize = 8;
+/// One member's time of day stepped ([`Servers::step_clock`]).
+const CLOCK: usize = 9;
 
 /// The nemesis's hold on the run: the clients' links and their pause switches.
 pub(super) struct Nemesis {
@@ -126,6 +129,9 @@ impl Nemesis {
                     }
                     kinds.push(ONE_WAY);
                 }
+                if s.can_step_clock() {
+                    kinds.push(CLOCK);
+                }
             }
         }
         if let Some(only) = self.only {
@@ -142,7 +148,9 @@ impl Nemesis {
         };
         match kind {
             PAUSE => self.pause(),
-            FREEZE | RESTART | PARTITION | BRIDGE | ONE_WAY => self.server_fault(kind).await,
+            FREEZE | RESTART | PARTITION | BRIDGE | ONE_WAY | CLOCK => {
+                self.server_fault(kind).await
+            }
             k => self.link_fault(k).await,
         }
     }
@@ -219,8 +227,8 @@ impl Nemesis {
         );
     }
 
-    /// Freezes a server for a while, partitions it for a while, or crashes and restarts it:
-    /// the leader half the time, where there is one.
+    /// Freezes a server for a while, partitions it for a while, steps its clock for a while,
+    /// or crashes and restarts it: the leader half the time, where there is one.
     async fn server_fault(&mut self, kind: usize) {
         let Some(servers) = self.servers.clone() else {
             return;
@@ -249,8 +257,20 @@ impl Nemesis {
             ONE_WAY => Some(Partition::Mute(i)),
             _ => None,
         };
+        // A clock step of 1 TTL to a minute, ahead or behind: far past any lock's end, and
+        // back again when it heals (a second step).
+        let clock = (kind == CLOCK).then(|| {
+            let by = self
+                .rng
+                .duration(self.ttl, Duration::from_secs(60).max(self.ttl * 2));
+            if self.rng.chance(50) {
+                ClockStep::Ahead(by)
+            } else {
+                ClockStep::Behind(by)
+            }
+        });
         // A partition lasts 1–3 TTLs, mostly long enough for the other side to expire the
-        // leases of the struck side's holders; a freeze ½–2.
+        // leases of the struck side's holders; a freeze or a clock step ½–2.
         let lasts = match kind {
             RESTART => None,
             _ if partition.is_some() => Some(self.rng.duration(self.ttl, self.ttl * 3)),
@@ -265,6 +285,10 @@ impl Nemesis {
                      {lasts:?}"
                 )
             }
+            (Some(lasts), _) if clock.is_some() => {
+                let step = clock.map(|c| c.to_string()).unwrap_or_default();
+                format!("clock of server {member}{role} stepped {step} for {lasts:?}")
+            }
             (Some(lasts), _) => {
                 format!("{} server {member}{role} for {lasts:?}", FAULT_KINDS[kind])
             }
@@ -276,10 +300,16 @@ impl Nemesis {
         let set = |on: bool| {
             let servers = servers.clone();
             async move {
-                match (partition, on) {
-                    (Some(p), on) => servers.partition(p, on).await,
-                    (None, true) => servers.freeze(i).await,
-                    (None, false) => servers.thaw(i).await,
+                match (partition, clock, on) {
+                    (Some(p), _, on) => servers.partition(p, on).await,
+                    (None, Some(step), true) => servers.step_clock(i, step).await,
+                    (None, Some(_), false) => {
+                        servers
+                            .step_clock(i, ClockStep::Ahead(Duration::ZERO))
+                            .await
+                    }
+                    (None, None, true) => servers.freeze(i).await,
+                    (None, None, false) => servers.thaw(i).await,
                 }
             }
         };
