@@ -39,21 +39,21 @@ impl<C: Cluster + 'static> Harness for OwnCluster<C> {
     }
 
     fn servers(&self) -> Option<Arc<dyn Servers>> {
-        Some(Arc::new(Members(self.cluster.clone())))
+        Some(Arc::new(ClusterServers(self.cluster.clone())))
     }
 }
 
 /// The cluster's members, as the nemesis breaks them.
-struct Members<C>(Arc<C>);
+struct ClusterServers<C>(Arc<C>);
 
-impl<C> fmt::Debug for Members<C> {
+impl<C> fmt::Debug for ClusterServers<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a test's own cluster")
     }
 }
 
 #[async_trait]
-impl<C: Cluster + 'static> Servers for Members<C> {
+impl<C: Cluster + 'static> Servers for ClusterServers<C> {
     fn members(&self) -> Vec<String> {
         (0..self.0.parts().clients.len())
             .map(|i| format!("m{i}"))
