@@ -1,22 +1,22 @@
 //! Clock faults.
 //!
-//! - [`ClockedServer`]: redis-servers and ZooKeeper servers a test starts itself whose time of day it can step
-//!   forward or back at any moment, or make run fast or slow from the start, as an NTP step or
-//!   a bad oscillator would. Their monotonic clocks are left alone (an NTP step leaves them
-//!   too).
+//! - [`ClockedServer`]: redis-servers and ZooKeeper servers a test starts itself, whose time
+//!   of day it can step forward or back at any moment, or make run fast or slow from the
+//!   start, as an NTP step or a bad oscillator would. Their monotonic clocks are left alone
+//!   (an NTP step leaves them too). Every step is confirmed through the server (Redis's
+//!   `TIME`, the `mtime` ZooKeeper gives a new node) before the call returns, so a shim that is
+//!   not in effect fails the test at the step, not as a lock that mysteriously held.
 //! - [`StepFile`]: the same fault for a process the test starts its own way (a cluster's
-//!   members), which the safety nemesis steps through `Servers::step_clock`.
+//!   members), which the safety nemesis steps through `Servers::step_clock`; not confirmed
+//!   (the test that uses it checks the effect once itself).
 //! - [`skew_monotonic`]: a process (a client) whose monotonic clocks, which every timer and
 //!   every lease's validity is counted on, run fast or slow.
 //!
-//! The fault is `shim/clock.c`, preloaded into the server (see its header for why not
-//! libfaketime). Every step is confirmed through the server's own `TIME` before the call
-//! returns, so a shim that is not in effect fails the test at the step, not as a lock that
-//! mysteriously held.
+//! The fault is `shim/clock.c`, preloaded into the process (see its header for why not
+//! libfaketime). It cannot reach a Go binary such as etcd, which reads the clock without libc.
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,84 +25,9 @@ use conformance_tests::{ClockStep, Servers};
 use lock_core::BoxError;
 
 use crate::partition::{free_ports, Members};
+use crate::shim::shim;
+pub use crate::shim::{skew_monotonic, StepFile};
 use crate::Scratch;
-
-/// The shim, built by `build.rs`.
-const SHIM: &str = env!("DISTLOCK_CLOCK_SHIM");
-
-fn shim() -> Result<&'static str, String> {
-    if std::path::Path::new(SHIM).is_file() {
-        Ok(SHIM)
-    } else {
-        Err(format!(
-            "the clock shim {SHIM} was not built (see the build warning of test-support: it \
-             needs a C compiler)"
-        ))
-    }
-}
-
-/// Makes `cmd` run with its monotonic clocks `ppm` parts per million fast (negative: slow),
-/// counted from its start; its time of day is left alone. Its children inherit the fault.
-///
-/// # Errors
-/// The shim was not built.
-pub fn skew_monotonic(cmd: &mut Command, ppm: i64) -> Result<&mut Command, String> {
-    Ok(cmd
-        .env("LD_PRELOAD", shim()?)
-        .env("DISTLOCK_CLOCK_MONO_PPM", ppm.to_string()))
-}
-
-/// The step of one process's time of day, which it reads through the shim: a file of the
-/// test's own, in a directory that outlives the process.
-#[derive(Debug)]
-pub struct StepFile {
-    path: std::path::PathBuf,
-    file: File,
-}
-
-impl StepFile {
-    /// A step file `name` in `dir`, at no step.
-    ///
-    /// # Errors
-    /// It cannot be created or written.
-    pub fn new(dir: &std::path::Path, name: &str) -> io::Result<StepFile> {
-        let path = dir.join(name);
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        let step = StepFile { path, file };
-        step.set(ClockStep::Ahead(Duration::ZERO))?;
-        Ok(step)
-    }
-
-    /// Makes `cmd` read its time of day through this file, running `ppm` parts per million
-    /// fast (negative: slow) from its start besides.
-    ///
-    /// # Errors
-    /// The shim was not built.
-    pub fn apply<'c>(&self, cmd: &'c mut Command, ppm: i64) -> Result<&'c mut Command, String> {
-        Ok(cmd
-            .env("LD_PRELOAD", shim()?)
-            .env("DISTLOCK_CLOCK_FILE", &self.path)
-            .env("DISTLOCK_CLOCK_PPM", ppm.to_string()))
-    }
-
-    /// Moves the process's time of day to the real time plus `step`, at once (it replaces the
-    /// previous step). Not confirmed: [`ClockedServer::set_step`] asks the server.
-    ///
-    /// # Errors
-    /// The file cannot be written.
-    pub fn set(&self, step: ClockStep) -> io::Result<()> {
-        // The step and its complement, as the shim reads them (a torn read fails its check).
-        let ns = step.nanos();
-        let mut pair = [0u8; 16];
-        pair[..8].copy_from_slice(&ns.to_le_bytes());
-        pair[8..].copy_from_slice(&(!ns).to_le_bytes());
-        self.file.write_all_at(&pair, 0)
-    }
-}
 
 /// A server process of the test's own (no persistence) whose time of day the test sets;
 /// killed on drop.
@@ -356,15 +281,17 @@ mod tests {
     use super::*;
 
     /// Set in the child that [`a_process_with_a_skewed_monotonic_clock_counts_at_its_rate`]
-    /// starts: it prints how long a 400 ms sleep looked on its own clock.
+    /// starts: it prints how long a 400 ms sleep looked on its own monotonic clock and on its
+    /// time of day (which the fault leaves alone).
     const CHILD: &str = "DISTLOCK_CLOCK_SELF_TEST_CHILD";
 
     #[test]
     fn a_process_with_a_skewed_monotonic_clock_counts_at_its_rate() {
         if std::env::var_os(CHILD).is_some() {
-            let start = Instant::now();
+            let (start, wall) = (Instant::now(), SystemTime::now());
             std::thread::sleep(Duration::from_millis(400)); // a relative, real-time sleep
-            println!("elapsed-ns={}", start.elapsed().as_nanos());
+            let real = wall.elapsed().unwrap_or_default().as_nanos();
+            println!("elapsed-ns={} {real}", start.elapsed().as_nanos());
             return;
         }
         let mut child = Command::new(std::env::current_exe().unwrap());
@@ -380,18 +307,19 @@ mod tests {
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let seen: f64 = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("elapsed-ns="))
-            .unwrap_or_else(|| panic!("the child printed no elapsed time: {stdout}"))
-            .parse()
-            .unwrap();
-        let seen = Duration::from_nanos(seen as u64);
-        // Half speed: 400 ms of real sleep reads as about 200 ms (plus scheduling delay).
+        let line = stdout.lines().find_map(|l| l.strip_prefix("elapsed-ns="));
+        let line = line.unwrap_or_else(|| panic!("the child printed no elapsed time: {stdout}"));
+        let (seen, real) = line.split_once(' ').unwrap();
+        let (seen, real): (f64, f64) = (seen.parse().unwrap(), real.parse().unwrap());
+        // Half speed: the monotonic clock counts half of the real time that passed, however
+        // long the sleep took on a loaded machine.
+        let rate = seen / real;
         assert!(
-            seen >= Duration::from_millis(190) && seen < Duration::from_millis(300),
-            "a process whose monotonic clock runs at half speed saw a 400 ms sleep as {seen:?}: \
-             the shim is not in effect"
+            (0.45..0.55).contains(&rate),
+            "a process whose monotonic clock runs at half speed counted {:.0} ms of a {:.0} ms \
+             sleep (rate {rate:.3}): the shim is not in effect",
+            seen / 1e6,
+            real / 1e6
         );
     }
 }

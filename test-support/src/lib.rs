@@ -29,6 +29,7 @@ pub mod clock;
 pub mod partition;
 pub mod partition_history;
 mod servers;
+mod shim;
 
 pub use servers::ServicesSh;
 

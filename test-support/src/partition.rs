@@ -39,7 +39,7 @@ pub struct Parts {
     pub every: bool,
     /// Member *i*'s time of day, where the members run under the clock shim (empty: they do
     /// not, and the nemesis steps no clock).
-    pub clocks: Vec<crate::clock::StepFile>,
+    pub clocks: Vec<crate::shim::StepFile>,
 }
 
 impl Parts {
@@ -62,7 +62,7 @@ impl Parts {
 
     /// The same, whose members read their time of day through `clocks` (one per member, in
     /// order; see [`StepFile::apply`](crate::clock::StepFile::apply)).
-    pub fn with_clocks(self, clocks: Vec<crate::clock::StepFile>) -> Self {
+    pub fn with_clocks(self, clocks: Vec<crate::shim::StepFile>) -> Self {
         Parts { clocks, ..self }
     }
 
