@@ -459,14 +459,15 @@ async fn leaders_clock_moves(cluster: &Zk) {
 }
 
 /// The partition soak (ignored; `DISTLOCK_PARTITION_SOAK_SECS`, default 600): the workload
-/// above with every fault the cluster allows (partitions of each shape, freezes and pauses),
-/// on clients that list every server. Its figures are
-/// in RELIABILITY.md.
+/// above with every fault the cluster allows (partitions of each shape, freezes, pauses and
+/// clock steps: the servers run under the clock shim), on clients that list every server. Its
+/// figures are in RELIABILITY.md.
 #[test]
 #[ignore = "a soak: minutes long; run by hand for RELIABILITY.md"]
 fn partition_soak() {
     serial(async {
-        let cluster = Zk::start().listing_every_server();
+        let cluster = Zk::start_with(true).listing_every_server();
+        leaders_clock_moves(&cluster).await;
         soak_under_partitions(cluster, SESSION, "ZooKeeper, own ensemble of 3, partitions").await;
     });
 }

@@ -241,7 +241,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     if w.faults {
         // Faults while grants accumulate, none in the last stretch: (d) needs calm after them.
         let calm_from = deadline.checked_sub(recovery * 2).unwrap_or(started);
-        let target = w.grants * 3 / 4;
+        // Three quarters, without overflow: a soak that runs out its time asks for u64::MAX.
+        let target = w.grants - w.grants / 4;
         let grants = &shared.grants;
         nemesis
             .run_until(calm_from, w.min_faults, || {
