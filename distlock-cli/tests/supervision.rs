@@ -178,8 +178,9 @@ fn exits(child: Child, limit: Duration, promise: &str, code: i32) -> Output {
 /// grandchild) must be dead before the second starts, and distlock must exit 70.
 ///
 /// Twice: with the holder's clock on time, and with its monotonic clock 1 % slow (the lease's
-/// validity, the kill deadline and every timer of the holder then run late in real time; the
-/// drift allowance, 1 % of the TTL + 2 ms, is what covers that).
+/// validity, the kill deadline and every timer of the holder then run late in real time). The
+/// drift allowance, 1 % of the TTL + 2 ms, covers that even at `valid_until`; a cut-off `run`
+/// stops its command sooner, at its first failed renewal (AtRisk).
 fn lost_lock_kills_before_the_next_holder(
     tag: &str,
     via_proxy: &str,

@@ -28,7 +28,7 @@ const ATTEMPTS: usize = 3;
 /// current-thread runtime (or one worker's of a multi-thread one), its other leases'
 /// watchdogs among them. Blocking I/O and sleeps belong in `spawn_blocking` or in async calls.
 pub async fn no_call_blocks_the_runtime(h: &dyn Harness) -> Result<(), Failure> {
-    no_stall_in(h, "runtime::no_call_blocks_the_runtime", Calls::Healthy)
+    no_stall_in(h, Calls::Healthy)
 }
 
 /// The same promise where drivers have their other code paths: reconnecting after the
@@ -38,11 +38,7 @@ pub async fn no_call_blocks_the_runtime(h: &dyn Harness) -> Result<(), Failure> 
 /// things go wrong passes the healthy case and stalls its application exactly when the
 /// backend is in trouble. Needs [`Harness::faulty_client`].
 pub async fn no_call_blocks_the_runtime_under_faults(h: &dyn Harness) -> Result<(), Failure> {
-    no_stall_in(
-        h,
-        "runtime::no_call_blocks_the_runtime_under_faults",
-        Calls::UnderFaults,
-    )
+    no_stall_in(h, Calls::UnderFaults)
 }
 
 /// Which calls an attempt makes.
@@ -52,8 +48,20 @@ enum Calls {
     UnderFaults,
 }
 
+impl Calls {
+    /// The case that makes them, for the messages.
+    fn case(self) -> &'static str {
+        match self {
+            Calls::Healthy => super::case_name!(runtime::no_call_blocks_the_runtime),
+            Calls::UnderFaults => {
+                super::case_name!(runtime::no_call_blocks_the_runtime_under_faults)
+            }
+        }
+    }
+}
+
 /// Up to [`ATTEMPTS`] attempts of `calls`; fails if every one saw a stall.
-fn no_stall_in(h: &dyn Harness, case: &str, calls: Calls) -> Result<(), Failure> {
+fn no_stall_in(h: &dyn Harness, calls: Calls) -> Result<(), Failure> {
     let mut attempts = Vec::new();
     for attempt in 1..=ATTEMPTS {
         let stalls = on_a_thread_of_its_own(h, calls)?;
@@ -61,7 +69,8 @@ fn no_stall_in(h: &dyn Harness, case: &str, calls: Calls) -> Result<(), Failure>
             if !attempts.is_empty() {
                 // Passed, but say what the earlier attempts saw: a pattern here is a lead.
                 eprintln!(
-                    "{case} passed on attempt {attempt} after: {}",
+                    "{} passed on attempt {attempt} after: {}",
+                    calls.case(),
                     attempts.join("; ")
                 );
             }
@@ -96,10 +105,11 @@ fn on_a_thread_of_its_own(h: &dyn Harness, calls: Calls) -> Result<Vec<String>, 
             Ok(r) => r,
             Err(_) => {
                 eprintln!(
-                    "runtime: the driver's calls on a current-thread \
+                    "{}: the driver's calls on a current-thread \
                      runtime did not finish within {limit:?}, and the thread does not answer: it \
                      is blocked for good (a blocking wait for another task of the same runtime?). \
-                     Exiting: it cannot be stopped from here."
+                     Exiting: it cannot be stopped from here.",
+                    calls.case()
                 );
                 std::process::exit(101)
             }
