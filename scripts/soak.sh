@@ -48,8 +48,8 @@ while read -r name crate trial label; do
     "$bin" --ignored --exact "$trial") >&2 || status=1
 done <<<"$runs"
 
-echo "| driver | grants | time | blackhole | delay | cut | pause | freeze | restart | partition | bridge | one-way | clock | violations (a) / (b) / (c) / (d) | stale writes refused | cut-off holder → lost signal p50 / p99 | heal → next grant p50 / p99 | hand-off p50 / p99 |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|"
+echo "| driver | grants | time | blackhole | delay | cut | pause | freeze | restart | partition | bridge | one-way | clock | double | violations (a) / (b) / (c) / (d) | stale writes refused | cut-off holder → lost signal p50 / p99 | heal → next grant p50 / p99 | hand-off p50 / p99 |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|"
 while read -r name _; do
   [ -f "$dir/$name.md" ] && cat "$dir/$name.md"
 done <<<"$runs"

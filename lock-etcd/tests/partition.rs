@@ -371,6 +371,25 @@ fn a_history_under_bridges_and_one_way_partitions_is_clean() {
     });
 }
 
+/// The same workload while the nemesis makes two member faults at once, on two members: the
+/// second struck while the first is in force, each healed when its own time is up. Each is a
+/// freeze, a cut-off or refused connections (the first strikes the leader half the time): a
+/// partition during a freeze, two members muted. Two struck members of three leave no
+/// quorum, and a holder must not outlive its lease. Each client knows one member. The summary
+/// (`--nocapture`) is in RELIABILITY.md.
+#[test]
+fn a_history_under_two_faults_at_once_is_clean() {
+    serial(async {
+        history_under(
+            Etcd::start(),
+            Duration::from_secs(2),
+            Duration::from_secs(90),
+            &["double"],
+        )
+        .await;
+    });
+}
+
 /// The partition soak (ignored; `DISTLOCK_PARTITION_SOAK_SECS`, default 600): the workload
 /// above with every fault the cluster allows (partitions of each shape, freezes and pauses),
 /// on clients that list every member. Its figures are

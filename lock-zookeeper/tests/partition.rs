@@ -431,6 +431,22 @@ fn a_history_under_clock_steps_is_clean() {
     });
 }
 
+/// The same workload while the nemesis makes two server faults at once, on two servers: the
+/// second struck while the first is in force, each healed when its own time is up. Each is a
+/// freeze, a cut-off, refused connections or a clock step (the servers run under the clock
+/// shim; the first strikes the leader half the time): a partition during a freeze, two servers
+/// muted, the leader frozen while another's clock is an hour off. Two struck servers of three
+/// leave no quorum, and a holder must not outlive its session. Each client knows one server.
+/// The summary (`--nocapture`) is in RELIABILITY.md.
+#[test]
+fn a_history_under_two_faults_at_once_is_clean() {
+    serial(async {
+        let cluster = Zk::start_with(true);
+        leaders_clock_moves(&cluster).await;
+        history_under(cluster, SESSION, Duration::from_secs(90), &["double"]).await;
+    });
+}
+
 /// The leader's time of day follows its step file: a node created while it is an hour ahead
 /// carries an `mtime` an hour ahead (the leader stamps every change). Without this, a shim
 /// that is not in effect would pass the clock-step history unnoticed.

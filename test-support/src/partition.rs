@@ -203,7 +203,7 @@ pub fn shm_dir(prefix: &str) -> crate::Scratch {
 }
 
 /// What happens to one member.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// Nothing another member dials to it gets through (the links to it blackholed); what it
     /// dials itself does, and on such a connection both sides still hear each other.
@@ -227,17 +227,21 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// Whether this fault on member `i` blackholes `link`.
+    fn strikes(self, i: usize, link: &Link) -> bool {
+        match self {
+            Fault::Mute => link.to == i,
+            Fault::Isolate => link.to == i || link.from == Some(i),
+            Fault::Freeze => false,
+            Fault::Between(j) => {
+                (link.from == Some(i) && link.to == j) || (link.from == Some(j) && link.to == i)
+            }
+        }
+    }
+
     /// The links this fault blackholes on member `i`.
     fn links(self, cluster: &dyn Cluster, i: usize) -> Vec<&FaultProxy> {
         let links = &cluster.parts().links;
-        let struck = |l: &&Link| match self {
-            Fault::Mute => l.to == i,
-            Fault::Isolate => l.to == i || l.from == Some(i),
-            Fault::Freeze => false,
-            Fault::Between(j) => {
-                (l.from == Some(i) && l.to == j) || (l.from == Some(j) && l.to == i)
-            }
-        };
         if matches!(self, Fault::Isolate | Fault::Between(_)) {
             assert!(
                 links.iter().all(|l| l.from.is_some()),
@@ -245,7 +249,8 @@ impl Fault {
                  a member off both ways"
             );
         }
-        links.iter().filter(struck).map(|l| &l.proxy).collect()
+        let struck = links.iter().filter(|l| self.strikes(i, l));
+        struck.map(|l| &l.proxy).collect()
     }
 
     /// Strikes member `i` (`on`) or heals it.
@@ -262,6 +267,44 @@ impl Fault {
                     FaultProxy::heal
                 };
                 self.links(cluster, i).into_iter().for_each(act);
+            }
+        }
+    }
+}
+
+/// The faults in force on a cluster's members, for faults that overlap: a link stays
+/// blackholed while any fault in force strikes it, so that healing one fault (member 0 cut
+/// off) cannot heal a link that another (member 1 muted) still cuts. [`Fault::set`] alone
+/// knows only its own fault.
+#[derive(Debug, Default)]
+pub struct Faults(Mutex<Vec<(Fault, usize)>>);
+
+impl Faults {
+    /// Strikes member `i` with `fault` (`on`) or heals that fault, leaving the others in force.
+    pub fn set(&self, cluster: &dyn Cluster, fault: Fault, i: usize, on: bool) {
+        if let Fault::Freeze = fault {
+            return fault.set(cluster, i, on); // no link: nothing to share
+        }
+        fault.links(cluster, i); // its own checks
+        let mut active = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let struck =
+            |active: &[(Fault, usize)], l: &Link| active.iter().any(|(f, i)| f.strikes(*i, l));
+        let before: Vec<bool> = cluster
+            .parts()
+            .links
+            .iter()
+            .map(|l| struck(&active, l))
+            .collect();
+        if on {
+            active.push((fault, i));
+        } else if let Some(k) = active.iter().position(|a| *a == (fault, i)) {
+            active.remove(k);
+        }
+        for (l, was) in cluster.parts().links.iter().zip(before) {
+            match (was, struck(&active, l)) {
+                (false, true) => l.proxy.blackhole(),
+                (true, false) => l.proxy.heal(),
+                _ => {}
             }
         }
     }
@@ -433,3 +476,7 @@ pub async fn scenario(
     eprintln!("{tag}: {seen:?}");
     seen
 }
+
+#[cfg(test)]
+#[path = "partition_tests.rs"]
+mod tests;

@@ -12,7 +12,7 @@ use conformance_tests::safety::{draw, run, seed, Report, Workload};
 use conformance_tests::{ClockStep, Harness, Partition, Servers, Timing};
 use lock_core::{BoxError, DistributedLock};
 
-use crate::partition::{Cluster, Fault};
+use crate::partition::{Cluster, Fault, Faults};
 
 /// A [`Harness`] over a test's own cluster: each client talks to the next member in turn (and
 /// lists every member if the cluster's [`Parts::every`](crate::partition::Parts::every) says
@@ -22,6 +22,9 @@ use crate::partition::{Cluster, Fault};
 /// are not restarted: the members are the test's children.
 struct OwnCluster<C> {
     cluster: Arc<C>,
+    /// Its members, as the nemesis breaks them: one for the run, which knows every fault in
+    /// force.
+    servers: Arc<ClusterServers<C>>,
     next: AtomicUsize,
     ttl: Duration,
 }
@@ -39,12 +42,13 @@ impl<C: Cluster + 'static> Harness for OwnCluster<C> {
     }
 
     fn servers(&self) -> Option<Arc<dyn Servers>> {
-        Some(Arc::new(ClusterServers(self.cluster.clone())))
+        Some(self.servers.clone())
     }
 }
 
-/// The cluster's members, as the nemesis breaks them.
-struct ClusterServers<C>(Arc<C>);
+/// The cluster's members, as the nemesis breaks them, and the faults in force on them (the
+/// nemesis may make two at once).
+struct ClusterServers<C>(Arc<C>, Faults);
 
 impl<C> fmt::Debug for ClusterServers<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -61,12 +65,12 @@ impl<C: Cluster + 'static> Servers for ClusterServers<C> {
     }
 
     async fn freeze(&self, i: usize) -> Result<(), BoxError> {
-        Fault::Freeze.set(&*self.0, i, true);
+        self.1.set(&*self.0, Fault::Freeze, i, true);
         Ok(())
     }
 
     async fn thaw(&self, i: usize) -> Result<(), BoxError> {
-        Fault::Freeze.set(&*self.0, i, false);
+        self.1.set(&*self.0, Fault::Freeze, i, false);
         Ok(())
     }
 
@@ -93,7 +97,7 @@ impl<C: Cluster + 'static> Servers for ClusterServers<C> {
             Partition::Mute(i) => (Fault::Mute, i),
             other => return Err(format!("no such partition here: {other:?}").into()),
         };
-        fault.set(&*self.0, i, on);
+        self.1.set(&*self.0, fault, i, on);
         Ok(())
     }
 
@@ -126,8 +130,10 @@ fn workload(ttl: Duration, limit: Duration) -> Workload {
 /// violation.
 async fn checked<C: Cluster + 'static>(cluster: C, ttl: Duration, w: &Workload) -> Report {
     cluster.leader().await;
+    let cluster = Arc::new(cluster);
     let harness = OwnCluster {
-        cluster: Arc::new(cluster),
+        servers: Arc::new(ClusterServers(cluster.clone(), Faults::default())),
+        cluster,
         next: AtomicUsize::new(0),
         ttl,
     };

@@ -51,7 +51,7 @@ pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
 }
 
 /// `| label | grants | time | blackhole | delay | cut | pause | freeze | restart | partition |
-/// bridge | one-way | clock | a/b/c/d | stale writes refused | lost signal p50 / p99 (n) | heal to grant p50 / p99 (n) |
+/// bridge | one-way | clock | double | a/b/c/d | stale writes refused | lost signal p50 / p99 (n) | heal to grant p50 / p99 (n) |
 /// hand-off p50 / p99 |`
 pub fn table_row(label: &str, r: &Report) -> String {
     let faults: Vec<String> = crate::safety::FAULT_KINDS

@@ -3,15 +3,16 @@
 //! stopped VM between a holder's check and its write), and, where the harness gives its
 //! [`Servers`], freezes a server (SIGSTOP, then SIGCONT), crashes and restarts one, or, where
 //! the members can be partitioned ([`Servers::partition`]), cuts one off from the others, cuts
-//! two off from each other, or refuses the connections dialed to one — half the time the
-//! leader, where there is one.
+//! two off from each other, or refuses the connections dialed to one, or steps one's clock
+//! ([`Servers::step_clock`]) — half the time the leader, where there is one — or makes two of
+//! these server faults at once, on two members.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::history::{History, Op, NOBODY};
-use crate::{ClockStep, Fault, Link, Partition, Servers};
+use crate::{BoxError, ClockStep, Fault, Link, Partition, Servers};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same schedule.
 #[derive(Clone, Debug)]
@@ -59,7 +60,7 @@ pub(super) fn pause(ttl: Duration) -> Duration {
 }
 
 /// Kinds of fault the nemesis injects, for the report.
-pub const FAULT_KINDS: [&str; 10] = [
+pub const FAULT_KINDS: [&str; 11] = [
     "blackhole",
     "delay",
     "cut",
@@ -70,6 +71,7 @@ pub const FAULT_KINDS: [&str; 10] = [
     "bridge",
     "one-way",
     "clock",
+    "double",
 ];
 
 const PAUSE: usize = 3;
@@ -83,6 +85,8 @@ const BRIDGE: usize = 7;
 const ONE_WAY: usize = 8;
 /// One member's time of day stepped ([`Servers::step_clock`]).
 const CLOCK: usize = 9;
+/// Two of the server faults above at once, on two members.
+const DOUBLE: usize = 10;
 
 /// The nemesis's hold on the run: the clients' links and their pause switches.
 pub(super) struct Nemesis {
@@ -132,6 +136,9 @@ impl Nemesis {
                 if s.can_step_clock() {
                     kinds.push(CLOCK);
                 }
+                if n > 1 {
+                    kinds.push(DOUBLE);
+                }
             }
         }
         if let Some(only) = self.only {
@@ -151,6 +158,7 @@ impl Nemesis {
             FREEZE | RESTART | PARTITION | BRIDGE | ONE_WAY | CLOCK => {
                 self.server_fault(kind).await
             }
+            DOUBLE => self.two_server_faults().await,
             k => self.link_fault(k).await,
         }
     }
@@ -234,16 +242,93 @@ impl Nemesis {
             return;
         };
         let members = servers.members();
-        let leader = if self.rng.chance(50) {
+        let leader = self.maybe_leader(&*servers).await;
+        let i = leader.unwrap_or_else(|| self.rng.below(members.len() as u64) as usize);
+        let strike = self.plan(kind, i, leader.is_some(), &members, "");
+        if let Err(e) = strike.run(&*servers, &self.history, Duration::ZERO).await {
+            self.errors.push(e);
+        }
+    }
+
+    /// Two server faults on two members at once: a second one struck while the first is in
+    /// force (a partition during a freeze, two members muted, a restart while another is
+    /// frozen), each healed when its own time is up, in whichever order that makes. The first
+    /// strikes the leader half the time; each is counted under its own kind too.
+    async fn two_server_faults(&mut self) {
+        let Some(servers) = self.servers.clone() else {
+            return;
+        };
+        let members = servers.members();
+        let n = members.len() as u64;
+        if n < 2 {
+            return; // `kinds` offers this only with two members or more
+        }
+        let leader = self.maybe_leader(&*servers).await;
+        let i = leader.unwrap_or_else(|| self.rng.below(n) as usize);
+        let j = (i + 1 + self.rng.below(n - 1) as usize) % n as usize;
+        let lasting = self.lasting_kinds(&*servers);
+        let mut second = lasting.clone();
+        if servers.restart_keeps_locks() {
+            second.push(RESTART);
+        }
+        let first_kind = lasting[self.rng.below(lasting.len() as u64) as usize];
+        let second_kind = second[self.rng.below(second.len() as u64) as usize];
+        let first = self.plan(
+            first_kind,
+            i,
+            leader.is_some(),
+            &members,
+            " (1 of 2 at once)",
+        );
+        let second = self.plan(second_kind, j, false, &members, " (2 of 2 at once)");
+        // Struck while the first is in force: within its first half.
+        let after = self
+            .rng
+            .duration(Duration::ZERO, first.lasts.unwrap_or(self.ttl) / 2);
+        self.counts[DOUBLE] += 1;
+        let history = &self.history;
+        let (a, b) = tokio::join!(
+            first.run(&*servers, history, Duration::ZERO),
+            second.run(&*servers, history, after)
+        );
+        self.errors.extend([a.err(), b.err()].into_iter().flatten());
+    }
+
+    /// The leader's index half the time, where the servers know one.
+    async fn maybe_leader(&mut self, servers: &dyn Servers) -> Option<usize> {
+        if self.rng.chance(50) {
             servers.leader().await
         } else {
             None
-        };
-        let i = leader.unwrap_or_else(|| self.rng.below(members.len() as u64) as usize);
-        let Some(member) = members.get(i) else {
-            return;
-        };
-        let role = if leader.is_some() { " (leader)" } else { "" };
+        }
+    }
+
+    /// The server faults that last a while (freeze, and partitions and clock steps where the
+    /// servers can make them), for two at once. Bridges are left out: they strike two members
+    /// themselves.
+    fn lasting_kinds(&self, servers: &dyn Servers) -> Vec<usize> {
+        let mut kinds = vec![FREEZE];
+        if servers.can_partition() {
+            kinds.extend([PARTITION, ONE_WAY]);
+        }
+        if servers.can_step_clock() {
+            kinds.push(CLOCK);
+        }
+        kinds
+    }
+
+    /// Draws one server fault of `kind` on member `i` (`leader`: it leads), and counts it;
+    /// `note` ends its description.
+    fn plan(
+        &mut self,
+        kind: usize,
+        i: usize,
+        leader: bool,
+        members: &[String],
+        note: &str,
+    ) -> Strike {
+        let member = members.get(i).map_or("?", String::as_str);
+        let role = if leader { " (leader)" } else { "" };
         let partition = match kind {
             PARTITION => Some(Partition::Isolate(i)),
             BRIDGE => {
@@ -293,40 +378,14 @@ impl Nemesis {
                 format!("{} server {member}{role} for {lasts:?}", FAULT_KINDS[kind])
             }
         };
-        self.history
-            .record(NOBODY, NOBODY, Op::Fault { what: what.clone() });
         self.counts[kind] += 1;
-        // Strikes (`true`) or heals a fault that lasts: a freeze or a partition.
-        let set = |on: bool| {
-            let servers = servers.clone();
-            async move {
-                match (partition, clock, on) {
-                    (Some(p), _, on) => servers.partition(p, on).await,
-                    (None, Some(step), true) => servers.step_clock(i, step).await,
-                    (None, Some(_), false) => {
-                        servers
-                            .step_clock(i, ClockStep::Ahead(Duration::ZERO))
-                            .await
-                    }
-                    (None, None, true) => servers.freeze(i).await,
-                    (None, None, false) => servers.thaw(i).await,
-                }
-            }
-        };
-        let done = match lasts {
-            Some(lasts) => match set(true).await {
-                Ok(()) => {
-                    tokio::time::sleep(lasts).await;
-                    set(false).await
-                }
-                Err(e) => Err(e),
-            },
-            None => servers.restart(&[i]).await,
-        };
-        if let Err(e) = done {
-            self.errors.push(format!("{what}: {e}"));
+        Strike {
+            i,
+            partition,
+            clock,
+            lasts,
+            what: format!("{what}{note}"),
         }
-        self.history.record(NOBODY, NOBODY, Op::Heal { what });
     }
 
     /// One of `clients`, preferring those that hold a lease right now: a fault that lands
@@ -367,12 +426,79 @@ impl Nemesis {
                 return;
             }
             while Instant::now() < strike_at {
-                if enough() && self.counts.iter().sum::<u64>() >= at_least {
+                // A double's parts are counted under their own kinds: not twice here.
+                let made = self.counts.iter().sum::<u64>() - self.counts[DOUBLE];
+                if enough() && made >= at_least {
                     return;
                 }
                 tokio::time::sleep((self.ttl / 4).min(strike_at - Instant::now())).await;
             }
             self.strike().await;
+        }
+    }
+}
+
+/// One server fault, drawn ([`Nemesis::plan`]) and not yet made.
+struct Strike {
+    /// The struck member.
+    i: usize,
+    partition: Option<Partition>,
+    clock: Option<ClockStep>,
+    /// How long it lasts; `None`: a crash and restart, over once the server is back.
+    lasts: Option<Duration>,
+    /// Its description in the history (the heal's too, which pairs them).
+    what: String,
+}
+
+impl Strike {
+    /// Makes it `after` from now, records it, and heals it when its time is up. Not cut
+    /// short: a server left frozen or cut off would outlive the run.
+    async fn run(
+        &self,
+        servers: &dyn Servers,
+        history: &History,
+        after: Duration,
+    ) -> Result<(), String> {
+        tokio::time::sleep(after).await;
+        history.record(
+            NOBODY,
+            NOBODY,
+            Op::Fault {
+                what: self.what.clone(),
+            },
+        );
+        let done = match self.lasts {
+            Some(lasts) => match self.set(servers, true).await {
+                Ok(()) => {
+                    tokio::time::sleep(lasts).await;
+                    self.set(servers, false).await
+                }
+                Err(e) => Err(e),
+            },
+            None => servers.restart(&[self.i]).await,
+        };
+        history.record(
+            NOBODY,
+            NOBODY,
+            Op::Heal {
+                what: self.what.clone(),
+            },
+        );
+        done.map_err(|e| format!("{}: {e}", self.what))
+    }
+
+    /// Strikes (`on`) or heals a fault that lasts: a freeze, a partition or a clock step.
+    async fn set(&self, servers: &dyn Servers, on: bool) -> Result<(), BoxError> {
+        match (self.partition, self.clock, on) {
+            (Some(p), _, on) => servers.partition(p, on).await,
+            (None, Some(step), true) => servers.step_clock(self.i, step).await,
+            (None, Some(_), false) => {
+                servers
+                    .step_clock(self.i, ClockStep::Ahead(Duration::ZERO))
+                    .await
+            }
+            (None, None, true) => servers.freeze(self.i).await,
+            (None, None, false) => servers.thaw(self.i).await,
         }
     }
 }

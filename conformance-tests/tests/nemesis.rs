@@ -1,0 +1,156 @@
+//! The nemesis's two faults at once (`double`), on servers that only record what is done to
+//! them (three members that can be partitioned, clock-stepped and restarted), under the
+//! unbroken in-memory wrapper: the second fault is struck on another member while the first
+//! is in force, and every fault is healed by the end of the run.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conformance_tests::controls::{Flaw, FlawedHarness};
+use conformance_tests::safety::{run, Workload};
+use conformance_tests::{async_trait, BoxError, ClockStep, Harness, Partition, Servers, Timing};
+use lock_core::DistributedLock;
+
+/// What was done to a member: struck (`true`) or healed, and how.
+#[derive(Clone, Debug)]
+struct Done {
+    member: usize,
+    on: bool,
+    what: String,
+}
+
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<Done>>);
+
+impl Recorder {
+    fn note(&self, member: usize, on: bool, what: &str) {
+        let done = Done {
+            member,
+            on,
+            what: what.to_string(),
+        };
+        self.0.lock().unwrap().push(done);
+    }
+}
+
+#[async_trait]
+impl Servers for Recorder {
+    fn members(&self) -> Vec<String> {
+        vec!["m0".into(), "m1".into(), "m2".into()]
+    }
+    async fn freeze(&self, i: usize) -> Result<(), BoxError> {
+        self.note(i, true, "freeze");
+        Ok(())
+    }
+    async fn thaw(&self, i: usize) -> Result<(), BoxError> {
+        self.note(i, false, "freeze");
+        Ok(())
+    }
+    async fn restart(&self, members: &[usize]) -> Result<(), BoxError> {
+        for i in members {
+            self.note(*i, true, "restart");
+            self.note(*i, false, "restart");
+        }
+        Ok(())
+    }
+    fn restart_keeps_locks(&self) -> bool {
+        true
+    }
+    async fn leader(&self) -> Option<usize> {
+        Some(1)
+    }
+    fn can_partition(&self) -> bool {
+        true
+    }
+    async fn partition(&self, p: Partition, on: bool) -> Result<(), BoxError> {
+        match p {
+            Partition::Isolate(i) => self.note(i, on, "isolate"),
+            Partition::Mute(i) => self.note(i, on, "mute"),
+            other => return Err(format!("not a part of two at once: {other:?}").into()),
+        }
+        Ok(())
+    }
+    fn can_step_clock(&self) -> bool {
+        true
+    }
+    async fn step_clock(&self, i: usize, step: ClockStep) -> Result<(), BoxError> {
+        self.note(i, step != ClockStep::Ahead(Duration::ZERO), "clock");
+        Ok(())
+    }
+}
+
+struct WithServers(FlawedHarness, Arc<Recorder>);
+
+#[async_trait]
+impl Harness for WithServers {
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>, BoxError> {
+        self.0.client().await
+    }
+    fn timing(&self) -> Timing {
+        self.0.timing()
+    }
+    fn servers(&self) -> Option<Arc<dyn Servers>> {
+        Some(self.1.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_faults_at_once_overlap_on_two_members_and_are_all_healed() {
+    let recorder = Arc::new(Recorder::default());
+    let h = WithServers(FlawedHarness::new(Flaw::None), recorder.clone());
+    let w = Workload {
+        grants: 100_000,
+        limit: Duration::from_secs(10),
+        fault_kinds: Some(&["double"]),
+        ..Workload::short(14)
+    };
+    let report = run(&h, &w).await.expect("the run");
+    report.verdict().expect("a clean history");
+    let doubles = report.faults.get("double").copied().unwrap_or(0);
+    assert!(doubles >= 3, "only {doubles} doubles: {:?}", report.faults);
+    let parts: u64 = (report.faults.iter())
+        .filter(|(k, _)| **k != "double")
+        .map(|(_, n)| *n)
+        .sum();
+    assert_eq!(
+        parts,
+        doubles * 2,
+        "each double counts two parts: {:?}",
+        report.faults
+    );
+
+    let done = recorder.0.lock().unwrap().clone();
+    // Replay: which members are struck at each moment; every double must reach two at once.
+    let mut struck: Vec<(usize, String)> = Vec::new();
+    let mut two_at_once = 0;
+    for d in &done {
+        if d.on {
+            assert!(
+                !struck.iter().any(|(m, _)| *m == d.member),
+                "member {} struck ({}) while already struck: {struck:?}",
+                d.member,
+                d.what
+            );
+            struck.push((d.member, d.what.clone()));
+            if struck.len() == 2 {
+                two_at_once += 1;
+            }
+            assert!(struck.len() <= 2, "three faults at once: {struck:?}");
+        } else {
+            let k = (struck
+                .iter()
+                .position(|(m, w)| *m == d.member && *w == d.what))
+            .unwrap_or_else(|| panic!("healed {d:?}, which was not struck: {struck:?}"));
+            struck.remove(k);
+        }
+    }
+    assert!(
+        struck.is_empty(),
+        "faults left in force after the run: {struck:?}"
+    );
+    assert_eq!(
+        two_at_once, doubles,
+        "of {doubles} doubles, {two_at_once} had two members struck at once: {done:#?}"
+    );
+}

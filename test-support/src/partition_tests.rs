@@ -1,0 +1,99 @@
+//! [`Faults`]: overlapping faults on a cluster's links, seen through real proxies.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::*;
+
+/// Links between three members, every one to a loopback echo server.
+struct Three(Parts);
+
+#[async_trait]
+impl Cluster for Three {
+    fn parts(&self) -> &Parts {
+        &self.0
+    }
+    async fn agreed_leader(&self) -> Option<usize> {
+        None
+    }
+    async fn client(&self, _: usize) -> lock_core::Result<Arc<dyn DistributedLock>> {
+        Err(lock_core::Error::config("no clients here"))
+    }
+}
+
+fn three() -> Three {
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = echo.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let (mut r, mut w) = (s.try_clone().unwrap(), s);
+                let _ = std::io::copy(&mut r, &mut w);
+            });
+        }
+    });
+    let mut links = Vec::new();
+    for from in 0..3 {
+        for to in (0..3).filter(|t| *t != from) {
+            let proxy = FaultProxy::start(upstream).unwrap();
+            links.push(Link {
+                from: Some(from),
+                to,
+                proxy,
+            });
+        }
+    }
+    let parts = Parts::new(Members::default(), vec![], links, crate::scratch("faults"));
+    Three(parts)
+}
+
+/// Whether a byte sent from `from` to `to` comes back within 300 ms.
+fn passes(c: &Three, from: usize, to: usize) -> bool {
+    let link =
+        c.0.links
+            .iter()
+            .find(|l| l.from == Some(from) && l.to == to);
+    let mut s = TcpStream::connect(link.unwrap().proxy.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    s.write_all(b"x").unwrap();
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(1))
+}
+
+#[test]
+fn a_healed_fault_leaves_the_links_another_fault_still_cuts() {
+    let c = three();
+    let faults = Faults::default();
+    faults.set(&c, Fault::Isolate, 0, true);
+    faults.set(&c, Fault::Mute, 1, true);
+    assert!(!passes(&c, 0, 1) && !passes(&c, 2, 0) && !passes(&c, 2, 1));
+    assert!(passes(&c, 1, 2), "member 1 dials out while muted");
+    // Member 0 rejoins; member 1 is still muted, so 0 cannot dial it.
+    faults.set(&c, Fault::Isolate, 0, false);
+    assert!(
+        !passes(&c, 0, 1),
+        "healing the isolation of member 0 healed the link to member 1, which is still muted"
+    );
+    assert!(passes(&c, 2, 0) && passes(&c, 0, 2) && passes(&c, 1, 0));
+    faults.set(&c, Fault::Mute, 1, false);
+    assert!(passes(&c, 0, 1) && passes(&c, 2, 1));
+}
+
+#[test]
+fn two_faults_on_one_member_heal_one_at_a_time() {
+    let c = three();
+    let faults = Faults::default();
+    faults.set(&c, Fault::Between(2), 0, true);
+    faults.set(&c, Fault::Isolate, 0, true);
+    faults.set(&c, Fault::Isolate, 0, false);
+    assert!(
+        !passes(&c, 0, 2) && !passes(&c, 2, 0),
+        "the bridge was healed with the isolation"
+    );
+    assert!(passes(&c, 0, 1) && passes(&c, 1, 0));
+    faults.set(&c, Fault::Between(2), 0, false);
+    assert!(passes(&c, 0, 2) && passes(&c, 2, 0));
+}
