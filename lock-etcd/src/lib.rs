@@ -47,6 +47,11 @@
 //! lease has expired by itself. **Requests** are bounded by the request
 //! timeout and retried only when they were certainly not sent. **Leader elections** make
 //! requests fail transiently (`Unavailable`); a waiting `acquire` re-checks its place.
+//! **A stalled leader that resumes** can, on etcd older than the fix of etcd-io/etcd#15247
+//! (3.4.23 here), revoke a lease the new leader has just renewed: the key is deleted early and
+//! another client granted while the holder still believes, until its watch sees the deletion
+//! (2.8 ms in the one case seen). Fencing tokens still order the two; see RELIABILITY.md,
+//! "etcd: a lease revoked by a leader that had been frozen".
 //!
 //! ## URL
 //!

