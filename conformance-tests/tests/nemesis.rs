@@ -5,6 +5,7 @@
 //! conformance case makes none (its server faults come one at a time).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -96,32 +97,38 @@ impl Harness for WithServers {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_faults_at_once_overlap_on_two_members_and_are_all_healed() {
+/// Runs the short workload for `limit` with seed `seed` and only `kinds` (`None`: all), on the
+/// recording servers; the history must be clean. Returns the faults per kind and what was
+/// done to the servers.
+async fn recorded(
+    limit: Duration,
+    seed: u64,
+    kinds: Option<&'static [&'static str]>,
+) -> (BTreeMap<&'static str, u64>, Vec<Done>) {
     let recorder = Arc::new(Recorder::default());
     let h = WithServers(FlawedHarness::new(Flaw::None), recorder.clone());
-    let w = Workload {
-        grants: 100_000,
-        limit: Duration::from_secs(10),
-        fault_kinds: Some(&["double"]),
-        ..Workload::short(14)
-    };
+    let mut w = Workload::short(seed);
+    (w.grants, w.limit, w.fault_kinds) = (100_000, limit, kinds);
     let report = run(&h, &w).await.expect("the run");
     report.verdict().expect("a clean history");
-    let doubles = report.faults.get("double").copied().unwrap_or(0);
-    assert!(doubles >= 3, "only {doubles} doubles: {:?}", report.faults);
-    let parts: u64 = (report.faults.iter())
+    let done = recorder.0.lock().unwrap().clone();
+    (report.faults, done)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_faults_at_once_overlap_on_two_members_and_are_all_healed() {
+    let (faults, done) = recorded(Duration::from_secs(10), 14, Some(&["double"])).await;
+    let doubles = faults.get("double").copied().unwrap_or(0);
+    assert!(doubles >= 3, "only {doubles} doubles: {faults:?}");
+    let parts: u64 = (faults.iter())
         .filter(|(k, _)| **k != "double")
         .map(|(_, n)| *n)
         .sum();
     assert_eq!(
         parts,
         doubles * 2,
-        "each double counts two parts: {:?}",
-        report.faults
+        "each double counts two parts: {faults:?}"
     );
-
-    let done = recorder.0.lock().unwrap().clone();
     assert_eq!(
         most_at_once(&done, doubles),
         doubles,
@@ -132,17 +139,8 @@ async fn two_faults_at_once_overlap_on_two_members_and_are_all_healed() {
 /// The short run of the conformance case makes its server faults one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_short_run_makes_server_faults_one_at_a_time() {
-    let recorder = Arc::new(Recorder::default());
-    let h = WithServers(FlawedHarness::new(Flaw::None), recorder.clone());
-    let w = Workload {
-        grants: 100_000,
-        limit: Duration::from_secs(8),
-        ..Workload::short(15)
-    };
-    let report = run(&h, &w).await.expect("the run");
-    report.verdict().expect("a clean history");
-    assert_eq!(report.faults.get("double"), Some(&0), "{:?}", report.faults);
-    let done = recorder.0.lock().unwrap().clone();
+    let (faults, done) = recorded(Duration::from_secs(8), 15, None).await;
+    assert_eq!(faults.get("double"), Some(&0), "{faults:?}");
     assert!(!done.is_empty(), "no server fault in the short run");
     most_at_once(&done, 0);
 }

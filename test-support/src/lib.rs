@@ -269,15 +269,30 @@ pub async fn etcd_status(endpoint: &str) -> Option<(String, String)> {
     Some((field("member_id")?, field("leader")?))
 }
 
-/// A directory under the system's temporary directory, removed (with its content) on drop.
-/// Dereferences to its [`Path`](std::path::Path).
+/// A directory under the system's temporary directory, removed (with its content) on drop —
+/// unless the test is failing: then it is kept, and its path printed, so that the servers'
+/// logs in it outlive the failure they may explain. Dereferences to its
+/// [`Path`](std::path::Path).
 #[derive(Debug)]
-pub struct Scratch(tempfile::TempDir);
+pub struct Scratch(Option<tempfile::TempDir>);
 
 impl std::ops::Deref for Scratch {
     type Target = std::path::Path;
     fn deref(&self) -> &std::path::Path {
-        self.0.path()
+        match &self.0 {
+            Some(d) => d.path(),
+            None => std::path::Path::new(""), // only after drop has begun
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(d) = self.0.take() {
+                eprintln!("kept for the failure: {}", d.keep().display());
+            }
+        }
     }
 }
 
@@ -288,12 +303,12 @@ impl std::ops::Deref for Scratch {
 /// If the directory cannot be created (test code: a panic is the failure report).
 #[allow(clippy::expect_used)]
 pub fn scratch(prefix: &str) -> Scratch {
-    Scratch(
+    Scratch(Some(
         tempfile::Builder::new()
             .prefix(prefix)
             .tempdir()
             .expect("a temporary directory"),
-    )
+    ))
 }
 
 /// A harness's client: the driver's `connect`, whose failure names the `scripts/services.sh`
@@ -311,5 +326,38 @@ pub async fn connected<L: lock_core::DistributedLock + 'static>(
             "{e} — are its servers running? start them with: scripts/services.sh up {servers}"
         )
         .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is the failure report
+    use super::*;
+
+    /// A scratch directory outlives a failing test (its logs may explain the failure), and
+    /// goes with a passing one.
+    #[test]
+    fn a_failing_test_keeps_its_scratch_directory() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let failed = std::thread::spawn(move || {
+            let dir = scratch("distlock-kept-");
+            std::fs::write(dir.join("m0.log"), "the log").unwrap();
+            tx.send(dir.to_path_buf()).unwrap();
+            panic!("a failing test");
+        })
+        .join();
+        assert!(failed.is_err());
+        let kept = rx.recv().unwrap();
+        let log = std::fs::read_to_string(kept.join("m0.log"));
+        std::fs::remove_dir_all(&kept).unwrap();
+        assert_eq!(log.unwrap(), "the log", "the failing test's log is gone");
+
+        let passing = scratch("distlock-kept-");
+        let path = passing.to_path_buf();
+        drop(passing);
+        assert!(
+            !path.exists(),
+            "a passing test's scratch directory is still there"
+        );
     }
 }

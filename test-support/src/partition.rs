@@ -192,14 +192,14 @@ pub fn shm_dir(prefix: &str) -> crate::Scratch {
     let shm = std::path::Path::new("/dev/shm");
     let mut builder = tempfile::Builder::new();
     builder.prefix(prefix);
-    crate::Scratch(
+    crate::Scratch(Some(
         if shm.is_dir() {
             builder.tempdir_in(shm)
         } else {
             builder.tempdir()
         }
         .expect("a data directory"),
-    )
+    ))
 }
 
 /// What happens to one member.
