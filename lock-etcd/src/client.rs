@@ -3,6 +3,7 @@
 //! contract's variants, without the password.
 
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,7 +54,7 @@ impl EtcdLock {
             "" => "/",
             p => p,
         };
-        call(
+        let health = call(
             &config,
             &client,
             limit,
@@ -74,6 +75,7 @@ impl EtcdLock {
             ),
             e => e,
         })?;
+        let term = health.header().map_or(0, |h| h.raft_term());
         // The server raises short leases to its minimum TTL; measure it so that validation and
         // `ttl()` report what the server will actually enforce.
         let probe = call(
@@ -105,6 +107,7 @@ impl EtcdLock {
                     .with_ttl_granularity(Duration::from_secs(1))
                     .with_min_ttl(min_ttl),
                 config,
+                term: AtomicU64::new(term),
             }),
         })
     }

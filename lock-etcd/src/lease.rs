@@ -1,30 +1,53 @@
-//! The backend half of a held etcd lock: renew (keep-alive + key check), release (compare
-//! on `create_revision`).
+//! The backend half of a held etcd lock: renew (keep-alive, then a key check; the key moves
+//! to a new lease after a leader change), release (compare on `create_revision`).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lock_core::driver::{lease_end, LeaseOps};
 use lock_core::{Error, LockName, Result};
 
 use crate::client::{call, txn_call, Resend};
-use crate::spares::Spares;
+use crate::lock::EtcdLock;
+use crate::term::Tenure;
 use crate::waiting::keep_alive;
-use crate::EtcdConfig;
 
 pub(crate) struct EtcdLeaseOps {
-    pub(crate) client: Client,
-    pub(crate) config: EtcdConfig,
-    pub(crate) spares: Arc<Spares>,
-    /// End of the lease's validity as last confirmed (for reuse as a spare after release).
-    pub(crate) valid_until: std::sync::Mutex<Instant>,
-    pub(crate) id: i64,
+    pub(crate) lock: EtcdLock,
+    /// The lease the key is on now, the term its validity rests on, and that validity as last
+    /// confirmed (for reuse as a spare after release).
+    pub(crate) tenure: std::sync::Mutex<Tenure>,
+    /// Held while the key moves to a lease of a new term: renewals that land together move
+    /// it once.
+    pub(crate) moving: tokio::sync::Mutex<()>,
     pub(crate) ttl: Duration,
     pub(crate) key: String,
     pub(crate) rev: i64,
     pub(crate) name: LockName,
+}
+
+impl EtcdLeaseOps {
+    fn tenure(&self) -> Tenure {
+        *self.tenure.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the key onto a lease of the current term, unless a renewal beside this one did
+    /// already (its lease is not `from` any more).
+    async fn move_key(&self, from: i64) -> Result<Instant> {
+        let _moving = self.moving.lock().await;
+        let now = self.tenure();
+        if now.id != from {
+            return Ok(now.valid_until);
+        }
+        let moved = self
+            .lock
+            .rehome(&self.key, self.rev, from, self.ttl)
+            .await?;
+        let tenure = moved.ok_or_else(|| Error::not_held(&self.name))?;
+        *self.tenure.lock().unwrap_or_else(|p| p.into_inner()) = tenure;
+        Ok(tenure.valid_until)
+    }
 }
 
 #[async_trait]
@@ -33,27 +56,48 @@ impl LeaseOps for EtcdLeaseOps {
         Some(self.key.clone())
     }
 
+    /// A keep-alive, then a read of the key (after it, not beside it: the read's term says
+    /// which leader answered the keep-alive, `term.rs`). In the lease's own term the validity
+    /// moves on; after a leader change the key moves to a lease of the new term instead.
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
-        let limit = self.config.request_timeout();
+        let held = self.tenure();
+        let (config, client) = (&self.lock.inner.config, &self.lock.inner.client);
+        let limit = config.request_timeout();
+        let ttl = keep_alive(client, config, held.id, self.ttl, limit)
+            .await?
+            .ok_or_else(|| Error::not_held(&self.name))?;
         let key = self.key.as_str();
-        let key_check = call(
-            &self.config,
-            &self.client,
-            limit,
-            Resend::Refused,
-            |mut c| async move { c.get(key, Some(GetOptions::new().with_keys_only())).await },
-        );
-        let (alive, key) = tokio::join!(
-            keep_alive(&self.client, &self.config, self.id, self.ttl, limit),
-            key_check
-        );
-        let ttl = alive?.ok_or_else(|| Error::not_held(&self.name))?;
-        if key?.kvs().first().map(|kv| kv.create_revision()) != Some(self.rev) {
+        let read = call(config, client, limit, Resend::Refused, |mut c| async move {
+            c.get(key, Some(GetOptions::new().with_keys_only())).await
+        })
+        .await?;
+        let term = self.lock.observe(read.header());
+        let Some(kv) = read
+            .kvs()
+            .first()
+            .filter(|kv| kv.create_revision() == self.rev)
+        else {
             return Err(Error::not_held(&self.name));
+        };
+        if kv.lease() != held.id {
+            // Moved by a renewal beside this one, or by someone else.
+            let _moving = self.moving.lock().await;
+            let now = self.tenure();
+            return if now.id == kv.lease() {
+                Ok(now.valid_until)
+            } else {
+                Err(Error::not_held(&self.name))
+            };
+        }
+        if term == 0 || term != held.term {
+            return self.move_key(held.id).await;
         }
         let until = lease_end(start, ttl);
-        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        let mut tenure = self.tenure.lock().unwrap_or_else(|p| p.into_inner());
+        if tenure.id == held.id {
+            tenure.valid_until = until;
+        }
         Ok(until)
     }
 
@@ -66,11 +110,12 @@ impl LeaseOps for EtcdLeaseOps {
                 self.rev,
             )])
             .and_then([TxnOp::delete(self.key.as_str(), None)]);
-        let resp = txn_call(&self.config, &self.client, txn).await?;
-        let valid_until = *self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &self.lock.inner;
+        let resp = txn_call(&inner.config, &inner.client, txn).await?;
+        let tenure = self.tenure();
         // The lease now guards nothing: keep it for the next lock, or drop it.
-        if !(resp.succeeded() && self.spares.put(self.id, self.ttl, valid_until)) {
-            let (mut c, id) = (self.client.clone(), self.id);
+        if !(resp.succeeded() && inner.spares.put(self.ttl, tenure)) {
+            let (mut c, id) = (inner.client.clone(), tenure.id);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     let _ = c.lease_revoke(id).await;

@@ -75,11 +75,14 @@
 
 mod client;
 mod config;
+mod grant;
 mod guarded;
 mod lease;
 mod lock;
 mod queue;
+mod revoke;
 mod spares;
+mod term;
 mod waiting;
 
 pub use config::EtcdConfig;

@@ -1,6 +1,7 @@
 //! `EtcdLock`: a lease per lock, a revision-ordered queue, a watch on the predecessor.
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ pub(crate) struct Inner {
     pub(crate) spares: Arc<Spares>,
     pub(crate) config: EtcdConfig,
     pub(crate) caps: Capabilities,
+    /// The highest leader term any response reported (`term.rs`).
+    pub(crate) term: AtomicU64,
 }
 
 #[async_trait]

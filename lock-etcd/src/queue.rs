@@ -6,13 +6,15 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use lock_core::driver::{drift, lease_end, retry_in_background, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{drift, lease_end, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
 
 use crate::client::{malformed, txn_call};
 use crate::config::BACKEND;
 use crate::lease::EtcdLeaseOps;
 use crate::lock::EtcdLock;
+use crate::revoke::RevokeGuard;
+use crate::term::Tenure;
 use crate::waiting::{keep_alive, WaitingLease, Woken};
 
 impl EtcdLock {
@@ -39,8 +41,14 @@ impl EtcdLock {
         .await
     }
 
-    /// The waiter's view after a wake-up: its own key, and the key just before it.
-    pub(crate) async fn check(&self, name: &LockName, key: &str, rev: i64) -> Result<Position> {
+    /// The waiter's view after a wake-up: its own key, and the key just before it; and the
+    /// term it was read in (`term.rs`).
+    pub(crate) async fn check(
+        &self,
+        name: &LockName,
+        key: &str,
+        rev: i64,
+    ) -> Result<(Position, u64)> {
         let txn = Txn::new().and_then([
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
             TxnOp::get(
@@ -50,29 +58,38 @@ impl EtcdLock {
         ]);
         let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
         let seen = resp.header().map_or(0, |h| h.revision());
+        let term = self.observe(resp.header());
         let ops = resp.op_responses();
         let mine = match ops.first() {
             Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
             _ => return Err(malformed("check")),
         };
         if mine != Some(rev) {
-            return Ok(Position::Gone);
+            return Ok((Position::Gone, term));
         }
         match ops.get(1) {
-            Some(TxnOpResponse::Get(g)) => Ok(match g.kvs().first() {
-                None => Position::Head,
-                Some(kv) => Position::Behind {
-                    pred: (kv.key().to_vec(), kv.create_revision()),
-                    seen,
+            Some(TxnOpResponse::Get(g)) => Ok((
+                match g.kvs().first() {
+                    None => Position::Head,
+                    Some(kv) => Position::Behind {
+                        pred: (kv.key().to_vec(), kv.create_revision()),
+                        seen,
+                    },
                 },
-            }),
+                term,
+            )),
             _ => Err(malformed("check")),
         }
     }
 
     /// Puts `key` with lease `id` if absent and reads the queue's head, in one round trip:
-    /// `(create_revision, whether the key is the head)`.
-    pub(crate) async fn put_key(&self, name: &LockName, key: &str, id: i64) -> Result<(i64, bool)> {
+    /// `(create_revision, whether the key is the head)`, and the term it was applied in.
+    pub(crate) async fn put_key(
+        &self,
+        name: &LockName,
+        key: &str,
+        id: i64,
+    ) -> Result<((i64, bool), u64)> {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
@@ -87,49 +104,58 @@ impl EtcdLock {
             ));
         }
         let rev = resp.header().map_or(0, |h| h.revision());
+        let term = self.observe(resp.header());
         match resp.op_responses().get(1) {
             Some(TxnOpResponse::Get(g)) => Ok((
-                rev,
-                g.kvs().first().map(|kv| kv.key()) == Some(key.as_bytes()),
+                (
+                    rev,
+                    g.kvs().first().map(|kv| kv.key()) == Some(key.as_bytes()),
+                ),
+                term,
             )),
             _ => Err(malformed("acquire")),
         }
     }
 
     /// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
-    /// lock of this client, kept alive in the same round trip as the put) or a new grant.
+    /// lock of this client) or a new grant.
     pub(crate) async fn enqueue(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
         let config = &self.inner.config;
-        if let Some((id, fresh_until)) = self.inner.spares.take(ttl) {
+        if let Some(spare) = self.inner.spares.take(ttl) {
             let start = Instant::now();
-            let guard = RevokeGuard::new(self, id, ttl);
-            let key = self.key(name, id);
+            let guard = RevokeGuard::new(self, spare.id, ttl);
+            let key = self.key(name, spare.id);
             // Confirmed so recently that ≥ 90 % of its TTL is still ahead: put the key
             // without a keep-alive. The lock is then valid for what is left of the lease,
             // which `valid_until` reports exactly.
             let full = ttl.saturating_sub(drift(ttl));
-            if fresh_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
-                if let Ok((rev, head)) = self.put_key(name, &key, id).await {
-                    let lease = WaitingLease::new(name, id, ttl, fresh_until);
-                    return Ok(Enqueued::new(lease, key, (rev, head), guard));
+            if spare.valid_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
+                if let Ok((put, _)) = self.put_key(name, &key, spare.id).await {
+                    let lease = WaitingLease::new(name, spare, ttl);
+                    return Ok(Enqueued::new(lease, key, put, guard));
                 }
                 // Not what it seemed (it expired, or a request failed): start over below.
                 drop(guard);
                 return self.enqueue_new(name, ttl).await;
             }
-            let (alive, put) = tokio::join!(
-                keep_alive(
-                    &self.inner.client,
-                    config,
-                    id,
-                    ttl,
-                    config.request_timeout()
-                ),
-                self.put_key(name, &key, id)
-            );
-            if let (Ok(Some(ttl)), Ok(put)) = (alive, put) {
-                let lease = WaitingLease::new(name, id, ttl, lease_end(start, ttl));
-                return Ok(Enqueued::new(lease, key, put, guard));
+            // A keep-alive, then the put: the put's term says which leader answered the
+            // keep-alive (`term.rs`).
+            let alive = keep_alive(
+                &self.inner.client,
+                config,
+                spare.id,
+                ttl,
+                config.request_timeout(),
+            )
+            .await;
+            if let Ok(Some(ttl)) = alive {
+                let answered = Instant::now();
+                if let Ok((put, term)) = self.put_key(name, &key, spare.id).await {
+                    let mut lease = WaitingLease::new(name, spare, ttl);
+                    lease.kept_alive(lease_end(start, ttl), answered);
+                    lease.observed(term, answered);
+                    return Ok(Enqueued::new(lease, key, put, guard));
+                }
             }
             // The spare had expired (or a request failed): the guard revokes it, which also
             // deletes a key put meanwhile; start over with a new lease.
@@ -139,19 +165,14 @@ impl EtcdLock {
 
     /// Enqueues a key for `name` under a newly granted lease.
     pub(crate) async fn enqueue_new(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
-        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let start = Instant::now();
-        let grant = self
-            .call(|mut c| async move { c.lease_grant(secs, None).await })
-            .await?;
-        let id = grant.id();
-        let ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).max(ttl);
+        let granted = self.grant(ttl).await?;
+        let id = granted.tenure.id;
         // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
         // also deletes its key: no ghost stays in the queue.
-        let guard = RevokeGuard::new(self, id, ttl);
+        let guard = RevokeGuard::new(self, id, granted.ttl);
         let key = self.key(name, id);
-        let put = self.put_key(name, &key, id).await?;
-        let lease = WaitingLease::new(name, id, ttl, lease_end(start, ttl));
+        let (put, _) = self.put_key(name, &key, id).await?;
+        let lease = WaitingLease::new(name, granted.tenure, granted.ttl);
         Ok(Enqueued::new(lease, key, put, guard))
     }
 }
@@ -193,67 +214,6 @@ pub(crate) enum Position {
     Gone,
 }
 
-/// Revokes a contender's lease if the acquisition ends without a grant, which also deletes its
-/// key. A revoke that fails — on a connection that broke with the acquisition, say — is sent
-/// again until it is answered or the lease has expired by itself: left alone, the key would stay
-/// in the queue for a whole TTL, holding the lock nobody has or blocking the waiters behind it.
-pub(crate) struct RevokeGuard {
-    lock: EtcdLock,
-    id: Option<i64>,
-    /// When the lease expires by itself at the latest: revoking after that is pointless.
-    expires: Instant,
-}
-
-impl RevokeGuard {
-    /// Guards lease `id`, granted for `ttl`.
-    pub(crate) fn new(lock: &EtcdLock, id: i64, ttl: Duration) -> Self {
-        RevokeGuard {
-            lock: lock.clone(),
-            id: Some(id),
-            expires: Instant::now() + ttl,
-        }
-    }
-
-    /// The acquisition got the lock: the lease is the lock's now.
-    pub(crate) fn disarm(&mut self) {
-        self.id = None;
-    }
-
-    /// Revokes now, waiting for one attempt (the caller reports a timeout and its key should be
-    /// gone by then); after a failure, keeps trying in the background.
-    pub(crate) async fn revoke_now(&mut self) {
-        if let Some(id) = self.id.take() {
-            if let Err(e) = revoke(&self.lock, id).await {
-                tracing::debug!(error = %e, "revoking a contender's lease failed; retrying");
-                spawn_revoke(self.lock.clone(), id, self.expires);
-            }
-        }
-    }
-}
-
-impl Drop for RevokeGuard {
-    fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            spawn_revoke(self.lock.clone(), id, self.expires);
-        }
-    }
-}
-
-async fn revoke(lock: &EtcdLock, id: i64) -> Result<()> {
-    lock.call(|mut c| async move { c.lease_revoke(id).await })
-        .await
-        .map(|_| ())
-}
-
-/// Revokes lease `id` in the background, again after each failure that may pass (a revoke is
-/// idempotent), until `expires`.
-fn spawn_revoke(lock: EtcdLock, id: i64, expires: Instant) {
-    retry_in_background(expires, move || {
-        let lock = lock.clone();
-        async move { revoke(&lock, id).await }
-    });
-}
-
 impl EtcdLock {
     pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
@@ -264,47 +224,73 @@ impl EtcdLock {
             head: head_is_me,
             mut guard,
         } = self.enqueue(name, ttl).await?;
-        if !head_is_me {
-            if deadline == Deadline::Now {
+        // At the head already, on a lease confirmed in its term: granted. (A spare's
+        // keep-alive may have been answered in a term after the spare's own.)
+        if !(head_is_me && lease.trusted_until > Instant::now()) {
+            if !head_is_me && deadline == Deadline::Now {
                 guard.revoke_now().await;
                 return Ok(None);
             }
             let mut woken = false;
             loop {
-                // After a wake-up, refresh the lease in the same round trip as the check, so
-                // a waiter that is granted holds a lease with its whole TTL ahead, as an
-                // uncontended grant does.
-                let position = if std::mem::take(&mut woken) {
-                    let (position, refreshed) = tokio::join!(
-                        self.check(name, &key, rev),
-                        lease.keep_alive(self, deadline)
-                    );
-                    refreshed?;
-                    position
-                } else {
-                    self.check(name, &key, rev).await
-                };
-                let (pred, seen) = match position {
-                    // Granted only on a lease confirmed to live now (its refresh above may
-                    // have gone unanswered, through an election, say).
-                    Ok(Position::Head) if lease.confirm(self, deadline).await? => break,
-                    Ok(Position::Head) => {
-                        guard.revoke_now().await;
-                        return Err(Error::unavailable(
-                            BACKEND,
-                            format!(
-                                "{name}'s turn came, but no member confirmed the waiter's \
-                                 lease before the deadline"
-                            ),
-                        ));
+                // After a wake-up, refresh the lease first, so that a waiter that is granted
+                // holds a lease with its whole TTL ahead, as an uncontended grant does; the
+                // check after it says which leader answered (`term.rs`).
+                if std::mem::take(&mut woken) {
+                    lease.keep_alive(self, deadline).await?;
+                }
+                let sent = Instant::now();
+                let checked = self.check(name, &key, rev).await;
+                let (pred, seen) = match checked {
+                    Ok((Position::Head, term)) => {
+                        lease.observed(term, sent);
+                        // Granted only on a lease confirmed to live now, in the term it
+                        // belongs to (its refresh above may have gone unanswered, through an
+                        // election, say).
+                        if lease.trusted_until > Instant::now() {
+                            break;
+                        }
+                        if term != lease.term {
+                            // A new leader: move the key onto a lease of its term.
+                            match self.rehome(&key, rev, lease.id, lease.ttl).await {
+                                Ok(Some(tenure)) => {
+                                    guard.switch(tenure.id, lease.ttl);
+                                    lease = WaitingLease::new(name, tenure, lease.ttl);
+                                }
+                                Ok(None) => return Err(lease.lost("its key vanished at its turn")),
+                                Err(e) if e.is_retryable() && !deadline.passed() => {
+                                    tokio::time::sleep(RECHECK).await;
+                                }
+                                Err(e) => return Err(e),
+                            }
+                            continue;
+                        }
+                        if deadline.passed() {
+                            guard.revoke_now().await;
+                            return Err(Error::unavailable(
+                                BACKEND,
+                                format!(
+                                    "{name}'s turn came, but no member confirmed the waiter's \
+                                     lease before the deadline"
+                                ),
+                            ));
+                        }
+                        // Confirm it in this term: a keep-alive, then the check again.
+                        let pause = lease.next_keep_alive.min(Instant::now() + RECHECK);
+                        tokio::time::sleep_until(pause.into()).await;
+                        woken = true;
+                        continue;
                     }
-                    Ok(Position::Gone) => {
+                    Ok((Position::Gone, _)) => {
                         return Err(lease.lost("its key vanished while waiting (lease expired?)"))
                     }
-                    Ok(Position::Behind { pred, seen }) => (pred, seen),
+                    Ok((Position::Behind { pred, seen }, term)) => {
+                        lease.observed(term, sent);
+                        (pred, seen)
+                    }
                     Err(e) if e.is_retryable() => {
                         // Transient: keep the lease alive and try again shortly.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(RECHECK).await;
                         if Instant::now() >= lease.next_keep_alive {
                             lease.keep_alive(self, deadline).await?;
                         }
@@ -338,12 +324,15 @@ impl EtcdLock {
             }
         }
         guard.disarm();
-        let ops = EtcdLeaseOps {
-            client: self.client(),
-            config: self.inner.config.clone(),
-            spares: self.inner.spares.clone(),
-            valid_until: std::sync::Mutex::new(lease.valid_until),
+        let tenure = Tenure {
             id: lease.id,
+            term: lease.term,
+            valid_until: lease.trusted_until,
+        };
+        let ops = EtcdLeaseOps {
+            lock: self.clone(),
+            tenure: std::sync::Mutex::new(tenure),
+            moving: tokio::sync::Mutex::new(()),
             ttl: lease.ttl,
             key,
             rev,
@@ -354,13 +343,17 @@ impl EtcdLock {
             Grant {
                 token: Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
                 ttl: lease.ttl,
-                valid_until: lease.valid_until,
+                valid_until: lease.trusted_until,
             },
             opts.renewal,
             ops,
         ))))
     }
 }
+
+/// How soon a waiter looks again after a transient failure, or at a turn it could not
+/// confirm yet.
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// One end of a name's queue, by creation: its head (`Ascend`) or its tail (`Descend`), keys
 /// only.

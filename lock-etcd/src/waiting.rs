@@ -9,6 +9,7 @@ use lock_core::{Deadline, Error, LockName, Result};
 use crate::client::{map_error, send, Resend};
 use crate::config::BACKEND;
 use crate::lock::EtcdLock;
+use crate::term::Tenure;
 use crate::EtcdConfig;
 
 impl EtcdLock {
@@ -98,26 +99,53 @@ pub(crate) enum Woken {
 /// outlasts the TTL does not end it. The waiter keeps asking until the server says whether the
 /// lease lives (gone: the wait is lost), for one request timeout past `valid_until` at most
 /// (then the backend's error: a silent cluster is an error, not a wait without end), or until
-/// the deadline; a grant needs a confirmed, unexpired lease ([`confirm`](Self::confirm)).
+/// the deadline. A grant needs a lease confirmed in its own term and unexpired
+/// (`trusted_until`, `term.rs`).
 pub(crate) struct WaitingLease {
     pub(crate) id: i64,
     pub(crate) ttl: Duration,
+    /// The validity by the last keep-alive answered, whichever leader answered it.
     pub(crate) valid_until: Instant,
     pub(crate) next_keep_alive: Instant,
     pub(crate) name: LockName,
+    /// The term the lease belongs to (0: unknown).
+    pub(crate) term: u64,
+    /// The validity every lessor that knows the lease agrees with: from the grant, or from a
+    /// keep-alive that a read in `term` followed.
+    pub(crate) trusted_until: Instant,
+    /// When the last keep-alive was answered: a read sent after it vouches for it.
+    answered: Option<Instant>,
 }
 
 impl WaitingLease {
-    /// Lease `id` of `ttl`, put for a contender of `name`, confirmed valid until `valid_until`:
-    /// its next keep-alive is due a third of the way through that validity.
-    pub(crate) fn new(name: &LockName, id: i64, ttl: Duration, valid_until: Instant) -> Self {
+    /// `tenure`'s lease, of `ttl`, put for a contender of `name`: its next keep-alive is due a
+    /// third of the way through its validity.
+    pub(crate) fn new(name: &LockName, tenure: Tenure, ttl: Duration) -> Self {
+        let valid_until = tenure.valid_until;
         let next = valid_until.checked_sub(ttl.saturating_sub(drift(ttl)) * 2 / 3);
         WaitingLease {
-            id,
+            id: tenure.id,
             ttl,
             valid_until,
             next_keep_alive: next.unwrap_or_else(Instant::now),
             name: name.clone(),
+            term: tenure.term,
+            trusted_until: valid_until,
+            answered: None,
+        }
+    }
+
+    /// A keep-alive answered at `answered` moved the validity to `valid_until`.
+    pub(crate) fn kept_alive(&mut self, valid_until: Instant, answered: Instant) {
+        self.valid_until = valid_until;
+        self.answered = Some(answered);
+    }
+
+    /// A read sent at `sent` reported `term`: in the lease's own term, the keep-alives answered
+    /// before it were answered in that term too, and their validity is trusted.
+    pub(crate) fn observed(&mut self, term: u64, sent: Instant) {
+        if term != 0 && term == self.term && self.answered.is_some_and(|a| a <= sent) {
+            self.trusted_until = self.trusted_until.max(self.valid_until);
         }
     }
 
@@ -148,7 +176,7 @@ impl WaitingLease {
         {
             Ok(Some(ttl)) => {
                 self.ttl = ttl;
-                self.valid_until = lease_end(start, ttl);
+                self.kept_alive(lease_end(start, ttl), Instant::now());
                 self.next_keep_alive = start + ttl / 3;
                 Ok(())
             }
@@ -163,19 +191,6 @@ impl WaitingLease {
             }
             Err(_) => Err(self.lost("its lease could not be kept alive while waiting")),
         }
-    }
-
-    /// Makes sure the lease is confirmed and not yet expired, asking the server again as long
-    /// as it does not answer: `Ok(false)` if the deadline passed first.
-    pub(crate) async fn confirm(&mut self, lock: &EtcdLock, deadline: Deadline) -> Result<bool> {
-        while self.valid_until <= Instant::now() {
-            if deadline.passed() {
-                return Ok(false);
-            }
-            tokio::time::sleep_until(self.next_keep_alive.into()).await;
-            self.keep_alive(lock, deadline).await?;
-        }
-        Ok(true)
     }
 
     pub(crate) fn lost(&self, why: &str) -> Error {

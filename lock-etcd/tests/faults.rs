@@ -1,6 +1,7 @@
 //! etcd under failures: a waiter whose lease expires while it waits (through the suite's
 //! `FaultProxy` in front of the single member, 12379), the cluster's leader killed while a lock
-//! is held and waited for, and a cancelled waiter in a queue of five. Run one at a time. (A
+//! is held and waited for, the lock key moving to a lease of the new term when the leader
+//! freezes, and a cancelled waiter in a queue of five. Run one at a time. (A
 //! partitioned holder is the conformance suite's `faults` case.)
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
-use lock_etcd::etcd_client::Client;
+use lock_etcd::etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use test_support::{kill, serial, services};
 
@@ -207,6 +208,231 @@ fn lock_and_queue_survive_the_cluster_leader_being_killed() {
             "tokens not increasing: {tokens:?}"
         );
     });
+}
+
+/// The leases the keys under `name` are on, in queue order, read through `client`.
+async fn key_leases(client: &mut Client, name: &lock_core::LockName) -> Vec<i64> {
+    let dir = format!("/distlock/{name}/");
+    let opts = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let got = client
+        .get(dir, Some(opts))
+        .await
+        .expect("read the lock keys");
+    got.kvs().iter().map(|kv| kv.lease()).collect()
+}
+
+/// The lease the lock key of `name` is on (the name's only key).
+async fn key_lease(client: &mut Client, name: &lock_core::LockName) -> i64 {
+    let leases = key_leases(client, name).await;
+    assert_eq!(leases.len(), 1, "one key under {name}: {leases:x?}");
+    leases[0]
+}
+
+/// Waits until lease `id` is gone (revoked), for 3 s at most.
+async fn revoked(client: &mut Client, id: i64, why: &str) {
+    let by = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = client.lease_time_to_live(id, None).await.map(|r| r.ttl());
+        if matches!(left, Ok(t) if t < 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < by,
+            "lease {id:x} still lives 3 s after {why}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Freezes `victim` (the leader) and waits for the next leader: (its thaw guard, the next).
+async fn freeze(victim: &'static str, within: Duration) -> (Thaw, &'static str) {
+    let pid = services(&["pid", victim]);
+    let thaw = Thaw(pid.clone());
+    kill("STOP", &pid);
+    let frozen = Instant::now();
+    loop {
+        if let Some(new) = leader_but(victim).await {
+            return (thaw, new);
+        }
+        assert!(
+            frozen.elapsed() < within,
+            "no new leader within {within:?} of freezing {victim}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Renews by hand until a renewal is answered (through the new leader).
+async fn renew_through(lease: &dyn lock_core::Lease, leader: &str) {
+    loop {
+        match lease.renew().await {
+            Ok(()) => return,
+            Err(e) if e.is_retryable() => {
+                assert_ne!(
+                    lease.state(),
+                    LeaseState::Lost,
+                    "lost before {leader} answered: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("renewal after {leader} was elected: {e}"),
+        }
+    }
+}
+
+/// A client of every member but `not` (the leader, to be frozen): its requests reach the
+/// leader through the followers, never wait on a frozen member's socket, and reach the next
+/// leader once one is elected.
+async fn client_but(not: &str) -> EtcdLock {
+    let others = CLUSTER.iter().filter(|(s, _)| *s != not);
+    let eps: Vec<String> = others.map(|(_, p)| format!("127.0.0.1:{p}")).collect();
+    EtcdLock::connect(EtcdConfig::new(eps))
+        .await
+        .expect("the cluster (services.sh up)")
+}
+
+/// An admin client of every member but `not`.
+async fn admin_but(not: &str) -> Client {
+    let others = CLUSTER.iter().filter(|(s, _)| *s != not);
+    let eps: Vec<String> = others.map(|(_, p)| format!("127.0.0.1:{p}")).collect();
+    Client::connect(eps, None).await.expect("admin client")
+}
+
+/// The member that leads, asked of every member but `not` (frozen), by its `services.sh` name.
+async fn leader_but(not: &str) -> Option<&'static str> {
+    for (svc, port) in CLUSTER.into_iter().filter(|(s, _)| *s != not) {
+        let ask = async {
+            let mut c = Client::connect([format!("127.0.0.1:{port}")], None)
+                .await
+                .ok()?;
+            let s = c.status().await.ok()?;
+            Some((s.header().map(|h| h.member_id()), s.leader()))
+        };
+        if let Ok(Some((me, lead))) = tokio::time::timeout(Duration::from_secs(1), ask).await {
+            if me == Some(lead) {
+                return Some(svc);
+            }
+        }
+    }
+    None
+}
+
+/// etcd keeps a lease's end in its leader's memory only, and a leader that stalls and resumes
+/// can revoke, by its old view, a lease the next leader has renewed (etcd-io/etcd#15247, fixed
+/// in 3.4.31 and 3.5.13; Debian's 3.4.23 has it). So after a leader change the holder moves
+/// its key onto a lease granted in the new term and revokes the old one: when the frozen leader
+/// resumes, there is nothing of the lock on a lease it knows of. The fencing token is the
+/// key's `create_revision` and does not change; renewals without a leader change keep the key
+/// where it is (a move costs two consensus writes).
+#[test]
+fn after_a_leader_change_the_lock_key_moves_to_a_lease_of_the_new_term() {
+    serial(async {
+        let victim = leader().await.expect("the cluster has a leader");
+        let holder = client_but(victim).await;
+        let ttl = (holder.capabilities().min_ttl * 4).max(Duration::from_secs(8));
+        let name = fresh_name("etcd-new-term");
+        let lease = holder
+            .try_acquire(&name, &LockOptions::new(ttl))
+            .await
+            .unwrap()
+            .expect("a fresh name is free");
+        let token = lease.fencing_token();
+        let mut admin = admin_but(victim).await;
+        let first = key_lease(&mut admin, &name).await;
+        for _ in 0..3 {
+            lease.renew().await.unwrap();
+        }
+        assert_eq!(
+            key_lease(&mut admin, &name).await,
+            first,
+            "the lock key moved to another lease although no leader changed"
+        );
+
+        let (thaw, elected) = freeze(victim, ttl / 2).await;
+        renew_through(&*lease, elected).await;
+        let moved = key_lease(&mut admin, &name).await;
+        assert_ne!(
+            moved, first,
+            "after {victim} (leader) froze and {elected} was elected, a renewal left the lock \
+             key on lease {first:x}, which {victim} may revoke by its old view when it resumes"
+        );
+        assert_eq!(
+            lease.fencing_token(),
+            token,
+            "the move changed the fencing token"
+        );
+        assert_eq!(lease.state(), LeaseState::Held);
+        revoked(&mut admin, first, "the key left it").await;
+        // Thawed, the old leader finds nothing to revoke: the lock stays held and renewable.
+        drop(thaw);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        lease.renew().await.unwrap();
+        assert_eq!(key_lease(&mut admin, &name).await, moved);
+        lease.release().await.unwrap();
+    });
+}
+
+/// A waiter whose lease was last confirmed before a leader change, and whose turn comes after
+/// it, is granted on a lease of the new term: its key moves before the grant (same token).
+#[test]
+fn a_waiter_whose_turn_comes_after_a_leader_change_is_granted_on_a_lease_of_the_new_term() {
+    serial(async {
+        let victim = leader().await.expect("the cluster has a leader");
+        let (holder, waiter) = (client_but(victim).await, client_but(victim).await);
+        let min = holder.capabilities().min_ttl;
+        let ttl = (min * 4).max(Duration::from_secs(8));
+        let name = fresh_name("etcd-new-term-waiter");
+        let lease = holder
+            .try_acquire(&name, &LockOptions::new(ttl))
+            .await
+            .unwrap()
+            .expect("a fresh name is free");
+        // The waiter's TTL is the minimum: by its turn, its grant's validity has passed, and
+        // only keep-alives answered in its own term could vouch for its lease.
+        let (n, o) = (name.clone(), LockOptions::new(min).wait_for(ttl * 4));
+        let waiting = tokio::spawn(async move { waiter.acquire(&n, &o).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut admin = admin_but(victim).await;
+        let queued = key_leases(&mut admin, &name).await;
+        assert_eq!(
+            queued.len(),
+            2,
+            "the holder's key and the waiter's: {queued:x?}"
+        );
+        tokio::time::sleep(min + Duration::from_millis(500)).await;
+        lease.renew().await.unwrap();
+
+        let (_thaw, elected) = freeze(victim, ttl / 2).await;
+        renew_through(&*lease, elected).await;
+        lease.release().await.unwrap();
+        let granted = tokio::time::timeout(ttl, waiting)
+            .await
+            .expect("the waiter was not granted within a TTL of the release")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the waiter, after {victim} froze: {e}"));
+        let now = key_lease(&mut admin, &name).await;
+        assert_ne!(
+            now, queued[1],
+            "the waiter was granted on lease {:x}, last confirmed before {victim} (leader) \
+             froze, which {victim} may revoke by its old view when it resumes",
+            queued[1]
+        );
+        revoked(&mut admin, queued[1], "the waiter's key left it").await;
+        assert_eq!(granted.state(), LeaseState::Held);
+        granted.release().await.unwrap();
+    });
+}
+
+/// Thaws a frozen member when dropped (even if an assertion failed).
+struct Thaw(String);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        kill("CONT", &self.0);
+    }
 }
 
 /// Brings a killed member back (from its own data, so it rejoins) when dropped.
