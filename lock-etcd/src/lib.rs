@@ -10,10 +10,14 @@
 //! exist. The key with the lowest `create_revision` under the name holds the lock; every other
 //! contender watches the deletion of the key just before its own, so a release wakes exactly
 //! one waiter and waiters are served in revision order (FIFO). A waiter keeps its own lease
-//! alive while it waits. **Renew** is a keep-alive plus a read of the lock key in one round
-//! trip (a key deleted behind the holder's back is `NotHeld`); **release** deletes the key only
-//! if it is still this grant's (compare on `create_revision`). A released lease is kept as a
-//! spare for the next acquisition with the same TTL, saving two consensus writes per lock.
+//! alive while it waits. **Renew** is a keep-alive, then a read of the lock key (a key deleted
+//! behind the holder's back is `NotHeld`); the read's `raft_term` says whether the keep-alive
+//! was answered in the term the lease was granted in. After a leader change it was not, and
+//! the key moves onto a lease granted in the new term (same `create_revision`, so the same
+//! fencing token) before the lock counts as renewed: a deposed leader's stale view of the old
+//! lease then guards nothing. **Release** deletes the key only if it is still this grant's
+//! (compare on `create_revision`). A released lease is kept as a spare for the next
+//! acquisition with the same TTL, saving two consensus writes per lock.
 //! [`EtcdLock::guarded_txn`] writes only while a lease still holds its lock. Details on
 //! [`EtcdLock`].
 //!
@@ -48,10 +52,14 @@
 //! timeout and retried only when they were certainly not sent. **Leader elections** make
 //! requests fail transiently (`Unavailable`); a waiting `acquire` re-checks its place.
 //! **A stalled leader that resumes** can, on etcd older than the fix of etcd-io/etcd#15247
-//! (3.4.23 here), revoke a lease the new leader has just renewed: the key is deleted early and
-//! another client granted while the holder still believes, until its watch sees the deletion
-//! (2.8 ms in the one case seen). Fencing tokens still order the two; see RELIABILITY.md,
-//! "etcd: a lease revoked by a leader that had been frozen".
+//! (3.4.31 and 3.5.13; Debian's 3.4.23 has the bug), revoke by its stale view a lease that
+//! the next leader has renewed. A holder's validity therefore rests only on keep-alives
+//! answered in its lease's own term, and after a leader change its key moves to a lease of the
+//! new term, as does a waiter's at its turn; the old lease is revoked. What is left: a resuming
+//! leader that answers a keep-alive itself, or serves a stale linearizable read
+//! (etcd-io/etcd#20418, fixed in 3.4.42), in the milliseconds before it steps down. Run an etcd
+//! with those fixes where that matters, or fence. See RELIABILITY.md, "etcd: a lease revoked
+//! by a leader that had been frozen".
 //!
 //! ## URL
 //!

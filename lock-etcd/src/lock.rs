@@ -27,9 +27,11 @@ use crate::EtcdConfig;
 /// `Lost` — it is never granted a lock on an expired lease. A cancelled or timed-out `acquire`
 /// revokes its lease, so no key of it stays in the queue.
 ///
-/// **Renew** sends a keep-alive and reads the lock key in parallel (one round trip): a lock key
-/// deleted behind the holder's back (an operator, a `break`) is `NotHeld`, not a silent renewal
-/// of a lease that guards nothing. **Release** deletes the key only if it is still this
+/// **Renew** sends a keep-alive, then reads the lock key: a lock key deleted behind the holder's
+/// back (an operator, a `break`) is `NotHeld`, not a silent renewal of a lease that guards
+/// nothing. The read also tells the term of the leader that answered: after a leader change the
+/// key moves onto a lease granted in the new term before the lock counts as renewed (see the
+/// crate doc, Failure modes). **Release** deletes the key only if it is still this
 /// grant's (compare on `create_revision`); a bare `LeaseRevoke` could not say `NotHeld`, as it
 /// succeeds even when the key is gone.
 ///
@@ -38,8 +40,8 @@ use crate::EtcdConfig;
 /// — two consensus writes — per lock; a lease still serves one lock at a time, and a spare
 /// that expired is replaced by a new grant. A spare with ≥ 90 % of its TTL still ahead is used
 /// as it is (the new lock's `valid_until` is what is left of it, never more); an older one is
-/// kept alive in parallel with the put. Leases of failed releases and of cancelled
-/// acquisitions are revoked.
+/// kept alive, then the key is put (the put's term vouches for the keep-alive, as a renewal's
+/// read does). Leases of failed releases and of cancelled acquisitions are revoked.
 ///
 /// **Fencing**: the key's `create_revision`, strictly increasing across the whole cluster.
 #[derive(Clone)]

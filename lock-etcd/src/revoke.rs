@@ -76,4 +76,3 @@ pub(crate) fn spawn_revoke(lock: EtcdLock, id: i64, expires: Instant) {
         async move { revoke(&lock, id).await }
     });
 }
-

@@ -378,13 +378,12 @@ fn a_history_under_bridges_and_one_way_partitions_is_clean() {
 /// quorum, and a holder must not outlive its lease. Each client knows one member. The summary
 /// (`--nocapture`) is in RELIABILITY.md.
 ///
-/// Ignored: on etcd 3.4.23 (Debian's, which services.sh installs) it fails about one run in
-/// four, on the server's own bug (etcd-io/etcd#15247): a leader frozen past a lease's TTL
-/// revokes that lease when it resumes, though the new leader renewed it. See RELIABILITY.md,
-/// "etcd: a lease revoked by a leader that had been frozen". Run it by hand against an etcd
-/// with the fix.
+/// On etcd 3.4.23 (Debian's, which services.sh installs) it failed about one run in four
+/// before the driver moved lock keys to a lease of the new term at a leader change: a leader
+/// frozen past a lease's TTL revoked that lease when it resumed, though the new leader had
+/// renewed it (etcd-io/etcd#15247). See RELIABILITY.md, "etcd: a lease revoked by a leader
+/// that had been frozen".
 #[test]
-#[ignore = "fails on etcd 3.4.23's stale-leader revoke (etcd-io/etcd#15247); by hand"]
 fn a_history_under_two_faults_at_once_is_clean() {
     serial(async {
         history_under(
