@@ -2,7 +2,7 @@
 //! term after a leader change (why: `term.rs`).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, ResponseHeader, Txn, TxnOp};
 use lock_core::driver::lease_end;
@@ -27,7 +27,7 @@ impl EtcdLock {
     pub(crate) async fn grant(&self, ttl: Duration) -> Result<Granted> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let before = self.inner.term.load(Ordering::Relaxed);
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let grant = self
             .call(|mut c| async move { c.lease_grant(secs, None).await })
             .await?;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
-use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
+use lock_core::{DistributedLock, Error, Lease, LeaseState, LockOptions};
 use lock_etcd::etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use test_support::{kill, serial, services};
@@ -120,17 +120,7 @@ fn a_waiter_cut_off_for_good_gets_an_error_not_an_endless_wait() {
 
 /// Which member of the cluster leads now, by its `services.sh` name.
 async fn leader() -> Option<&'static str> {
-    for (svc, port) in CLUSTER {
-        let Ok(mut c) = Client::connect([format!("127.0.0.1:{port}")], None).await else {
-            continue;
-        };
-        if let Ok(s) = c.status().await {
-            if s.header().is_some_and(|h| h.member_id() == s.leader()) {
-                return Some(svc);
-            }
-        }
-    }
-    None
+    leader_but("").await // no member is named ""
 }
 
 #[test]
@@ -284,13 +274,17 @@ async fn renew_through(lease: &dyn lock_core::Lease, leader: &str) {
     }
 }
 
+/// The client endpoints of every member but `not`.
+fn endpoints_but(not: &str) -> Vec<String> {
+    let others = CLUSTER.iter().filter(|(s, _)| *s != not);
+    others.map(|(_, p)| format!("127.0.0.1:{p}")).collect()
+}
+
 /// A client of every member but `not` (the leader, to be frozen): its requests reach the
 /// leader through the followers, never wait on a frozen member's socket, and reach the next
 /// leader once one is elected.
 async fn client_but(not: &str) -> EtcdLock {
-    let others = CLUSTER.iter().filter(|(s, _)| *s != not);
-    let eps: Vec<String> = others.map(|(_, p)| format!("127.0.0.1:{p}")).collect();
-    EtcdLock::connect(EtcdConfig::new(eps))
+    EtcdLock::connect(EtcdConfig::new(endpoints_but(not)))
         .await
         .expect("the cluster (services.sh up)")
 }
@@ -306,12 +300,22 @@ async fn beside_the_leader() -> (&'static str, EtcdLock, Duration) {
 
 /// An admin client of every member but `not`.
 async fn admin_but(not: &str) -> Client {
-    let others = CLUSTER.iter().filter(|(s, _)| *s != not);
-    let eps: Vec<String> = others.map(|(_, p)| format!("127.0.0.1:{p}")).collect();
-    Client::connect(eps, None).await.expect("admin client")
+    Client::connect(endpoints_but(not), None)
+        .await
+        .expect("admin client")
 }
 
-/// The member that leads, asked of every member but `not` (frozen), by its `services.sh` name.
+/// `locks`' lock on the fresh `name`, for `ttl`.
+async fn hold(locks: &EtcdLock, name: &lock_core::LockName, ttl: Duration) -> Box<dyn Lease> {
+    locks
+        .try_acquire(name, &LockOptions::new(ttl))
+        .await
+        .unwrap()
+        .expect("a fresh name is free")
+}
+
+/// The member that leads, asked of every member but `not` (frozen), each for 1 s at most (a
+/// frozen member never answers), by its `services.sh` name.
 async fn leader_but(not: &str) -> Option<&'static str> {
     for (svc, port) in CLUSTER.into_iter().filter(|(s, _)| *s != not) {
         let ask = async {
@@ -342,11 +346,7 @@ fn after_a_leader_change_the_lock_key_moves_to_a_lease_of_the_new_term() {
     serial(async {
         let (victim, holder, ttl) = beside_the_leader().await;
         let name = fresh_name("etcd-new-term");
-        let lease = holder
-            .try_acquire(&name, &LockOptions::new(ttl))
-            .await
-            .unwrap()
-            .expect("a fresh name is free");
+        let lease = hold(&holder, &name, ttl).await;
         let token = lease.fencing_token();
         let mut admin = admin_but(victim).await;
         let first = key_lease(&mut admin, &name).await;
@@ -392,11 +392,7 @@ fn a_waiter_whose_turn_comes_after_a_leader_change_is_granted_on_a_lease_of_the_
         let waiter = client_but(victim).await;
         let min = holder.capabilities().min_ttl;
         let name = fresh_name("etcd-new-term-waiter");
-        let lease = holder
-            .try_acquire(&name, &LockOptions::new(ttl))
-            .await
-            .unwrap()
-            .expect("a fresh name is free");
+        let lease = hold(&holder, &name, ttl).await;
         // The waiter's TTL is the minimum: by its turn, its grant's validity has passed, and
         // only keep-alives answered in its own term could vouch for its lease.
         let (n, o) = (name.clone(), LockOptions::new(min).wait_for(ttl * 4));
@@ -443,11 +439,7 @@ fn a_spare_lease_from_before_a_leader_change_is_left_at_the_first_renewal() {
         let opts = LockOptions::new(ttl);
         let mut admin = admin_but(victim).await;
         let first = fresh_name("etcd-spare-before");
-        let lease = holder
-            .try_acquire(&first, &opts)
-            .await
-            .unwrap()
-            .expect("free");
+        let lease = hold(&holder, &first, ttl).await;
         let spare = key_lease(&mut admin, &first).await;
         lease.release().await.unwrap();
 
