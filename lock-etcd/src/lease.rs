@@ -10,6 +10,7 @@ use lock_core::{Error, LockName, Result};
 
 use crate::client::{call, txn_call, Resend};
 use crate::lock::EtcdLock;
+use crate::revoke::spawn_revoke;
 use crate::term::Tenure;
 use crate::waiting::keep_alive;
 
@@ -113,14 +114,10 @@ impl LeaseOps for EtcdLeaseOps {
         let inner = &self.lock.inner;
         let resp = txn_call(&inner.config, &inner.client, txn).await?;
         let tenure = self.tenure();
-        // The lease now guards nothing: keep it for the next lock, or drop it.
+        // The lease now guards nothing: keep it for the next lock, or revoke it (sent again
+        // after a failure, as every revoke of this driver, until it would have expired).
         if !(resp.succeeded() && inner.spares.put(self.ttl, tenure)) {
-            let (mut c, id) = (inner.client.clone(), tenure.id);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let _ = c.lease_revoke(id).await;
-                });
-            }
+            spawn_revoke(self.lock.clone(), tenure.id, tenure.valid_until);
         }
         if resp.succeeded() {
             Ok(())

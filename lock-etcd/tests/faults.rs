@@ -16,6 +16,9 @@ use lock_etcd::etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use test_support::{kill, serial, services};
 
+mod common;
+use common::revoked;
+
 const SINGLE: u16 = 12379;
 const CLUSTER: [(&str, u16); 3] = [("etcd-c1", 12479), ("etcd-c2", 12579), ("etcd-c3", 12679)];
 
@@ -220,22 +223,6 @@ async fn key_lease(client: &mut Client, name: &lock_core::LockName) -> i64 {
     let leases = key_leases(client, name).await;
     assert_eq!(leases.len(), 1, "one key under {name}: {leases:x?}");
     leases[0]
-}
-
-/// Waits until lease `id` is gone (revoked), for 3 s at most.
-async fn revoked(client: &mut Client, id: i64, why: &str) {
-    let by = Instant::now() + Duration::from_secs(3);
-    loop {
-        let left = client.lease_time_to_live(id, None).await.map(|r| r.ttl());
-        if matches!(left, Ok(t) if t < 0) {
-            return;
-        }
-        assert!(
-            Instant::now() < by,
-            "lease {id:x} still lives 3 s after {why}: {left:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Freezes `victim` (the leader) and waits for the next leader: (its thaw guard, the next).

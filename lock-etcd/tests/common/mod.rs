@@ -1,0 +1,37 @@
+//! What more than one of this crate's test binaries asks the server directly.
+#![allow(dead_code)] // each test binary uses some of these
+
+use std::time::{Duration, Instant};
+
+use lock_etcd::etcd_client::Client;
+
+/// The lease the key `key` is on (0: none), read through `client`.
+pub(crate) async fn lease_of(client: &mut Client, key: &str) -> i64 {
+    let got = client.get(key, None).await.expect("read the lock key");
+    got.kvs().first().map_or(0, |kv| kv.lease())
+}
+
+/// Lease `id`'s remaining TTL in seconds as the server reports it (negative: gone).
+pub(crate) async fn remaining(
+    client: &mut Client,
+    id: i64,
+) -> Result<i64, lock_etcd::etcd_client::Error> {
+    client.lease_time_to_live(id, None).await.map(|r| r.ttl())
+}
+
+/// Waits until lease `id` is gone (revoked), for 3 s at most; an error (an election under
+/// way) is asked again.
+pub(crate) async fn revoked(client: &mut Client, id: i64, why: &str) {
+    let by = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = remaining(client, id).await;
+        if matches!(left, Ok(t) if t < 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < by,
+            "lease {id:x} still lives 3 s after {why}: {left:?} s left"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
