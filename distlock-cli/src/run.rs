@@ -123,11 +123,16 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     let code = match status {
         Ok(code) => code,
         Err(why) => {
-            // The keeper itself was killed: its group may still run. Kill it from here.
-            say(
-                secrets,
-                &format!("the command's keeper died ({why}); killing its process group"),
-            );
+            // The keeper itself was killed: its group may still run. Kill it from here. If this
+            // process killed it (the lease ran out before the keeper was ready), that is the
+            // stop it announced, not a failure to supervise.
+            let ours = keeper.killed_group && stop.is_some();
+            if !ours {
+                say(
+                    secrets,
+                    &format!("the command's keeper died ({why}); killing its process group"),
+                );
+            }
             if !keeper.kill_group_and_wait(lease.valid_until()).await {
                 say(
                     secrets,
@@ -137,8 +142,11 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
                 lease.abandon();
                 return EX_OSERR;
             }
-            release(lease).await;
-            return EX_OSERR;
+            if !ours {
+                release(lease).await;
+                return EX_OSERR;
+            }
+            EX_SOFTWARE
         }
     };
     if let Some(stop) = stop {
@@ -291,6 +299,8 @@ struct Keeper {
     ready: tokio::signal::unix::Signal,
     is_ready: bool,
     pending: Vec<Signal>,
+    /// This process SIGKILLed the keeper's group itself, before the keeper was ready.
+    killed_group: bool,
 }
 
 impl Keeper {
@@ -344,6 +354,7 @@ impl Keeper {
             ready,
             is_ready: false,
             pending: Vec::new(),
+            killed_group: false,
         })
     }
 
@@ -354,6 +365,7 @@ impl Keeper {
         } else if sig == Signal::SIGUSR1 {
             // Not set up yet: what runs of the command is in its group.
             let _ = nix::sys::signal::killpg(self.pid, Signal::SIGKILL);
+            self.killed_group = true;
         } else {
             self.pending.push(sig);
         }

@@ -591,6 +591,10 @@ fn any_duration_gives_a_working_run_or_a_usage_error() {
         (vec!["--ttl", "100years"], 64),
         (vec!["--ttl", "18446744073709551615s"], 64),
         (vec!["--ttl", "99999999999999999999999999h"], 64),
+        // Too short to keep: the lease runs out before the command's keeper is ready, and
+        // the command is stopped (not a failure to supervise, 71).
+        (vec!["--ttl", "1ms"], 70),
+        (vec!["--ttl", "5ms"], 70),
         (vec!["--wait", "99years"], 0),
         (vec!["--wait", "1000years"], 64),
         (vec!["--grace", "99years"], 0),
@@ -606,6 +610,7 @@ fn any_duration_gives_a_working_run_or_a_usage_error() {
         let o = distlock(&url, &all).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("keeper died"), "{args:?}: {err}");
         assert_eq!(o.status.code(), Some(want), "{args:?}: {err}");
     }
 }
