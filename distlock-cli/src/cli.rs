@@ -42,7 +42,7 @@ with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refus
 arguments, URL, name or default directory; 70 lock lost or at risk while the command ran (it was stopped), or
 --max-hold reached; 71 distlock could not supervise (signals, keeper); 127/126 command not
 found / not runnable.
-URLs: memory://, file:///dir, redis://, rediss://, redlock://h1,h2,h3, zk://h1,h2, etcd://h1,h2,
+URLs: file:///dir, redis://, rediss://, redlock://h1,h2,h3, zk://h1,h2, etcd://h1,h2,
 postgres://user@host/db
 (a password containing / ? # @ must be percent-encoded: %2F %3F %23 %40).";
 

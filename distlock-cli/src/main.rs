@@ -90,6 +90,15 @@ pub(crate) async fn connect(
             what: format!("cannot use {}", distlock::redact(&url)),
             error,
         })?;
+    // A memory lock lives inside one process: no other `distlock` ever sees it, so it would
+    // exclude nothing and report every lock free.
+    if locks.backend() == "memory" {
+        return Err(Failure::Usage(format!(
+            "{} is private to one process and excludes no other run; use file:///dir \
+             (one machine) or a server",
+            distlock::redact(&url)
+        )));
+    }
     Ok((locks, name))
 }
 

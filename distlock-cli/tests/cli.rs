@@ -111,6 +111,31 @@ fn bad_arguments_urls_and_names_exit_64_with_one_line() {
     }
 }
 
+/// `memory://` is a lock inside one process: two `run`s would both hold it at once. Both
+/// commands refuse it (64) and `run` does not start the command.
+#[test]
+fn a_memory_url_is_refused_and_runs_nothing() {
+    let dir = tmp("memory");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    for url in ["memory://", "memory://jobs", "memory://u:secretpw@jobs"] {
+        for args in [
+            vec!["run", "--name", "x", "--", "sh", "-c", &touch],
+            vec!["status", "--name", "x"],
+        ] {
+            let o = output(distlock(url, &args));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(code(&o), 64, "{url} {args:?}: {err}");
+            // (one with a password is already a malformed memory URL)
+            if !url.contains('@') {
+                assert!(err.contains("one process"), "{url} {args:?}: {err}");
+            }
+            assert!(!err.contains("secretpw"), "{err}");
+            assert!(!marker.exists(), "{url}: the command ran on a memory lock");
+        }
+    }
+}
+
 #[test]
 fn an_unreachable_backend_exits_69() {
     let o = output(distlock(
