@@ -82,8 +82,7 @@ pub(crate) async fn connect(
         what: "bad lock name".into(),
         error,
     })?;
-    let url = target::url_of(target.url.as_deref())
-        .map_err(|why| Failure::Usage(format!("default lock directory: {why}")))?;
+    let url = target::url_of(target.url.as_deref()).map_err(Failure::Usage)?;
     let locks = distlock::connect(&url)
         .await
         .map_err(|error| Failure::Lock {

@@ -4,15 +4,20 @@
 use std::path::{Path, PathBuf};
 
 /// The backend URL: `--url`, else `$DISTLOCK_URL`, else the default directory as `file://`.
-/// A default directory that is not safe to use is a usage error (the message says why).
+/// A default directory that is not safe to use, or a `$DISTLOCK_URL` that is set but not
+/// UTF-8 (never silently replaced by the default), is a usage error (the message says why).
 pub(crate) fn url_of(given: Option<&str>) -> Result<String, String> {
     if let Some(u) = given {
         return Ok(u.to_string());
     }
-    if let Ok(u) = std::env::var("DISTLOCK_URL") {
-        return Ok(u);
+    match std::env::var("DISTLOCK_URL") {
+        Ok(u) => return Ok(u),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err("DISTLOCK_URL is set but is not UTF-8".into())
+        }
+        Err(std::env::VarError::NotPresent) => {}
     }
-    let dir = default_dir()?;
+    let dir = default_dir().map_err(|why| format!("default lock directory: {why}"))?;
     Ok(format!("file://{}", dir.display()))
 }
 

@@ -136,6 +136,32 @@ fn a_memory_url_is_refused_and_runs_nothing() {
     }
 }
 
+/// A `DISTLOCK_URL` that is set but not UTF-8 is a usage error: falling back to the default
+/// directory would lock somewhere other than where the user pointed.
+#[test]
+fn a_distlock_url_that_is_not_utf8_is_refused_not_ignored() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tmp("not-utf8");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let url = std::ffi::OsStr::from_bytes(b"file:///tmp/\xff");
+    for args in [
+        vec!["run", "--name", "x", "--", "sh", "-c", &touch],
+        vec!["status", "--name", "x"],
+    ] {
+        let mut c = Command::new(BIN);
+        c.env("DISTLOCK_URL", url)
+            .env("TMPDIR", &*dir)
+            .env_remove("XDG_RUNTIME_DIR")
+            .args(&args);
+        let o = output(c);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 64, "{args:?}: {err}");
+        assert!(err.contains("DISTLOCK_URL"), "{args:?}: {err}");
+        assert!(!marker.exists(), "the command ran on the default directory");
+    }
+}
+
 #[test]
 fn an_unreachable_backend_exits_69() {
     let o = output(distlock(
