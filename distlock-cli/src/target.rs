@@ -18,7 +18,11 @@ pub(crate) fn url_of(given: Option<&str>) -> Result<String, String> {
         Err(std::env::VarError::NotPresent) => {}
     }
     let dir = default_dir().map_err(|why| format!("default lock directory: {why}"))?;
-    Ok(format!("file://{}", dir.display()))
+    // Encoded, so that the driver decodes exactly this path: `%41`, `#`, `?` and bytes that
+    // are not UTF-8 mean themselves.
+    url::Url::from_directory_path(&dir)
+        .map(String::from)
+        .map_err(|()| format!("default lock directory {} is not absolute", dir.display()))
 }
 
 /// `$XDG_RUNTIME_DIR/distlock` when that is set (the runtime dir is the user's own, mode

@@ -162,6 +162,37 @@ fn a_distlock_url_that_is_not_utf8_is_refused_not_ignored() {
     }
 }
 
+/// The default directory is used as it is named, whatever bytes `$TMPDIR` holds: `%41` is
+/// not `A`, `#` and `?` are not a fragment or a query, and a byte that is not UTF-8 is kept
+/// (a lossy conversion would lock in another directory than the one checked to be private).
+#[test]
+fn the_default_directory_is_the_one_named_whatever_its_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let base = tmp("odd-tmpdir");
+    for odd in [&b"p%41"[..], b"p#x", b"p?x", b"p x", b"p\xfe"] {
+        let tmpdir = base.join(std::ffi::OsStr::from_bytes(odd));
+        std::fs::create_dir_all(&tmpdir).unwrap();
+        let mut c = Command::new(BIN);
+        c.args(["run", "--name", "odd", "--", "true"])
+            .env_remove("DISTLOCK_URL")
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("TMPDIR", &tmpdir);
+        let o = output(c);
+        let shown = String::from_utf8_lossy(odd);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 0, "TMPDIR {shown}: {err}");
+        let uid = String::from_utf8_lossy(&Command::new("id").arg("-u").output().unwrap().stdout)
+            .trim()
+            .to_string();
+        let lock = tmpdir.join(format!("distlock-{uid}")).join("odd.lock");
+        assert!(
+            lock.exists(),
+            "TMPDIR {shown}: no lock file at {}",
+            lock.display()
+        );
+    }
+}
+
 #[test]
 fn an_unreachable_backend_exits_69() {
     let o = output(distlock(
