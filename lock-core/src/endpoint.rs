@@ -8,7 +8,8 @@ use std::fmt;
 
 use crate::{Error, Result};
 
-/// The parts of a multi-host URL, with user and password percent-decoded.
+/// The parts of a multi-host URL, each percent-decoded (user, password, path, query keys and
+/// values; an escape that decodes to bytes that are not UTF-8 is refused).
 ///
 /// ```
 /// use lock_core::driver::MultiHostUrl;
@@ -74,14 +75,15 @@ impl MultiHostUrl {
                 "{what} URL: empty or malformed host list"
             )));
         }
+        let decode = |part: &str, which: &str| decode(part, what, which);
         let (user, password) = match userinfo {
             None => (None, None),
             Some(ui) => {
                 let (u, p) = match ui.split_once(':') {
-                    Some((u, p)) => (u, Some(percent_decode(p))),
+                    Some((u, p)) => (u, Some(decode(p, "the password")?)),
                     None => (ui, None),
                 };
-                (Some(percent_decode(u)), p)
+                (Some(decode(u, "the user name")?), p)
             }
         };
         let query = query
@@ -89,14 +91,18 @@ impl MultiHostUrl {
             .filter(|p| !p.is_empty())
             .map(|pair| {
                 let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-                (percent_decode(k), percent_decode(v))
+                Ok((decode(k, "a query key")?, decode(v, "a query value")?))
             })
-            .collect();
+            .collect::<Result<_>>()?;
+        let path = match path.filter(|p| *p != "/") {
+            Some(p) => Some(decode(p, "the path")?),
+            None => None,
+        };
         Ok(MultiHostUrl {
             hosts,
             user,
             password,
-            path: path.filter(|p| *p != "/").map(str::to_string),
+            path,
             query,
         })
     }
@@ -157,6 +163,21 @@ pub fn parse_bool_param(what: &str, key: &str, value: &str) -> crate::Result<boo
             "{what}: {key}={v:?} is not true or false"
         ))),
     }
+}
+
+/// One part of a URL, `%XX`-decoded (malformed escapes stay as they are), refused if the bytes
+/// it decodes to are not UTF-8: a lossy decoding would silently name another prefix or path.
+/// `which` names the part in the error, never its value (it may be the password).
+fn decode(part: &str, what: &str, which: &str) -> Result<String> {
+    percent_encoding::percent_decode_str(part)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|e| {
+            Error::config_with(
+                format!("{what} URL: {which} is not UTF-8 once its %XX escapes are decoded"),
+                e,
+            )
+        })
 }
 
 /// `%XX` decoding; malformed escapes stay as they are (a password may contain `%`).
@@ -332,6 +353,31 @@ mod tests {
             assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
             assert!(!e.to_string().contains("secret"), "{e}");
             assert!(!e.to_string().contains("pw"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_path_is_decoded_like_the_other_parts() {
+        let u = MultiHostUrl::parse("etcd://h:1/team%2Flocks%2Dx", "etcd", "etcd")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.path.as_deref(), Some("/team/locks-x"));
+        let u = MultiHostUrl::parse("zk://h:1/100%", "zk", "zk").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.path.as_deref(), Some("/100%"), "a malformed escape stays");
+    }
+
+    #[test]
+    fn escapes_that_are_not_utf8_are_refused_in_every_part_without_the_password() {
+        for bad in [
+            "etcd://u%FF:secretpw@h:1",
+            "etcd://u:secret%FFpw@h:1",
+            "etcd://u:secretpw@h:1/p%FF",
+            "etcd://u:secretpw@h:1?prefix=%C3",
+            "etcd://u:secretpw@h:1?%FF=1",
+        ] {
+            let e = MultiHostUrl::parse(bad, "etcd", "etcd").unwrap_err();
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e:?}");
+            assert!(e.to_string().contains("UTF-8"), "{bad}: {e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
         }
     }
 

@@ -18,6 +18,12 @@ pub(crate) const BACKEND: &str = "file";
 /// assert_eq!(c.to_string(), "file:///var/lock/myapp");
 /// assert!(FileConfig::from_url("file://elsewhere/x").is_err());
 /// assert!(FileConfig::from_url("file:///x?mode=1").is_err());
+/// // Escapes mean what they encode; a raw tab or newline, or a space at either end, which URL
+/// // parsing would drop, is refused instead of naming another directory.
+/// assert_eq!(FileConfig::from_url("file:///var/lock/my%20app")?.dir(), std::path::Path::new("/var/lock/my app"));
+/// assert!(FileConfig::from_url("file:///var/lo\nck").is_err());
+/// assert!(FileConfig::from_url("file:///var/lock\t").is_err());
+/// assert!(FileConfig::from_url("file:///var/lock ").is_err());
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -34,6 +40,14 @@ impl FileConfig {
     /// Parses `file:///absolute/dir`: a local directory, no host other than `localhost`, no
     /// query, no fragment.
     pub fn from_url(url: &str) -> Result<Self> {
+        // URL parsing drops tabs and newlines anywhere and spaces at the ends: refused here,
+        // or the lock would live in a directory other than the one named.
+        if url.chars().any(char::is_control) || url.trim() != url {
+            return Err(Error::config(
+                "file URL: a control character, or a space at either end (percent-encode it: \
+                 %09 %0A %20)",
+            ));
+        }
         let u = url::Url::parse(url)
             .map_err(|e| Error::config_with(format!("file URL: {e} (expected file:///dir)"), e))?;
         let local = matches!(u.host_str(), None | Some("") | Some("localhost"));
