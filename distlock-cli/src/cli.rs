@@ -41,7 +41,8 @@ Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not a
 with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refused; 64 bad
 arguments, URL, name or default directory; 70 lock lost or at risk while the command ran (it was stopped), or
 --max-hold reached; 71 distlock could not supervise (signals, keeper); 127/126 command not
-found / not runnable.
+found / not runnable. A closed stderr changes none of these. `status`: 0 (held or free: see
+its output), 74 if the answer cannot be written, else 64, 69 or 77 as for `run`.
 URLs: file:///dir, redis://, rediss://, redlock://h1,h2,h3, zk://h1,h2, etcd://h1,h2,
 postgres://user@host/db
 (a password containing / ? # @ must be percent-encoded: %2F %3F %23 %40).";

@@ -17,6 +17,8 @@ pub(crate) const EX_OSERR: u8 = 71;
 pub(crate) const EX_TEMPFAIL: u8 = 75;
 /// The backend refused the credentials (or a permission the lock needs).
 pub(crate) const EX_NOPERM: u8 = 77;
+/// `status` could not write its answer (stdout closed or a broken pipe).
+pub(crate) const EX_IOERR: u8 = 74;
 
 /// The exit status for a backend error.
 fn code_of(e: &Error) -> u8 {
@@ -75,5 +77,13 @@ impl Failure {
 /// Prints `distlock: {what}` on one line, with every secret of the command line hidden.
 pub(crate) fn say(secrets: &Secrets, what: &str) {
     let line = secrets.scrub(what);
-    eprintln!("distlock: {}", line.replace('\n', " "));
+    to_stderr(&format!("distlock: {}\n", line.replace('\n', " ")));
+}
+
+/// Writes to stderr, ignoring failure: a reader that went away (`2>&1 | head`, a log
+/// collector restarting) must not stop the supervision or change the exit status, as
+/// `eprint!`'s panic would.
+pub(crate) fn to_stderr(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(text.as_bytes());
 }

@@ -33,6 +33,8 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpid, getppid, Pid};
 
+use crate::exit::to_stderr;
+
 /// The hidden first argument that makes this binary a keeper.
 pub(crate) const ARG: &str = "__distlock_keeper";
 
@@ -47,7 +49,7 @@ const KILL_ROUND: Duration = Duration::from_millis(10);
 /// Returns the exit status for the supervisor.
 pub(crate) fn main(args: &[OsString]) -> u8 {
     let Some((parent, grace, command)) = parse(args) else {
-        eprintln!("distlock: the keeper is internal to `distlock run`");
+        to_stderr("distlock: the keeper is internal to `distlock run`\n");
         return EX_OSERR;
     };
     // Blocked signals wait in the signalfd; std resets the mask in the command it spawns.
@@ -63,27 +65,31 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         mask.add(s);
     }
     if let Err(e) = mask.thread_block() {
-        eprintln!("distlock: keeper: cannot block signals: {e}");
+        to_stderr(&format!("distlock: keeper: cannot block signals: {e}\n"));
         return EX_OSERR;
     }
     // The death signal must be armed before the parent check, or a parent dying in between
     // would go unnoticed.
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGUSR1) {
-        eprintln!("distlock: keeper: cannot watch the supervisor: {e}");
+        to_stderr(&format!(
+            "distlock: keeper: cannot watch the supervisor: {e}\n"
+        ));
         return EX_OSERR;
     }
     if getppid() != parent {
         return EX_OSERR; // the supervisor is already gone: start nothing
     }
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        eprintln!("distlock: keeper: cannot become a subreaper: {e}");
+        to_stderr(&format!(
+            "distlock: keeper: cannot become a subreaper: {e}\n"
+        ));
         return EX_OSERR;
     }
     let signals = match SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
     {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("distlock: keeper: signalfd: {e}");
+            to_stderr(&format!("distlock: keeper: signalfd: {e}\n"));
             return EX_OSERR;
         }
     };
@@ -95,7 +101,10 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("distlock: cannot run {}: {e}", command[0].to_string_lossy());
+            to_stderr(&format!(
+                "distlock: cannot run {}: {e}\n",
+                command[0].to_string_lossy()
+            ));
             return if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {

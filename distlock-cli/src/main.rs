@@ -1,4 +1,7 @@
 //! `distlock`: run a command under a distributed lock, on any backend, chosen by URL.
+// `print!` and `eprint!` panic when the reader has gone away (EPIPE): output goes through
+// `exit::to_stderr` and `status`'s checked write instead.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod cli;
 mod exit;
@@ -132,6 +135,6 @@ impl std::io::Write for ScrubbedLine {
 impl Drop for ScrubbedLine {
     fn drop(&mut self) {
         let text = self.1.scrub(&String::from_utf8_lossy(&self.0));
-        eprint!("{text}");
+        exit::to_stderr(&text);
     }
 }

@@ -10,7 +10,7 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
-use crate::exit::{say, Failure, EX_OSERR, EX_SOFTWARE};
+use crate::exit::{say, to_stderr, Failure, EX_OSERR, EX_SOFTWARE};
 use crate::target::Secrets;
 
 pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
@@ -55,10 +55,10 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                eprint!(
+                to_stderr(&format!(
                     "\rdistlock: waiting for lock {name} on {backend} ({}s)",
                     start.elapsed().as_secs()
-                );
+                ));
             }
         })
     });
@@ -69,7 +69,7 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     if let Some(t) = ticker {
         t.abort();
         if start.elapsed() >= Duration::from_secs(1) {
-            eprintln!();
+            to_stderr("\n");
         }
     }
     let lease = match acquired {

@@ -1,11 +1,12 @@
 //! `distlock status`: is the lock held, by which token, for how long.
 
+use std::io::Write;
 use std::time::Duration;
 
 use distlock::{DistributedLock, Error, LockName, LockOptions};
 
 use crate::cli::StatusArgs;
-use crate::exit::Failure;
+use crate::exit::{say, Failure, EX_IOERR};
 use crate::target::Secrets;
 
 pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
@@ -26,9 +27,9 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
     };
     let state = if info.is_some() { "held" } else { "free" };
     let (token, remaining, foreign) = info.unwrap_or((None, None, false));
-    if a.json {
-        println!(
-            "{}",
+    let answer = if a.json {
+        format!(
+            "{}\n",
             serde_json::json!({
                 "name": name.as_str(),
                 "backend": locks.backend(),
@@ -37,7 +38,7 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
                 "foreign_holder": foreign,
                 "remaining_ms": remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             })
-        );
+        )
     } else {
         let mut details = Vec::new();
         if foreign {
@@ -57,9 +58,17 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
         } else {
             format!(", {}", details.join(", "))
         };
-        println!("{name}: {state} ({} backend{details})", locks.backend());
+        format!("{name}: {state} ({} backend{details})\n", locks.backend())
+    };
+    // A closed stdout is a status nobody read: say so in the exit status, not by a panic.
+    let mut out = std::io::stdout();
+    match out.write_all(answer.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) => {
+            say(secrets, &format!("cannot write the answer: {e}"));
+            EX_IOERR
+        }
     }
-    0
 }
 
 /// Held (`true`) or free, by trying to take the lock without waiting and letting go at once.

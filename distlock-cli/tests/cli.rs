@@ -193,6 +193,48 @@ fn the_default_directory_is_the_one_named_whatever_its_bytes() {
     }
 }
 
+/// A reader of distlock's output that went away (`2>&1 | head -1`, a log collector restarting)
+/// leaves writes failing with EPIPE: distlock still exits with the status of what happened,
+/// never panics (101), and the supervision goes on.
+#[test]
+fn a_broken_output_pipe_changes_no_exit_status() {
+    let dir = tmp("epipe");
+    let url = file_url(&dir);
+    let broken = || {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        writer
+    };
+    for (args, want) in [
+        (
+            vec!["run", "--name", "x", "--url", "nosuch://h", "--", "true"],
+            64,
+        ),
+        (
+            vec!["run", "--name", "x", "--ttl", "5ms", "--", "sleep", "1"],
+            70,
+        ),
+        (vec!["run", "--name", "x", "--", "/nonexistent/cmd"], 127),
+        (vec!["run", "--name", "x", "--", "sh", "-c", "exit 3"], 3),
+        (vec!["status", "--name", "x"], 0),
+    ] {
+        let o = distlock(&url, &args)
+            .stdin(Stdio::null())
+            .stderr(broken())
+            .status()
+            .unwrap();
+        assert_eq!(o.code(), Some(want), "{args:?} with stderr a broken pipe");
+    }
+    let o = distlock(&url, &["status", "--name", "x"])
+        .stdin(Stdio::null())
+        .stdout(broken())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 74, "status with stdout a broken pipe: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn an_unreachable_backend_exits_69() {
     let o = output(distlock(
