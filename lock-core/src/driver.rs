@@ -186,6 +186,20 @@ macro_rules! __timeout_setters {
         pub fn request_timeout(&self) -> ::std::time::Duration {
             self.request_timeout
         }
+        /// A zero timeout would fail every request as if the server were down: refused (a
+        /// Config error) when the driver connects, or parses a URL, instead.
+        #[allow(dead_code)] // each driver calls it where it connects
+        pub(crate) fn check_timeouts(&self) -> $crate::Result<()> {
+            for (what, d) in [
+                ("connect timeout", self.connect_timeout),
+                ("request timeout", self.request_timeout),
+            ] {
+                if d.is_zero() {
+                    return Err($crate::Error::config(format!("the {what} is zero")));
+                }
+            }
+            Ok(())
+        }
     };
 }
 

@@ -19,6 +19,7 @@ impl EtcdLock {
     /// Connects, authenticates if configured, and checks that the cluster answers a
     /// linearizable read (etcd-client's own `connect` does no I/O without credentials).
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        config.check()?;
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout())
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))

@@ -118,7 +118,17 @@ impl EtcdConfig {
                 "etcd URL: tls=true needs the `tls` feature of lock-etcd",
             ));
         }
+        cfg.check()?;
         Ok(cfg)
+    }
+
+    /// What no request could succeed with: no endpoint, a zero timeout (checked again at
+    /// connect, for configurations built by hand).
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.endpoints.is_empty() {
+            return Err(Error::config("etcd: no endpoint to connect to"));
+        }
+        self.check_timeouts()
     }
 
     // etcd's own authentication (the role needs read/write on the prefix): with_credentials,
@@ -215,6 +225,8 @@ mod tests {
                 "etcd://u@a:1",
                 "etcd://u:secretpw@a:1?tls=maybe",
                 "etcd://u:secretpw@a:1?tls_ca_file=/ca.pem",
+                "etcd://u:secretpw@a:1?timeout_ms=0",
+                "etcd://u:secretpw@a:1?connect_timeout_ms=0",
             ],
             "secretpw",
         );
@@ -233,6 +245,31 @@ mod tests {
         // A bare `/` is no path: the default prefix.
         let c = EtcdConfig::from_url("etcd://u:secretpw@a:1/").unwrap();
         assert_eq!(c.prefix(), "/distlock");
+    }
+
+    /// A configuration no request could succeed with is a Config error at connect, before any
+    /// I/O, not an unreachable server: no endpoint, a zero timeout.
+    #[tokio::test]
+    async fn connect_refuses_what_no_request_could_succeed_with() {
+        let one = || EtcdConfig::new(["127.0.0.1:1"]);
+        for (bad, why) in [
+            (EtcdConfig::new(Vec::<String>::new()), "no endpoint"),
+            (
+                one().with_request_timeout(Duration::ZERO),
+                "request timeout 0",
+            ),
+            (
+                one().with_connect_timeout(Duration::ZERO),
+                "connect timeout 0",
+            ),
+        ] {
+            let r = crate::EtcdLock::connect(bad).await;
+            assert!(
+                matches!(r, Err(Error::Config { .. })),
+                "{why}: {:?}",
+                r.err()
+            );
+        }
     }
 
     /// Every prefix prints as a URL that parses back to it, with its keys where `etcdctl lock`

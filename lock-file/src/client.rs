@@ -25,20 +25,41 @@ impl FileLock {
             .map_err(|e| io_error(&path, e))
     }
 
-    /// Uses `config.dir()` (created if missing) for the lock files.
+    /// Uses `config.dir()` (created if missing) for the lock files. A relative directory is
+    /// made absolute here, once, against the current directory, so that a later `chdir` of
+    /// the process does not move its locks; an empty one is a Config error (an unset variable,
+    /// most likely, which would otherwise lock in whatever the current directory is).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// let rel = std::path::Path::new("../target/lock-file-relative-doc");
+    /// let locks = lock_file::FileLock::open(rel).await?;
+    /// assert!(locks.dir().is_absolute());
+    /// assert_eq!(locks.dir(), std::env::current_dir().unwrap().join(rel));
+    /// let empty = lock_file::FileLock::open("").await;
+    /// assert!(matches!(empty, Err(lock_core::Error::Config { .. })));
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(config: FileConfig) -> Result<Self> {
+        if config.dir().as_os_str().is_empty() {
+            return Err(Error::config("the lock directory is empty"));
+        }
         let d = config.dir().to_path_buf();
-        blocking(move || std::fs::create_dir_all(&d))
-            .await?
-            .map_err(|e| {
-                Error::config_with(
-                    format!(
-                        "cannot use {} as the lock directory: {e}",
-                        config.dir().display()
-                    ),
-                    e,
-                )
-            })?;
+        let dir = blocking(move || {
+            let dir = std::path::absolute(&d)?;
+            std::fs::create_dir_all(&dir).map(|()| dir)
+        })
+        .await?
+        .map_err(|e| {
+            Error::config_with(
+                format!(
+                    "cannot use {} as the lock directory: {e}",
+                    config.dir().display()
+                ),
+                e,
+            )
+        })?;
+        let config = FileConfig::new(dir);
         Ok(FileLock {
             inner: Arc::new(Inner {
                 config,

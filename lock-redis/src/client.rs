@@ -134,6 +134,7 @@ impl RedisNode {
 
     /// [`connect`](Self::connect), naming `backend` in errors (`"redlock"` for its masters).
     pub async fn connect_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
+        config.check_timeouts()?;
         let (mut node, client, manager_config) = Self::build(config, backend, None).await?;
         let conn = tokio::time::timeout(
             node.config.connect_timeout() + node.config.request_timeout(),

@@ -317,6 +317,29 @@ lock_core::driver::redacted_config!(RedisConfig {
 mod tests {
     use super::*;
 
+    /// A zero timeout fails every request as if the server were down: a Config error at
+    /// connect, before any I/O.
+    #[tokio::test]
+    async fn connect_refuses_a_zero_timeout() {
+        for (bad, why) in [
+            (
+                RedisConfig::new("127.0.0.1", 1).with_request_timeout(Duration::ZERO),
+                "request",
+            ),
+            (
+                RedisConfig::new("127.0.0.1", 1).with_connect_timeout(Duration::ZERO),
+                "connect",
+            ),
+        ] {
+            let r = crate::RedisLock::connect(bad).await;
+            assert!(
+                matches!(r, Err(Error::Config { .. })),
+                "{why} timeout 0: {:?}",
+                r.err()
+            );
+        }
+    }
+
     #[test]
     fn parses_every_part() {
         let c = RedisConfig::from_url("redis://u%40x:p%3Aw@h.example:7000/3?prefix=p:").unwrap();

@@ -131,6 +131,13 @@ impl ZkLock {
 
 /// Opens a session, authenticating with the digest credentials if configured.
 pub(crate) async fn open_session(config: &ZkConfig) -> Result<Client> {
+    // No server to ask (or an empty entry) is the caller's mistake, not an unreachable ensemble.
+    if config.hosts().split(',').any(|h| h.trim().is_empty()) {
+        return Err(Error::config(format!(
+            "ZooKeeper: the server list {:?} is empty or has an empty entry",
+            config.hosts()
+        )));
+    }
     let mut connector = Client::connector()
         .with_session_timeout(config.session_timeout())
         .with_fail_eagerly();

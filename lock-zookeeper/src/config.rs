@@ -229,6 +229,20 @@ mod tests {
         );
     }
 
+    /// No server to ask (or an empty entry in the list) is a Config error at connect, not an
+    /// unreachable ensemble.
+    #[tokio::test]
+    async fn connect_refuses_an_empty_host_list() {
+        for hosts in ["", " ", ",", "127.0.0.1:1,,127.0.0.1:2"] {
+            let r = crate::ZkLock::connect(ZkConfig::new(hosts)).await;
+            assert!(
+                matches!(r, Err(Error::Config { .. })),
+                "{hosts:?}: {:?}",
+                r.err()
+            );
+        }
+    }
+
     #[test]
     fn parses_credentials_and_base() {
         let c = ZkConfig::from_url("zk://a%3Ab:p%40w@h:1,h:2?base=/locks").unwrap();
