@@ -55,7 +55,7 @@ pub use cases::{record_states, Case, Facts, CASES};
 pub use link::{Fault, Faulty, Link};
 pub use proxy::FaultProxy;
 pub use runner::{run, run_case, run_trials, run_with_args, trials, trials_prefixed};
-pub use secured::{assert_bad_urls_rejected, Secured, UrlParts};
+pub use secured::{assert_bad_urls_rejected, assert_refused_at_connect, Secured, UrlParts};
 pub use servers::{ClockStep, Partition, Servers};
 
 /// What the suite needs from a driver's test.

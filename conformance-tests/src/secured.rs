@@ -232,3 +232,37 @@ pub fn assert_bad_urls_rejected<T: fmt::Debug>(
         }
     }
 }
+
+/// Connects with each configuration of `bad` (each with why it is bad) and asserts a Config
+/// error: a configuration no request could succeed with (no server, a zero timeout) is the
+/// caller's mistake, to be reported as such, not as an unreachable server.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// let connect = |timeout: Duration| async move {
+///     if timeout.is_zero() {
+///         Err(lock_core::Error::config("the timeout is zero"))
+///     } else {
+///         Ok(())
+///     }
+/// };
+/// conformance_tests::assert_refused_at_connect(connect, vec![(Duration::ZERO, "timeout 0")]).await;
+/// # }
+/// ```
+///
+/// # Panics
+/// On the first configuration that connects or fails with another error.
+pub async fn assert_refused_at_connect<C, L, Fut>(connect: impl Fn(C) -> Fut, bad: Vec<(C, &str)>)
+where
+    Fut: std::future::Future<Output = lock_core::Result<L>>,
+{
+    for (config, why) in bad {
+        let r = connect(config).await;
+        assert!(
+            matches!(r, Err(lock_core::Error::Config { .. })),
+            "{why}: not a Config error: {:?}",
+            r.err()
+        );
+    }
+}

@@ -321,23 +321,18 @@ mod tests {
     /// connect, before any I/O.
     #[tokio::test]
     async fn connect_refuses_a_zero_timeout() {
-        for (bad, why) in [
+        let one = || RedisConfig::new("127.0.0.1", 1);
+        let bad = vec![
             (
-                RedisConfig::new("127.0.0.1", 1).with_request_timeout(Duration::ZERO),
-                "request",
+                one().with_request_timeout(Duration::ZERO),
+                "request timeout 0",
             ),
             (
-                RedisConfig::new("127.0.0.1", 1).with_connect_timeout(Duration::ZERO),
-                "connect",
+                one().with_connect_timeout(Duration::ZERO),
+                "connect timeout 0",
             ),
-        ] {
-            let r = crate::RedisLock::connect(bad).await;
-            assert!(
-                matches!(r, Err(Error::Config { .. })),
-                "{why} timeout 0: {:?}",
-                r.err()
-            );
-        }
+        ];
+        conformance_tests::assert_refused_at_connect(crate::RedisLock::connect, bad).await;
     }
 
     #[test]
