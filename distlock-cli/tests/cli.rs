@@ -26,6 +26,13 @@ fn distlock(url: &str, args: &[&str]) -> Command {
     c
 }
 
+/// A file `tag` in `dir` and a shell command that creates it: whether a command ran.
+fn ran_marker(dir: &Path, tag: &str) -> (std::path::PathBuf, String) {
+    let ran = dir.join(tag);
+    let touch = format!("touch {}", ran.display());
+    (ran, touch)
+}
+
 fn output(mut c: Command) -> Output {
     c.stdin(Stdio::null()).output().unwrap()
 }
@@ -116,8 +123,7 @@ fn bad_arguments_urls_and_names_exit_64_with_one_line() {
 #[test]
 fn a_memory_url_is_refused_and_runs_nothing() {
     let dir = tmp("memory");
-    let marker = dir.join("ran");
-    let touch = format!("touch {}", marker.display());
+    let (marker, touch) = ran_marker(&dir, "ran");
     for url in ["memory://", "memory://jobs", "memory://u:secretpw@jobs"] {
         for args in [
             vec!["run", "--name", "x", "--", "sh", "-c", &touch],
@@ -142,8 +148,7 @@ fn a_memory_url_is_refused_and_runs_nothing() {
 fn a_distlock_url_that_is_not_utf8_is_refused_not_ignored() {
     use std::os::unix::ffi::OsStrExt;
     let dir = tmp("not-utf8");
-    let marker = dir.join("ran");
-    let touch = format!("touch {}", marker.display());
+    let (marker, touch) = ran_marker(&dir, "ran");
     let url = std::ffi::OsStr::from_bytes(b"file:///tmp/\xff");
     for args in [
         vec!["run", "--name", "x", "--", "sh", "-c", &touch],
@@ -267,8 +272,7 @@ fn a_signal_while_connecting_ends_run_at_once() {
     let addr = silent_server();
     let dir = tmp("connect-signal");
     for (sig, want) in [("TERM", 143), ("INT", 130)] {
-        let ran = dir.join(format!("ran-{sig}"));
-        let script = format!("touch {}", ran.display());
+        let (ran, script) = ran_marker(&dir, &format!("ran-{sig}"));
         let url = format!("postgres://locker@{addr}/postgres");
         let mut c = distlock(&url, &["run", "--name", "x", "--", "sh", "-c", &script]);
         c.stdout(Stdio::null()).stderr(Stdio::piped());
@@ -311,8 +315,7 @@ fn a_server_that_never_answers_exits_69_without_running_the_command() {
     .into_iter()
     .enumerate()
     .map(|(i, url)| {
-        let ran = dir.join(format!("ran-{i}"));
-        let script = format!("touch {}", ran.display());
+        let (ran, script) = ran_marker(&dir, &format!("ran-{i}"));
         let mut c = distlock(
             &url,
             &["run", "--name", "x", "--no-wait", "--", "sh", "-c", &script],
@@ -346,8 +349,7 @@ fn a_server_that_never_answers_exits_69_without_running_the_command() {
 #[test]
 fn refused_credentials_exit_77_without_running_the_command() {
     let dir = tmp("noperm");
-    let ran = dir.join("ran");
-    let script = format!("touch {}", ran.display());
+    let (ran, script) = ran_marker(&dir, "ran");
     let o = output(distlock(
         "redis://locker:WRONG-cli-secret@127.0.0.1:16390",
         &["run", "--name", "x", "--", "sh", "-c", &script],

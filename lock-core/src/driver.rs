@@ -158,6 +158,11 @@ macro_rules! __tls_setters {
 /// let c = MyConfig::default().with_request_timeout(Duration::from_secs(2));
 /// assert_eq!(c.request_timeout(), Duration::from_secs(2));
 /// assert_eq!(c.connect_timeout(), Duration::ZERO);
+/// // For the driver's connect: a zero timeout, either one, is a Config error.
+/// assert!(matches!(c.check_timeouts(), Err(lock_core::Error::Config { .. })));
+/// let c = c.with_connect_timeout(Duration::from_secs(1));
+/// assert!(c.check_timeouts().is_ok());
+/// assert!(c.with_request_timeout(Duration::ZERO).check_timeouts().is_err());
 /// ```
 #[doc(inline)]
 pub use crate::__timeout_setters as timeout_setters;

@@ -9,12 +9,8 @@ use lock_core::{DistributedLock, Error, LockOptions};
 use lock_etcd::etcd_client::{DeleteOptions, TxnOp};
 use lock_etcd::EtcdLock;
 
-async fn locks() -> EtcdLock {
-    let url = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
-    EtcdLock::from_url(&url)
-        .await
-        .unwrap_or_else(|e| panic!("etcd (scripts/services.sh up etcd): {e}"))
-}
+mod common;
+use common::single;
 
 async fn read(locks: &EtcdLock, key: &str) -> Option<String> {
     let resp = locks.client().get(key, None).await.unwrap();
@@ -25,7 +21,7 @@ async fn read(locks: &EtcdLock, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn writes_while_held_and_never_after() {
-    let (a, b) = (locks().await, locks().await);
+    let (a, b) = (single().await, single().await);
     let name = fresh_name("guarded");
     let data = format!("/distlock-guarded-data/{name}");
     let opts = LockOptions::new(Duration::from_secs(10));
@@ -73,7 +69,7 @@ async fn writes_while_held_and_never_after() {
 
 #[tokio::test]
 async fn a_released_lease_cannot_write() {
-    let a = locks().await;
+    let a = single().await;
     let name = fresh_name("guarded-released");
     let data = format!("/distlock-guarded-data/{name}");
     let lease = a

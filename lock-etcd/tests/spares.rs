@@ -8,17 +8,9 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, Error, LockOptions};
-use lock_etcd::EtcdLock;
 
 mod common;
-use common::{lease_of, remaining, revoked};
-
-async fn etcd() -> EtcdLock {
-    let url = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
-    EtcdLock::from_url(&url)
-        .await
-        .unwrap_or_else(|e| panic!("etcd (scripts/services.sh up etcd): {e}"))
-}
+use common::{lease_of, remaining, revoked, single};
 
 /// Release, then take another name at once, five times: each grant after the first reuses the
 /// released lease, confirmed so recently that no keep-alive is sent (the "fresh spare" path).
@@ -27,7 +19,7 @@ async fn etcd() -> EtcdLock {
 /// a holder believing for 3 s on a 2 s lease while others held the lock.
 #[tokio::test]
 async fn a_lock_on_a_fresh_spare_is_valid_for_no_longer_than_its_ttl() {
-    let locks = etcd().await;
+    let locks = single().await;
     let ttl = Duration::from_secs(4);
     let opts = LockOptions::new(ttl);
     for round in 0..5 {
@@ -54,7 +46,7 @@ async fn a_lock_on_a_fresh_spare_is_valid_for_no_longer_than_its_ttl() {
 /// gone (`NotHeld`: an operator deleted it). The leases the pool does keep stay alive.
 #[tokio::test]
 async fn a_released_lease_not_kept_as_a_spare_is_revoked() {
-    let locks = etcd().await;
+    let locks = single().await;
     let mut admin = locks.client();
     let opts = LockOptions::new(Duration::from_secs(30));
     // Held at once, so each is granted on a lease of its own.

@@ -4,6 +4,15 @@
 use std::time::{Duration, Instant};
 
 use lock_etcd::etcd_client::Client;
+use lock_etcd::EtcdLock;
+
+/// A lock on the single member of `scripts/services.sh` (`ETCD_URL`, default port 12379).
+pub(crate) async fn single() -> EtcdLock {
+    let url = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
+    EtcdLock::from_url(&url)
+        .await
+        .unwrap_or_else(|e| panic!("etcd (scripts/services.sh up etcd): {e}"))
+}
 
 /// The lease the key `key` is on (0: none), read through `client`.
 pub(crate) async fn lease_of(client: &mut Client, key: &str) -> i64 {
