@@ -361,6 +361,30 @@ fn refused_credentials_exit_77_without_running_the_command() {
     assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
 }
 
+/// A database the server does not have is a bad URL (64), not a backend that is down (69):
+/// retrying cannot help. The command does not run.
+#[test]
+fn a_database_the_server_does_not_have_exits_64() {
+    let dir = tmp("nodb");
+    for (i, url) in [
+        "redis://127.0.0.1:16379/16",
+        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382/16",
+        "postgres://locker@127.0.0.1:15432/distlock_no_such_db",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (ran, script) = ran_marker(&dir, &format!("ran-{i}"));
+        let o = output(distlock(
+            url,
+            &["run", "--name", "x", "--", "sh", "-c", &script],
+        ));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 64, "{url}: {err}");
+        assert!(!ran.exists(), "{url}: the command ran");
+    }
+}
+
 #[test]
 fn exit_status_environment_and_signals_pass_through() {
     let dir = tmp("status");

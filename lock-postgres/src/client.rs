@@ -443,6 +443,14 @@ pub(crate) fn map_error(e: tokio_postgres::Error, config: &PgConfig) -> Error {
         {
             Error::unavailable(BACKEND, keep(e))
         }
+        // The URL names a database the server does not have: retrying cannot help.
+        Some(c) if c == SqlState::INVALID_CATALOG_NAME => Error::config_with(
+            format!(
+                "PostgreSQL has no database {:?}",
+                config.dbname().unwrap_or("")
+            ),
+            keep(e),
+        ),
         Some(_) => Error::backend(BACKEND, keep(e)),
         // The client asked for a password the URL does not have.
         None if cause.contains("password missing") => Error::unauthenticated(

@@ -315,6 +315,13 @@ impl RedisNode {
                     self.config.user().unwrap_or("default")
                 ),
             )
+        } else if text.contains("DB index is out of range") {
+            // The URL names a database the server does not have: retrying cannot help.
+            Error::config(format!(
+                "Redis at {} has no database {}: {text}",
+                self.config.endpoint(),
+                self.config.db()
+            ))
         } else {
             Error::unavailable(
                 self.backend,
