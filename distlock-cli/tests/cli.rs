@@ -361,7 +361,8 @@ fn refused_credentials_exit_77_without_running_the_command() {
     assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
 }
 
-/// A database the server does not have is a bad URL (64), not a backend that is down (69):
+/// A database the server does not have, or a PostgreSQL fencing table that cannot be one (its
+/// schema missing, another table's shape), is a bad URL (64), not a backend that is down (69):
 /// retrying cannot help. The command does not run.
 #[test]
 fn a_database_the_server_does_not_have_exits_64() {
@@ -370,6 +371,8 @@ fn a_database_the_server_does_not_have_exits_64() {
         "redis://127.0.0.1:16379/16",
         "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382/16",
         "postgres://locker@127.0.0.1:15432/distlock_no_such_db",
+        "postgres://locker@127.0.0.1:15432/postgres?table=distlock_no_such_schema.fence",
+        "postgres://locker@127.0.0.1:15432/postgres?table=pg_catalog.pg_class",
     ]
     .into_iter()
     .enumerate()

@@ -451,6 +451,23 @@ pub(crate) fn map_error(e: tokio_postgres::Error, config: &PgConfig) -> Error {
             ),
             keep(e),
         ),
+        // The fencing table cannot be one: its schema is missing, or it is some other table.
+        Some(c)
+            if c == SqlState::INVALID_SCHEMA_NAME
+                || c == SqlState::UNDEFINED_COLUMN
+                || c == SqlState::UNDEFINED_TABLE
+                || c == SqlState::DATATYPE_MISMATCH
+                || c == SqlState::WRONG_OBJECT_TYPE =>
+        {
+            Error::config_with(
+                format!(
+                    "PostgreSQL fencing table {:?} cannot be used: {}",
+                    config.table(),
+                    said.as_deref().unwrap_or(&text)
+                ),
+                keep(e),
+            )
+        }
         Some(_) => Error::backend(BACKEND, keep(e)),
         // The client asked for a password the URL does not have.
         None if cause.contains("password missing") => Error::unauthenticated(
