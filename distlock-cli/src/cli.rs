@@ -44,7 +44,7 @@ arguments, URL, name or default directory; 70 lock lost or at risk while the com
 found / not runnable. A closed stderr changes none of these. `status`: 0 (held or free: see
 its output), 74 if the answer cannot be written, else 64, 69 or 77 as for `run`.
 URLs: file:///dir, redis://, rediss://, redlock://h1,h2,h3, zk://h1,h2, etcd://h1,h2,
-postgres://user@host/db
+postgres://user@host/db (memory:// runs, with a warning: it lives in this process only)
 (a password containing / ? # @ must be percent-encoded: %2F %3F %23 %40).";
 
 /// The longest duration any option accepts.

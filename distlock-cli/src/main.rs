@@ -92,14 +92,14 @@ pub(crate) async fn connect(
             what: format!("cannot use {}", distlock::redact(&url)),
             error,
         })?;
-    // A memory lock lives inside one process: no other `distlock` ever sees it, so it would
-    // exclude nothing and report every lock free.
+    // A memory lock lives inside one process: no other `distlock` ever sees it, so it
+    // excludes no other run and reads free. Said, not refused: it has been a documented URL.
     if locks.backend() == "memory" {
-        return Err(Failure::Usage(format!(
-            "{} is private to one process and excludes no other run; use file:///dir \
-             (one machine) or a server",
+        exit::to_stderr(&format!(
+            "distlock: warning: {} is private to one process and excludes no other run; use \
+             file:///dir (one machine) or a server\n",
             distlock::redact(&url)
-        )));
+        ));
     }
     Ok((locks, name))
 }
