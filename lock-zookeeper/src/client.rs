@@ -19,6 +19,7 @@ impl ZkLock {
     /// Opens a session (authenticating with digest credentials if configured) and makes sure
     /// the base path exists.
     pub async fn connect(config: ZkConfig) -> Result<Self> {
+        config.check()?;
         let client = open_session(&config).await?;
         let session_timeout = client.session_timeout();
         let secured = config.digest().is_some();
@@ -131,13 +132,6 @@ impl ZkLock {
 
 /// Opens a session, authenticating with the digest credentials if configured.
 pub(crate) async fn open_session(config: &ZkConfig) -> Result<Client> {
-    // No server to ask (or an empty entry) is the caller's mistake, not an unreachable ensemble.
-    if config.hosts().split(',').any(|h| h.trim().is_empty()) {
-        return Err(Error::config(format!(
-            "ZooKeeper: the server list {:?} is empty or has an empty entry",
-            config.hosts()
-        )));
-    }
     let mut connector = Client::connector()
         .with_session_timeout(config.session_timeout())
         .with_fail_eagerly();

@@ -171,6 +171,18 @@ impl ZkConfig {
             ..self.clone()
         }
     }
+    /// What no session could be opened with: no server, or an empty entry in the list (the
+    /// caller's mistake, not an unreachable ensemble). Checked once, at connect.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.hosts.split(',').any(|h| h.trim().is_empty()) {
+            return Err(Error::config(format!(
+                "ZooKeeper: the server list {:?} is empty or has an empty entry",
+                self.hosts
+            )));
+        }
+        Ok(())
+    }
+
     pub(crate) fn connect_string(&self) -> String {
         format!("{}{}", self.hosts, self.chroot.as_deref().unwrap_or(""))
     }
