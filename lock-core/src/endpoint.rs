@@ -180,7 +180,9 @@ fn decode(part: &str, what: &str, which: &str) -> Result<String> {
         })
 }
 
-/// `%XX` decoding; malformed escapes stay as they are (a password may contain `%`).
+/// `%XX` decoding; malformed escapes stay as they are (a password may contain `%`), and bytes
+/// that are not UTF-8 become U+FFFD. Lossy on purpose: it is for finding a secret's decoded
+/// form in text; reading a URL ([`MultiHostUrl::parse`]) refuses such bytes instead.
 ///
 /// ```
 /// assert_eq!(lock_core::driver::percent_decode("p%40ss%2F100%"), "p@ss/100%");
