@@ -33,6 +33,18 @@ fn ran_marker(dir: &Path, tag: &str) -> (std::path::PathBuf, String) {
     (ran, touch)
 }
 
+/// `distlock run --name x -- touch <marker>` on `url`: its exit code, its stderr, and whether
+/// the command ran.
+fn run_marked(dir: &Path, url: &str, tag: &str) -> (i32, String, bool) {
+    let (ran, script) = ran_marker(dir, tag);
+    let o = output(distlock(
+        url,
+        &["run", "--name", "x", "--", "sh", "-c", &script],
+    ));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    (code(&o), err, ran.exists())
+}
+
 fn output(mut c: Command) -> Output {
     c.stdin(Stdio::null()).output().unwrap()
 }
@@ -348,14 +360,13 @@ fn a_server_that_never_answers_exits_69_without_running_the_command() {
 #[test]
 fn refused_credentials_exit_77_without_running_the_command() {
     let dir = tmp("noperm");
-    let (ran, script) = ran_marker(&dir, "ran");
-    let o = output(distlock(
+    let (code, err, ran) = run_marked(
+        &dir,
         "redis://locker:WRONG-cli-secret@127.0.0.1:16390",
-        &["run", "--name", "x", "--", "sh", "-c", &script],
-    ));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(code(&o), 77, "{err}");
-    assert!(!ran.exists(), "the command ran without the lock");
+        "ran",
+    );
+    assert_eq!(code, 77, "{err}");
+    assert!(!ran, "the command ran without the lock");
     assert!(!err.contains("WRONG-cli-secret"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
 }
@@ -376,14 +387,37 @@ fn a_database_the_server_does_not_have_exits_64() {
     .into_iter()
     .enumerate()
     {
-        let (ran, script) = ran_marker(&dir, &format!("ran-{i}"));
-        let o = output(distlock(
-            url,
-            &["run", "--name", "x", "--", "sh", "-c", &script],
-        ));
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(code(&o), 64, "{url}: {err}");
-        assert!(!ran.exists(), "{url}: the command ran");
+        let (code, err, ran) = run_marked(&dir, url, &format!("ran-{i}"));
+        assert_eq!(code, 64, "{url}: {err}");
+        assert!(!ran, "{url}: the command ran");
+    }
+}
+
+/// Credentials given to a server that does not check them (Redis's `nopass` default user,
+/// PostgreSQL `trust`, ZooKeeper's digest, etcd with auth disabled) are accepted, as the
+/// backend's own clients accept them (`etcdctl --user` on such a server works): the same URL
+/// serves a development server and a production one. The command runs and exits 0.
+#[test]
+fn credentials_a_server_does_not_check_are_accepted() {
+    let dir = tmp("unchecked");
+    let mut urls = vec![
+        "redis://:unchecked-pw@127.0.0.1:16379",
+        "redlock://:unchecked-pw@127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382",
+        // Its own chroot: with credentials, the nodes the driver makes are that user's alone.
+        "zk://bob:unchecked-pw@127.0.0.1:12181/distlock-cli-unchecked?session_timeout_ms=2000",
+        "postgres://locker:unchecked-pw@127.0.0.1:15432/postgres",
+    ];
+    if cfg!(feature = "etcd") {
+        urls.push("etcd://bob:unchecked-pw@127.0.0.1:12379");
+    }
+    for (i, url) in urls.into_iter().enumerate() {
+        let (code, err, ran) = run_marked(&dir, url, &format!("ran-{i}"));
+        assert_eq!(code, 0, "{url}: {err}");
+        assert!(ran, "{url}: the command did not run");
+        assert!(
+            !err.contains("unchecked-pw"),
+            "{url}: password shown: {err}"
+        );
     }
 }
 

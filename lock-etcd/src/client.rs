@@ -18,6 +18,8 @@ use crate::EtcdConfig;
 impl EtcdLock {
     /// Connects, authenticates if configured, and checks that the cluster answers a
     /// linearizable read (etcd-client's own `connect` does no I/O without credentials).
+    /// Credentials given to a cluster with authentication off are not used (a warning is
+    /// logged), as etcd's own clients do.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         config.check()?;
         let mut opts = ConnectOptions::new()
@@ -25,9 +27,6 @@ impl EtcdLock {
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))
             // Fail fast on a member cut off from its leader instead of hanging on it.
             .with_require_leader(true);
-        if let Some((u, p)) = config.credentials() {
-            opts = opts.with_user(u, p).with_auto_token_refresh(true);
-        }
         let mut endpoints = config.endpoints().to_vec();
         if config.is_tls() {
             opts = with_tls(opts, &config).await?;
@@ -40,15 +39,40 @@ impl EtcdLock {
                 .collect();
         }
         let limit = config.connect_timeout();
-        let client = tokio::time::timeout(limit, Client::connect(endpoints, Some(opts)))
-            .await
-            .map_err(|_| {
-                Error::unavailable(
-                    BACKEND,
-                    format!("no answer from {} within {limit:?}", config.redacted_url()),
-                )
-            })?
-            .map_err(|e| connect_error(e, &config))?;
+        // The outer error: no answer in time; the inner: the client's own.
+        let connect = |opts: ConnectOptions| {
+            let endpoints = endpoints.clone();
+            let url = config.redacted_url();
+            async move {
+                tokio::time::timeout(limit, Client::connect(endpoints, Some(opts)))
+                    .await
+                    .map_err(|_| {
+                        Error::unavailable(
+                            BACKEND,
+                            format!("no answer from {url} within {limit:?}"),
+                        )
+                    })
+            }
+        };
+        let client = match config.credentials() {
+            None => connect(opts).await?,
+            Some((u, p)) => {
+                let authenticated = opts.clone().with_user(u, p).with_auto_token_refresh(true);
+                match connect(authenticated).await? {
+                    // etcd's own clients (etcdctl, clientv3) go on without a token when the
+                    // cluster has auth off: the same URL serves a development cluster.
+                    Err(e) if auth_not_enabled(&e) => {
+                        tracing::warn!(
+                            url = %config.redacted_url(),
+                            "etcd has authentication off; the credentials are not used"
+                        );
+                        connect(opts).await?
+                    }
+                    other => other,
+                }
+            }
+        }
+        .map_err(|e| connect_error(e, &config))?;
         // Health: a linearizable read needs a leader and a quorum. The key is the prefix (its
         // readers' role covers it), or `/` without one: etcd has no empty key.
         let prefix = match config.prefix() {
@@ -272,6 +296,13 @@ fn no_leader(e: &etcd_client::Error) -> bool {
 
 pub(crate) fn malformed(what: &str) -> Error {
     Error::backend(BACKEND, format!("unexpected {what} transaction response"))
+}
+
+/// Whether etcd refused to authenticate because the cluster has authentication off.
+fn auth_not_enabled(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::FailedPrecondition
+            && s.message().contains("authentication is not enabled"))
 }
 
 pub(crate) fn connect_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {

@@ -65,7 +65,8 @@
 //!
 //! `etcd://[user:password@]h1:p1,h2:p2[/prefix][?prefix=P&timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
 //! (`tls=true` needs this crate's `tls` feature). Unknown or repeated parameters are refused;
-//! the password never shows.
+//! the password never shows. On a cluster with authentication off the credentials are not
+//! used (a warning is logged), as etcd's own clients do.
 //!
 //! ## Example
 //!

@@ -62,7 +62,9 @@
 //!
 //! `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock&parents=container|persistent]`.
 //! Digest credentials are sent before the first request, lock nodes then carry ACLs that only
-//! that user can delete, and the password never appears in `Debug`, `Display` or errors.
+//! that user can delete, and the password never appears in `Debug`, `Display` or errors. The
+//! chroot and base path get the same ACLs when this driver creates them, so other users cannot
+//! lock under them: create them beforehand with the ACLs you want to share them.
 //! Unknown or repeated parameters are refused.
 //!
 //! ## Example
