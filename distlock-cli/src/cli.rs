@@ -54,7 +54,7 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 #[command(
     name = "distlock",
     version,
-    about = "Run a command under a distributed lock (Redis, Redlock, ZooKeeper, etcd, or a local file)",
+    about = "Run a command under a distributed lock (Redis, Redlock, ZooKeeper, etcd, PostgreSQL, or a local file)",
     after_help = EXAMPLES
 )]
 pub(crate) struct Cli {
