@@ -237,6 +237,21 @@ impl PgConfig {
 
     /// The client library's configuration (TLS is chosen by the connector).
     pub(crate) fn client_config(&self) -> Result<tokio_postgres::Config> {
+        // The startup message carries these as C strings: a NUL can never be sent.
+        let sent = [
+            ("user", self.user.as_deref()),
+            ("password", self.password.as_ref().map(Secret::expose)),
+            ("database", self.dbname.as_deref()),
+            ("application_name", Some(&self.application_name)),
+        ];
+        if let Some((what, _)) = sent
+            .iter()
+            .find(|(_, v)| v.is_some_and(|v| v.contains('\0')))
+        {
+            return Err(Error::config(format!(
+                "PostgreSQL: the {what} contains a NUL byte, which the protocol cannot send"
+            )));
+        }
         let mut c = tokio_postgres::Config::new();
         for h in &self.hosts {
             let (host, port) = split_host(h)?;
@@ -350,6 +365,27 @@ mod tests {
             ],
             "topsecret",
         );
+    }
+
+    /// The protocol sends names and the password as C strings: a NUL byte in one can never
+    /// reach the server, so it is a Config error at connect, before any I/O, not an
+    /// unreachable server (69). Through the URL and through the setters alike.
+    #[tokio::test]
+    async fn connect_refuses_a_nul_byte_in_what_the_login_sends() {
+        let url = |q: &str| PgConfig::from_url(&format!("postgres://{q}")).unwrap();
+        let base = || PgConfig::new("127.0.0.1:1");
+        let bad = vec![
+            (
+                url("u@127.0.0.1:1/db?application_name=a%00b"),
+                "application_name",
+            ),
+            (url("u%00x@127.0.0.1:1/db"), "user in the URL"),
+            (url("u:p%00w@127.0.0.1:1/db"), "password in the URL"),
+            (base().with_credentials("u\0x", "pw"), "user"),
+            (base().with_credentials("u", "p\0w"), "password"),
+            (base().with_dbname("d\0b"), "dbname"),
+        ];
+        conformance_tests::assert_refused_at_connect(crate::PgLock::connect, bad).await;
     }
 
     #[test]
