@@ -172,12 +172,24 @@ impl ZkConfig {
         }
     }
     /// What no session could be opened with: no server, or an empty entry in the list (the
-    /// caller's mistake, not an unreachable ensemble). Checked once, at connect.
+    /// caller's mistake, not an unreachable ensemble); lock nodes in the tree the server
+    /// reserves (`/zookeeper`). Checked once, at connect.
     pub(crate) fn check(&self) -> Result<()> {
         if self.hosts.split(',').any(|h| h.trim().is_empty()) {
             return Err(Error::config(format!(
                 "ZooKeeper: the server list {:?} is empty or has an empty entry",
                 self.hosts
+            )));
+        }
+        // Where the lock nodes go, seen from the root.
+        let root = match (self.chroot.as_deref(), self.base_path.as_str()) {
+            (Some(chroot), "/") => chroot.to_string(),
+            (chroot, base) => format!("{}{base}", chroot.unwrap_or("")),
+        };
+        if root == "/zookeeper" || root.starts_with("/zookeeper/") {
+            return Err(Error::config(format!(
+                "ZooKeeper: {root} is in the tree the server reserves (/zookeeper); use another \
+                 chroot or base path"
             )));
         }
         Ok(())
@@ -247,6 +259,24 @@ mod tests {
     async fn connect_refuses_an_empty_host_list() {
         let bad = ["", " ", ",", "127.0.0.1:1,,127.0.0.1:2"].map(|h| (ZkConfig::new(h), h));
         conformance_tests::assert_refused_at_connect(crate::ZkLock::connect, bad.to_vec()).await;
+    }
+
+    /// ZooKeeper reserves `/zookeeper` (quotas, the ensemble's config): lock nodes there are a
+    /// Config error at connect, by chroot or base path, not nodes made among the server's own.
+    /// A chroot of `/zookeeperx`, or a base of `/zookeeper` below another chroot, is fine.
+    #[tokio::test]
+    async fn connect_refuses_the_reserved_zookeeper_tree() {
+        let url = |u: &str| ZkConfig::from_url(u).unwrap();
+        let bad = vec![
+            (url("zk://127.0.0.1:1/zookeeper"), "chroot /zookeeper"),
+            (url("zk://127.0.0.1:1/zookeeper/quota"), "chroot below it"),
+            (url("zk://127.0.0.1:1?base=/zookeeper"), "base /zookeeper"),
+            (url("zk://127.0.0.1:1?base=/zookeeper/x"), "base below it"),
+        ];
+        conformance_tests::assert_refused_at_connect(crate::ZkLock::connect, bad).await;
+        for fine in ["zk://h:1/zookeeperx", "zk://h:1/app?base=/zookeeper"] {
+            assert!(url(fine).check().is_ok(), "{fine}");
+        }
     }
 
     #[test]

@@ -64,7 +64,8 @@
 //! Digest credentials are sent before the first request, lock nodes then carry ACLs that only
 //! that user can delete, and the password never appears in `Debug`, `Display` or errors. The
 //! chroot and base path get the same ACLs when this driver creates them, so other users cannot
-//! lock under them: create them beforehand with the ACLs you want to share them.
+//! lock under them: create them beforehand with the ACLs you want to share them. A chroot or
+//! base path inside `/zookeeper`, the tree the server reserves, is refused at connect.
 //! Unknown or repeated parameters are refused.
 //!
 //! ## Example
