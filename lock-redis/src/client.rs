@@ -171,8 +171,9 @@ impl RedisNode {
     /// `timeout`. The drivers call it at connect and before granting on a connection that
     /// dropped since.
     ///
-    /// [`Error::Config`] when `maxmemory` is set with an evicting `maxmemory-policy` (unless
-    /// [`RedisConfig::with_allow_eviction`]), or when the server rejects the credentials;
+    /// [`Error::Config`] when the server is a replica, when `maxmemory` is set with an
+    /// evicting `maxmemory-policy` (unless [`RedisConfig::with_allow_eviction`]), or when the
+    /// server rejects the credentials;
     /// [`Error::Unavailable`] when it does not answer.
     pub async fn verify(&self, timeout: Duration) -> Result<()> {
         if !self.needs_verify() {
@@ -203,6 +204,15 @@ impl RedisNode {
             }
         })?;
         let facts = ServerFacts::parse(&reply);
+        if let Some(master) = facts.replica_of() {
+            // Read-only, it refuses every grant; writable, it erases them at its next sync.
+            return Err(Error::config(format!(
+                "Redis at {} is a replica (of {master}): a read-only one refuses every lock, a \
+                 writable one loses them when it syncs with its master. Point distlock at a \
+                 master",
+                self.config.endpoint()
+            )));
+        }
         if let Some(risk) = facts.eviction_risk() {
             if !self.config.allow_eviction() {
                 return Err(Error::config(format!(
@@ -341,6 +351,10 @@ struct ServerFacts {
     run_id: Option<String>,
     maxmemory: u64,
     policy: String,
+    /// `master` or `slave` (Redis's word for a replica).
+    role: String,
+    /// The master of a replica, `host:port` as `INFO` gives them.
+    master: [Option<String>; 2],
 }
 
 impl ServerFacts {
@@ -354,10 +368,21 @@ impl ServerFacts {
                 Some(("run_id", v)) => f.run_id = Some(v.to_string()),
                 Some(("maxmemory", v)) => f.maxmemory = v.parse().unwrap_or(u64::MAX),
                 Some(("maxmemory_policy", v)) => f.policy = v.to_string(),
+                Some(("role", v)) => f.role = v.to_string(),
+                Some(("master_host", v)) => f.master[0] = Some(v.to_string()),
+                Some(("master_port", v)) => f.master[1] = Some(v.to_string()),
                 _ => {}
             }
         }
         f
+    }
+
+    /// The master of a server that is a replica (`?` for what `INFO` leaves out).
+    fn replica_of(&self) -> Option<String> {
+        (self.role != "master" && !self.role.is_empty()).then(|| {
+            let [host, port] = self.master.clone().map(|v| v.unwrap_or_else(|| "?".into()));
+            format!("{host}:{port}")
+        })
     }
 
     /// Which of the lock's keys the server may evict, if any. No `maxmemory` means no eviction
@@ -494,6 +519,20 @@ mod tests {
         let f = facts(67108864, "allkeys-lru");
         assert_eq!(f.run_id.as_deref(), Some("abc"));
         assert_eq!((f.maxmemory, f.policy.as_str()), (67108864, "allkeys-lru"));
+    }
+
+    #[test]
+    fn reads_whether_the_server_is_a_replica() {
+        let replica = "# Replication\r\nrole:slave\r\nmaster_host:10.0.0.5\r\nmaster_port:6379\r\n";
+        let f = ServerFacts::parse(replica);
+        assert_eq!(f.replica_of().as_deref(), Some("10.0.0.5:6379"));
+        let master = ServerFacts::parse("# Replication\r\nrole:master\r\nconnected_slaves:1\r\n");
+        assert_eq!(master.replica_of(), None);
+        assert_eq!(
+            facts(0, "noeviction").replica_of(),
+            None,
+            "no role line: not a replica"
+        );
     }
 
     #[test]

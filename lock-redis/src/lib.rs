@@ -58,6 +58,10 @@
 //! `Capabilities::fencing` is `None`. A `CONFIG SET` between two checks goes unnoticed until the
 //! next one.
 //!
+//! **A replica is refused** by the same checks: a read-only one refuses every grant, and a
+//! writable one (`replica-read-only no`) would take locks that its next sync with its master
+//! erases.
+//!
 //! **A restart without durable persistence** forgets locks and counters (see Fencing). **A
 //! failover** to an asynchronously replicated replica can lose the last grants; the single-node
 //! driver cannot tell, which is what Redlock (`lock-redlock`) addresses for the lock itself.

@@ -106,3 +106,21 @@ async fn a_master_that_may_evict_is_refused_unless_accepted() {
         .unwrap();
     lease.release().await.unwrap();
 }
+
+/// A master that is a replica is refused at connect: a read-only one never votes, so the
+/// majority tolerates one failure less than it claims; a writable one votes with keys its
+/// next sync erases.
+#[tokio::test]
+async fn a_replica_among_the_masters_is_refused() {
+    for writable in [false, true] {
+        let replica = test_support::redis_replica(writable).await.unwrap();
+        let url = format!(
+            "redlock://127.0.0.1:16380,127.0.0.1:16381,{}",
+            replica.addr()
+        );
+        match RedlockLock::from_url(&url).await {
+            Err(e) => assert!(is_config(&e, "replica"), "writable {writable}: {e:?}"),
+            Ok(_) => panic!("a replica (writable {writable}) was accepted as a master"),
+        }
+    }
+}

@@ -181,6 +181,38 @@ pub async fn redis_del(
     Ok(())
 }
 
+/// A redis-server of the test's own (a free loopback port; killed when dropped), made a
+/// replica of a master that does not exist, so that it never syncs: `INFO` says
+/// `role:slave`. `writable`: `replica-read-only no`, a replica that takes writes and erases
+/// them at its next sync.
+///
+/// # Errors
+/// What kept the server from starting, or the client library's.
+pub async fn redis_replica(writable: bool) -> Result<clock::ClockedServer, String> {
+    let server = clock::ClockedServer::redis(1, 0)
+        .await?
+        .pop()
+        .ok_or("no server")?;
+    let set_up = async {
+        let mut c = redis::Client::open(format!("redis://{}", server.addr()))?
+            .get_multiplexed_async_connection()
+            .await?;
+        let read_only = if writable { "no" } else { "yes" };
+        redis::cmd("CONFIG")
+            .arg(&["SET", "replica-read-only", read_only])
+            .query_async::<()>(&mut c)
+            .await?;
+        redis::cmd("REPLICAOF")
+            .arg(&["127.0.0.1", "1"])
+            .query_async::<()>(&mut c)
+            .await
+    };
+    set_up
+        .await
+        .map_err(|e: redis::RedisError| format!("making a replica: {e}"))?;
+    Ok(server)
+}
+
 /// [`redis_commands_processed`] on a connection the caller has (authenticated) already.
 pub async fn commands_processed(c: &mut (impl redis::aio::ConnectionLike + Send)) -> Option<u64> {
     let info: String = redis::cmd("INFO").arg("stats").query_async(c).await.ok()?;
