@@ -113,11 +113,50 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 pub(crate) fn io_error(path: &Path, e: io::Error) -> Error {
     match e.kind() {
-        io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound => {
+        io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound | io::ErrorKind::InvalidInput => {
             Error::config(format!("lock file {}: {e}", path.display()))
         }
         _ => Error::backend(BACKEND, format!("lock file {}: {e}", path.display())),
     }
+}
+
+/// Opens the lock file at `path` (read-only, or `writable`) only if it is a regular file: not
+/// through a symbolic link (in a directory others can write to, a link would point the lock,
+/// and the counter's writes, at any file of the user running the lock), not a FIFO (whose open
+/// would block until someone opens the other end), not a directory. Those are `InvalidInput`.
+pub(crate) fn open_lock_file(path: &Path, writable: bool) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(writable);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK only changes how a FIFO or device opens; regular files ignore it.
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let not_regular = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (a symbolic link, FIFO, directory or device): refusing to use \
+             it as a lock file; remove it",
+        )
+    };
+    let file = match options.open(path) {
+        Ok(f) => f,
+        #[cfg(unix)]
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ELOOP | libc::EISDIR | libc::ENXIO)
+            ) =>
+        {
+            return Err(not_regular())
+        }
+        Err(e) => return Err(e),
+    };
+    if !file.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(file)
 }
 
 /// Which file a handle or a path names (device and inode).
@@ -156,7 +195,7 @@ pub(crate) struct Held {
 pub(crate) fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> {
     ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     loop {
-        let file = match File::open(path) {
+        let file = match open_lock_file(path, false) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // First use of the name (or deleted): create it, then lock it read-only.
@@ -176,7 +215,7 @@ pub(crate) fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> 
         if path_id(path)? != Some(id) {
             continue;
         }
-        let writer = match OpenOptions::new().read(true).write(true).open(path) {
+        let writer = match open_lock_file(path, true) {
             Ok(w) if file_id(&w.metadata()?) == id => w,
             Ok(_) => continue,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -213,7 +252,7 @@ pub fn attempts() -> u64 {
 /// Whether someone holds `path`'s lock, and the counter it stores (a free lock is taken for
 /// an instant, its counter read, and let go).
 pub(crate) fn peek(path: &Path) -> io::Result<Option<lock_core::HolderInfo>> {
-    let file = match File::open(path) {
+    let file = match open_lock_file(path, false) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),

@@ -41,7 +41,11 @@
 //! at token 1; the file is left untouched for the operator. **Deleting a held lock file** (an
 //! operator "breaking" the lock) is detected: the holder checks that the path still names the
 //! file it locked, on every renewal and on release, and reports `Lost` / `NotHeld`. A network
-//! file system may not honour `flock`: use a local directory.
+//! file system may not honour `flock`: use a local directory. **Only a regular file is a lock
+//! file**: a symbolic link at a lock's path (in a directory others can write to, it would
+//! point the lock and the counter's writes at another file), a FIFO (whose open would block)
+//! or a directory is an [`Error::Config`](lock_core::Error::Config), and nothing is opened
+//! through it.
 //!
 //! ## URL
 //!
