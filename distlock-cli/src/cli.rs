@@ -98,8 +98,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) no_wait: bool,
     /// Stop the command after this long (SIGTERM, SIGKILL after --grace), so a hung command
-    /// cannot keep the lock forever; exit 70.
-    #[arg(long, value_parser = duration)]
+    /// cannot keep the lock forever; exit 70. Greater than zero (leave it out for no limit).
+    #[arg(long, value_parser = positive_duration)]
     pub(crate) max_hold: Option<Duration>,
     /// Keep the lock (renewing it) at least this long after acquiring it, even if the command
     /// ends sooner: a job started by cron on several machines runs once. A SIGINT/SIGTERM in
@@ -133,6 +133,17 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A [`duration`] greater than zero: a limit of nothing is a mistake (or a misreading of
+/// `0` as "no limit"), not a command to stop at once.
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        Duration::ZERO => {
+            Err("must be greater than zero (leave the option out for no limit)".into())
+        }
+        d => Ok(d),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +156,7 @@ mod tests {
         assert!(duration("18446744073709551615s").is_err());
         assert!(duration("").is_err());
         assert!(duration("-1s").is_err());
+        assert!(positive_duration("0s").is_err());
+        assert_eq!(positive_duration("1ms"), Ok(Duration::from_millis(1)));
     }
 }
