@@ -42,11 +42,21 @@ impl ZkLock {
         };
         let config = &lock.inner.config;
         let opts = CreateMode::Persistent.with_acls(lock.acls());
-        // The root always exists (and cannot be made).
-        if config.base_path() == "/" {
-            return Ok(lock);
-        }
-        let mut made = client.mkdir(config.base_path(), &opts).await;
+        // The base path, made if missing. `/` is the session's root: the server's root, which
+        // always exists (and cannot be made), or the chroot, which may be missing.
+        let base = config.base_path();
+        let make_base = || async {
+            if base == "/" {
+                match client.check_stat("/").await {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => Err(zookeeper_client::Error::NoNode),
+                    Err(e) => Err(e),
+                }
+            } else {
+                client.mkdir(base, &opts).await
+            }
+        };
+        let mut made = make_base().await;
         if let (Err(zookeeper_client::Error::NoNode), Some(chroot)) = (&made, config.chroot()) {
             // The chroot itself is missing: create it from a session without one.
             let root = open_session(&config.without_chroot()).await?;
@@ -54,7 +64,7 @@ impl ZkLock {
                 Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
                 Err(e) => return Err(lock.error(e, None)),
             }
-            made = client.mkdir(config.base_path(), &opts).await;
+            made = make_base().await;
         }
         match made {
             Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}

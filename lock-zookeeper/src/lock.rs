@@ -130,7 +130,7 @@ impl DistributedLock for ZkLock {
     /// holder's session, so there is no remaining time to report.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
         let client = self.live_session().await?;
-        let parent = self.parent(name);
+        let parent = self.parent(name)?;
         let children = match client.list_children(&parent).await {
             Ok(c) => c,
             Err(zookeeper_client::Error::NoNode) => return Ok(None),

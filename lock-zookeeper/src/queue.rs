@@ -14,14 +14,26 @@ use crate::lease::{delete_in_background, ZkLeaseOps};
 use crate::lock::{contenders, ZkLock, MARK};
 
 impl ZkLock {
-    pub(crate) fn parent(&self, name: &LockName) -> String {
-        self.inner.config.lock_path(name)
+    /// The node whose children queue for `name`; never in the tree the server reserves
+    /// (`/zookeeper`), which only lock `zookeeper` with `base=/` and no chroot could name
+    /// (a chroot or base inside it is refused at connect).
+    pub(crate) fn parent(&self, name: &LockName) -> Result<String> {
+        let path = self.inner.config.lock_path(name);
+        if path == "/zookeeper" && self.inner.config.chroot().is_none() {
+            return Err(lock_core::Error::InvalidName {
+                name: name.to_string(),
+                reason: "with base=/ and no chroot it is /zookeeper, the tree ZooKeeper \
+                         reserves"
+                    .into(),
+            });
+        }
+        Ok(path)
     }
 
     /// Creates this contender's node; after a connection loss, finds it by its unique prefix
     /// instead of creating a second one.
     pub(crate) async fn enqueue(&self, client: &Client, name: &LockName) -> Result<(String, Stat)> {
-        let parent = &self.parent(name);
+        let parent = &self.parent(name)?;
         let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
         // Dropped while a create is in flight, the server may still create the node — an
         // ephemeral that would head the queue for as long as this session lives. The guard then
@@ -99,7 +111,7 @@ impl ZkLock {
         name: &LockName,
         prefix: &str,
     ) -> Result<Option<(String, Stat)>> {
-        let parent = &self.parent(name);
+        let parent = &self.parent(name)?;
         let children = match definite_children(client, self.pace(client), parent).await {
             Ok(c) => c,
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
@@ -128,7 +140,7 @@ impl ZkLock {
         me: &str,
         deadline: Deadline,
     ) -> Result<Option<Instant>> {
-        let parent = &self.parent(name);
+        let parent = &self.parent(name)?;
         let pace = self.pace(client);
         loop {
             // In an ensemble the listing comes after a sync: a follower behind its leader could
@@ -183,7 +195,7 @@ impl ZkLock {
         req: Acquisition<'_>,
     ) -> Result<Option<Box<dyn Lease>>> {
         let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
-        let parent = self.parent(name);
+        let parent = self.parent(name)?;
         let (me, stat) = self.enqueue(client, name).await?;
         let path = format!("{parent}/{me}");
         // Until granted, a dropped (cancelled) future deletes the node in the background.

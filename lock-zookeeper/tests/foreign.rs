@@ -157,3 +157,47 @@ async fn base_root_and_persistent_parents() {
         }
     }
 }
+
+/// With `base=/` and no chroot, lock `zookeeper` would be `/zookeeper`, the tree the server
+/// reserves for itself: an invalid name there (as a chroot or base inside it is a Config
+/// error at connect), for `acquire` and `inspect` alike, and no node is made in it. Below a
+/// chroot the same name is an ordinary lock, and a chroot that does not exist yet is made at
+/// connect with `base=/` as with any other base (it was not: the first acquisition failed
+/// with "can not create root node").
+#[tokio::test]
+async fn the_reserved_tree_is_no_lock_at_the_root() {
+    let at_root = ZkLock::connect(
+        ZkConfig::from_url(&format!("zk://{HOSTS}?base=/&session_timeout_ms=4000")).unwrap(),
+    )
+    .await
+    .unwrap();
+    let name = LockName::new("zookeeper").unwrap();
+    let admin = Client::connect(HOSTS).await.unwrap();
+    let before = admin.list_children("/zookeeper").await.unwrap();
+    let got = at_root
+        .try_acquire(&name, &LockOptions::new(Duration::from_secs(4)))
+        .await;
+    assert!(
+        matches!(got, Err(lock_core::Error::InvalidName { .. })),
+        "lock /zookeeper: {got:?}"
+    );
+    let seen = at_root.inspect(&name).await;
+    assert!(
+        matches!(seen, Err(lock_core::Error::InvalidName { .. })),
+        "inspect /zookeeper: {seen:?}"
+    );
+    assert_eq!(admin.list_children("/zookeeper").await.unwrap(), before);
+    let chroot = fresh_name("reserved-chroot");
+    let chrooted = format!("zk://{HOSTS}/{chroot}?base=/&session_timeout_ms=4000");
+    let below = ZkLock::connect(ZkConfig::from_url(&chrooted).unwrap())
+        .await
+        .unwrap();
+    below
+        .try_acquire(&name, &LockOptions::new(Duration::from_secs(4)))
+        .await
+        .unwrap()
+        .expect("lock zookeeper below a new chroot")
+        .release()
+        .await
+        .unwrap();
+}
