@@ -110,23 +110,24 @@ fn registry() -> &'static RwLock<BTreeMap<String, Connector>> {
     })
 }
 
-/// The part before `://`, checked; never echoes the URL (it may hold a password).
-fn scheme_of(url: &str) -> Result<&str> {
+/// The part before `://`, checked, in lower case: schemes are case-insensitive (RFC 3986,
+/// 3.1). Never echoes the URL (it may hold a password).
+fn scheme_of(url: &str) -> Result<String> {
     let (scheme, _) = url
         .split_once("://")
         .ok_or_else(|| Error::config("a lock URL looks like scheme://...; it has no \"://\""))?;
     let ok = scheme
         .chars()
         .next()
-        .is_some_and(|c| c.is_ascii_lowercase())
+        .is_some_and(|c| c.is_ascii_alphabetic())
         && scheme
             .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c));
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
     if ok {
-        Ok(scheme)
+        Ok(scheme.to_ascii_lowercase())
     } else {
         Err(Error::config(format!(
-            "{:?} is not a URL scheme (lowercase letters, digits, + - .)",
+            "{:?} is not a URL scheme (letters, digits, + - .)",
             scheme.chars().take(32).collect::<String>()
         )))
     }
@@ -146,7 +147,8 @@ pub fn schemes() -> Vec<String> {
         .collect()
 }
 
-/// Connects the driver for `url`'s scheme.
+/// Connects the driver for `url`'s scheme, matched in any case (`Redis://` is `redis://`, as
+/// RFC 3986 has it; the driver gets the URL with the scheme in lower case).
 ///
 /// Errors: [`Error::Config`] for a URL without a scheme, an unknown scheme (listing the
 /// available ones), or a scheme whose cargo feature is off (naming the feature); otherwise
@@ -156,11 +158,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     let connector = registry()
         .read()
         .unwrap_or_else(|p| p.into_inner())
-        .get(scheme)
+        .get(&scheme)
         .cloned();
     match connector {
-        Some(c) => c(url.to_string()).await,
-        None => Err(unavailable_scheme(scheme)),
+        // The scheme is ASCII: as long in lower case as it was.
+        Some(c) => c(format!("{scheme}{}", &url[scheme.len()..])).await,
+        None => Err(unavailable_scheme(&scheme)),
     }
 }
 
@@ -241,7 +244,7 @@ fn add_schemes(schemes: &[&str], connector: &Connector) -> Result<()> {
     let mut checked = Vec::with_capacity(schemes.len());
     for scheme in schemes {
         let probe = format!("{scheme}://");
-        let s = scheme_of(&probe)?.to_string();
+        let s = scheme_of(&probe)?;
         let ours = FEATURES.iter().any(|(_, own)| own.contains(&s.as_str()));
         if ours || s == "memory" {
             return Err(Error::config(format!(
@@ -308,6 +311,24 @@ mod tests {
                     d.backend
                 );
             }
+        }
+    }
+
+    /// Schemes are case-insensitive (RFC 3986, 3.1): `MEMORY://` and `File://` are the memory
+    /// and file drivers, handed a URL with the scheme in lower case (their own parsers check
+    /// it), and a registered scheme is stored in lower case. What is not a scheme in any case
+    /// stays a Config error.
+    #[tokio::test]
+    async fn a_scheme_in_capitals_is_the_same_scheme() {
+        let locks = connect("MEMORY://caps").await.unwrap();
+        assert_eq!(locks.backend(), "memory");
+        let dir = std::env::temp_dir().join(format!("distlock-caps-{}", std::process::id()));
+        let locks = connect(&format!("File://{}", dir.display())).await.unwrap();
+        assert_eq!(locks.backend(), "file");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(scheme_of("Redis+TLS://h").unwrap(), "redis+tls");
+        for bad in ["1redis://h", "re dis://h", "://h", "rédis://h"] {
+            assert!(matches!(scheme_of(bad), Err(Error::Config { .. })), "{bad}");
         }
     }
 }

@@ -48,7 +48,7 @@ async fn memory_stores_are_shared_by_name() {
 async fn bad_urls_are_config_errors_that_never_echo_the_password() {
     for bad in [
         "no-scheme-here",
-        "Redis://u:secretpw@h:1",
+        "1redis://u:secretpw@h:1", // a scheme starts with a letter (in any case: Redis:// is redis://)
         "://u:secretpw@h",
         "nosuch://u:secretpw@h:1",
         "memory://a/b",
