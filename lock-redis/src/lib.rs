@@ -58,6 +58,10 @@
 //! `Capabilities::fencing` is `None`. A `CONFIG SET` between two checks goes unnoticed until the
 //! next one.
 //!
+//! **Redis Cluster**: the driver talks to the one server in its URL and does not follow
+//! `MOVED` redirections. A lock's keys share a hash tag (one slot), so a lock works where that
+//! server owns the slot and fails with the server's `MOVED` error where another shard does.
+//!
 //! **A replica is refused** by the same checks: a read-only one refuses every grant, and a
 //! writable one (`replica-read-only no`) would take locks that its next sync with its master
 //! erases.
