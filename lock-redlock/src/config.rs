@@ -202,6 +202,33 @@ impl RedlockConfig {
     pub fn min_validity(&self) -> Duration {
         self.min_validity
     }
+    /// The shortest TTL a grant can have: one whose validity, after the drift allowance and a
+    /// round that takes its whole per-node timeout, still exceeds
+    /// [`min_validity`](Self::min_validity); 20 ms at least. A shorter TTL could never be
+    /// granted (every grant would be released as too short), so it is refused as an option.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_redlock::RedlockConfig;
+    /// let c = RedlockConfig::from_url("redlock://a:1,b:2,c:3")?;
+    /// assert_eq!(c.min_ttl(), Duration::from_millis(20));
+    /// let c = RedlockConfig::from_url("redlock://a:1,b:2,c:3?min_validity_ms=5000")?;
+    /// assert!(c.min_ttl() > Duration::from_millis(5050));
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn min_ttl(&self) -> Duration {
+        let f = self.drift_factor;
+        let need = (self.min_validity + Duration::from_millis(2)).as_secs_f64();
+        // The node timeout is the configured one, or a quarter of the TTL when that is less:
+        // either bound alone suffices, so the lesser of the two does.
+        let whole = (need + self.node_timeout.as_secs_f64()) / (1.0 - f);
+        let quarter = need / (0.75 - f);
+        Duration::try_from_secs_f64(whole.min(quarter))
+            .map_or(Duration::MAX, |d| {
+                d.saturating_add(Duration::from_millis(1))
+            })
+            .max(Duration::from_millis(20))
+    }
 
     /// The URL with passwords replaced by `***`.
     pub fn redacted_url(&self) -> String {

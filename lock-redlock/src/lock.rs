@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::driver::Acquisition;
@@ -12,10 +11,11 @@ use lock_redis::raw::RedisNode;
 use crate::config::BACKEND;
 use crate::RedlockConfig;
 
+/// What every Redlock client can promise; its minimum TTL follows its configuration
+/// ([`RedlockConfig::min_ttl`]).
 pub(crate) const CAPS: Capabilities = Capabilities::new()
     .with_fencing(Fencing::None)
-    .with_inspect(true)
-    .with_min_ttl(Duration::from_millis(20));
+    .with_inspect(true);
 
 /// A Redlock client over N independent Redis masters.
 ///
@@ -64,7 +64,7 @@ impl DistributedLock for RedlockLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        CAPS
+        CAPS.with_min_ttl(self.inner.config.min_ttl())
     }
 
     /// A quorum read: `GET` + `PTTL` on every master. Held when a majority store the same

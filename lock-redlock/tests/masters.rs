@@ -124,3 +124,36 @@ async fn a_replica_among_the_masters_is_refused() {
         }
     }
 }
+
+/// A TTL whose validity, after the drift allowance, cannot exceed `min_validity_ms` would fail
+/// every attempt (the grant is always released as too short), and an `acquire` would retry
+/// until its deadline, forever by default. It is an invalid option at once instead: the
+/// driver's minimum TTL follows `min_validity_ms`.
+#[tokio::test]
+async fn a_ttl_that_cannot_outlast_min_validity_is_refused_at_once() {
+    let url = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382?min_validity_ms=5000";
+    let locks = RedlockLock::from_url(url).await.unwrap();
+    let min = locks.capabilities().min_ttl;
+    assert!(
+        min > Duration::from_secs(5),
+        "min_ttl {min:?} at or below min_validity"
+    );
+    let name = fresh_name("min-validity");
+    let short = LockOptions::new(Duration::from_secs(5));
+    let got = tokio::time::timeout(Duration::from_secs(5), locks.acquire(&name, &short)).await;
+    match got {
+        Ok(Err(Error::InvalidOptions(_))) => {}
+        Ok(other) => panic!("ttl 5s with min_validity 5s: expected InvalidOptions, got {other:?}"),
+        Err(_) => panic!("ttl 5s with min_validity 5s: acquire still retrying after 5s"),
+    }
+    let lease = locks
+        .try_acquire(&name, &LockOptions::new(min))
+        .await
+        .unwrap()
+        .expect("a lock of the minimum TTL");
+    assert!(
+        lease.valid_until() > std::time::Instant::now() + Duration::from_secs(5),
+        "granted with no more than min_validity left"
+    );
+    lease.release().await.unwrap();
+}
