@@ -45,7 +45,10 @@
 //! file**: a symbolic link at a lock's path (in a directory others can write to, it would
 //! point the lock and the counter's writes at another file), a FIFO (whose open would block)
 //! or a directory is an [`Error::Config`](lock_core::Error::Config), and nothing is opened
-//! through it.
+//! through it. **A directory shared by several users**: a lock file is created with its
+//! creator's umask, and every later holder needs to write to it (the counter); with the usual
+//! umask 022 another user's acquisition is refused (`Config`, permission denied). Share one
+//! with umask 002 and a common group, or give each user its own directory.
 //!
 //! ## URL
 //!

@@ -202,10 +202,11 @@ impl RedlockConfig {
     pub fn min_validity(&self) -> Duration {
         self.min_validity
     }
-    /// The shortest TTL a grant can have: one whose validity, after the drift allowance and a
-    /// round that takes its whole per-node timeout, still exceeds
-    /// [`min_validity`](Self::min_validity); 20 ms at least. A shorter TTL could never be
-    /// granted (every grant would be released as too short), so it is refused as an option.
+    /// The shortest TTL a grant can have: one whose validity after the drift allowance exceeds
+    /// [`min_validity`](Self::min_validity) at all; 20 ms at least. A shorter TTL could never
+    /// be granted (every grant would be released as too short, however fast the masters), so
+    /// it is refused as an option. A TTL above it can still lose a grant to a slow round:
+    /// that grant is released, and the attempt is `Unavailable`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -217,13 +218,9 @@ impl RedlockConfig {
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn min_ttl(&self) -> Duration {
-        let f = self.drift_factor;
+        // validity = ttl - (ttl * factor + 2 ms) - the round's time, which is at least zero.
         let need = (self.min_validity + Duration::from_millis(2)).as_secs_f64();
-        // The node timeout is the configured one, or a quarter of the TTL when that is less:
-        // either bound alone suffices, so the lesser of the two does.
-        let whole = (need + self.node_timeout.as_secs_f64()) / (1.0 - f);
-        let quarter = need / (0.75 - f);
-        Duration::try_from_secs_f64(whole.min(quarter))
+        Duration::try_from_secs_f64(need / (1.0 - self.drift_factor))
             .map_or(Duration::MAX, |d| {
                 d.saturating_add(Duration::from_millis(1))
             })

@@ -146,11 +146,12 @@ async fn a_ttl_that_cannot_outlast_min_validity_is_refused_at_once() {
         Ok(other) => panic!("ttl 5s with min_validity 5s: expected InvalidOptions, got {other:?}"),
         Err(_) => panic!("ttl 5s with min_validity 5s: acquire still retrying after 5s"),
     }
+    // Just above the minimum: the round's own time comes off the validity too.
     let lease = locks
-        .try_acquire(&name, &LockOptions::new(min))
+        .try_acquire(&name, &LockOptions::new(min + Duration::from_millis(200)))
         .await
         .unwrap()
-        .expect("a lock of the minimum TTL");
+        .expect("a lock of just above the minimum TTL");
     assert!(
         lease.valid_until() > std::time::Instant::now() + Duration::from_secs(5),
         "granted with no more than min_validity left"
