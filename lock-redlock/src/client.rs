@@ -10,7 +10,7 @@ use lock_redis::raw::scripts::LockKeys;
 use lock_redis::raw::RedisNode;
 
 use crate::config::BACKEND;
-use crate::lock::{Inner, RedlockLock};
+use crate::lock::{Inner, RedlockLock, CAPS};
 use crate::RedlockConfig;
 
 impl RedlockLock {
@@ -57,6 +57,7 @@ impl RedlockLock {
         }
         Ok(RedlockLock {
             inner: Arc::new(Inner {
+                caps: CAPS.with_min_ttl(config.min_ttl()),
                 config,
                 nodes: nodes.into(),
             }),

@@ -55,8 +55,9 @@
 //! one per-node timeout per retry delay is spent re-checking them); **a majority down** is
 //! `QuorumNotReached`. A master whose connection was re-established is checked again (`INFO`:
 //! no eviction, not a replica, and not the same server as another master by `run_id`) before
-//! it votes; at connect, a master that fails those checks is refused. **A master's clock that steps forward** ends the lock on that master at once (Redis expires
-//! keys at an absolute time of day): exclusion holds while such masters are a minority, and
+//! it votes; at connect, a master that fails those checks is refused. **A master's clock that
+//! steps forward** ends the lock on that master at once (Redis expires keys at an absolute
+//! time of day): exclusion holds while such masters are a minority, and
 //! breaks once a majority has stepped past the key's expiry, with no fencing to catch it.
 //! Measured in `tests/clock.rs` (2 of 5 stepped: refused; 3 of 5: a second holder); run the
 //! masters with clocks that slew rather than step. **A

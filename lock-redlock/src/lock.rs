@@ -55,6 +55,8 @@ pub struct RedlockLock {
 pub(crate) struct Inner {
     pub(crate) config: RedlockConfig,
     pub(crate) nodes: Arc<[RedisNode]>,
+    /// [`CAPS`] with the minimum TTL of `config`, worked out once at connect.
+    pub(crate) caps: Capabilities,
 }
 
 #[async_trait]
@@ -64,7 +66,7 @@ impl DistributedLock for RedlockLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        CAPS.with_min_ttl(self.inner.config.min_ttl())
+        self.inner.caps
     }
 
     /// A quorum read: `GET` + `PTTL` on every master. Held when a majority store the same

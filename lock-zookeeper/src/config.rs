@@ -181,18 +181,23 @@ impl ZkConfig {
                 self.hosts
             )));
         }
-        // Where the lock nodes go, seen from the root.
-        let root = match (self.chroot.as_deref(), self.base_path.as_str()) {
-            (Some(chroot), "/") => chroot.to_string(),
-            (chroot, base) => format!("{}{base}", chroot.unwrap_or("")),
-        };
-        if root == "/zookeeper" || root.starts_with("/zookeeper/") {
+        if let Some(root) = self.reserved(&self.base_path) {
             return Err(Error::config(format!(
                 "ZooKeeper: {root} is in the tree the server reserves (/zookeeper); use another \
                  chroot or base path"
             )));
         }
         Ok(())
+    }
+
+    /// `path` (below the chroot) as seen from the server's root, if it is in the tree the
+    /// server reserves (`/zookeeper`): no lock node may go there.
+    pub(crate) fn reserved(&self, path: &str) -> Option<String> {
+        let root = match (self.chroot.as_deref(), path) {
+            (Some(chroot), "/") => chroot.to_string(),
+            (chroot, path) => format!("{}{path}", chroot.unwrap_or("")),
+        };
+        (root == "/zookeeper" || root.starts_with("/zookeeper/")).then_some(root)
     }
 
     pub(crate) fn connect_string(&self) -> String {

@@ -19,12 +19,10 @@ impl ZkLock {
     /// (a chroot or base inside it is refused at connect).
     pub(crate) fn parent(&self, name: &LockName) -> Result<String> {
         let path = self.inner.config.lock_path(name);
-        if path == "/zookeeper" && self.inner.config.chroot().is_none() {
+        if let Some(root) = self.inner.config.reserved(&path) {
             return Err(lock_core::Error::InvalidName {
                 name: name.to_string(),
-                reason: "with base=/ and no chroot it is /zookeeper, the tree ZooKeeper \
-                         reserves"
-                    .into(),
+                reason: format!("its node would be {root}, in the tree ZooKeeper reserves"),
             });
         }
         Ok(path)
