@@ -66,10 +66,11 @@ impl PgConfig {
     /// (user `postgres` if none is given; the database named like the user if none is).
     ///
     /// Parameters: `sslmode` (`disable`, `prefer` — the default —, `require`, `verify-ca`,
-    /// `verify-full`), `sslrootcert` (a PEM file), `connect_timeout` (seconds),
-    /// `application_name`, and distlock's own `session_timeout_ms` (how long the server keeps
-    /// the session, and its locks, of a client that vanished) and `table` (the fencing
-    /// counter's table, `[schema.]name`). Unknown or repeated parameters are refused.
+    /// `verify-full`), `sslrootcert` (a PEM file), `connect_timeout` (seconds, at least 1:
+    /// libpq's 0 for "no limit" is refused), `application_name`, and distlock's own
+    /// `session_timeout_ms` (how long the server keeps the session, and its locks, of a
+    /// client that vanished) and `table` (the fencing counter's table, `[schema.]name`).
+    /// Unknown or repeated parameters are refused.
     ///
     /// **TLS is always verified**: every mode that uses TLS checks the certificate's chain and
     /// host name (libpq's `require` and `prefer` do not), against the public roots or
@@ -141,7 +142,8 @@ impl PgConfig {
             cfg = cfg.with_tls_ca_file(path);
         }
         if let Some(s) = q.number::<u64>("connect_timeout")? {
-            cfg = cfg.with_connect_timeout(Duration::from_secs(s.max(1)));
+            cfg = cfg.with_connect_timeout(Duration::from_secs(s));
+            cfg.check_connect_timeout()?;
         }
         if let Some(name) = q.get("application_name") {
             cfg.application_name = name.to_string();
@@ -178,7 +180,7 @@ impl PgConfig {
         self.session_timeout = d;
         Ok(self)
     }
-    /// How long to wait for a connection (default 10 s).
+    /// How long to wait for a connection (default 10 s). Zero is refused at connect.
     pub fn with_connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -236,7 +238,19 @@ impl PgConfig {
     }
 
     /// The client library's configuration (TLS is chosen by the connector).
+    /// libpq reads `connect_timeout=0` as "no limit", which would let a login hang; a zero
+    /// limit would fail every login as if the server were down. Neither is offered.
+    fn check_connect_timeout(&self) -> Result<()> {
+        if self.connect_timeout.is_zero() {
+            return Err(Error::config(
+                "PostgreSQL: the connect timeout is zero (a login needs a limit above 0 s)",
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn client_config(&self) -> Result<tokio_postgres::Config> {
+        self.check_connect_timeout()?;
         // The startup message carries these as C strings: a NUL can never be sent.
         let sent = [
             ("user", self.user.as_deref()),
@@ -362,6 +376,7 @@ mod tests {
                 "postgres://u:topsecret@h?x=1",
                 "postgres://u:topsecret@h?sslmode=disable&sslmode=require",
                 "postgres://:topsecret@h/db",
+                "postgres://u:topsecret@h?connect_timeout=0",
             ],
             "topsecret",
         );
@@ -386,6 +401,16 @@ mod tests {
             (base().with_dbname("d\0b"), "dbname"),
         ];
         conformance_tests::assert_refused_at_connect(crate::PgLock::connect, bad).await;
+    }
+
+    /// A zero connect timeout would fail every login at once, as if the server were down (in
+    /// the URL, `connect_timeout=0` was silently 1 s; libpq reads it as "no limit", which
+    /// would let a login hang): a Config error, at parse or at connect, before any I/O.
+    #[tokio::test]
+    async fn a_zero_connect_timeout_is_refused() {
+        let c = PgConfig::new("127.0.0.1:1").with_connect_timeout(Duration::ZERO);
+        conformance_tests::assert_refused_at_connect(crate::PgLock::connect, vec![(c, "0 s")])
+            .await;
     }
 
     #[test]

@@ -18,6 +18,7 @@ impl RedlockLock {
     /// down are retried in the background. Rejected credentials on any master are a
     /// [`Error::Config`]; fewer than a majority reachable is [`Error::Unavailable`].
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        config.check()?;
         // One release is announced by every master that held it; count it once.
         let dedup = lock_redis::raw::ReleaseDedup::default();
         let mut nodes: Vec<RedisNode> = Vec::with_capacity(config.masters().len());

@@ -120,6 +120,7 @@ impl RedlockConfig {
         }
         if let Some(d) = q.millis("node_timeout_ms")? {
             cfg = cfg.with_node_timeout(d);
+            cfg.check()?;
         }
         if let Some(d) = q.millis("retry_delay_ms")? {
             cfg = cfg.with_retry_delay(d);
@@ -131,12 +132,23 @@ impl RedlockConfig {
     }
 
     /// Upper bound on each master's answer to one request; far below the TTL so a dead master
-    /// costs little of the lease's validity.
+    /// costs little of the lease's validity. Zero is refused at connect (every request would
+    /// time out as if the master were down).
     pub fn with_node_timeout(mut self, d: Duration) -> Self {
-        self.node_timeout = d.max(Duration::from_millis(1));
+        self.node_timeout = d;
         self
     }
-    /// Largest random pause before retrying after a split vote.
+    /// What no setter can refuse on its own: a zero per-node timeout. Checked when a URL is
+    /// parsed and at connect.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.node_timeout.is_zero() {
+            return Err(Error::config(
+                "Redlock: the per-node timeout is zero (every request would time out)",
+            ));
+        }
+        Ok(())
+    }
+    /// Largest random pause before retrying after a split vote (at least 1 ms).
     pub fn with_retry_delay(mut self, d: Duration) -> Self {
         self.retry_delay = d.max(Duration::from_millis(1));
         self
@@ -332,8 +344,21 @@ mod tests {
                 "redlock://:secretpw@a:1/x",
                 "redlock://:secretpw@a:1?tls=maybe",
                 "redlock://:secretpw@a:1?tls_ca_file=/ca.pem",
+                "redlock://:secretpw@a:1?node_timeout_ms=0",
             ],
             "secretpw",
         );
+    }
+
+    /// A zero per-node timeout would fail every request as if the master were down (it was
+    /// once raised to 1 ms without a word): a Config error at connect, before any I/O.
+    #[tokio::test]
+    async fn connect_refuses_a_zero_node_timeout() {
+        let c = RedlockConfig::from_url("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3").unwrap();
+        conformance_tests::assert_refused_at_connect(
+            crate::RedlockLock::connect,
+            vec![(c.with_node_timeout(Duration::ZERO), "node timeout 0")],
+        )
+        .await;
     }
 }
