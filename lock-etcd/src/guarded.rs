@@ -6,6 +6,7 @@ use lock_core::{Error, Lease, LockName, Result};
 use crate::client::txn_call;
 use crate::config::BACKEND;
 use crate::lock::EtcdLock;
+use crate::queue::contender;
 
 impl EtcdLock {
     /// Runs `ops` in one etcd transaction **only while `lease` still holds its lock**: the
@@ -56,7 +57,7 @@ impl EtcdLock {
         let key = found
             .kvs()
             .iter()
-            .find(|kv| kv.create_revision() == rev)
+            .find(|kv| kv.create_revision() == rev && contender(&self.dir(lease.name()), kv.key()))
             .map(|kv| kv.key().to_vec())
             .ok_or_else(not_held)?;
         self.txn_if_owner(key, rev, ops.into_iter().collect(), lease.name())

@@ -28,6 +28,13 @@
 //! which is the layout of `etcdctl lock <name>`, etcd's `Lock` RPC and Go's
 //! `concurrency.Mutex`: they and distlock then queue in one line, in order of creation.
 //!
+//! A lock's queue is the keys directly under `<prefix>/<name>/`. A client whose prefix nests
+//! inside that range (prefix `/distlock/jobs` beside a lock `jobs` under `/distlock`) puts
+//! keys of its own locks there, one level deeper; distlock passes over them, where etcd's own
+//! recipe (which reads the whole range) would make the lock `jobs` wait for every lock of the
+//! nested prefix. Either way a holder's key is the oldest key of the name, so distlock and
+//! `etcdctl lock` on one name still exclude each other.
+//!
 //! ## Fencing: `Strict`
 //!
 //! The key's `create_revision`: strictly increasing across the whole cluster, across restarts

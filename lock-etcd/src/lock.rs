@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::Client;
 use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
 
@@ -75,15 +75,7 @@ impl DistributedLock for EtcdLock {
     /// The oldest key under the name (the holder): its `create_revision`, and its lease's
     /// remaining TTL.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        let head = self
-            .keys_of(
-                name,
-                GetOptions::new()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(1),
-            )
-            .await?;
-        let Some(kv) = head.kvs().first() else {
+        let Some(kv) = self.head_of(name).await? else {
             return Ok(None);
         };
         let (rev, lease) = (kv.create_revision(), kv.lease());

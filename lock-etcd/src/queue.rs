@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
 };
 use lock_core::driver::{drift, lease_end, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
@@ -27,7 +28,8 @@ impl EtcdLock {
         self.inner.config.name_dir(name)
     }
 
-    /// The keys (no values) under `name`, narrowed by `opts`.
+    /// The keys (no values) under `name`, narrowed by `opts`: contenders' keys, and perhaps
+    /// keys of nested prefixes (see [`contender`]).
     pub(crate) async fn keys_of(
         &self,
         name: &LockName,
@@ -41,6 +43,25 @@ impl EtcdLock {
         .await
     }
 
+    /// The oldest contender's key of `name` (its holder), if any: one key is read, and the
+    /// whole range only when that one belongs to a nested prefix.
+    pub(crate) async fn head_of(&self, name: &LockName) -> Result<Option<KeyValue>> {
+        let dir = self.dir(name);
+        let by_age = || GetOptions::new().with_sort(SortTarget::Create, SortOrder::Ascend);
+        let first = self.keys_of(name, by_age().with_limit(1)).await?;
+        match first.kvs().first() {
+            Some(kv) if !contender(&dir, kv.key()) => {
+                let all = self.keys_of(name, by_age()).await?;
+                Ok(all
+                    .kvs()
+                    .iter()
+                    .find(|kv| contender(&dir, kv.key()))
+                    .cloned())
+            }
+            kv => Ok(kv.cloned()),
+        }
+    }
+
     /// The waiter's view after a wake-up: its own key, and the key just before it; and the
     /// term it was read in (`term.rs`).
     pub(crate) async fn check(
@@ -49,11 +70,32 @@ impl EtcdLock {
         key: &str,
         rev: i64,
     ) -> Result<(Position, u64)> {
+        match self.check_in(name, key, rev, Some(1)).await? {
+            Some(found) => Ok(found),
+            // The key just before belongs to a nested prefix: look through the whole range.
+            None => self
+                .check_in(name, key, rev, None)
+                .await?
+                .ok_or_else(|| malformed("check")),
+        }
+    }
+
+    /// [`check`](Self::check), reading at most `limit` keys before `key`; `None` when the
+    /// keys read were all a nested prefix's, which says nothing of the queue.
+    async fn check_in(
+        &self,
+        name: &LockName,
+        key: &str,
+        rev: i64,
+        limit: Option<i64>,
+    ) -> Result<Option<(Position, u64)>> {
+        let dir = self.dir(name);
+        let before = queue(SortOrder::Descend).with_max_create_revision(rev - 1);
         let txn = Txn::new().and_then([
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
             TxnOp::get(
-                self.dir(name),
-                Some(queue_end(SortOrder::Descend).with_max_create_revision(rev - 1)),
+                dir.as_str(),
+                Some(limit.map_or(before.clone(), |n| before.with_limit(n))),
             ),
         ]);
         let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
@@ -65,21 +107,20 @@ impl EtcdLock {
             _ => return Err(malformed("check")),
         };
         if mine != Some(rev) {
-            return Ok((Position::Gone, term));
+            return Ok(Some((Position::Gone, term)));
         }
-        match ops.get(1) {
-            Some(TxnOpResponse::Get(g)) => Ok((
-                match g.kvs().first() {
-                    None => Position::Head,
-                    Some(kv) => Position::Behind {
-                        pred: (kv.key().to_vec(), kv.create_revision()),
-                        seen,
-                    },
-                },
-                term,
-            )),
-            _ => Err(malformed("check")),
-        }
+        let Some(TxnOpResponse::Get(g)) = ops.get(1) else {
+            return Err(malformed("check"));
+        };
+        let position = match g.kvs().iter().find(|kv| contender(&dir, kv.key())) {
+            Some(kv) => Position::Behind {
+                pred: (kv.key().to_vec(), kv.create_revision()),
+                seen,
+            },
+            None if limit.is_some() && !g.kvs().is_empty() => return Ok(None),
+            None => Position::Head,
+        };
+        Ok(Some((position, term)))
     }
 
     /// Puts `key` with lease `id` if absent and reads the queue's head, in one round trip:
@@ -105,16 +146,18 @@ impl EtcdLock {
         }
         let rev = resp.header().map_or(0, |h| h.revision());
         let term = self.observe(resp.header());
-        match resp.op_responses().get(1) {
-            Some(TxnOpResponse::Get(g)) => Ok((
-                (
-                    rev,
-                    g.kvs().first().map(|kv| kv.key()) == Some(key.as_bytes()),
-                ),
-                term,
-            )),
-            _ => Err(malformed("acquire")),
-        }
+        let ops = resp.op_responses();
+        let Some(TxnOpResponse::Get(g)) = ops.get(1) else {
+            return Err(malformed("acquire"));
+        };
+        let head = match g.kvs().first() {
+            Some(kv) if !contender(&self.dir(name), kv.key()) => {
+                // The oldest key is a nested prefix's: is any contender's older than this one?
+                matches!(self.check(name, key, rev).await?.0, Position::Head)
+            }
+            kv => kv.map(|kv| kv.key()) == Some(key.as_bytes()),
+        };
+        Ok(((rev, head), term))
     }
 
     /// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
@@ -355,12 +398,24 @@ impl EtcdLock {
 /// confirm yet.
 const RECHECK: Duration = Duration::from_millis(100);
 
-/// One end of a name's queue, by creation: its head (`Ascend`) or its tail (`Descend`), keys
-/// only.
-fn queue_end(order: SortOrder) -> GetOptions {
+/// A name's range in creation order, keys only.
+fn queue(order: SortOrder) -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_keys_only()
         .with_sort(SortTarget::Create, order)
-        .with_limit(1)
+}
+
+/// One end of a name's range, by creation: its head (`Ascend`) or its tail (`Descend`).
+fn queue_end(order: SortOrder) -> GetOptions {
+    queue(order).with_limit(1)
+}
+
+/// Whether `key` is a contender's key of the name whose range is `dir` (`<dir><lease-hex>`,
+/// as distlock and `etcdctl lock` put them), not a key of a client whose prefix nests inside
+/// it (`<dir><other-name>/<lease-hex>`): that one belongs to another lock, which etcd's own
+/// recipe would wait for.
+pub(crate) fn contender(dir: &str, key: &[u8]) -> bool {
+    key.strip_prefix(dir.as_bytes())
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
 }

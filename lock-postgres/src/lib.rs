@@ -44,6 +44,10 @@
 //! incremented in the statement that takes the lock and committed before `acquire` returns:
 //! strictly increasing, and durable across server restarts. A failover to an asynchronous
 //! replica can lose the last increments (and every advisory lock: they are not replicated).
+//! The advisory key does not depend on the table, so clients of one lock with different
+//! `table=` settings still exclude each other but count in two counters: their tokens are
+//! not comparable. Every client of a lock (and every version of it in a rolling deploy) must
+//! name the same table.
 //!
 //! ## Failure modes
 //!
