@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use conformance_tests::fresh_name;
-use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_core::{DistributedLock, Lease, LockName, LockOptions};
 use lock_etcd::etcd_client::TxnOp;
 use lock_etcd::{EtcdConfig, EtcdLock};
 
@@ -34,15 +34,20 @@ async fn nested() -> (EtcdLock, EtcdLock, LockName, LockName) {
     (outer, inner, name, LockName::new("z").unwrap())
 }
 
+fn opts() -> LockOptions {
+    LockOptions::new(Duration::from_secs(10))
+}
+
+/// `name`, which must be free, taken by `locks`.
+async fn taken(locks: &EtcdLock, name: &LockName) -> Box<dyn Lease> {
+    let lease = locks.try_acquire(name, &opts()).await.unwrap();
+    lease.unwrap_or_else(|| panic!("{name} is busy, though nobody else uses it"))
+}
+
 #[tokio::test]
 async fn a_nested_prefix_s_holder_does_not_hold_the_outer_lock() {
     let (outer, inner, name, z) = nested().await;
-    let opts = LockOptions::new(Duration::from_secs(10));
-    let deeper = inner
-        .try_acquire(&z, &opts)
-        .await
-        .unwrap()
-        .expect("z is free");
+    let deeper = taken(&inner, &z).await;
 
     let seen = outer.inspect(&name).await.unwrap();
     assert!(
@@ -50,7 +55,7 @@ async fn a_nested_prefix_s_holder_does_not_hold_the_outer_lock() {
         "inspect({name}) reports the holder of another lock whose key sits deeper in its \
          range: {seen:?}"
     );
-    let lease = outer.try_acquire(&name, &opts).await.unwrap();
+    let lease = outer.try_acquire(&name, &opts()).await.unwrap();
     let lease = lease.unwrap_or_else(|| {
         panic!("try_acquire({name}) found it busy: only a lock of a nested prefix is held")
     });
@@ -67,22 +72,13 @@ async fn a_nested_prefix_s_holder_does_not_hold_the_outer_lock() {
 #[tokio::test]
 async fn a_waiter_is_not_queued_behind_a_nested_prefix_s_key() {
     let (outer, inner, name, z) = nested().await;
-    let opts = LockOptions::new(Duration::from_secs(10));
-    let first = outer
-        .try_acquire(&name, &opts)
-        .await
-        .unwrap()
-        .expect("free");
+    let first = taken(&outer, &name).await;
     // Created between the holder's key and the waiter's: the waiter's predecessor by revision.
-    let deeper = inner
-        .try_acquire(&z, &opts)
-        .await
-        .unwrap()
-        .expect("z is free");
+    let deeper = taken(&inner, &z).await;
 
     let waiter = {
-        let (outer, name, opts) = (outer.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move { outer.acquire(&name, &opts).await })
+        let (outer, name) = (outer.clone(), name.clone());
+        tokio::spawn(async move { outer.acquire(&name, &opts()).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
