@@ -27,6 +27,8 @@ keeper process. Nothing of it runs without the lock:
   - when the command's main process exits, whatever it left running (background jobs,
     workers) gets SIGTERM, then SIGKILL after --grace; the lock is released only after that;
   - if distlock itself dies (even by SIGKILL), the keeper kills the command's processes;
+  - if distlock stops or hangs (SIGSTOP, a debugger), the keeper kills them when the lease's
+    validity runs out, as distlock would have;
   - if the lease is at risk (a renewal failed, the connection dropped) or its validity runs
     low without a confirmed renewal, the command gets SIGTERM and, --grace later, SIGKILL, so
     that it is dead before the lease can expire and the lock move to someone else.

@@ -16,14 +16,20 @@
 //! - tells the supervisor with SIGUSR2 once it has blocked its signals (before that, a signal
 //!   would end it with the default action, so the supervisor holds its signals back);
 //! - relays SIGINT, SIGTERM, SIGHUP and SIGQUIT from the supervisor to all of it, and on
-//!   `SIGUSR1` (the supervisor's "the lease is about to move", or its death) SIGKILLs all of it.
+//!   `SIGUSR1` (the supervisor's "the lease is about to move", or its death) SIGKILLs all of it;
+//! - holds a dead man's switch: the supervisor writes, through a pipe, the moment by which the
+//!   command must be dead unless a renewal is confirmed, each time that moment moves. A
+//!   supervisor that is alive but does nothing (SIGSTOP, a debugger, a hung process; the
+//!   command is in a group of its own, which a stop of the supervisor does not reach) sends
+//!   no later one, and the keeper SIGKILLs all of it then, as the supervisor would have.
 //!
 //! The keeper never execs anything else and reads no input, so it cannot be confused by the
 //! command; signals are read from a signalfd with the sender's pid, so that the keeper relays
 //! only the supervisor's signals (and not its own group-wide ones back to the group).
 
 use std::ffi::OsString;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -31,6 +37,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, killpg, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::time::{clock_gettime, ClockId};
 use nix::unistd::{getpid, getppid, Pid};
 
 use crate::exit::to_stderr;
@@ -45,12 +52,29 @@ const EX_OSERR: u8 = 71;
 /// fork between the look and the kill; its child is found on the next round).
 const KILL_ROUND: Duration = Duration::from_millis(10);
 
-/// Runs the keeper: `args` are what follows [`ARG`]: `PARENT_PID GRACE_MS -- COMMAND...`.
-/// Returns the exit status for the supervisor.
+/// Runs the keeper: `args` are what follows [`ARG`]: `PARENT_PID GRACE_MS SWITCH_FD --
+/// COMMAND...`, where `SWITCH_FD` is the read end of the dead man's switch's pipe. Returns the
+/// exit status for the supervisor.
 pub(crate) fn main(args: &[OsString]) -> u8 {
-    let Some((parent, grace, command)) = parse(args) else {
+    let Some((parent, grace, switch_fd, command)) = parse(args) else {
         to_stderr("distlock: the keeper is internal to `distlock run`\n");
         return EX_OSERR;
+    };
+    // A descriptor of its own on the pipe (close-on-exec, non-blocking), and the inherited
+    // one closed: the command must not inherit it, or it could read the deadlines.
+    let switch = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{switch_fd}"));
+    let _ = nix::unistd::close(switch_fd);
+    let switch = match switch {
+        Ok(f) => f,
+        Err(e) => {
+            to_stderr(&format!(
+                "distlock: keeper: cannot open its deadline pipe: {e}\n"
+            ));
+            return EX_OSERR;
+        }
     };
     // Blocked signals wait in the signalfd; std resets the mask in the command it spawns.
     let mut mask = SigSet::empty();
@@ -121,21 +145,64 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         status: None,
         kill_at: None,
         killing: false,
+        switch: Some(switch),
+        deadline: Deadline::default(),
     }
     .supervise(&signals)
 }
 
-fn parse(args: &[OsString]) -> Option<(Pid, Duration, &[OsString])> {
+fn parse(args: &[OsString]) -> Option<(Pid, Duration, RawFd, &[OsString])> {
     let parent: i32 = args.first()?.to_str()?.parse().ok()?;
     let grace: u64 = args.get(1)?.to_str()?.parse().ok()?;
-    if args.get(2)?.to_str()? != "--" || args.len() < 4 {
+    let switch: RawFd = args.get(2)?.to_str()?.parse().ok()?;
+    if args.get(3)?.to_str()? != "--" || args.len() < 5 || switch < 3 {
         return None;
     }
     Some((
         Pid::from_raw(parent),
         Duration::from_millis(grace),
-        &args[3..],
+        switch,
+        &args[4..],
     ))
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `Instant`, and one that the supervisor's
+/// deadlines and the keeper's reading of them share (it is the machine's, not a process's).
+pub(crate) fn monotonic_ns() -> u64 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+        let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
+        secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+    })
+}
+
+/// The dead man's switch: the latest deadline the supervisor wrote (8 bytes, little-endian
+/// `CLOCK_MONOTONIC` nanoseconds, each write whole: a pipe never splits one of `PIPE_BUF` bytes
+/// or fewer), and the bytes of one not read whole yet.
+#[derive(Default)]
+struct Deadline {
+    at_ns: Option<u64>,
+    partial: Vec<u8>,
+}
+
+impl Deadline {
+    /// Takes in what was read from the pipe.
+    fn feed(&mut self, bytes: &[u8]) {
+        self.partial.extend_from_slice(bytes);
+        let whole = self.partial.len() / 8 * 8;
+        if let Some(last) = self.partial[..whole].chunks_exact(8).last() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(last);
+            self.at_ns = Some(u64::from_le_bytes(b));
+        }
+        self.partial.drain(..whole);
+    }
+
+    /// How long until it passes (zero once it has); `None` before the first deadline.
+    fn left(&self) -> Option<Duration> {
+        self.at_ns
+            .map(|at| Duration::from_nanos(at.saturating_sub(monotonic_ns())))
+    }
 }
 
 struct Keeper {
@@ -149,6 +216,9 @@ struct Keeper {
     /// When what is left of the command gets SIGKILL.
     kill_at: Option<Instant>,
     killing: bool,
+    /// The read end of the dead man's switch's pipe, until the supervisor closes its end.
+    switch: Option<std::fs::File>,
+    deadline: Deadline,
 }
 
 impl Keeper {
@@ -160,14 +230,26 @@ impl Keeper {
             if self.kill_at.is_some_and(|t| Instant::now() >= t) {
                 self.killing = true;
             }
+            if !self.killing && self.deadline.left() == Some(Duration::ZERO) {
+                to_stderr(
+                    "distlock: keeper: distlock confirmed no renewal before the lease's \
+                     validity ran out (is it stopped or hung?): killing the command\n",
+                );
+                self.killing = true;
+            }
             if self.killing {
                 self.signal_all(Signal::SIGKILL);
             }
             let timeout = if self.killing {
                 Some(KILL_ROUND)
             } else {
-                self.kill_at
-                    .map(|t| t.saturating_duration_since(Instant::now()))
+                let kill = self
+                    .kill_at
+                    .map(|t| t.saturating_duration_since(Instant::now()));
+                match (kill, self.deadline.left()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             };
             let timeout = match timeout {
                 None => PollTimeout::NONE,
@@ -175,11 +257,24 @@ impl Keeper {
                 Some(d) => PollTimeout::try_from(d + Duration::from_micros(999))
                     .unwrap_or(PollTimeout::MAX),
             };
-            let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, timeout) {
+            let polled = match &self.switch {
+                Some(switch) => poll(
+                    &mut [
+                        PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+                        PollFd::new(switch.as_fd(), PollFlags::POLLIN),
+                    ],
+                    timeout,
+                ),
+                None => poll(
+                    &mut [PollFd::new(signals.as_fd(), PollFlags::POLLIN)],
+                    timeout,
+                ),
+            };
+            match polled {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(_) => self.killing = true, // cannot wait for signals: end it all
             }
+            self.read_switch();
             while let Ok(Some(info)) = signals.read_signal() {
                 let Ok(sig) = Signal::try_from(i32::try_from(info.ssi_signo).unwrap_or(0)) else {
                     continue;
@@ -193,6 +288,33 @@ impl Keeper {
                     // it, and a terminal's reach the whole group by themselves.
                     _ if from_parent => self.signal_all(sig),
                     _ => {}
+                }
+            }
+        }
+    }
+
+    /// Reads the deadlines the supervisor wrote. At its end of the pipe closed, the last one
+    /// stays: nothing extends it any more.
+    fn read_switch(&mut self) {
+        use std::io::Read;
+        let Some(switch) = self.switch.as_mut() else {
+            return;
+        };
+        let mut buf = [0u8; 512];
+        loop {
+            match switch.read(&mut buf) {
+                Ok(0) => {
+                    self.switch = None;
+                    return;
+                }
+                Ok(n) => self.deadline.feed(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // WouldBlock: all read. Another error: the pipe is unusable; keep the deadline.
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::WouldBlock {
+                        self.switch = None;
+                    }
+                    return;
                 }
             }
         }
@@ -291,9 +413,38 @@ mod tests {
     #[test]
     fn arguments_are_checked() {
         let a = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
-        assert!(parse(&a(&["1", "100", "--", "true"])).is_some());
-        assert!(parse(&a(&["1", "100", "--"])).is_none());
-        assert!(parse(&a(&["x", "100", "--", "true"])).is_none());
-        assert!(parse(&a(&["1", "100", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "5", "--", "true"])).is_some());
+        assert!(parse(&a(&["1", "100", "5", "--"])).is_none());
+        assert!(parse(&a(&["x", "100", "5", "--", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "5", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "--", "true"])).is_none());
+        assert!(
+            parse(&a(&["1", "100", "0", "--", "true"])).is_none(),
+            "stdin is no pipe"
+        );
+    }
+
+    #[test]
+    fn the_switch_keeps_the_last_whole_deadline() {
+        let mut d = Deadline::default();
+        assert_eq!(d.left(), None);
+        let far = monotonic_ns() + 3_600_000_000_000;
+        let mut bytes = 1u64.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&far.to_le_bytes());
+        bytes.extend_from_slice(&7u64.to_le_bytes()[..3]);
+        d.feed(&bytes);
+        assert_eq!(
+            d.at_ns,
+            Some(far),
+            "the last whole one, not the partial one"
+        );
+        assert!(d.left().is_some_and(|l| l > Duration::from_secs(3500)));
+        d.feed(&7u64.to_le_bytes()[3..]);
+        assert_eq!(d.at_ns, Some(7));
+        assert_eq!(
+            d.left(),
+            Some(Duration::ZERO),
+            "a deadline in the past has passed"
+        );
     }
 }

@@ -102,7 +102,7 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     let granted = Instant::now();
     tracing::info!(%name, backend, token = ?lease.fencing_token(), "acquired");
 
-    let mut keeper = match Keeper::spawn(&a, &name, backend, lease.as_ref()) {
+    let mut keeper = match Keeper::spawn(&a, &name, backend, lease.as_ref(), granted) {
         Ok(k) => k,
         Err(e) => {
             release(lease).await;
@@ -196,11 +196,7 @@ async fn supervise(
     granted: Instant,
     secrets: &Secrets,
 ) -> (Option<Stop>, Result<u8, String>) {
-    // The validity window the backend gave (TTL minus drift; ZooKeeper: the session timeout),
-    // measured once: renewals keep `valid_until` between 2/3 of it and all of it ahead.
-    let span = lease.valid_until().saturating_duration_since(granted);
-    // SIGKILL this long before `valid_until`, for the timer's and the kernel's delays.
-    let margin = (span / 20).clamp(Duration::from_millis(5), Duration::from_millis(200));
+    let (span, margin) = window(lease, granted);
     // Inside the window the grace must leave room for healthy renewals: at most a third.
     let lease_grace = a.grace.min(span / 3);
     // How often the lease state is looked at (it is local: no request).
@@ -212,6 +208,7 @@ async fn supervise(
     loop {
         let now = Instant::now();
         let lease_kill_at = lease.valid_until().checked_sub(margin).unwrap_or(now);
+        keeper.switch.set(lease_kill_at);
         let term_at = lease_kill_at.checked_sub(lease_grace).unwrap_or(now);
         if stop.is_none() {
             let why = match lease.state() {
@@ -279,6 +276,46 @@ async fn supervise(
     }
 }
 
+/// The validity window the backend gave (TTL minus drift; ZooKeeper: the session timeout),
+/// measured once: renewals keep `valid_until` between 2/3 of it and all of it ahead; and how
+/// long before `valid_until` the command gets SIGKILL, for the timer's and the kernel's delays.
+fn window(lease: &dyn Lease, granted: Instant) -> (Duration, Duration) {
+    let span = lease.valid_until().saturating_duration_since(granted);
+    let margin = (span / 20).clamp(Duration::from_millis(5), Duration::from_millis(200));
+    (span, margin)
+}
+
+/// The supervisor's end of the keeper's dead man's switch (`keeper.rs`): the moment by which
+/// the command must be dead, written again whenever it moves. Non-blocking: a keeper that does
+/// not read (it is frozen too) must not stall the supervisor.
+struct Switch {
+    tx: std::os::fd::OwnedFd,
+    sent: Option<Instant>,
+}
+
+impl Switch {
+    fn set(&mut self, kill_at: Instant) {
+        if self.sent == Some(kill_at) {
+            return;
+        }
+        // `Instant` is CLOCK_MONOTONIC, which the keeper reads too.
+        let now = Instant::now();
+        let mono = crate::keeper::monotonic_ns();
+        let at = if kill_at >= now {
+            let ahead = u64::try_from((kill_at - now).as_nanos()).unwrap_or(u64::MAX);
+            mono.saturating_add(ahead)
+        } else {
+            let behind = u64::try_from((now - kill_at).as_nanos()).unwrap_or(u64::MAX);
+            mono.saturating_sub(behind)
+        };
+        // Eight bytes go whole or not at all; a full pipe (a keeper that reads nothing) loses
+        // the update, which the next one retries.
+        if nix::unistd::write(&self.tx, &at.to_le_bytes()) == Ok(8) {
+            self.sent = Some(kill_at);
+        }
+    }
+}
+
 /// The command's status as the keeper reports it, or why the keeper itself died.
 fn keeper_status(st: std::process::ExitStatus) -> Result<u8, String> {
     use std::os::unix::process::ExitStatusExt;
@@ -301,6 +338,7 @@ struct Keeper {
     pending: Vec<Signal>,
     /// This process SIGKILLed the keeper's group itself, before the keeper was ready.
     killed_group: bool,
+    switch: Switch,
 }
 
 impl Keeper {
@@ -309,14 +347,31 @@ impl Keeper {
         name: &LockName,
         backend: &str,
         lease: &dyn Lease,
+        granted: Instant,
     ) -> std::io::Result<Keeper> {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+        use std::os::fd::AsRawFd;
         let grace_ms = u64::try_from(a.grace.as_millis()).unwrap_or(u64::MAX);
         // Before the spawn: SIGUSR2's default action would end distlock.
         let ready = signal(SignalKind::user_defined2())?;
+        // The dead man's switch, armed before the command exists.
+        let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        let mut switch = Switch { tx, sent: None };
+        let margin = window(lease, granted).1;
+        switch.set(
+            lease
+                .valid_until()
+                .checked_sub(margin)
+                .unwrap_or_else(Instant::now),
+        );
+        if switch.sent.is_none() {
+            return Err(std::io::Error::other("cannot arm the keeper's deadline"));
+        }
         let mut cmd = tokio::process::Command::new(keeper_exe()?);
         cmd.arg(crate::keeper::ARG)
             .arg(std::process::id().to_string())
             .arg(grace_ms.to_string())
+            .arg(rx.as_raw_fd().to_string())
             .arg("--")
             .args(&a.command)
             .env("DISTLOCK_NAME", name.as_str())
@@ -336,12 +391,12 @@ impl Keeper {
         // kernel would otherwise free it with distlock's descriptors, a moment before the
         // keeper hears of the death). Inheritable for this one spawn only.
         let fds = lease.inheritable_fds();
-        for fd in &fds {
-            use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        for fd in fds.iter().chain([&rx]) {
             fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(std::io::Error::from)?;
         }
         let child = cmd.spawn();
         drop(fds);
+        drop(rx);
         let child = child?;
         let pid = child
             .id()
@@ -355,6 +410,7 @@ impl Keeper {
             is_ready: false,
             pending: Vec::new(),
             killed_group: false,
+            switch,
         })
     }
 

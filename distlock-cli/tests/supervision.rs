@@ -321,6 +321,38 @@ fn supervisor_killed_redis() {
     supervisor_killed("killed-redis", "redis://127.0.0.1:16379");
 }
 
+/// distlock is frozen (SIGSTOP; Ctrl-Z stops it the same way, and no stop of distlock reaches
+/// the command, which runs in a process group of its own). It renews nothing, so the lease
+/// expires on the server and a second run takes the lock: the first command (which ignores
+/// SIGTERM) must be dead before the second starts. Resumed, distlock exits 70.
+#[test]
+fn frozen_supervisor_cannot_outlive_the_lease() {
+    let (tag, url) = ("frozen-redis", "redis://127.0.0.1:16379");
+    let dir = tmp(tag);
+    let name = unique(tag);
+    let (hb, start2) = (dir.join("hb"), dir.join("start2"));
+    let holder = beating_holder(url, &name, &hb, &["--grace", "10s"], 0);
+    // Renewals move the keeper's deadline: a command outlives its first TTL while distlock runs.
+    std::thread::sleep(Duration::from_secs(3));
+    let n = beats(&hb).len();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        beats(&hb).len() > n,
+        "{tag}: the command stopped beating 3 s into a healthy 2 s lease (renewals must move \
+         the keeper's deadline)"
+    );
+    kill("STOP", holder.id());
+    let second = second_run(url, &name, &start2, "30s");
+    let alone = std::panic::catch_unwind(|| {
+        second_ran_alone(tag, second, Duration::from_secs(40), &hb, &start2);
+    });
+    kill("CONT", holder.id());
+    if let Err(e) = alone {
+        std::panic::resume_unwind(e);
+    }
+    exits(holder, Duration::from_secs(30), "frozen, then resumed", 70);
+}
+
 /// The command starts a background grandchild (ignoring SIGTERM) and `how` ends the command;
 /// a second run waits for the lock. The grandchild never beats after the second started.
 fn descendants(tag: &str, url: &str, how: &str) {
