@@ -36,7 +36,8 @@ keeper process. Nothing of it runs without the lock:
     as the TTL or longer is shortened to TTL/3 in that case. distlock then exits 70.
 The command's environment adds DISTLOCK_NAME, DISTLOCK_BACKEND, DISTLOCK_FENCING_TOKEN (where
 the backend fences) and DISTLOCK_KEY (the lock's key, node or file on the backend).
-SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes;
+a Ctrl-Z (SIGTSTP) is refused, with a message: a stopped distlock would renew nothing.
 The command does not run in the terminal's foreground group: it cannot read from the terminal.
 
 Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy

@@ -464,12 +464,14 @@ async fn release(lease: Box<dyn Lease>) {
     }
 }
 
-/// The signals `run` relays to the command: SIGINT, SIGTERM, SIGHUP, SIGQUIT.
+/// The signals `run` relays to the command: SIGINT, SIGTERM, SIGHUP, SIGQUIT; and SIGTSTP,
+/// which it refuses.
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
     quit: tokio::signal::unix::Signal,
+    tstp: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -479,16 +481,26 @@ impl Signals {
             term: signal(SignalKind::terminate())?,
             hup: signal(SignalKind::hangup())?,
             quit: signal(SignalKind::quit())?,
+            // A stopped distlock renews nothing: its lease (or its place in the queue) would
+            // expire while the command, in a group of its own, runs on until the keeper's
+            // switch kills it. A Ctrl-Z is refused instead, and said so.
+            tstp: signal(SignalKind::from_raw(Signal::SIGTSTP as i32))?,
         })
     }
 
-    /// The next of them to arrive.
+    /// The next of the relayed ones to arrive.
     async fn recv(&mut self) -> Signal {
-        tokio::select! {
-            _ = self.int.recv() => Signal::SIGINT,
-            _ = self.term.recv() => Signal::SIGTERM,
-            _ = self.hup.recv() => Signal::SIGHUP,
-            _ = self.quit.recv() => Signal::SIGQUIT,
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => return Signal::SIGINT,
+                _ = self.term.recv() => return Signal::SIGTERM,
+                _ = self.hup.recv() => return Signal::SIGHUP,
+                _ = self.quit.recv() => return Signal::SIGQUIT,
+                _ = self.tstp.recv() => to_stderr(
+                    "\ndistlock: not suspended: a stopped distlock would renew nothing and its \
+                     lock would expire (Ctrl-C ends the command)\n",
+                ),
+            }
         }
     }
 }

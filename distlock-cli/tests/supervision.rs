@@ -353,6 +353,29 @@ fn frozen_supervisor_cannot_outlive_the_lease() {
     exits(holder, Duration::from_secs(30), "frozen, then resumed", 70);
 }
 
+/// A Ctrl-Z (SIGTSTP) does not stop distlock, which would renew nothing: it says so, and the
+/// command runs to its end under the lock, well past the TTL. (A stopped distlock would never
+/// exit here: nothing resumes it.)
+#[test]
+fn ctrl_z_does_not_suspend_a_holder() {
+    let name = unique("tstp");
+    let url = "redis://127.0.0.1:16379";
+    let holder = distlock(
+        url,
+        &["run", "--name", &name, "--ttl", "2s", "--", "sleep", "4"],
+    )
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    kill("TSTP", holder.id());
+    let out = exits(holder, Duration::from_secs(20), "a Ctrl-Z'd holder", 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not suspended"),
+        "distlock refused the Ctrl-Z without a word: {stderr}"
+    );
+}
+
 /// The command starts a background grandchild (ignoring SIGTERM) and `how` ends the command;
 /// a second run waits for the lock. The grandchild never beats after the second started.
 fn descendants(tag: &str, url: &str, how: &str) {
