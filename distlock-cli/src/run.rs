@@ -498,7 +498,7 @@ impl Signals {
                 _ = self.quit.recv() => return Signal::SIGQUIT,
                 _ = self.tstp.recv() => to_stderr(
                     "\ndistlock: not suspended: a stopped distlock would renew nothing and its \
-                     lock would expire (Ctrl-C ends the command)\n",
+                     lock would expire (Ctrl-C stops it)\n",
                 ),
             }
         }
