@@ -22,6 +22,9 @@
 //!   supervisor that is alive but does nothing (SIGSTOP, a debugger, a hung process; the
 //!   command is in a group of its own, which a stop of the supervisor does not reach) sends
 //!   no later one, and the keeper SIGKILLs all of it then, as the supervisor would have.
+//!   The deadline is on `CLOCK_BOOTTIME`, which, unlike the `CLOCK_MONOTONIC` of every other
+//!   timer here, goes on while the machine is suspended: a timerfd on it wakes the keeper as
+//!   the machine resumes, if the lease ran out meanwhile.
 //!
 //! The keeper never execs anything else and reads no input, so it cannot be confused by the
 //! command; signals are read from a signalfd with the sender's pid, so that the keeper relays
@@ -36,6 +39,8 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, killpg, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::time::{clock_gettime, ClockId};
 use nix::unistd::{getpid, getppid, Pid};
@@ -72,6 +77,18 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         Err(e) => {
             to_stderr(&format!(
                 "distlock: keeper: cannot open its deadline pipe: {e}\n"
+            ));
+            return EX_OSERR;
+        }
+    };
+    let timer = match TimerFd::new(
+        nix::sys::timerfd::ClockId::CLOCK_BOOTTIME,
+        TimerFlags::TFD_CLOEXEC | TimerFlags::TFD_NONBLOCK,
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            to_stderr(&format!(
+                "distlock: keeper: cannot make its deadline timer: {e}\n"
             ));
             return EX_OSERR;
         }
@@ -147,6 +164,7 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         killing: false,
         switch: Some(switch),
         deadline: Deadline::default(),
+        timer,
     }
     .supervise(&signals)
 }
@@ -166,10 +184,11 @@ fn parse(args: &[OsString]) -> Option<(Pid, Duration, RawFd, &[OsString])> {
     ))
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `Instant`, and one that the supervisor's
-/// deadlines and the keeper's reading of them share (it is the machine's, not a process's).
-pub(crate) fn monotonic_ns() -> u64 {
-    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+/// `CLOCK_BOOTTIME` in nanoseconds: the machine's (not a process's) clock, which the
+/// supervisor's deadlines and the keeper's reading of them share; `CLOCK_MONOTONIC` (that of
+/// `Instant`) plus the time the machine was suspended.
+pub(crate) fn boottime_ns() -> u64 {
+    clock_gettime(ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
         let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
         let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
         secs.saturating_mul(1_000_000_000).saturating_add(nanos)
@@ -177,7 +196,7 @@ pub(crate) fn monotonic_ns() -> u64 {
 }
 
 /// The dead man's switch: the latest deadline the supervisor wrote (8 bytes, little-endian
-/// `CLOCK_MONOTONIC` nanoseconds, each write whole: a pipe never splits one of `PIPE_BUF` bytes
+/// `CLOCK_BOOTTIME` nanoseconds, each write whole: a pipe never splits one of `PIPE_BUF` bytes
 /// or fewer), and the bytes of one not read whole yet.
 #[derive(Default)]
 struct Deadline {
@@ -201,7 +220,7 @@ impl Deadline {
     /// How long until it passes (zero once it has); `None` before the first deadline.
     fn left(&self) -> Option<Duration> {
         self.at_ns
-            .map(|at| Duration::from_nanos(at.saturating_sub(monotonic_ns())))
+            .map(|at| Duration::from_nanos(at.saturating_sub(boottime_ns())))
     }
 }
 
@@ -219,6 +238,8 @@ struct Keeper {
     /// The read end of the dead man's switch's pipe, until the supervisor closes its end.
     switch: Option<std::fs::File>,
     deadline: Deadline,
+    /// Readable once the deadline has passed, also across a suspend of the machine.
+    timer: TimerFd,
 }
 
 impl Keeper {
@@ -231,6 +252,8 @@ impl Keeper {
                 self.killing = true;
             }
             if !self.killing && self.deadline.left() == Some(Duration::ZERO) {
+                // Disarmed, or its readable state would end every poll at once from now on.
+                let _ = self.timer.unset();
                 to_stderr(
                     "distlock: keeper: distlock confirmed no renewal before the lease's \
                      validity ran out (is it stopped or hung?): killing the command\n",
@@ -257,19 +280,15 @@ impl Keeper {
                 Some(d) => PollTimeout::try_from(d + Duration::from_micros(999))
                     .unwrap_or(PollTimeout::MAX),
             };
-            let polled = match &self.switch {
-                Some(switch) => poll(
-                    &mut [
-                        PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-                        PollFd::new(switch.as_fd(), PollFlags::POLLIN),
-                    ],
-                    timeout,
-                ),
-                None => poll(
-                    &mut [PollFd::new(signals.as_fd(), PollFlags::POLLIN)],
-                    timeout,
-                ),
-            };
+            let mut fds = vec![
+                PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.timer.as_fd(), PollFlags::POLLIN),
+            ];
+            if let Some(switch) = &self.switch {
+                fds.push(PollFd::new(switch.as_fd(), PollFlags::POLLIN));
+            }
+            let polled = poll(&mut fds, timeout);
+            drop(fds);
             match polled {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(_) => self.killing = true, // cannot wait for signals: end it all
@@ -307,7 +326,22 @@ impl Keeper {
                     self.switch = None;
                     return;
                 }
-                Ok(n) => self.deadline.feed(&buf[..n]),
+                Ok(n) => {
+                    let before = self.deadline.at_ns;
+                    self.deadline.feed(&buf[..n]);
+                    if let Some(at) = self
+                        .deadline
+                        .at_ns
+                        .filter(|_| self.deadline.at_ns != before)
+                    {
+                        // Setting it again also clears an expiry of the previous deadline.
+                        let when = TimeSpec::from(Duration::from_nanos(at.max(1)));
+                        let _ = self.timer.set(
+                            Expiration::OneShot(when),
+                            TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+                        );
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 // WouldBlock: all read. Another error: the pipe is unusable; keep the deadline.
                 Err(e) => {
@@ -428,7 +462,7 @@ mod tests {
     fn the_switch_keeps_the_last_whole_deadline() {
         let mut d = Deadline::default();
         assert_eq!(d.left(), None);
-        let far = monotonic_ns() + 3_600_000_000_000;
+        let far = boottime_ns() + 3_600_000_000_000;
         let mut bytes = 1u64.to_le_bytes().to_vec();
         bytes.extend_from_slice(&far.to_le_bytes());
         bytes.extend_from_slice(&7u64.to_le_bytes()[..3]);

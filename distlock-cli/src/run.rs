@@ -298,15 +298,16 @@ impl Switch {
         if self.sent == Some(kill_at) {
             return;
         }
-        // `Instant` is CLOCK_MONOTONIC, which the keeper reads too.
+        // On the keeper's clock, CLOCK_BOOTTIME: `Instant` (CLOCK_MONOTONIC) stands still
+        // while the machine is suspended, and the lease's server does not.
         let now = Instant::now();
-        let mono = crate::keeper::monotonic_ns();
+        let boot = crate::keeper::boottime_ns();
         let at = if kill_at >= now {
             let ahead = u64::try_from((kill_at - now).as_nanos()).unwrap_or(u64::MAX);
-            mono.saturating_add(ahead)
+            boot.saturating_add(ahead)
         } else {
             let behind = u64::try_from((now - kill_at).as_nanos()).unwrap_or(u64::MAX);
-            mono.saturating_sub(behind)
+            boot.saturating_sub(behind)
         };
         // Eight bytes go whole or not at all; a full pipe (a keeper that reads nothing) loses
         // the update, which the next one retries.
