@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::support::{
-    cancel_after, client, free_for_a_newcomer, held, long_opts, opts, scene, Scene,
+    cancel_after, client, free_for_a_newcomer, held, long_opts, opts, scene, still_held, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -56,14 +56,14 @@ pub async fn held_lock_refuses_others(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { a, b, name, .. } = scene(h, "held").await?;
     let opts = long_opts(h);
     let lease = held(a.try_acquire(&name, &opts).await?, "first try_acquire")?;
-    ensure!(
-        b.try_acquire(&name, &opts).await?.is_none(),
-        "another client acquired a held lock"
-    );
-    ensure!(
-        a.try_acquire(&name, &opts).await?.is_none(),
-        "the holder's own client acquired its held lock a second time (locks are not reentrant)"
-    );
+    still_held(&*b, &name, &opts, "another client acquired a held lock").await?;
+    still_held(
+        &*a,
+        &name,
+        &opts,
+        "the holder's own client acquired its held lock a second time (locks are not reentrant)",
+    )
+    .await?;
     match b.acquire(&name, &opts.clone().no_wait()).await {
         Err(lock_core::Error::Timeout { .. }) => {}
         Ok(_) => return Err(Failure("acquire(no_wait) got a held lock".into())),

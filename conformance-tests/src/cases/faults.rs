@@ -9,7 +9,7 @@ use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{
     acquire_when_free, client, faulty, held, in_flight_scene, in_state, long_opts, opts,
-    record_states, sleep, watch_lost, within,
+    record_states, sleep, still_held, watch_lost, within,
 };
 use crate::{ensure, fresh_name, Failure, Fault, Faulty, Harness, Timing};
 
@@ -229,10 +229,13 @@ pub async fn dropped_connection_is_lost_at_once(h: &dyn Harness) -> Result<(), F
         lease.release().await.is_err(),
         "release of a lease whose connection dropped succeeded"
     );
-    ensure!(
-        other.try_acquire(&name, &opts(h)).await?.is_none(),
-        "the dropped lease's release freed the next holder's lock"
-    );
+    still_held(
+        &*other,
+        &name,
+        &opts(h),
+        "the dropped lease's release freed the next holder's lock",
+    )
+    .await?;
     next.release().await?;
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::{Error, Lease, LockName, LockOptions, MAX_NAME_LEN, MAX_TTL, NAME_PUNCTUATION};
 
-use super::support::{client, held, long_opts, opts};
+use super::support::{client, held, long_opts, opts, still_held};
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Names the contract rejects give `InvalidName`.
@@ -51,10 +51,13 @@ pub async fn every_valid_name_is_its_own_key(h: &dyn Harness) -> Result<(), Fail
         )?);
     }
     for n in &names {
-        ensure!(
-            b.try_acquire(n, &long_opts(h)).await?.is_none(),
-            "name {n} was free while held"
-        );
+        still_held(
+            &*b,
+            n,
+            &long_opts(h),
+            format!("name {n} was free while held"),
+        )
+        .await?;
     }
     for l in leases {
         l.release().await?;

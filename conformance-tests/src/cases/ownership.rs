@@ -6,7 +6,7 @@ use lock_core::{DistributedLock, Lease, LeaseState};
 
 use super::support::{
     acquire_when_free, client, held, in_state, is_not_held, opts, scene, sleep, sleep_until,
-    within, Scene,
+    still_held, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -47,10 +47,13 @@ pub async fn stale_release_keeps_successor(h: &dyn Harness) -> Result<(), Failur
             )))
         }
     }
-    ensure!(
-        c.try_acquire(&name, &opts(h)).await?.is_none(),
-        "a stale release freed the successor's lock"
-    );
+    still_held(
+        &*c,
+        &name,
+        &opts(h),
+        "a stale release freed the successor's lock",
+    )
+    .await?;
     successor.release().await?;
     Ok(())
 }
@@ -66,10 +69,13 @@ pub async fn stale_renew_keeps_successor(h: &dyn Harness) -> Result<(), Failure>
         "renew of an expired lease succeeded while another client holds the lock"
     );
     in_state(&*stale, LeaseState::Lost, "after it expired")?;
-    ensure!(
-        c.try_acquire(&name, &opts(h)).await?.is_none(),
-        "a stale renew freed the successor's lock"
-    );
+    still_held(
+        &*c,
+        &name,
+        &opts(h),
+        "a stale renew freed the successor's lock",
+    )
+    .await?;
     in_state(&*successor, LeaseState::Held, "(the successor)")?;
     successor.release().await?;
     drop(stale);
@@ -85,10 +91,13 @@ pub async fn dropped_stale_lease_keeps_successor(h: &dyn Harness) -> Result<(), 
     let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref()).await?;
     drop(stale);
     sleep(t.slack).await; // room for a background release to run
-    ensure!(
-        c.try_acquire(&name, &opts(h)).await?.is_none(),
-        "dropping an expired lease freed the successor's lock"
-    );
+    still_held(
+        &*c,
+        &name,
+        &opts(h),
+        "dropping an expired lease freed the successor's lock",
+    )
+    .await?;
     successor.release().await?;
     Ok(())
 }
@@ -103,10 +112,13 @@ pub async fn ownership_is_per_lease_not_per_client(h: &dyn Harness) -> Result<()
         old.release().await.is_err(),
         "the client's expired lease released its current lease"
     );
-    ensure!(
-        b.try_acquire(&name, &opts(h)).await?.is_none(),
-        "the lock is free although the client's current lease holds it"
-    );
+    still_held(
+        &*b,
+        &name,
+        &opts(h),
+        "the lock is free although the client's current lease holds it",
+    )
+    .await?;
     new.release().await?;
     Ok(())
 }
@@ -132,10 +144,13 @@ pub async fn broken_lock_release_is_not_held(h: &dyn Harness) -> Result<(), Fail
         victim.release().await.is_err(),
         "release of a broken lease succeeded"
     );
-    ensure!(
-        c.try_acquire(&name, &long).await?.is_none(),
-        "the broken lease's release freed the new holder's lock"
-    );
+    still_held(
+        &*c,
+        &name,
+        &long,
+        "the broken lease's release freed the new holder's lock",
+    )
+    .await?;
     successor.release().await?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{
     acquire_when_free, cancel_after, held, in_state, long_opts, opts, scene, sleep, sleep_until,
-    within, Scene,
+    still_held, within, Scene,
 };
 use crate::{ensure, Failure, Harness};
 
@@ -45,10 +45,13 @@ pub async fn manual_renew_extends(h: &dyn Harness) -> Result<(), Failure> {
         "the lost signal fired at the original expiry of a lease renewed before it: a \
          renewal must move the lost signal's deadline too"
     );
-    ensure!(
-        b.try_acquire(&name, &opts(h)).await?.is_none(),
-        "lock granted to another client after its holder renewed it"
-    );
+    still_held(
+        &*b,
+        &name,
+        &opts(h),
+        "lock granted to another client after its holder renewed it",
+    )
+    .await?;
     lease.release().await?;
     Ok(())
 }
@@ -69,10 +72,13 @@ pub async fn cancelled_renew_leaves_the_lease_held(h: &dyn Harness) -> Result<()
             "{when}, valid_until moved back by {:?}",
             before - lease.valid_until()
         );
-        ensure!(
-            b.try_acquire(&name, &long_opts(h)).await?.is_none(),
-            "{when}, another client got the lock"
-        );
+        still_held(
+            &*b,
+            &name,
+            &long_opts(h),
+            format!("{when}, another client got the lock"),
+        )
+        .await?;
     }
     lease
         .renew()
@@ -139,10 +145,13 @@ async fn held_for_three_ttls(
         lease.valid_until() > Instant::now(),
         "the valid_until of {what} passed"
     );
-    ensure!(
-        other.try_acquire(name, &opts(h)).await?.is_none(),
-        "the lock of {what} was granted to another client after 3 TTLs"
-    );
+    still_held(
+        other,
+        name,
+        &opts(h),
+        format!("the lock of {what} was granted to another client after 3 TTLs"),
+    )
+    .await?;
     lease
         .release()
         .await

@@ -32,6 +32,18 @@ pub(crate) async fn scene(h: &dyn Harness, tag: &str) -> Result<Scene, Failure> 
     })
 }
 
+/// Fails with `broken` unless `client`'s `try_acquire` of `name` is refused: the lock is
+/// still held by someone else (a grant made here is dropped, which releases it).
+pub(crate) async fn still_held(
+    client: &dyn DistributedLock,
+    name: &LockName,
+    opts: &LockOptions,
+    broken: impl std::fmt::Display,
+) -> Result<(), Failure> {
+    ensure!(client.try_acquire(name, opts).await?.is_none(), "{broken}");
+    Ok(())
+}
+
 /// A client behind a breakable link, delayed `delay` each way to begin with.
 pub(crate) async fn faulty(h: &dyn Harness, delay: Duration) -> Result<Faulty, Failure> {
     match h.faulty_client(delay).await {
