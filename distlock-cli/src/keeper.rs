@@ -17,6 +17,8 @@
 //!   would end it with the default action, so the supervisor holds its signals back);
 //! - relays SIGINT, SIGTERM, SIGHUP and SIGQUIT from the supervisor to all of it, and on
 //!   `SIGUSR1` (the supervisor's "the lease is about to move", or its death) SIGKILLs all of it;
+//!   the supervisor follows each with a SIGCONT, which the keeper does not block or relay: a
+//!   keeper the command stopped (`kill -STOP $PPID`) resumes and acts;
 //! - holds a dead man's switch: the supervisor writes, through a pipe, the moment by which the
 //!   command must be dead unless a renewal is confirmed, each time that moment moves. A
 //!   supervisor that is alive but does nothing (SIGSTOP, a debugger, a hung process; the

@@ -415,10 +415,13 @@ impl Keeper {
         })
     }
 
-    /// Asks the keeper to relay `sig` (SIGUSR1: kill everything now).
+    /// Asks the keeper to relay `sig` (SIGUSR1: kill everything now). A keeper stopped by its
+    /// own command (`kill -STOP $PPID`) would relay nothing: SIGCONT resumes it (the keeper
+    /// alone; it relays no SIGCONT).
     fn signal(&mut self, sig: Signal) {
         if self.is_ready {
             let _ = nix::sys::signal::kill(self.pid, sig);
+            let _ = nix::sys::signal::kill(self.pid, Signal::SIGCONT);
         } else if sig == Signal::SIGUSR1 {
             // Not set up yet: what runs of the command is in its group.
             let _ = nix::sys::signal::killpg(self.pid, Signal::SIGKILL);

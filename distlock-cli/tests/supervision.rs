@@ -353,6 +353,47 @@ fn frozen_supervisor_cannot_outlive_the_lease() {
     exits(holder, Duration::from_secs(30), "frozen, then resumed", 70);
 }
 
+/// The command freezes its own keeper (`kill -STOP $PPID`), the process that relays every stop
+/// to it; then the holder is cut off from Redis. distlock must still see the command (which
+/// ignores SIGTERM) dead before a second run starts its own, and exit 70.
+#[test]
+fn frozen_keeper_cannot_outlive_the_lease() {
+    let tag = "frozen-keeper";
+    let p = proxy(16379);
+    let dir = tmp(tag);
+    let name = unique(tag);
+    let (hb, start2) = (dir.join("hb"), dir.join("start2"));
+    let script = format!("kill -STOP $PPID; {}", heartbeat(&hb));
+    let via = format!("redis://{}", p.addr());
+    let holder = distlock(
+        &via,
+        &[
+            "run", "--name", &name, "--ttl", "2s", "--grace", "10s", "--", "sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_beats(&hb, 4);
+    p.blackhole();
+    let second = second_run("redis://127.0.0.1:16379", &name, &start2, "60s");
+    let alone = std::panic::catch_unwind(|| {
+        second_ran_alone(tag, second, Duration::from_secs(60), &hb, &start2);
+    });
+    // Resumed, a keeper that was left frozen ends the command (so a failure leaves nothing).
+    let _ = Command::new("pkill")
+        .args(["-CONT", "-P", &holder.id().to_string()])
+        .status();
+    if let Err(e) = alone {
+        std::panic::resume_unwind(e);
+    }
+    exits(
+        holder,
+        Duration::from_secs(30),
+        &format!("{tag}: holder cut off"),
+        70,
+    );
+}
+
 /// A Ctrl-Z (SIGTSTP) does not stop distlock, which would renew nothing: it says so, and the
 /// command runs to its end under the lock, well past the TTL. (A stopped distlock would never
 /// exit here: nothing resumes it.)
