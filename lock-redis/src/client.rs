@@ -171,7 +171,7 @@ impl RedisNode {
     /// `timeout`. The drivers call it at connect and before granting on a connection that
     /// dropped since.
     ///
-    /// [`Error::Config`] when the server is a replica, when `maxmemory` is set with an
+    /// [`Error::Config`] when the server is a replica or a Redis Cluster node, when `maxmemory` is set with an
     /// evicting `maxmemory-policy` (unless [`RedisConfig::with_allow_eviction`]), or when the
     /// server rejects the credentials;
     /// [`Error::Unavailable`] when it does not answer.
@@ -204,6 +204,15 @@ impl RedisNode {
             }
         })?;
         let facts = ServerFacts::parse(&reply);
+        if facts.cluster {
+            // Its slots live on other nodes (MOVED) or nowhere yet (CLUSTERDOWN), and move.
+            return Err(Error::config(format!(
+                "Redis at {} runs in cluster mode: the driver speaks to one server and does not \
+                 follow a cluster's slots (MOVED) or failovers. Point distlock at a standalone \
+                 master",
+                self.config.endpoint()
+            )));
+        }
         if let Some(master) = facts.replica_of() {
             // Read-only, it refuses every grant; writable, it erases them at its next sync.
             return Err(Error::config(format!(
@@ -355,6 +364,8 @@ struct ServerFacts {
     role: String,
     /// The master of a replica, `host:port` as `INFO` gives them.
     master: [Option<String>; 2],
+    /// `cluster_enabled:1`: a Redis Cluster node.
+    cluster: bool,
 }
 
 impl ServerFacts {
@@ -371,6 +382,7 @@ impl ServerFacts {
                 Some(("role", v)) => f.role = v.to_string(),
                 Some(("master_host", v)) => f.master[0] = Some(v.to_string()),
                 Some(("master_port", v)) => f.master[1] = Some(v.to_string()),
+                Some(("cluster_enabled", v)) => f.cluster = v == "1",
                 _ => {}
             }
         }

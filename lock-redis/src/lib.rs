@@ -58,9 +58,12 @@
 //! `Capabilities::fencing` is `None`. A `CONFIG SET` between two checks goes unnoticed until the
 //! next one.
 //!
-//! **Redis Cluster**: the driver talks to the one server in its URL and does not follow
-//! `MOVED` redirections. A lock's keys share a hash tag (one slot), so a lock works where that
-//! server owns the slot and fails with the server's `MOVED` error where another shard does.
+//! **A Redis Cluster node is refused** at connect (`Error::Config`, from `cluster_enabled:1`
+//! in `INFO`): the driver talks to the one server in its URL and follows neither `MOVED`
+//! redirections nor slot migrations, so a lock would work or fail by its name's slot (and a
+//! node that serves no slot fails every one with `CLUSTERDOWN`, which looks retryable and is
+//! not). A single-node cluster is refused too: run that server standalone. (A lock's keys do
+//! share a hash tag, one slot, so a cluster-aware driver could use them as they are.)
 //!
 //! **A replica is refused** by the same checks: a read-only one refuses every grant, and a
 //! writable one (`replica-read-only no`) would take locks that its next sync with its master

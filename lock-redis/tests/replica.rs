@@ -1,7 +1,8 @@
 //! A Redis replica is refused as a lock server, at connect: a read-only one refuses every
 //! grant (each acquisition would fail as if the server were down), and a writable one
 //! (`replica-read-only no`) takes locks that its next sync with its master erases, so the
-//! lock could be granted twice. The servers are the test's own (`test_support::redis_replica`).
+//! lock could be granted twice. So is a server in cluster mode. The servers are the test's own
+//! (`test_support::redis_replica`, `ClockedServer::redis_cluster_node`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use lock_core::Error;
@@ -21,5 +22,30 @@ async fn a_replica_is_refused_at_connect() {
             }
             other => panic!("a replica (writable {writable}) was not refused: {other:?}"),
         }
+    }
+}
+
+/// A server in cluster mode is refused at connect, as a configuration error that says so:
+/// the driver speaks to one server, while a cluster keeps each lock's slot on one of its
+/// nodes (the others answer `MOVED`) and moves slots between nodes. Without the check, this
+/// node (which serves no slot) gave `CLUSTERDOWN` to every acquisition, a retryable
+/// "unavailable" error that no retry cures.
+#[tokio::test]
+async fn a_cluster_node_is_refused_at_connect() {
+    let node = test_support::clock::ClockedServer::redis_cluster_node()
+        .await
+        .unwrap();
+    let url = format!("redis://{}", node.addr());
+    match RedisLock::from_url(&url).await {
+        Err(Error::Config { message, .. }) => {
+            assert!(message.contains("cluster mode"), "{message}");
+        }
+        Ok(lock) => {
+            let name = lock_core::LockName::new("cluster-probe").unwrap();
+            let opts = lock_core::LockOptions::new(std::time::Duration::from_secs(2));
+            let tried = lock_core::DistributedLock::try_acquire(&lock, &name, &opts).await;
+            panic!("a cluster node was accepted at connect; an acquisition then gave {tried:?}")
+        }
+        Err(other) => panic!("a cluster node was refused with a non-config error: {other:?}"),
     }
 }

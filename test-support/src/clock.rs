@@ -43,6 +43,8 @@ pub struct ClockedServer {
 #[derive(Clone, Copy, Debug)]
 enum Kind {
     Redis,
+    /// A redis-server in cluster mode, a cluster of its own with no slot assigned.
+    RedisClusterNode,
     ZooKeeper,
 }
 
@@ -62,6 +64,16 @@ impl ClockedServer {
     /// log.
     pub async fn redis(n: usize, ppm: i64) -> Result<Vec<ClockedServer>, String> {
         Self::start(Kind::Redis, n, ppm).await
+    }
+
+    /// Starts a redis-server in cluster mode (`cluster-enabled yes`), on time, that has joined
+    /// no cluster and serves no slot.
+    ///
+    /// # Errors
+    /// As for [`redis`](Self::redis).
+    pub async fn redis_cluster_node() -> Result<ClockedServer, String> {
+        let mut one = Self::start(Kind::RedisClusterNode, 1, 0).await?;
+        one.pop().ok_or_else(|| "no server".to_string())
     }
 
     /// Starts a standalone ZooKeeper server (tick 500 ms, sessions of 1–20 s), as
@@ -94,12 +106,15 @@ impl ClockedServer {
         let dir = crate::scratch("distlock-clock");
         let step = StepFile::new(&dir, "step")?;
         let mut cmd = match kind {
-            Kind::Redis => {
+            Kind::Redis | Kind::RedisClusterNode => {
                 let mut cmd = Command::new("redis-server");
                 cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                     .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
                     .arg("--dir")
                     .arg(&*dir);
+                if matches!(kind, Kind::RedisClusterNode) {
+                    cmd.args(["--cluster-enabled", "yes"]);
+                }
                 cmd
             }
             Kind::ZooKeeper => {
@@ -199,7 +214,7 @@ impl ClockedServer {
     pub async fn offset(&self) -> Result<f64, String> {
         let server = async {
             match self.kind {
-                Kind::Redis => self.redis_time().await,
+                Kind::Redis | Kind::RedisClusterNode => self.redis_time().await,
                 Kind::ZooKeeper => self.zk_time().await,
             }
         };
