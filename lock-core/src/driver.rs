@@ -26,6 +26,37 @@ pub use crate::secret::{scrub, ClientError, Secret};
 pub use crate::state::LeaseTracker;
 pub use async_trait::async_trait;
 
+/// Longest timeout a driver's configuration accepts (one day, as [`MAX_TTL`](crate::MAX_TTL)):
+/// a timeout is added to clock readings and to other timeouts, and a `Duration::MAX` there
+/// would overflow; no lock waits a day for one request.
+pub const MAX_TIMEOUT: std::time::Duration = crate::MAX_TTL;
+
+/// The one check of a configured timeout: a Config error, naming `what`, when `d` is zero
+/// (every request would time out, as if the server were down) or above [`MAX_TIMEOUT`].
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::driver::check_timeout;
+///
+/// assert!(check_timeout("request timeout", Duration::from_secs(5)).is_ok());
+/// assert!(check_timeout("request timeout", Duration::ZERO).is_err());
+/// assert!(check_timeout("request timeout", Duration::MAX).is_err());
+/// ```
+///
+/// # Errors
+/// [`Error::Config`](crate::Error::Config), as above.
+pub fn check_timeout(what: &str, d: std::time::Duration) -> crate::Result<()> {
+    if d.is_zero() {
+        return Err(crate::Error::config(format!("the {what} is zero")));
+    }
+    if d > MAX_TIMEOUT {
+        return Err(crate::Error::config(format!(
+            "the {what} {d:?} is above the longest one accepted, {MAX_TIMEOUT:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// `Display` and `Debug` for a driver's config, both built on its `redacted_url()` method, so
 /// that no way of printing a config shows its password: `Display` is the redacted URL, `Debug`
 /// the redacted URL and then the named fields (which must not hold secrets).
@@ -146,7 +177,7 @@ macro_rules! __tls_setters {
 /// ```
 /// use std::time::Duration;
 ///
-/// #[derive(Default)]
+/// #[derive(Clone, Default)]
 /// pub struct MyConfig {
 ///     connect_timeout: Duration,
 ///     request_timeout: Duration,
@@ -158,11 +189,13 @@ macro_rules! __tls_setters {
 /// let c = MyConfig::default().with_request_timeout(Duration::from_secs(2));
 /// assert_eq!(c.request_timeout(), Duration::from_secs(2));
 /// assert_eq!(c.connect_timeout(), Duration::ZERO);
-/// // For the driver's connect: a zero timeout, either one, is a Config error.
+/// // For the driver's connect: a zero timeout, either one, is a Config error; so is one
+/// // above a day (`MAX_TIMEOUT`).
 /// assert!(matches!(c.check_timeouts(), Err(lock_core::Error::Config { .. })));
 /// let c = c.with_connect_timeout(Duration::from_secs(1));
 /// assert!(c.check_timeouts().is_ok());
-/// assert!(c.with_request_timeout(Duration::ZERO).check_timeouts().is_err());
+/// assert!(c.clone().with_request_timeout(Duration::ZERO).check_timeouts().is_err());
+/// assert!(c.with_request_timeout(Duration::MAX).check_timeouts().is_err());
 /// ```
 #[doc(inline)]
 pub use crate::__timeout_setters as timeout_setters;
@@ -171,14 +204,15 @@ pub use crate::__timeout_setters as timeout_setters;
 #[macro_export]
 macro_rules! __timeout_setters {
     () => {
-        /// Deadline of each connection attempt.
+        /// Deadline of each connection attempt. Zero, or above a day
+        /// ([`MAX_TIMEOUT`]($crate::driver::MAX_TIMEOUT)), is refused at connect.
         pub fn with_connect_timeout(mut self, d: ::std::time::Duration) -> Self {
             self.connect_timeout = d;
             self
         }
         /// Deadline of each request. It does not bound the lock's own waiting (`LockOptions`
         /// does); an acquire whose request times out has an unknown outcome, which the driver
-        /// cleans up.
+        /// cleans up. Zero, or above a day, is refused at connect.
         pub fn with_request_timeout(mut self, d: ::std::time::Duration) -> Self {
             self.request_timeout = d;
             self
@@ -191,19 +225,13 @@ macro_rules! __timeout_setters {
         pub fn request_timeout(&self) -> ::std::time::Duration {
             self.request_timeout
         }
-        /// A zero timeout would fail every request as if the server were down: refused (a
-        /// Config error) when the driver connects, or parses a URL, instead.
+        /// A zero timeout would fail every request as if the server were down, and one above
+        /// [`MAX_TIMEOUT`]($crate::driver::MAX_TIMEOUT) would overflow the clock arithmetic:
+        /// refused (a Config error) when the driver connects, or parses a URL, instead.
         #[allow(dead_code)] // each driver calls it where it connects
         pub(crate) fn check_timeouts(&self) -> $crate::Result<()> {
-            for (what, d) in [
-                ("connect timeout", self.connect_timeout),
-                ("request timeout", self.request_timeout),
-            ] {
-                if d.is_zero() {
-                    return Err($crate::Error::config(format!("the {what} is zero")));
-                }
-            }
-            Ok(())
+            $crate::driver::check_timeout("connect timeout", self.connect_timeout)?;
+            $crate::driver::check_timeout("request timeout", self.request_timeout)
         }
     };
 }

@@ -66,7 +66,7 @@ impl PgConfig {
     /// (user `postgres` if none is given; the database named like the user if none is).
     ///
     /// Parameters: `sslmode` (`disable`, `prefer` — the default —, `require`, `verify-ca`,
-    /// `verify-full`), `sslrootcert` (a PEM file), `connect_timeout` (seconds, at least 1:
+    /// `verify-full`), `sslrootcert` (a PEM file), `connect_timeout` (seconds, 1 to 86400:
     /// libpq's 0 for "no limit" is refused), `application_name`, and distlock's own
     /// `session_timeout_ms` (how long the server keeps the session, and its locks, of a
     /// client that vanished) and `table` (the fencing counter's table, `[schema.]name`).
@@ -180,7 +180,8 @@ impl PgConfig {
         self.session_timeout = d;
         Ok(self)
     }
-    /// How long to wait for a connection (default 10 s). Zero is refused at connect.
+    /// How long to wait for a connection (default 10 s). Zero, or above a day, is refused at
+    /// connect.
     pub fn with_connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -237,18 +238,14 @@ impl PgConfig {
         self.password.as_ref()
     }
 
-    /// The client library's configuration (TLS is chosen by the connector).
     /// libpq reads `connect_timeout=0` as "no limit", which would let a login hang; a zero
-    /// limit would fail every login as if the server were down. Neither is offered.
+    /// limit would fail every login as if the server were down; one above
+    /// [`MAX_TIMEOUT`](lock_core::driver::MAX_TIMEOUT) overflows. None is offered.
     fn check_connect_timeout(&self) -> Result<()> {
-        if self.connect_timeout.is_zero() {
-            return Err(Error::config(
-                "PostgreSQL: the connect timeout is zero (a login needs a limit above 0 s)",
-            ));
-        }
-        Ok(())
+        lock_core::driver::check_timeout("PostgreSQL connect timeout", self.connect_timeout)
     }
 
+    /// The client library's configuration (TLS is chosen by the connector).
     pub(crate) fn client_config(&self) -> Result<tokio_postgres::Config> {
         self.check_connect_timeout()?;
         // The startup message carries these as C strings: a NUL can never be sent.

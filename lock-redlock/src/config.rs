@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{MultiHostUrl, Query};
-use lock_core::{Error, Result};
+use lock_core::driver::{check_timeout, MultiHostUrl, Query, MAX_TIMEOUT};
+use lock_core::{Error, Result, MAX_TTL};
 use lock_redis::RedisConfig;
 
 /// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
@@ -120,7 +120,6 @@ impl RedlockConfig {
         }
         if let Some(d) = q.millis("node_timeout_ms")? {
             cfg = cfg.with_node_timeout(d);
-            cfg.check()?;
         }
         if let Some(d) = q.millis("retry_delay_ms")? {
             cfg = cfg.with_retry_delay(d);
@@ -128,27 +127,40 @@ impl RedlockConfig {
         if let Some(d) = q.millis("min_validity_ms")? {
             cfg = cfg.with_min_validity(d);
         }
+        cfg.check()?;
         Ok(cfg)
     }
 
     /// Upper bound on each master's answer to one request; far below the TTL so a dead master
     /// costs little of the lease's validity. Zero is refused at connect (every request would
-    /// time out as if the master were down).
+    /// time out as if the master were down), and so is one above a day
+    /// ([`MAX_TIMEOUT`](lock_core::driver::MAX_TIMEOUT)).
     pub fn with_node_timeout(mut self, d: Duration) -> Self {
         self.node_timeout = d;
         self
     }
-    /// What no setter can refuse on its own: a zero per-node timeout. Checked when a URL is
-    /// parsed and at connect.
+    /// What no setter can refuse on its own: a zero per-node timeout (every request would
+    /// time out), and durations so long that adding them to a clock reading overflows (a
+    /// timeout or retry delay above [`MAX_TIMEOUT`], a minimum validity above [`MAX_TTL`],
+    /// which no lease could reach). Checked when a URL is parsed and at connect.
     pub(crate) fn check(&self) -> Result<()> {
-        if self.node_timeout.is_zero() {
-            return Err(Error::config(
-                "Redlock: the per-node timeout is zero (every request would time out)",
-            ));
+        check_timeout("Redlock per-node timeout", self.node_timeout)?;
+        if self.retry_delay > MAX_TIMEOUT {
+            return Err(Error::config(format!(
+                "Redlock retry delay {:?} is above the longest one accepted, {MAX_TIMEOUT:?}",
+                self.retry_delay
+            )));
+        }
+        if self.min_validity > MAX_TTL {
+            return Err(Error::config(format!(
+                "Redlock minimum validity {:?} is above the longest TTL, {MAX_TTL:?}",
+                self.min_validity
+            )));
         }
         Ok(())
     }
-    /// Largest random pause before retrying after a split vote (at least 1 ms).
+    /// Largest random pause before retrying after a split vote (at least 1 ms; above a day is
+    /// refused at connect).
     pub fn with_retry_delay(mut self, d: Duration) -> Self {
         self.retry_delay = d.max(Duration::from_millis(1));
         self
@@ -180,7 +192,8 @@ impl RedlockConfig {
         self.drift_factor = factor;
         Ok(self)
     }
-    /// A grant whose remaining validity is not above this is refused (and released).
+    /// A grant whose remaining validity is not above this is refused (and released). Above
+    /// [`MAX_TTL`](lock_core::MAX_TTL), which no lease could meet, it is refused at connect.
     pub fn with_min_validity(mut self, d: Duration) -> Self {
         self.min_validity = d;
         self

@@ -97,7 +97,8 @@ impl ZkConfig {
     // Digest credentials (`addauth digest user:password`), with_credentials and user: lock
     // nodes then get ACLs that only this user can delete.
     lock_core::driver::credential_setters!();
-    /// The session timeout: the lease of every lock of this client.
+    /// The session timeout: the lease of every lock of this client (the server fits it to
+    /// its own bounds). Zero, or above a day, is refused at connect.
     pub fn with_session_timeout(mut self, d: Duration) -> Self {
         self.session_timeout = d;
         self
@@ -173,8 +174,10 @@ impl ZkConfig {
     }
     /// What no session could be opened with: no server, or an empty entry in the list (the
     /// caller's mistake, not an unreachable ensemble); lock nodes in the tree the server
-    /// reserves (`/zookeeper`). Checked once, at connect.
+    /// reserves (`/zookeeper`); a session timeout of zero or above a day. Checked once, at
+    /// connect.
     pub(crate) fn check(&self) -> Result<()> {
+        lock_core::driver::check_timeout("ZooKeeper session timeout", self.session_timeout)?;
         if self.hosts.split(',').any(|h| h.trim().is_empty()) {
             return Err(Error::config(format!(
                 "ZooKeeper: the server list {:?} is empty or has an empty entry",
