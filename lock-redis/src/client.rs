@@ -171,9 +171,9 @@ impl RedisNode {
     /// `timeout`. The drivers call it at connect and before granting on a connection that
     /// dropped since.
     ///
-    /// [`Error::Config`] when the server is a replica or a Redis Cluster node, when `maxmemory` is set with an
-    /// evicting `maxmemory-policy` (unless [`RedisConfig::with_allow_eviction`]), or when the
-    /// server rejects the credentials;
+    /// [`Error::Config`] when the server is a replica or a Redis Cluster node, when `maxmemory`
+    /// is set with an evicting `maxmemory-policy` (unless
+    /// [`RedisConfig::with_allow_eviction`]), or when the server rejects the credentials;
     /// [`Error::Unavailable`] when it does not answer.
     pub async fn verify(&self, timeout: Duration) -> Result<()> {
         if !self.needs_verify() {

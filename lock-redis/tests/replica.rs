@@ -29,23 +29,58 @@ async fn a_replica_is_refused_at_connect() {
 /// the driver speaks to one server, while a cluster keeps each lock's slot on one of its
 /// nodes (the others answer `MOVED`) and moves slots between nodes. Without the check, this
 /// node (which serves no slot) gave `CLUSTERDOWN` to every acquisition, a retryable
-/// "unavailable" error that no retry cures.
+/// "unavailable" error that no retry cures. Once the node serves every slot (a single-node
+/// cluster, on which locks would work), it is still refused, as the crate docs say: a check
+/// that only caught a failing cluster would pass the first half.
 #[tokio::test]
 async fn a_cluster_node_is_refused_at_connect() {
     let node = test_support::clock::ClockedServer::redis_cluster_node()
         .await
         .unwrap();
     let url = format!("redis://{}", node.addr());
-    match RedisLock::from_url(&url).await {
+    assert_cluster_refused(&url, "serving no slot").await;
+    let mut admin = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("CLUSTER")
+        .arg(&["ADDSLOTSRANGE", "0", "16383"])
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the node never served its slots: {info}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_cluster_refused(&url, "serving every slot").await;
+}
+
+async fn assert_cluster_refused(url: &str, how: &str) {
+    match RedisLock::from_url(url).await {
         Err(Error::Config { message, .. }) => {
-            assert!(message.contains("cluster mode"), "{message}");
+            assert!(message.contains("cluster mode"), "{how}: {message}");
         }
         Ok(lock) => {
             let name = lock_core::LockName::new("cluster-probe").unwrap();
             let opts = lock_core::LockOptions::new(std::time::Duration::from_secs(2));
             let tried = lock_core::DistributedLock::try_acquire(&lock, &name, &opts).await;
-            panic!("a cluster node was accepted at connect; an acquisition then gave {tried:?}")
+            panic!(
+                "a cluster node {how} was accepted at connect; an acquisition then gave {tried:?}"
+            )
         }
-        Err(other) => panic!("a cluster node was refused with a non-config error: {other:?}"),
+        Err(other) => panic!("a cluster node {how} was refused with a non-config error: {other:?}"),
     }
 }

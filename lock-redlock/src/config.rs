@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{check_timeout, MultiHostUrl, Query, MAX_TIMEOUT};
+use lock_core::driver::{check_timeout, MultiHostUrl, Query};
 use lock_core::{Error, Result, MAX_TTL};
 use lock_redis::RedisConfig;
 
@@ -141,16 +141,13 @@ impl RedlockConfig {
     }
     /// What no setter can refuse on its own: a zero per-node timeout (every request would
     /// time out), and durations so long that adding them to a clock reading overflows (a
-    /// timeout or retry delay above [`MAX_TIMEOUT`], a minimum validity above [`MAX_TTL`],
-    /// which no lease could reach). Checked when a URL is parsed and at connect.
+    /// timeout or retry delay above [`MAX_TIMEOUT`](lock_core::driver::MAX_TIMEOUT), a
+    /// minimum validity above [`MAX_TTL`], which no lease could reach). Checked when a URL is
+    /// parsed and at connect.
     pub(crate) fn check(&self) -> Result<()> {
         check_timeout("Redlock per-node timeout", self.node_timeout)?;
-        if self.retry_delay > MAX_TIMEOUT {
-            return Err(Error::config(format!(
-                "Redlock retry delay {:?} is above the longest one accepted, {MAX_TIMEOUT:?}",
-                self.retry_delay
-            )));
-        }
+        // Never zero: its setter raises it to 1 ms.
+        check_timeout("Redlock retry delay", self.retry_delay)?;
         if self.min_validity > MAX_TTL {
             return Err(Error::config(format!(
                 "Redlock minimum validity {:?} is above the longest TTL, {MAX_TTL:?}",
