@@ -123,6 +123,10 @@ cmd_install() {
   command -v redis-server >/dev/null || missing+=(redis-server)
   command -v redis-cli >/dev/null || missing+=(redis-tools)
   command -v openssl >/dev/null || missing+=(openssl)
+  # setsid(1) starts distlock on a pseudo-terminal in distlock-cli/tests/terminal.rs; ps(1)
+  # shows which of its processes are stopped.
+  command -v setsid >/dev/null || missing+=(util-linux)
+  command -v ps >/dev/null || missing+=(procps)
   [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
   [ -f /usr/share/java/slf4j-log4j12.jar ] || missing+=(libslf4j-java)
   [ -f /usr/share/java/log4j-1.2.jar ] || missing+=(liblog4j1.2-java)

@@ -15,6 +15,10 @@
 //!   as `128 + N`);
 //! - tells the supervisor with SIGUSR2 once it has blocked its signals (before that, a signal
 //!   would end it with the default action, so the supervisor holds its signals back);
+//! - when the supervisor's group is the terminal's foreground, makes its own group the
+//!   foreground before it starts the command, so that the command can read the terminal
+//!   (`terminal.rs`); a Ctrl-Z then comes to the keeper's group, and the keeper refuses it:
+//!   SIGTSTP is blocked, and every process of the command gets SIGCONT;
 //! - relays SIGINT, SIGTERM, SIGHUP and SIGQUIT from the supervisor to all of it, and on
 //!   `SIGUSR1` (the supervisor's "the lease is about to move", or its death) SIGKILLs all of it;
 //!   the supervisor follows each with a SIGCONT, which the keeper does not block or relay: a
@@ -104,6 +108,10 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         Signal::SIGQUIT,
         Signal::SIGUSR1,
         Signal::SIGCHLD,
+        // A Ctrl-Z is refused, not obeyed (`terminal.rs`).
+        Signal::SIGTSTP,
+        // Setting the terminal's foreground from the background.
+        Signal::SIGTTOU,
     ] {
         mask.add(s);
     }
@@ -138,6 +146,7 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
     };
     // Tell the supervisor that its signals are safe to send now.
     let _ = kill(parent, Signal::SIGUSR2);
+    crate::terminal::hand_to_keeper(parent);
     let child = match std::process::Command::new(&command[0])
         .args(&command[1..])
         .spawn()
@@ -303,6 +312,11 @@ impl Keeper {
                 let from_parent = i32::try_from(info.ssi_pid).ok() == Some(self.parent.as_raw());
                 match sig {
                     Signal::SIGCHLD => {} // reaped at the top of the loop
+                    Signal::SIGTSTP => {
+                        to_stderr(crate::terminal::NOT_SUSPENDED);
+                        self.signal_all(Signal::SIGCONT);
+                    }
+                    Signal::SIGTTOU => {}
                     // The supervisor's "kill it all now", or the kernel's word that it died.
                     Signal::SIGUSR1 => self.killing = true,
                     // Only the supervisor's: the keeper's own group-wide signals come back to
@@ -359,7 +373,7 @@ impl Keeper {
     /// Reaps every child that has ended; the command's status once nothing is left.
     fn reap(&mut self) -> Option<u8> {
         loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED)) {
                 Ok(WaitStatus::Exited(pid, code)) => {
                     if pid == self.child {
                         self.child_ended(u8::try_from(code & 0xff).unwrap_or(1));
@@ -369,6 +383,11 @@ impl Keeper {
                     if pid == self.child {
                         self.child_ended(128u8.saturating_add(sig as u8));
                     }
+                }
+                // A Ctrl-Z that a command's own handler turned into a stop after the keeper
+                // had already resumed the group.
+                Ok(WaitStatus::Stopped(pid, Signal::SIGTSTP)) => {
+                    let _ = kill(pid, Signal::SIGCONT);
                 }
                 Ok(WaitStatus::StillAlive) => return None,
                 Ok(_) | Err(Errno::EINTR) => {}

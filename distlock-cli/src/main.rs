@@ -9,6 +9,7 @@ mod keeper;
 mod run;
 mod status;
 mod target;
+mod terminal;
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -59,6 +60,8 @@ fn main() -> ExitCode {
             return ExitCode::from(f.report(&secrets));
         }
     };
+    // Before any thread exists, so that every thread has it blocked (`terminal.rs`).
+    terminal::block_background_stops();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

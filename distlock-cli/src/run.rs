@@ -120,6 +120,9 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
         secrets,
     )
     .await;
+    if let Some(fg) = keeper.foreground.take() {
+        fg.take_back(keeper.pid);
+    }
     let code = match status {
         Ok(code) => code,
         Err(why) => {
@@ -340,6 +343,8 @@ struct Keeper {
     /// This process SIGKILLed the keeper's group itself, before the keeper was ready.
     killed_group: bool,
     switch: Switch,
+    /// This process's terminal, which the keeper takes over while the command runs.
+    foreground: Option<crate::terminal::Foreground>,
 }
 
 impl Keeper {
@@ -368,6 +373,8 @@ impl Keeper {
         if switch.sent.is_none() {
             return Err(std::io::Error::other("cannot arm the keeper's deadline"));
         }
+        // Looked at before the keeper can take it over.
+        let foreground = crate::terminal::Foreground::before_keeper();
         let mut cmd = tokio::process::Command::new(keeper_exe()?);
         cmd.arg(crate::keeper::ARG)
             .arg(std::process::id().to_string())
@@ -412,6 +419,7 @@ impl Keeper {
             pending: Vec::new(),
             killed_group: false,
             switch,
+            foreground,
         })
     }
 
@@ -500,10 +508,7 @@ impl Signals {
                 _ = self.term.recv() => return Signal::SIGTERM,
                 _ = self.hup.recv() => return Signal::SIGHUP,
                 _ = self.quit.recv() => return Signal::SIGQUIT,
-                _ = self.tstp.recv() => to_stderr(
-                    "\ndistlock: not suspended: a stopped distlock would renew nothing and its \
-                     lock would expire (Ctrl-C stops it)\n",
-                ),
+                _ = self.tstp.recv() => to_stderr(crate::terminal::NOT_SUSPENDED),
             }
         }
     }

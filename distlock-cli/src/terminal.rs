@@ -1,0 +1,89 @@
+//! The terminal a `distlock run` was typed at: the command gets it, as it would without
+//! distlock, and distlock takes it back once the command is done.
+//!
+//! The command runs in a process group of its own (`keeper.rs`). A group that is not the
+//! terminal's foreground is stopped by SIGTTIN when it reads the terminal (and by SIGTTOU when
+//! it writes under `stty tostop`): a command asking a question would hang there, stopped, with
+//! the lock held. So, as a shell does for a job, when distlock's group is the terminal's
+//! foreground, the keeper makes its own group the foreground before it starts the command
+//! ([`hand_to_keeper`]), and distlock takes the terminal back after the keeper has exited
+//! ([`Foreground::take_back`]). A Ctrl-C then reaches the command directly, as without
+//! distlock; a Ctrl-Z is refused ([`NOT_SUSPENDED`]) by whichever of the two gets it.
+//!
+//! Setting the foreground from a background group draws SIGTTOU unless it is blocked: the
+//! keeper blocks it with its other signals, distlock for its whole life
+//! ([`block_background_stops`]), which also keeps a distlock whose command has the terminal from
+//! being stopped by writing a warning under `tostop`.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::unistd::{getpgid, getpgrp, tcgetpgrp, tcsetpgrp, Pid};
+
+/// What distlock and the keeper say when a Ctrl-Z (SIGTSTP) would stop a run.
+pub(crate) const NOT_SUSPENDED: &str = "\ndistlock: not suspended: a stopped run would hold its \
+     lock with nothing running, or renew nothing and lose it (Ctrl-C stops it)\n";
+
+/// Blocks SIGTTOU in the calling thread and the threads it starts later. Call it before any
+/// other thread exists; a process spawned from them starts with no signal blocked (std resets
+/// the mask).
+pub(crate) fn block_background_stops() {
+    let _ = SigSet::from(Signal::SIGTTOU).thread_block();
+}
+
+/// The controlling terminal, if the process has one.
+fn controlling() -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC)
+        .open("/dev/tty")
+        .ok()
+}
+
+/// In the keeper, before it starts the command: makes the keeper's group the terminal's
+/// foreground if `supervisor`'s group is it. SIGTTOU must be blocked.
+pub(crate) fn hand_to_keeper(supervisor: Pid) {
+    let Some(tty) = controlling() else {
+        return;
+    };
+    let Ok(theirs) = getpgid(Some(supervisor)) else {
+        return;
+    };
+    if tcgetpgrp(&tty) == Ok(theirs) {
+        let _ = tcsetpgrp(&tty, getpgrp());
+    }
+}
+
+/// distlock's controlling terminal, which the keeper takes over while the command runs if
+/// distlock's group is its foreground then, and this gives back.
+pub(crate) struct Foreground {
+    tty: File,
+    /// Whether this process's group was the foreground before the keeper started.
+    was_ours: bool,
+}
+
+impl Foreground {
+    /// `None` if this process has no controlling terminal.
+    pub(crate) fn before_keeper() -> Option<Foreground> {
+        let tty = controlling()?;
+        let was_ours = tcgetpgrp(&tty) == Ok(getpgrp());
+        Some(Foreground { tty, was_ours })
+    }
+
+    /// Once the keeper has exited: makes this process's group the foreground again if the
+    /// terminal is still with the keeper's `group` (which took it over), or, if it was this
+    /// group's before, with a group that has no process left (one the command made, now
+    /// gone). A live group of someone else's that took the terminal meanwhile keeps it.
+    pub(crate) fn take_back(self, group: Pid) {
+        let Ok(fg) = tcgetpgrp(&self.tty) else {
+            return;
+        };
+        let gone = || killpg(fg, None) == Err(Errno::ESRCH);
+        if fg == group || (self.was_ours && fg != getpgrp() && gone()) {
+            let _ = tcsetpgrp(&self.tty, getpgrp());
+        }
+    }
+}
