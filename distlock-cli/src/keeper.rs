@@ -99,7 +99,7 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
             return EX_OSERR;
         }
     };
-    // Blocked signals wait in the signalfd; std resets the mask in the command it spawns.
+    // Blocked signals wait in the signalfd; the command starts with none blocked (`spawn`).
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGINT,
@@ -112,6 +112,9 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         Signal::SIGTSTP,
         // Setting the terminal's foreground from the background.
         Signal::SIGTTOU,
+        // Sent to the whole group when the command reads the terminal from the background:
+        // the command stops, the keeper must not.
+        Signal::SIGTTIN,
     ] {
         mask.add(s);
     }
@@ -147,24 +150,17 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
     // Tell the supervisor that its signals are safe to send now.
     let _ = kill(parent, Signal::SIGUSR2);
     crate::terminal::hand_to_keeper(parent);
-    let child = match std::process::Command::new(&command[0])
-        .args(&command[1..])
-        .spawn()
-    {
+    let child = match spawn(command) {
         Ok(c) => c,
         Err(e) => {
             to_stderr(&format!(
-                "distlock: cannot run {}: {e}\n",
-                command[0].to_string_lossy()
+                "distlock: cannot run {}: {}\n",
+                command[0].to_string_lossy(),
+                e.desc()
             ));
-            return if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
+            return if e == Errno::ENOENT { 127 } else { 126 };
         }
     };
-    let child = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     Keeper {
         parent,
         group: getpid(),
@@ -178,6 +174,39 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
         timer,
     }
     .supervise(&signals)
+}
+
+/// Starts the command (searched for in `PATH`) as it would start without distlock: with no
+/// signal blocked and SIGPIPE at its default action. `std::process::Command` passes on the
+/// spawner's signal mask, which here holds every signal the keeper reads from its signalfd:
+/// a command that does not clear its mask itself (most programs but shells) would never get
+/// the SIGTERM meant to stop it, nor a Ctrl-C. The Rust runtime ignores SIGPIPE in the keeper.
+fn spawn(command: &[OsString]) -> Result<Pid, Errno> {
+    use nix::spawn::{posix_spawnp, PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStringExt;
+    // Arguments and the environment come from the OS, which allows no NUL in them.
+    let c = |bytes: Vec<u8>| CString::new(bytes).map_err(|_| Errno::EINVAL);
+    let args = command
+        .iter()
+        .map(|a| c(a.clone().into_vec()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend(v.into_vec());
+            c(kv)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let program = args.first().ok_or(Errno::EINVAL)?;
+    let mut attr = PosixSpawnAttr::init()?;
+    attr.set_sigmask(&SigSet::empty())?;
+    attr.set_sigdefault(&SigSet::from(Signal::SIGPIPE))?;
+    attr.set_flags(
+        PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
+    )?;
+    posix_spawnp(program, &PosixSpawnFileActions::init()?, &attr, &args, &env)
 }
 
 fn parse(args: &[OsString]) -> Option<(Pid, Duration, RawFd, &[OsString])> {
@@ -316,7 +345,7 @@ impl Keeper {
                         to_stderr(crate::terminal::NOT_SUSPENDED);
                         self.signal_all(Signal::SIGCONT);
                     }
-                    Signal::SIGTTOU => {}
+                    Signal::SIGTTOU | Signal::SIGTTIN => {}
                     // The supervisor's "kill it all now", or the kernel's word that it died.
                     Signal::SIGUSR1 => self.killing = true,
                     // Only the supervisor's: the keeper's own group-wide signals come back to
@@ -388,6 +417,11 @@ impl Keeper {
                 // had already resumed the group.
                 Ok(WaitStatus::Stopped(pid, Signal::SIGTSTP)) => {
                     let _ = kill(pid, Signal::SIGCONT);
+                }
+                // The command used the terminal from the background: as with any job, `fg`
+                // resumes it (distlock, brought to the foreground, hands it the terminal).
+                Ok(WaitStatus::Stopped(_, Signal::SIGTTIN | Signal::SIGTTOU)) => {
+                    to_stderr(crate::terminal::STOPPED_IN_BACKGROUND);
                 }
                 Ok(WaitStatus::StillAlive) => return None,
                 Ok(_) | Err(Errno::EINTR) => {}

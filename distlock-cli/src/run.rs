@@ -248,6 +248,11 @@ async fn supervise(
                 stop = Some((why, now.checked_add(grace)));
             }
         }
+        // A shell's `fg` may have brought this process to the foreground (it was started in
+        // the background): the terminal goes on to the command, as it would to any job.
+        if let Some(fg) = &keeper.foreground {
+            fg.give_to(keeper.pid);
+        }
         // Whatever else happens, nothing of the command runs once the lease may move.
         let kill_at = match stop {
             Some((_, Some(t))) => t.min(lease_kill_at),

@@ -8,7 +8,11 @@
 //! foreground, the keeper makes its own group the foreground before it starts the command
 //! ([`hand_to_keeper`]), and distlock takes the terminal back after the keeper has exited
 //! ([`Foreground::take_back`]). A Ctrl-C then reaches the command directly, as without
-//! distlock; a Ctrl-Z is refused ([`NOT_SUSPENDED`]) by whichever of the two gets it.
+//! distlock; a Ctrl-Z is refused ([`NOT_SUSPENDED`]) by whichever of the two gets it. A
+//! distlock started in the background (`&`) leaves its command in the background, where a read
+//! of the terminal stops it as it would any job; once `fg` has made distlock's group the
+//! foreground, distlock hands the terminal on and resumes the command
+//! ([`Foreground::give_to`]).
 //!
 //! Setting the foreground from a background group draws SIGTTOU unless it is blocked: the
 //! keeper blocks it with its other signals, distlock for its whole life
@@ -25,6 +29,12 @@ use nix::unistd::{getpgid, getpgrp, tcgetpgrp, tcsetpgrp, Pid};
 /// What distlock and the keeper say when a Ctrl-Z (SIGTSTP) would stop a run.
 pub(crate) const NOT_SUSPENDED: &str = "\ndistlock: not suspended: a stopped run would hold its \
      lock with nothing running, or renew nothing and lose it (Ctrl-C stops it)\n";
+
+/// What the keeper says when the command is stopped for using the terminal from the
+/// background (distlock itself was started in the background).
+pub(crate) const STOPPED_IN_BACKGROUND: &str = "\ndistlock: the command is stopped: it used the \
+     terminal from the background; it holds the lock until `fg` (which gives it the terminal) \
+     or a kill\n";
 
 /// Blocks SIGTTOU in the calling thread and the threads it starts later. Call it before any
 /// other thread exists; a process spawned from them starts with no signal blocked (std resets
@@ -71,6 +81,16 @@ impl Foreground {
         let tty = controlling()?;
         let was_ours = tcgetpgrp(&tty) == Ok(getpgrp());
         Some(Foreground { tty, was_ours })
+    }
+
+    /// While the command runs, at every turn of distlock's supervision loop (a shell's `fg`
+    /// of a running job sends no signal): if this process's group is the terminal's
+    /// foreground, gives the terminal to the keeper's `group` and resumes that group, whose
+    /// command may be stopped for having read the terminal from the background.
+    pub(crate) fn give_to(&self, group: Pid) {
+        if tcgetpgrp(&self.tty) == Ok(getpgrp()) && tcsetpgrp(&self.tty, group).is_ok() {
+            let _ = killpg(group, Signal::SIGCONT);
+        }
     }
 
     /// Once the keeper has exited: makes this process's group the foreground again if the

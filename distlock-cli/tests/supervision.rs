@@ -417,6 +417,88 @@ fn ctrl_z_does_not_suspend_a_holder() {
     );
 }
 
+/// The `SigBlk` and `SigIgn` lines of `/proc/self/status` as `grep` sees them, run directly by
+/// this test or as the command of a `distlock run`.
+fn signal_state(under_distlock: Option<&str>) -> String {
+    let grep = ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"];
+    let mut cmd = match under_distlock {
+        Some(url) => {
+            let name = unique("sigmask");
+            let mut args = vec!["run", "--name", name.as_str(), "--"];
+            args.extend_from_slice(&grep);
+            let mut c = distlock(url, &args);
+            c.stdout(Stdio::piped());
+            c
+        }
+        None => {
+            let mut c = Command::new(grep[0]);
+            c.args(&grep[1..]);
+            c
+        }
+    };
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "grep of /proc/self/status failed; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The command starts as it would without distlock: no signal blocked (the keeper blocks the
+/// ones it reads from a signalfd; a command that inherited that mask would never get the
+/// SIGTERM meant to stop it, nor a Ctrl-C), and the same signals ignored.
+#[test]
+fn the_command_starts_with_no_signal_blocked_or_ignored() {
+    let dir = tmp("sigmask");
+    let url = format!("file://{}", dir.display());
+    let direct = signal_state(None);
+    let under = signal_state(Some(&url));
+    assert!(
+        direct.contains("SigBlk:\t0000000000000000"),
+        "the test's own grep: {direct}"
+    );
+    assert_eq!(
+        under, direct,
+        "the command's signal mask and ignored signals under `distlock run` (left) differ \
+         from the same command's run directly (right)"
+    );
+}
+
+/// --max-hold's SIGTERM reaches a command that is not a shell (`sleep`, which leaves its
+/// signal mask as it finds it): it ends at once, not at the SIGKILL a long grace later.
+#[test]
+fn max_hold_sigterm_reaches_a_command_that_is_not_a_shell() {
+    let dir = tmp("maxhold-term");
+    let url = format!("file://{}", dir.display());
+    let name = unique("maxhold-term");
+    let started = Instant::now();
+    let holder = distlock(
+        &url,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--max-hold",
+            "500ms",
+            "--grace",
+            "30s",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    exits(
+        holder,
+        Duration::from_secs(10),
+        "--max-hold's SIGTERM must end `sleep` at once (the SIGKILL comes only 30 s later)",
+        70,
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
 /// The command starts a background grandchild (ignoring SIGTERM) and `how` ends the command;
 /// a second run waits for the lock. The grandchild never beats after the second started.
 fn descendants(tag: &str, url: &str, how: &str) {

@@ -30,18 +30,32 @@ impl OnTerminal {
     /// process group of a new terminal, the way a shell would start it.
     fn run(extra: &[&str], script: &str) -> OnTerminal {
         let dir = scratch("distlock-term-");
-        let url = format!("file://{}", dir.join("locks").display());
-        let name = format!("term-{}", std::process::id());
-        let pty = openpty(None, None).expect("a pseudo-terminal");
-        let slave = File::from(pty.slave);
-        let mut args = vec!["-c", BIN, "run", "--url", &url, "--name", &name];
+        let (url, name) = lock_of(&dir);
+        let mut args = vec![BIN, "run", "--url", &url, "--name", &name];
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "sh", "-c", script]);
-        // setsid(1) does not fork here (a child of this test leads no group): the pid is
-        // distlock's, and distlock leads the session and its foreground group.
+        OnTerminal::start(&args, dir)
+    }
+
+    /// An interactive bash, with job control, on a new terminal: the test types the commands.
+    fn shell() -> OnTerminal {
+        let dir = scratch("distlock-term-");
+        OnTerminal::start(&["bash", "--norc", "--noprofile", "-i"], dir)
+    }
+
+    /// `program` as the leader of a new session whose controlling terminal is a new
+    /// pseudo-terminal, on its stdin, stdout and stderr.
+    fn start(program: &[&str], dir: Scratch) -> OnTerminal {
+        let pty = openpty(None, None).expect("a pseudo-terminal");
+        let slave = File::from(pty.slave);
+        // setsid(1) does not fork here (a child of this test leads no group): the pid is the
+        // program's, and it leads the session and its foreground group.
         let child = Command::new("setsid")
-            .args(&args)
+            .arg("-c")
+            .args(program)
             .env("RUST_LOG", "error")
+            .env("PS1", "$ ")
+            .env("HISTFILE", "/dev/null")
             .stdin(slave.try_clone().unwrap())
             .stdout(slave.try_clone().unwrap())
             .stderr(slave)
@@ -67,6 +81,11 @@ impl OnTerminal {
             screen,
             _dir: dir,
         }
+    }
+
+    /// The `file://` URL of the run's locks, under `dir`, and a lock name.
+    fn url_and_name(&self) -> (String, String) {
+        lock_of(&self._dir)
     }
 
     fn screen(&self) -> String {
@@ -133,6 +152,30 @@ impl Drop for OnTerminal {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn lock_of(dir: &Scratch) -> (String, String) {
+    let url = format!("file://{}", dir.join("locks").display());
+    (url, format!("term-{}", std::process::id()))
+}
+
+/// Waits up to `within` for a process of session `sid` named `comm` to be stopped.
+fn stopped(sid: Pid, comm: &str, within: Duration) -> Result<(), String> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        let list = session_processes(sid);
+        if list.iter().any(|p| {
+            let f: Vec<&str> = p.split(' ').collect();
+            f.get(1).is_some_and(|s| s.starts_with('T')) && f.get(2) == Some(&comm)
+        }) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!(
+        "no {comm} stopped within {within:?}: {}",
+        session(sid)
+    ))
 }
 
 /// The processes of session `sid`, each as "pid state comm" (state T: stopped), from ps(1).
@@ -244,4 +287,32 @@ fn the_terminal_comes_back_to_distlock_after_the_command() {
     // A Ctrl-C in --min-hold ends distlock at once (the lock is left to expire).
     t.type_in(b"\x03");
     exits_with(&mut t, 0, Duration::from_secs(5));
+}
+
+#[test]
+fn a_run_started_in_the_background_gets_the_terminal_with_fg() {
+    let mut t = OnTerminal::shell();
+    let (url, name) = t.url_and_name();
+    t.shows("$ ", Duration::from_secs(10)).unwrap();
+    t.type_in(
+        format!("{BIN} run --url {url} --name {name} -- sh -c 'read l; echo \"got:$l\"' &\n")
+            .as_bytes(),
+    );
+    // In the background, its read of the terminal stops it, as it would any background job.
+    stopped(t.pid(), "sh", Duration::from_secs(10)).unwrap();
+    t.type_in(b"fg\n");
+    std::thread::sleep(Duration::from_millis(500));
+    t.type_in(b"hi\n");
+    t.shows("got:hi", Duration::from_secs(5))
+        .unwrap_or_else(|e| {
+            panic!(
+            "`fg` brings distlock to the foreground: its command, stopped reading the terminal \
+             in the background, must get the terminal and go on, as any job would: {e}"
+        )
+        });
+    t.type_in(b"echo \"status:$?\"\n");
+    t.shows("status:0", Duration::from_secs(5))
+        .unwrap_or_else(|e| {
+            panic!("distlock must end with the command, and give the shell back the terminal: {e}")
+        });
 }
