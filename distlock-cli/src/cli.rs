@@ -36,7 +36,8 @@ keeper process. Nothing of it runs without the lock:
     as the TTL or longer is shortened to TTL/3 in that case. distlock then exits 70.
 The command's environment adds DISTLOCK_NAME, DISTLOCK_BACKEND, DISTLOCK_FENCING_TOKEN (where
 the backend fences) and DISTLOCK_KEY (the lock's key, node or file on the backend).
-SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes;
+one that was ignored when distlock started (nohup, a script's `cmd &`) stays ignored.
 Typed at a terminal, the command gets the terminal as it would without distlock (it can read
 it; Ctrl-C reaches it), and distlock takes it back when the command is done; started in the
 background, it gets the terminal with `fg`. A Ctrl-Z (SIGTSTP) is refused, with a message: a

@@ -482,26 +482,36 @@ async fn release(lease: Box<dyn Lease>) {
 }
 
 /// The signals `run` relays to the command: SIGINT, SIGTERM, SIGHUP, SIGQUIT; and SIGTSTP,
-/// which it refuses.
+/// which it refuses. One that was ignored when distlock started (`nohup`, or a shell's `cmd &`
+/// without job control, ignore SIGHUP, and SIGINT and SIGQUIT) gets no handler: it stays
+/// ignored, by distlock and (inherited through the keeper) by the command, as it would be
+/// without distlock.
 struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-    quit: tokio::signal::unix::Signal,
-    tstp: tokio::signal::unix::Signal,
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    quit: Option<tokio::signal::unix::Signal>,
+    tstp: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
     fn new() -> std::io::Result<Self> {
+        let ignored = ignored_at_start()?;
+        let handle = |sig: Signal| -> std::io::Result<Option<tokio::signal::unix::Signal>> {
+            if ignored.contains(sig) {
+                return Ok(None);
+            }
+            signal(SignalKind::from_raw(sig as i32)).map(Some)
+        };
         Ok(Signals {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
-            quit: signal(SignalKind::quit())?,
+            int: handle(Signal::SIGINT)?,
+            term: handle(Signal::SIGTERM)?,
+            hup: handle(Signal::SIGHUP)?,
+            quit: handle(Signal::SIGQUIT)?,
             // A stopped distlock renews nothing: its lease (or its place in the queue) would
             // expire while the command, in a group of its own, runs on until the keeper's
             // switch kills it. A Ctrl-Z is refused instead, and said so.
-            tstp: signal(SignalKind::from_raw(Signal::SIGTSTP as i32))?,
+            tstp: handle(Signal::SIGTSTP)?,
         })
     }
 
@@ -509,12 +519,40 @@ impl Signals {
     async fn recv(&mut self) -> Signal {
         loop {
             tokio::select! {
-                _ = self.int.recv() => return Signal::SIGINT,
-                _ = self.term.recv() => return Signal::SIGTERM,
-                _ = self.hup.recv() => return Signal::SIGHUP,
-                _ = self.quit.recv() => return Signal::SIGQUIT,
-                _ = self.tstp.recv() => to_stderr(crate::terminal::NOT_SUSPENDED),
+                _ = next(&mut self.int) => return Signal::SIGINT,
+                _ = next(&mut self.term) => return Signal::SIGTERM,
+                _ = next(&mut self.hup) => return Signal::SIGHUP,
+                _ = next(&mut self.quit) => return Signal::SIGQUIT,
+                _ = next(&mut self.tstp) => to_stderr(crate::terminal::NOT_SUSPENDED),
             }
         }
     }
+}
+
+/// The next delivery of `s`; never, for a signal left ignored.
+async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// The signals this process ignores, read before it sets any handler: `SigIgn` of
+/// `/proc/self/status` (procfs answers from memory; nothing waits on a device).
+fn ignored_at_start() -> std::io::Result<nix::sys::signal::SigSet> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .ok_or_else(|| std::io::Error::other("no SigIgn in /proc/self/status"))?;
+    let mut set = nix::sys::signal::SigSet::empty();
+    for sig in Signal::iterator() {
+        if (sig as i32) >= 1 && mask & (1u64 << ((sig as i32) - 1)) != 0 {
+            set.add(sig);
+        }
+    }
+    Ok(set)
 }

@@ -465,6 +465,80 @@ fn the_command_starts_with_no_signal_blocked_or_ignored() {
     );
 }
 
+/// Whether signal `sig` is ignored in a `SigIgn:` line of `/proc/PID/status` in `text`.
+fn ignores(text: &str, sig: u32) -> bool {
+    text.lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
+
+/// A signal ignored when distlock starts stays ignored, by distlock and by the command, as
+/// without distlock (the Unix convention, which `nohup` and a shell's `cmd &` rely on): a
+/// `nohup distlock run` survives a hangup, and a shell script's background `distlock run` a
+/// Ctrl-C. Before, distlock's handlers replaced the ignore, and it relayed the signal.
+#[test]
+fn a_signal_ignored_at_start_stays_ignored() {
+    const SIGHUP: u32 = 1;
+    let dir = tmp("ignored");
+    let url = format!("file://{}", dir.display());
+    let name = unique("ignored");
+    let grep = ["grep", "^SigIgn", "/proc/self/status"];
+    let direct = Command::new("nohup").args(grep).output().unwrap();
+    let direct = String::from_utf8_lossy(&direct.stdout).into_owned();
+    assert!(ignores(&direct, SIGHUP), "`nohup grep` itself: {direct}");
+    let mut args = vec![BIN, "run", "--url", &url, "--name", &name, "--"];
+    args.extend_from_slice(&grep);
+    let under = Command::new("nohup").args(&args).output().unwrap();
+    let under = String::from_utf8_lossy(&under.stdout).into_owned();
+    assert!(
+        ignores(&under, SIGHUP),
+        "the command of `nohup distlock run` must find SIGHUP ignored, as under `nohup` \
+         alone: {under}"
+    );
+
+    // `nohup distlock run`, then a SIGHUP to distlock (a closed terminal's).
+    survives(&url, &name, "nohup ", "HUP");
+    // A shell script's `distlock run … &`: sh starts it with SIGINT ignored; a Ctrl-C at the
+    // script's terminal reaches its whole group, distlock included.
+    survives(&url, &name, "", "INT");
+}
+
+/// `sh -c "{prefix}distlock run … &"`, then SIG`sig` to distlock: the command must finish,
+/// and distlock exit 0.
+fn survives(url: &str, name: &str, prefix: &str, sig: &str) {
+    let script = "sleep 1; echo finished";
+    let run = [
+        BIN, "run", "--url", url, "--name", name, "--", "sh", "-c", script,
+    ];
+    let quoted: Vec<String> = run.iter().map(|a| format!("'{a}'")).collect();
+    let background = format!("{prefix}{} & echo $!; wait $!", quoted.join(" "));
+    let mut sh = Command::new("sh")
+        .args(["-c", &background])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pid = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(sh.stdout.as_mut().unwrap()),
+        &mut pid,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    kill(sig, pid.trim());
+    let out = exits(
+        sh,
+        Duration::from_secs(10),
+        &format!("`{prefix}distlock run … &` must go on through a SIG{sig}"),
+        0,
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("finished"),
+        "the command was stopped by a SIG{sig} it should not have seen"
+    );
+}
+
 /// --max-hold's SIGTERM reaches a command that is not a shell (`sleep`, which leaves its
 /// signal mask as it finds it): it ends at once, not at the SIGKILL a long grace later.
 #[test]
