@@ -38,9 +38,10 @@ The command's environment adds DISTLOCK_NAME, DISTLOCK_BACKEND, DISTLOCK_FENCING
 the backend fences) and DISTLOCK_KEY (the lock's key, node or file on the backend).
 SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes;
 one that was ignored when distlock started (nohup, a script's `cmd &`) stays ignored.
-Typed at a terminal, the command gets the terminal as it would without distlock (it can read
-it; Ctrl-C reaches it), and distlock takes it back when the command is done; started in the
-background, it gets the terminal with `fg`. A Ctrl-Z (SIGTSTP) is refused, with a message: a
+Typed at an interactive shell, the command gets the terminal as it would without distlock (it
+can read it; Ctrl-C reaches it), and distlock takes it back when the command is done; started
+in the background, it gets the terminal with `fg`. From a script, the terminal stays with the
+script. A Ctrl-Z (SIGTSTP) is refused, with a message: a
 stopped run would hold or lose its lock idly.
 
 Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy

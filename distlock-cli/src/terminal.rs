@@ -4,8 +4,9 @@
 //! The command runs in a process group of its own (`keeper.rs`). A group that is not the
 //! terminal's foreground is stopped by SIGTTIN when it reads the terminal (and by SIGTTOU when
 //! it writes under `stty tostop`): a command asking a question would hang there, stopped, with
-//! the lock held. So, as a shell does for a job, when distlock's group is the terminal's
-//! foreground, the keeper makes its own group the foreground before it starts the command
+//! the lock held. So, as a shell does for a job, when distlock is a job of a shell with job
+//! control (it leads its own process group) and that group is the terminal's foreground, the
+//! keeper makes its own group the foreground before it starts the command
 //! ([`hand_to_keeper`]), and distlock takes the terminal back after the keeper has exited
 //! ([`Foreground::take_back`]). A Ctrl-C then reaches the command directly, as without
 //! distlock; a Ctrl-Z is refused ([`NOT_SUSPENDED`]) by whichever of the two gets it. A
@@ -13,6 +14,11 @@
 //! of the terminal stops it as it would any job; once `fg` has made distlock's group the
 //! foreground, distlock hands the terminal on and resumes the command
 //! ([`Foreground::give_to`]).
+//!
+//! A distlock that does not lead its group shares it with whoever started it, typically a
+//! script without job control, which may go on using the terminal (`distlock run … &` then
+//! `read`): taking the terminal would stop the script. There, as before, the command stays in
+//! the background, and one that reads the terminal is stopped (the keeper says so).
 //!
 //! Setting the foreground from a background group draws SIGTTOU unless it is blocked: the
 //! keeper blocks it with its other signals, distlock for its whole life
@@ -24,17 +30,17 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, SigSet, Signal};
-use nix::unistd::{getpgid, getpgrp, tcgetpgrp, tcsetpgrp, Pid};
+use nix::unistd::{getpgid, getpgrp, getpid, tcgetpgrp, tcsetpgrp, Pid};
 
 /// What distlock and the keeper say when a Ctrl-Z (SIGTSTP) would stop a run.
 pub(crate) const NOT_SUSPENDED: &str = "\ndistlock: not suspended: a stopped run would hold its \
      lock with nothing running, or renew nothing and lose it (Ctrl-C stops it)\n";
 
 /// What the keeper says when the command is stopped for using the terminal from the
-/// background (distlock itself was started in the background).
+/// background (distlock was started in the background, or by a script).
 pub(crate) const STOPPED_IN_BACKGROUND: &str = "\ndistlock: the command is stopped: it used the \
-     terminal from the background; it holds the lock until `fg` (which gives it the terminal) \
-     or a kill\n";
+     terminal from a background process group; it holds the lock until it is killed or, if \
+     distlock is a job of an interactive shell, until `fg` gives it the terminal\n";
 
 /// Blocks SIGTTOU in the calling thread and the threads it starts later. Call it before any
 /// other thread exists; a process spawned from them starts with no signal blocked (std resets
@@ -54,15 +60,12 @@ fn controlling() -> Option<File> {
 }
 
 /// In the keeper, before it starts the command: makes the keeper's group the terminal's
-/// foreground if `supervisor`'s group is it. SIGTTOU must be blocked.
+/// foreground if `supervisor` leads the foreground group. SIGTTOU must be blocked.
 pub(crate) fn hand_to_keeper(supervisor: Pid) {
     let Some(tty) = controlling() else {
         return;
     };
-    let Ok(theirs) = getpgid(Some(supervisor)) else {
-        return;
-    };
-    if tcgetpgrp(&tty) == Ok(theirs) {
+    if tcgetpgrp(&tty) == Ok(supervisor) && getpgid(Some(supervisor)) == Ok(supervisor) {
         let _ = tcsetpgrp(&tty, getpgrp());
     }
 }
@@ -76,8 +79,12 @@ pub(crate) struct Foreground {
 }
 
 impl Foreground {
-    /// `None` if this process has no controlling terminal.
+    /// `None` if this process has no controlling terminal, or does not lead its process
+    /// group (a script's command, not a shell's job: the terminal stays with the script).
     pub(crate) fn before_keeper() -> Option<Foreground> {
+        if getpgrp() != getpid() {
+            return None;
+        }
         let tty = controlling()?;
         let was_ours = tcgetpgrp(&tty) == Ok(getpgrp());
         Some(Foreground { tty, was_ours })

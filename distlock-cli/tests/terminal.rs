@@ -316,3 +316,27 @@ fn a_run_started_in_the_background_gets_the_terminal_with_fg() {
             panic!("distlock must end with the command, and give the shell back the terminal: {e}")
         });
 }
+
+#[test]
+fn a_script_keeps_its_terminal_while_a_run_goes_on_in_the_background() {
+    // A shell script (no job control: its commands share its process group) starts a run in
+    // the background, then reads the terminal itself.
+    let dir = scratch("distlock-term-");
+    let (url, name) = lock_of(&dir);
+    let script = format!(
+        "{BIN} run --url {url} --name {name} -- sleep 3 & sleep 0.5; echo asking; read line; \
+         echo \"script-read:$line\"; wait"
+    );
+    let mut t = OnTerminal::start(&["sh", "-c", &script], dir);
+    t.shows("asking", Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    t.type_in(b"abc\n");
+    t.shows("script-read:abc", Duration::from_secs(5))
+        .unwrap_or_else(|e| {
+            panic!(
+                "a run in a script's background must not take the terminal from the script \
+                 (the script, now in the background, is stopped by its read): {e}"
+            )
+        });
+    exits_with(&mut t, 0, Duration::from_secs(10));
+}
