@@ -451,53 +451,17 @@ impl Keeper {
             let _ = killpg(self.group, sig);
         }
         let me = getpid();
-        for (pid, ppid, pgrp) in processes() {
-            if pid != me && (pgrp == self.group || ppid == me) {
-                let _ = kill(pid, sig);
+        for p in crate::procs::all() {
+            if p.pid != me && !p.zombie && (p.group == self.group || p.parent == me) {
+                let _ = kill(p.pid, sig);
             }
         }
     }
 }
 
-/// Every process on the machine as (pid, parent, process group), from `/proc`.
-fn processes() -> Vec<(Pid, Pid, Pid)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-        let (ppid, pgrp) = parse_stat(&stat)?;
-        Some((Pid::from_raw(pid), Pid::from_raw(ppid), Pid::from_raw(pgrp)))
-    })
-    .collect()
-}
-
-/// Parent and process group from a `/proc/PID/stat` line: `pid (comm) state ppid pgrp ...`.
-/// The command name may contain spaces and parentheses, so fields count from the last `)`.
-fn parse_stat(stat: &str) -> Option<(i32, i32)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(1);
-    let ppid = fields.next()?.parse().ok()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    Some((ppid, pgrp))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_count_from_the_last_parenthesis() {
-        assert_eq!(
-            parse_stat("42 (a (b) c) S 7 9 9 0 -1"),
-            Some((7, 9)),
-            "a command name with spaces and parentheses"
-        );
-        assert_eq!(parse_stat("42 (x) S"), None);
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn arguments_are_checked() {

@@ -6,6 +6,7 @@
 mod cli;
 mod exit;
 mod keeper;
+mod procs;
 mod run;
 mod status;
 mod target;

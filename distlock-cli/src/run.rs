@@ -378,6 +378,9 @@ impl Keeper {
         if switch.sent.is_none() {
             return Err(std::io::Error::other("cannot arm the keeper's deadline"));
         }
+        // Should the keeper die, what the command orphaned comes here, not to init, and is
+        // found (`kill_group_and_wait`).
+        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
         // Looked at before the keeper can take it over.
         let foreground = crate::terminal::Foreground::before_keeper();
         let mut cmd = tokio::process::Command::new(keeper_exe()?);
@@ -451,16 +454,36 @@ impl Keeper {
         }
     }
 
-    /// After the keeper died: SIGKILL its group until it is empty, or `until` passes. True if
-    /// the group is gone.
+    /// After the keeper died: SIGKILLs what is left of the command, its process group and
+    /// the processes that had left the group (re-parented to this process, a subreaper as the
+    /// keeper was), until nothing of it runs, or `until` passes. True if nothing runs. A
+    /// zombie runs nothing and is not counted: one re-parented to init may wait a while to be
+    /// reaped (this machine's pid 1 reaps every 2 s), and `kill` still reaches it. (`/proc`
+    /// is read from memory: nothing here waits on a device.)
     async fn kill_group_and_wait(&self, until: Instant) -> bool {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
         let until = until.max(Instant::now() + Duration::from_secs(1));
+        let me = nix::unistd::getpid();
         loop {
-            match nix::sys::signal::killpg(self.pid, Signal::SIGKILL) {
-                Err(nix::errno::Errno::ESRCH) => return true,
-                _ if Instant::now() >= until => return false,
-                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            let _ = nix::sys::signal::killpg(self.pid, Signal::SIGKILL);
+            let mut left = false;
+            for p in crate::procs::all() {
+                if !p.zombie && (p.group == self.pid || p.parent == me) {
+                    let _ = nix::sys::signal::kill(p.pid, Signal::SIGKILL);
+                    left = true;
+                }
             }
+            // Reap what was re-parented here (the keeper itself has been reaped already).
+            while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
+                waitpid(None, Some(WaitPidFlag::WNOHANG))
+            {}
+            if !left {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }

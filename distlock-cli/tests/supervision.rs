@@ -59,8 +59,8 @@ fn beating_holder(url: &str, name: &str, hb: &Path, extra: &[&str], clock_ppm: i
     if clock_ppm != 0 {
         skew_monotonic(&mut holder, clock_ppm).unwrap();
     }
-    let holder = holder.spawn().unwrap();
-    wait_beats(hb, 4);
+    let mut holder = holder.spawn().unwrap();
+    wait_beats(&mut holder, hb, 4);
     holder
 }
 
@@ -94,15 +94,33 @@ fn beats(file: &Path) -> Vec<u128> {
         .collect()
 }
 
-fn wait_beats(file: &Path, n: usize) {
+/// Waits up to 20 s for `n` beats of `holder`'s command in `file`; fails with the holder's
+/// exit status and stderr if it ends first or the beats do not come.
+fn wait_beats(holder: &mut Child, file: &Path, n: usize) {
     let end = Instant::now() + Duration::from_secs(20);
     while beats(file).len() < n {
-        assert!(
-            Instant::now() < end,
-            "the command never started beating into {}",
-            file.display()
+        let exited = holder.try_wait().unwrap();
+        if exited.is_none() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let _ = holder.kill();
+        let status = holder.wait().unwrap();
+        let mut stderr = String::new();
+        if let Some(mut e) = holder.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+        }
+        panic!(
+            "the command beat {} time(s) into {} within 20 s, not {n}; the holder {} \
+             (status {status}); its stderr: {stderr}",
+            beats(file).len(),
+            file.display(),
+            if exited.is_some() {
+                "exited first"
+            } else {
+                "was killed"
+            },
         );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -365,7 +383,7 @@ fn frozen_keeper_cannot_outlive_the_lease() {
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
     let script = format!("kill -STOP $PPID; {}", heartbeat(&hb));
     let via = format!("redis://{}", p.addr());
-    let holder = distlock(
+    let mut holder = distlock(
         &via,
         &[
             "run", "--name", &name, "--ttl", "2s", "--grace", "10s", "--", "sh", "-c", &script,
@@ -373,7 +391,7 @@ fn frozen_keeper_cannot_outlive_the_lease() {
     )
     .spawn()
     .unwrap();
-    wait_beats(&hb, 4);
+    wait_beats(&mut holder, &hb, 4);
     p.blackhole();
     let second = second_run("redis://127.0.0.1:16379", &name, &start2, "60s");
     let alone = std::panic::catch_unwind(|| {
@@ -415,6 +433,85 @@ fn ctrl_z_does_not_suspend_a_holder() {
         stderr.contains("not suspended"),
         "distlock refused the Ctrl-Z without a word: {stderr}"
     );
+}
+
+/// The keeper itself is SIGKILLed (the OOM killer, an operator) while the command runs, with
+/// a background loop that left the command's process group (`setsid`): distlock must leave
+/// nothing of the command running, release the lock, and exit 71 without crying wolf.
+#[test]
+fn a_killed_keeper_leaves_nothing_running() {
+    let tag = "keeper-killed";
+    let dir = tmp(tag);
+    let url = format!("file://{}", dir.join("locks").display());
+    let name = unique(tag);
+    let hb = dir.join("hb");
+    let f = hb.display();
+    let script =
+        format!("setsid sh -c 'while :; do date +%s%N >> {f}; sleep 0.05; done' & sleep 30");
+    // stderr to a file: an escaped process holding a pipe would keep the test waiting for EOF.
+    let log = dir.join("stderr");
+    let mut holder = distlock(&url, &["run", "--name", &name, "--", "sh", "-c", &script])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // Whatever happens, the loop does not outlive the test.
+    let _cleanup = Cleanup(format!("date +%s%N >> {f}"));
+    wait_beats(&mut holder, &hb, 4);
+    let keeper = Command::new("pgrep")
+        .args(["-P", &holder.id().to_string()])
+        .output()
+        .unwrap();
+    let keeper = String::from_utf8_lossy(&keeper.stdout).trim().to_string();
+    assert!(
+        !keeper.is_empty(),
+        "distlock has no child process (the keeper)"
+    );
+    kill("KILL", &keeper);
+    exits(
+        holder,
+        Duration::from_secs(10),
+        "distlock, its keeper killed",
+        71,
+    );
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    let n = beats(&hb).len();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        beats(&hb).len(),
+        n,
+        "a process of the command that left its group still runs after distlock exited, its \
+         keeper killed; distlock said: {stderr}"
+    );
+    assert!(
+        !stderr.contains("may still run"),
+        "distlock said processes may still run, yet the command's group was only zombies: \
+         {stderr}"
+    );
+    assert_free(&url, &name, "once distlock, its keeper killed, has exited");
+}
+
+/// A `run --no-wait` on `name` gets the lock at once: it is free `when`.
+fn assert_free(url: &str, name: &str, when: &str) {
+    let o = distlock(url, &["run", "--name", name, "--no-wait", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "the lock must be free {when}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Kills, when dropped, every process whose command line contains its pattern.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", &self.0])
+            .status();
+    }
 }
 
 /// The `SigBlk` and `SigIgn` lines of `/proc/self/status` as `grep` sees them, run directly by
@@ -587,7 +684,7 @@ fn descendants(tag: &str, url: &str, how: &str) {
     };
     let script =
         format!("(trap '' TERM; while :; do date +%s%N >> {f}; sleep 0.05; done) & {main}; exit 0");
-    let holder = distlock(
+    let mut holder = distlock(
         url,
         &[
             "run", "--name", &name, "--ttl", "2s", "--grace", "500ms", "--", "sh", "-c", &script,
@@ -595,7 +692,7 @@ fn descendants(tag: &str, url: &str, how: &str) {
     )
     .spawn()
     .unwrap();
-    wait_beats(&hb, 2);
+    wait_beats(&mut holder, &hb, 2);
     let second = second_run(url, &name, &start2, "30s");
     if how == "sigterm" {
         std::thread::sleep(Duration::from_millis(200));
@@ -674,15 +771,7 @@ fn min_hold(tag: &str, url: &str) {
         "{tag}: released after {:?}, before --min-hold",
         t.elapsed()
     );
-    let o = distlock(url, &["run", "--name", &name, "--no-wait", "--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{tag}: after --min-hold: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_free(url, &name, &format!("{tag}: after --min-hold"));
 }
 
 #[test]

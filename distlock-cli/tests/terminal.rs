@@ -300,6 +300,8 @@ fn a_run_started_in_the_background_gets_the_terminal_with_fg() {
     );
     // In the background, its read of the terminal stops it, as it would any background job.
     stopped(t.pid(), "sh", Duration::from_secs(10)).unwrap();
+    t.shows("the command is stopped", Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("the keeper must say why the run makes no progress: {e}"));
     t.type_in(b"fg\n");
     std::thread::sleep(Duration::from_millis(500));
     t.type_in(b"hi\n");
