@@ -41,8 +41,8 @@ one that was ignored when distlock started (nohup, a script's `cmd &`) stays ign
 Typed at an interactive shell, the command gets the terminal as it would without distlock (it
 can read it; Ctrl-C reaches it), and distlock takes it back when the command is done; started
 in the background, it gets the terminal with `fg`. From a script, the terminal stays with the
-script. A Ctrl-Z (SIGTSTP) is refused, with a message: a
-stopped run would hold or lose its lock idly.
+script. A Ctrl-Z (SIGTSTP) is refused, with a message: a stopped run would hold or lose its
+lock idly.
 
 Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy
 with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refused; 64 bad

@@ -15,10 +15,12 @@
 //!   as `128 + N`);
 //! - tells the supervisor with SIGUSR2 once it has blocked its signals (before that, a signal
 //!   would end it with the default action, so the supervisor holds its signals back);
-//! - when the supervisor's group is the terminal's foreground, makes its own group the
-//!   foreground before it starts the command, so that the command can read the terminal
-//!   (`terminal.rs`); a Ctrl-Z then comes to the keeper's group, and the keeper refuses it:
-//!   SIGTSTP is blocked, and every process of the command gets SIGCONT;
+//! - when the supervisor leads the terminal's foreground group (a job of an interactive
+//!   shell), makes its own group the foreground before it starts the command, so that the
+//!   command can read the terminal (`terminal.rs`); a Ctrl-Z then comes to the keeper's group,
+//!   and the keeper refuses it: SIGTSTP is blocked, and every process of the command gets
+//!   SIGCONT; SIGTTIN and SIGTTOU are blocked too, so that the keeper itself never stops;
+//! - starts the command with no signal blocked (`spawn`);
 //! - relays SIGINT, SIGTERM, SIGHUP and SIGQUIT from the supervisor to all of it, and on
 //!   `SIGUSR1` (the supervisor's "the lease is about to move", or its death) SIGKILLs all of it;
 //!   the supervisor follows each with a SIGCONT, which the keeper does not block or relay: a
