@@ -455,7 +455,7 @@ fn a_killed_keeper_leaves_nothing_running() {
         .spawn()
         .unwrap();
     // Whatever happens, the loop does not outlive the test.
-    let _cleanup = Cleanup(format!("date +%s%N >> {f}"));
+    let _cleanup = Cleanup(f.to_string());
     wait_beats(&mut holder, &hb, 4);
     let keeper = Command::new("pgrep")
         .args(["-P", &holder.id().to_string()])
@@ -503,7 +503,8 @@ fn assert_free(url: &str, name: &str, when: &str) {
     );
 }
 
-/// Kills, when dropped, every process whose command line contains its pattern.
+/// Kills, when dropped, every process whose command line matches its pattern (a regular
+/// expression, as pkill(1) reads it: a scratch path matches itself).
 struct Cleanup(String);
 
 impl Drop for Cleanup {
