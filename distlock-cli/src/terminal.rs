@@ -43,8 +43,8 @@ pub(crate) const STOPPED_IN_BACKGROUND: &str = "\ndistlock: the command is stopp
      distlock is a job of an interactive shell, until `fg` gives it the terminal\n";
 
 /// Blocks SIGTTOU in the calling thread and the threads it starts later. Call it before any
-/// other thread exists; a process spawned from them starts with no signal blocked (std resets
-/// the mask).
+/// other thread exists. The keeper inherits the mask (std's spawn passes it on) and blocks
+/// SIGTTOU itself anyway; the command starts with no signal blocked (`keeper.rs` `spawn`).
 pub(crate) fn block_background_stops() {
     let _ = SigSet::from(Signal::SIGTTOU).thread_block();
 }
