@@ -156,7 +156,10 @@ impl Report {
     /// involves, and every fault and heal, from the earliest of their acquisitions to just
     /// after it (the last 60 of them), times relative to the history's start. For a name that
     /// was not granted again (no lease involved): every event on that name, and every fault
-    /// and heal, from its last grant to the end.
+    /// and heal, from its last grant before the last heal to its first grant after it (or the
+    /// end), in three parts of at most 15, 30 and 15 lines: the first 3 and last 12 before the
+    /// heal, the first from the heal to the violation, the last after it — the window the
+    /// checker judged is never crowded out by what came long before or after.
     pub fn evidence(&self, v: &Violation) -> String {
         let Some(origin) = self.events.first().map(|e| e.at) else {
             return String::new();
@@ -182,14 +185,23 @@ impl Report {
             })
             .min()
             .unwrap_or(v.at);
-        // A name that stopped being granted involves no lease: show what happened on it since
-        // its last grant (who held it, who asked, what they were told), to the history's end.
+        // A name that stopped being granted involves no lease: show what happened on it from
+        // its last grant before the heal (who held it, who asked, what they were told) to its
+        // next grant.
         let stuck = v.leases.is_empty() && v.name != NOBODY;
+        // The last heal at or before the violation: the checker's window starts there.
+        let healed = (self.events.iter().rev())
+            .find(|e| e.at <= v.at && matches!(e.op, Op::Heal { .. }))
+            .map_or(v.at, |e| e.at);
         let (from, to) = if stuck {
-            let last_grant = (self.events.iter().rev())
-                .find(|e| e.name == v.name && e.at <= v.at && matches!(e.op, Op::Granted { .. }));
+            let is_grant = |e: &&Event| e.name == v.name && matches!(e.op, Op::Granted { .. });
+            let last_grant = (self.events.iter().rev()).find(|e| e.at <= healed && is_grant(e));
+            let next_grant = (self.events.iter()).find(|e| e.at > healed && is_grant(e));
             let end = self.events.iter().map(|e| e.at).max().unwrap_or(v.at);
-            (last_grant.map_or(origin, |e| e.at), end)
+            (
+                last_grant.map_or(origin, |e| e.at),
+                next_grant.map_or(end, |e| e.at),
+            )
         } else {
             (from, v.at + EVIDENCE_AFTER)
         };
@@ -204,29 +216,58 @@ impl Report {
             .filter(|(f, heal)| f.at < from && heal.map_or(true, |h| h.at >= from))
             .map(|(f, _)| f)
             .filter(|f| involved(f));
-        let lines: Vec<String> = open
+        let shown: Vec<&Event> = open
             .chain(
                 self.events
                     .iter()
                     .filter(|e| from <= e.at && e.at <= to && involved(e)),
             )
-            .map(|e| {
-                let who = if e.client == NOBODY {
-                    "nemesis".to_string()
-                } else {
-                    format!("client {} name {}", e.client, e.name)
-                };
-                format!("  {:>10.4} {who}: {}", rel(e.at), describe(&e.op, &rel))
-            })
             .collect();
-        let skip = lines.len().saturating_sub(EVIDENCE_LINES);
-        let mut out = if skip > 0 {
-            format!("  ({skip} earlier events left out)\n")
+        // Which of them to show: for each consecutive part, its length and how many of its
+        // first and of its last events.
+        let parts: Vec<(usize, usize, usize)> = if stuck {
+            let before = shown.iter().filter(|e| e.at < healed).count();
+            let window = shown.iter().filter(|e| e.at <= v.at).count();
+            vec![
+                // Who held it (the last grant), then what led up to the heal.
+                (before, 3, 12),
+                (window - before, EVIDENCE_LINES / 2, 0),
+                // What the name's next grant came after.
+                (shown.len() - window, 0, EVIDENCE_LINES / 4),
+            ]
         } else {
-            String::new()
+            vec![(shown.len(), 0, EVIDENCE_LINES)]
         };
-        out.push_str(&lines[skip..].join("\n"));
-        out
+        let mut keep = Vec::with_capacity(shown.len());
+        for (len, head, tail) in parts {
+            keep.extend((0..len).map(|i| i < head || i + tail >= len));
+        }
+        let mut out: Vec<String> = Vec::new();
+        let mut left_out = 0;
+        for (e, keep) in shown.iter().zip(keep) {
+            if !keep {
+                left_out += 1;
+                continue;
+            }
+            if left_out > 0 {
+                out.push(format!("  ({left_out} events left out)"));
+                left_out = 0;
+            }
+            let who = if e.client == NOBODY {
+                "nemesis".to_string()
+            } else {
+                format!("client {} name {}", e.client, e.name)
+            };
+            out.push(format!(
+                "  {:>10.4} {who}: {}",
+                rel(e.at),
+                describe(&e.op, &rel)
+            ));
+        }
+        if left_out > 0 {
+            out.push(format!("  ({left_out} events left out)"));
+        }
+        out.join("\n")
     }
 }
 
@@ -513,6 +554,65 @@ mod tests {
             ],
             &["lease 1 ", "name 0"], // before the last grant, another name
         );
+    }
+
+    /// A name stuck long after the last heal, with many refusals before the heal and after the
+    /// bound: the evidence still shows the holder before the heal, the heal, the first
+    /// refusals after it and the name's next grant, not only the history's last lines.
+    #[test]
+    fn evidence_of_a_stuck_name_shows_the_window_after_the_last_heal() {
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        let ev = |m: u64, client: usize, op: Op| Event {
+            at: ms(m),
+            client,
+            name: 1,
+            op,
+        };
+        let granted = |lease| Op::Granted {
+            lease,
+            token: None,
+            valid_until: ms(9000),
+        };
+        let refused = || Op::Refused {
+            error: "timed out".into(),
+        };
+        let mut events = vec![ev(0, 0, Op::Acquire), ev(10, 0, granted(1))];
+        // Refusals before the heal, in the window (1000–1500 ms) and after it.
+        for (from, n) in [(20, 40), (1010, 40), (1600, 80)] {
+            for i in 0..n {
+                events.push(ev(from + i * 10, 1 + (i as usize) % 4, Op::Acquire));
+                events.push(ev(from + i * 10 + 5, 1 + (i as usize) % 4, refused()));
+            }
+        }
+        events.push(Event {
+            at: ms(1000),
+            client: NOBODY,
+            name: NOBODY,
+            op: Op::Heal {
+                what: "freeze m1".into(),
+            },
+        });
+        events.push(ev(3100, 5, Op::Acquire));
+        events.push(ev(3110, 5, granted(9)));
+        events.sort_by_key(|e| e.at);
+        let report = checked(events, false, Duration::from_millis(500), ms(4000));
+        let stuck = (report.violations.iter())
+            .find(|v| v.kind == crate::safety::checker::Kind::Liveness)
+            .expect("name 1 not granted within 500 ms of the heal");
+        let text = report.evidence(stuck);
+        assert_shows(
+            &text,
+            &[
+                "0.0100 client 0 name 1: granted lease 1",
+                "1.0000 nemesis: Heal",
+                "1.0100 client 1 name 1: Acquire",
+                "1.0150 client 1 name 1: Refused",
+                "3.1100 client 5 name 1: granted lease 9",
+            ],
+            &[],
+        );
+        assert!(text.lines().count() <= 63, "too long:\n{text}");
     }
 
     /// The report of a history of a run that ended at `end`, checked with these rules.
