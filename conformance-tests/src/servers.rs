@@ -69,6 +69,16 @@ pub trait Servers: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether every member serves its clients again, as a cluster's members do after a fault
+    /// only once they agree on a leader (a ZooKeeper ensemble's `srvr` says leader or follower
+    /// on each; etcd members name one leader). After its last heal the nemesis waits for this
+    /// and records when it first holds ([`Op::Serving`](crate::safety::Op::Serving)): the
+    /// history's liveness bound counts from there, since how long an election takes is the
+    /// servers' own, not the driver's. The default: `true` (members that serve once healed).
+    async fn serving(&self) -> bool {
+        true
+    }
+
     /// Whether [`partition`](Servers::partition) works here: the members reach each other
     /// through links the tests can break (a cluster a test started itself). The nemesis
     /// partitions only such servers.

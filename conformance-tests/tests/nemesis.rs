@@ -7,10 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conformance_tests::controls::{Flaw, FlawedHarness};
-use conformance_tests::safety::{run, Workload};
+use conformance_tests::safety::{run, Op, Workload};
 use conformance_tests::{async_trait, BoxError, ClockStep, Harness, Partition, Servers, Timing};
 use lock_core::DistributedLock;
 
@@ -23,7 +23,14 @@ struct Done {
 }
 
 #[derive(Debug, Default)]
-struct Recorder(Mutex<Vec<Done>>);
+struct Recorder {
+    done: Mutex<Vec<Done>>,
+    /// `Some(d)`: the members serve their clients again only `d` after the last heal (a slow
+    /// election); when they were first asked and said so.
+    election: Option<Duration>,
+    healed: Mutex<Option<Instant>>,
+    first_serving: Mutex<Option<Instant>>,
+}
 
 impl Recorder {
     fn note(&self, member: usize, on: bool, what: &str) {
@@ -32,7 +39,10 @@ impl Recorder {
             on,
             what: what.to_string(),
         };
-        self.0.lock().unwrap().push(done);
+        self.done.lock().unwrap().push(done);
+        if !on {
+            *self.healed.lock().unwrap() = Some(Instant::now());
+        }
     }
 }
 
@@ -80,6 +90,18 @@ impl Servers for Recorder {
         self.note(i, step != ClockStep::Ahead(Duration::ZERO), "clock");
         Ok(())
     }
+    async fn serving(&self) -> bool {
+        let healed = *self.healed.lock().unwrap();
+        let serving = match (self.election, healed) {
+            (Some(d), Some(h)) => h.elapsed() >= d,
+            _ => true,
+        };
+        let mut first = self.first_serving.lock().unwrap();
+        if serving && first.is_none() {
+            *first = Some(Instant::now());
+        }
+        serving
+    }
 }
 
 struct WithServers(FlawedHarness, Arc<Recorder>);
@@ -111,8 +133,63 @@ async fn recorded(
     (w.grants, w.limit, w.fault_kinds) = (100_000, limit, kinds);
     let report = run(&h, &w).await.expect("the run");
     report.verdict().expect("a clean history");
-    let done = recorder.0.lock().unwrap().clone();
+    let done = recorder.done.lock().unwrap().clone();
     (report.faults, done)
+}
+
+/// Servers that serve their clients again only 2 s after the last heal (an election): the
+/// history records when they first did, and the run goes on long enough after that for
+/// liveness to be judged from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_says_when_the_servers_serve_again_after_the_last_heal() {
+    let election = Duration::from_secs(2);
+    let recorder = Arc::new(Recorder {
+        election: Some(election),
+        ..Recorder::default()
+    });
+    let h = WithServers(FlawedHarness::new(Flaw::None), recorder.clone());
+    let mut w = Workload::short(16);
+    (w.grants, w.limit) = (100_000, Duration::from_secs(8));
+    let report = run(&h, &w).await.expect("the run");
+    report.verdict().expect("a clean history");
+    let healed = (report.events.iter())
+        .filter(|e| matches!(e.op, Op::Heal { .. }))
+        .map(|e| e.at)
+        .max()
+        .expect("the run healed a fault");
+    let serving: Vec<_> = (report.events.iter())
+        .filter(|e| e.op == Op::Serving)
+        .map(|e| e.at)
+        .collect();
+    let first = recorder
+        .first_serving
+        .lock()
+        .unwrap()
+        .expect("asked until serving");
+    assert_eq!(serving.len(), 1, "one Serving event: {serving:?}");
+    assert!(
+        serving[0] >= first && serving[0] >= healed + election,
+        "Serving recorded {:?} after the last heal, before the servers said so ({:?} after it)",
+        serving[0] - healed,
+        first - healed
+    );
+    let after = report
+        .serving_after_last_heal()
+        .expect("the report's figure");
+    assert!(after >= election && after < election * 2, "{after:?}");
+    assert!(
+        report.summary().contains("servers serving again Some("),
+        "{}",
+        report.summary()
+    );
+    // (d) is judged only when the run lasts the bound past its start: it must.
+    let t = h.timing();
+    let end = report.events.iter().map(|e| e.at).max().unwrap();
+    assert!(
+        end >= serving[0] + (t.ttl + t.slack) * 4,
+        "the run ended {:?} after the servers served again: (d) was not judged",
+        end - serving[0]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

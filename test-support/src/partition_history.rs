@@ -86,6 +86,11 @@ impl<C: Cluster + 'static> Servers for ClusterServers<C> {
         self.0.agreed_leader().await
     }
 
+    /// Every member names one leader: each serves its clients.
+    async fn serving(&self) -> bool {
+        self.0.agreed_leader().await.is_some()
+    }
+
     fn can_partition(&self) -> bool {
         true
     }

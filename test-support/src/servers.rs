@@ -161,4 +161,35 @@ impl Servers for ServicesSh {
             }
         }
     }
+    /// A ZooKeeper ensemble: one member says leader and every other follower. An etcd
+    /// cluster: every member names the same leader. Servers without a leader: always.
+    async fn serving(&self) -> bool {
+        match &self.leader {
+            Leader::None => true,
+            Leader::Zk(hosts) => {
+                let mut leaders = 0;
+                for h in hosts {
+                    match crate::zk_mode(h).await.as_deref() {
+                        Some("leader") => leaders += 1,
+                        Some("follower") => {}
+                        _ => return false,
+                    }
+                }
+                leaders == 1
+            }
+            Leader::Etcd(endpoints) => {
+                let mut ids = Vec::new();
+                for ep in endpoints {
+                    match crate::etcd_status(ep).await {
+                        Some(id) => ids.push(id),
+                        None => return false,
+                    }
+                }
+                // The leader all name is one of them (not "0", none).
+                let leader = ids.first().map(|(_, l)| l.clone());
+                ids.iter().all(|(_, l)| Some(l) == leader.as_ref())
+                    && ids.iter().any(|(me, _)| Some(me) == leader.as_ref())
+            }
+        }
+    }
 }

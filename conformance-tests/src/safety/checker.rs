@@ -19,8 +19,8 @@ pub enum Kind {
     /// (c) A holder that had not released was still believing it held (no lost signal, its
     /// `valid_until` ahead) when the next holder's grant returned.
     LossNotSeen,
-    /// (d) After the last fault healed, a name was not granted within the bound, or a client's
-    /// acquisition never finished.
+    /// (d) After the last fault healed (and the servers served again, where they say so), a
+    /// name was not granted within the bound, or a client's acquisition never finished.
     Liveness,
 }
 
@@ -54,7 +54,8 @@ const CUT_SETTLE: Duration = Duration::from_millis(1);
 pub struct Rules {
     /// The driver gives fencing tokens: (b) applies.
     pub fencing: bool,
-    /// (d): every name must be granted again within this long after the last fault healed.
+    /// (d): every name must be granted again within this long after the last fault healed,
+    /// or after the servers serve again where the history says when ([`Op::Serving`]).
     pub recovery: Duration,
     /// When the run stopped issuing operations (open beliefs end here).
     pub end: Instant,
@@ -292,13 +293,9 @@ fn liveness(
     out: &mut Vec<Violation>,
 ) {
     let start = events.first().map_or(rules.end, |e| e.at);
-    let healed = events
-        .iter()
-        .filter(|e| matches!(e.op, Op::Heal { .. }))
-        .map(|e| e.at)
-        .max()
-        .unwrap_or(start);
-    let due = healed + rules.recovery;
+    let healed = last_heal(events).unwrap_or(start);
+    let from = settled(events).unwrap_or(start);
+    let due = from + rules.recovery;
     if due <= rules.end {
         let names: Vec<usize> = events
             .iter()
@@ -312,18 +309,24 @@ fn liveness(
                 .get(&name)
                 .into_iter()
                 .flatten()
-                .any(|b| b.granted > healed && b.granted <= due);
+                .any(|b| b.granted > from && b.granted <= due);
             if !again {
+                let since = if from > healed {
+                    format!(
+                        "the servers serving again at {:?}, {:?} after the last heal at {:?}",
+                        rel(from),
+                        from - healed,
+                        rel(healed)
+                    )
+                } else {
+                    format!("the last heal at {:?}", rel(healed))
+                };
                 out.push(Violation {
                     kind: Kind::Liveness,
                     name,
                     leases: vec![],
                     at: due,
-                    detail: format!(
-                        "not granted within {:?} of the last heal at {:?}",
-                        rules.recovery,
-                        rel(healed)
-                    ),
+                    detail: format!("not granted within {:?} of {since}", rules.recovery),
                 });
             }
         }
@@ -353,6 +356,26 @@ fn liveness(
             ),
         });
     }
+}
+
+/// When the last fault was healed, if any was.
+pub(super) fn last_heal(events: &[Event]) -> Option<Instant> {
+    (events.iter())
+        .filter(|e| matches!(e.op, Op::Heal { .. }))
+        .map(|e| e.at)
+        .max()
+}
+
+/// Where liveness (d) counts from: when the servers were first seen serving again after the
+/// last heal ([`Op::Serving`]), or the last heal if they were not (or serve once healed).
+/// `None`: nothing was healed.
+pub(super) fn settled(events: &[Event]) -> Option<Instant> {
+    let healed = last_heal(events)?;
+    let serving = (events.iter())
+        .filter(|e| e.op == Op::Serving && e.at >= healed)
+        .map(|e| e.at)
+        .min();
+    Some(serving.unwrap_or(healed))
 }
 
 #[cfg(test)]

@@ -276,3 +276,42 @@ fn a_name_not_granted_after_the_last_heal_and_a_hung_acquire_are_liveness() {
     // A run that ends before the bound is not judged on (d)'s first part.
     assert_eq!(h.kinds(400), vec![Kind::Liveness]);
 }
+
+/// Where the history says when the servers served again after the last heal, (d) counts from
+/// there: a grant soon after that is on time however long the election took, and a name not
+/// granted within the bound of it is still a violation.
+#[test]
+fn liveness_counts_from_the_servers_serving_again() {
+    let heal = Op::Heal {
+        what: "freeze m1".into(),
+    };
+    // Served again 900 ms after the heal, granted 100 ms later: on time.
+    let mut h = H::new();
+    h.grant(0, 1, 0, 1, 100)
+        .at(10, 1, Op::Release { lease: 0 })
+        .at(20, NOBODY, heal.clone())
+        .at(920, NOBODY, Op::Serving)
+        .grant(1020, 2, 1, 2, 1100)
+        .at(1030, 2, Op::Release { lease: 1 });
+    assert_eq!(h.kinds(3000), vec![], "granted 100 ms after serving again");
+    // Without the servers' word, the same grant is 1 s after the heal: late.
+    h.events.retain(|e| e.op != Op::Serving);
+    assert_eq!(h.kinds(3000), vec![Kind::Liveness]);
+    // Serving again, then not granted within the bound of it.
+    let mut h = H::new();
+    h.grant(0, 1, 0, 1, 100)
+        .at(10, 1, Op::Release { lease: 0 })
+        .at(20, NOBODY, heal)
+        .at(920, NOBODY, Op::Serving)
+        .grant(1500, 2, 1, 2, 1600)
+        .at(1510, 2, Op::Release { lease: 1 });
+    let v = check(&h.sorted(), &h.rules(3000, None));
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].kind, Kind::Liveness);
+    assert!(
+        v[0].detail
+            .contains("the servers serving again at 920ms, 900ms after the last heal at 20ms"),
+        "{}",
+        v[0].detail
+    );
+}

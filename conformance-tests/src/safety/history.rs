@@ -94,6 +94,10 @@ pub enum Op {
         /// What and where.
         what: String,
     },
+    /// After the run's last heal, every server serves its clients again
+    /// ([`Servers::serving`](crate::Servers::serving)), recorded when the nemesis first saw
+    /// it. Liveness (d) counts from here.
+    Serving,
 }
 
 /// One entry of the history.

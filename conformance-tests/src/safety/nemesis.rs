@@ -447,6 +447,28 @@ impl Nemesis {
             self.strike().await;
         }
     }
+
+    /// After the last heal: waits up to `limit` for the servers to serve their clients again
+    /// ([`Servers::serving`]) and records when they first do ([`Op::Serving`]). Records
+    /// nothing without servers to ask, or if they do not serve by then (liveness then counts
+    /// from the heal, and fails).
+    pub(super) async fn await_serving(&mut self, limit: Duration) {
+        let Some(servers) = self.servers.clone() else {
+            return;
+        };
+        let until = Instant::now() + limit;
+        let poll = (self.ttl / 10).max(Duration::from_millis(20));
+        loop {
+            if servers.serving().await {
+                self.history.record(NOBODY, NOBODY, Op::Serving);
+                return;
+            }
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
 }
 
 /// One server fault, drawn ([`Nemesis::plan`]) and not yet made.

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::checker::Violation;
+use super::checker::{last_heal, settled, Violation};
 use super::history::{fault_spans, Event, LeaseId, Op, NOBODY};
 use crate::Failure;
 
@@ -95,7 +95,8 @@ impl Report {
             "{} grants in {:.1?} (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
              violations a/b/c/d {a}/{b}/{c}/{d}, cut-off holder to lost signal p50 {:?} p99 {:?} \
              (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), hand-off p50 {:?} p99 {:?} \
-             (n={}), cut races {} (longest {:?}), seed {}",
+             (n={}), cut races {} (longest {:?}), servers serving again {:?} after the last heal, \
+             seed {}",
             self.grants,
             self.elapsed,
             self.refused,
@@ -113,8 +114,19 @@ impl Report {
             self.handoff.len(),
             self.cut_races.len(),
             self.cut_races.iter().max(),
+            self.serving_after_last_heal(),
             self.seed
         )
+    }
+
+    /// How long after the last heal the servers were first seen serving their clients again
+    /// ([`Op::Serving`]); `None` if the history does not say (no server fault, or servers that
+    /// did not serve again). Liveness (d) counts from there.
+    pub fn serving_after_last_heal(&self) -> Option<Duration> {
+        let healed = last_heal(&self.events)?;
+        (self.events.iter())
+            .find(|e| e.op == Op::Serving && e.at >= healed)
+            .map(|e| e.at - healed)
     }
 
     /// A failure listing the violations (at most 10) and any server fault the nemesis could
@@ -189,10 +201,8 @@ impl Report {
         // its last grant before the heal (who held it, who asked, what they were told) to its
         // next grant.
         let stuck = v.leases.is_empty() && v.name != NOBODY;
-        // The last heal at or before the violation: the checker's window starts there.
-        let healed = (self.events.iter().rev())
-            .find(|e| e.at <= v.at && matches!(e.op, Op::Heal { .. }))
-            .map_or(v.at, |e| e.at);
+        // Where the checker's window starts: after the last heal, once the servers serve.
+        let healed = settled(&self.events).filter(|t| *t <= v.at).unwrap_or(v.at);
         let (from, to) = if stuck {
             let is_grant = |e: &&Event| e.name == v.name && matches!(e.op, Op::Granted { .. });
             let last_grant = (self.events.iter().rev()).find(|e| e.at <= healed && is_grant(e));
@@ -416,238 +426,5 @@ pub(super) fn handoff(events: &[Event]) -> Vec<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::safety::checker::{check, Rules};
-
-    /// Two overlapping holders with a fault between: the evidence shows both clients'
-    /// acquisitions and grants, the fault, and how the runtime polled the second grant —
-    /// and nothing of a third client.
-    #[test]
-    fn evidence_shows_the_clients_involved_and_the_faults() {
-        let t0 = Instant::now();
-        let ms = |m: u64| t0 + Duration::from_millis(m);
-        let ev = |m: u64, client: usize, op: Op| Event {
-            at: ms(m),
-            client,
-            name: 0,
-            op,
-        };
-        let fault = |what: &str| Op::Fault { what: what.into() };
-        let heal = |what: &str| Op::Heal { what: what.into() };
-        let events = vec![
-            ev(0, NOBODY, fault("pause client 3")),
-            ev(0, NOBODY, heal("pause client 3")),
-            ev(0, NOBODY, fault("freeze server zk-ens1 for 2s")),
-            ev(5, 0, Op::Acquire),
-            ev(
-                10,
-                0,
-                Op::Granted {
-                    lease: 1,
-                    token: Some(1),
-                    valid_until: ms(1000),
-                },
-            ),
-            ev(15, 2, Op::Acquire),
-            ev(
-                20,
-                NOBODY,
-                Op::Fault {
-                    what: "freeze zk-ens1".into(),
-                },
-            ),
-            ev(30, 1, Op::Acquire),
-            ev(
-                40,
-                1,
-                Op::Granted {
-                    lease: 2,
-                    token: Some(2),
-                    valid_until: ms(1040),
-                },
-            ),
-            ev(
-                40,
-                1,
-                Op::Polled {
-                    lease: 2,
-                    woken: Some(ms(35)),
-                    polled: Some(ms(39)),
-                },
-            ),
-        ];
-        let report = checked(events, true, Duration::from_secs(5), ms(2000));
-        let first = report.violations.first().expect("an overlap");
-        let text = report.evidence(first);
-        assert_shows(
-            &text,
-            &[
-                "0.0050 client 0 name 0: Acquire",
-                "nemesis: Fault { what: \"freeze server zk-ens1 for 2s\" }",
-                "0.0100 client 0 name 0: granted lease 1 (token Some(1)), valid until 1.0000",
-                "0.0200 nemesis: Fault",
-                "0.0400 client 1 name 0: granted lease 2",
-                "last woken at 0.0350, last polled at 0.0390",
-            ],
-            &["client 2", "pause"], // an uninvolved client, a fault healed before
-        );
-        let Err(failure) = report.verdict() else {
-            panic!("an overlap passed the verdict");
-        };
-        assert!(failure.to_string().contains(&text), "{failure}");
-    }
-
-    /// A name not granted again after the last heal: the evidence shows what happened on that
-    /// name since its last grant (the holder that never let go, the waiter refused) and the
-    /// heal, and nothing of another name.
-    #[test]
-    fn evidence_of_a_stuck_name_shows_that_name_since_its_last_grant() {
-        let t0 = Instant::now();
-        let ms = |m: u64| t0 + Duration::from_millis(m);
-        let ev = |m: u64, client: usize, name: usize, op: Op| Event {
-            at: ms(m),
-            client,
-            name,
-            op,
-        };
-        let granted = |lease| Op::Granted {
-            lease,
-            token: None,
-            valid_until: ms(5000),
-        };
-        let refused = Op::Refused {
-            error: "timed out".into(),
-        };
-        let events = vec![
-            ev(0, 0, 1, Op::Acquire),
-            ev(10, 0, 1, granted(1)),
-            ev(20, 0, 1, Op::Release { lease: 1 }),
-            ev(30, 1, 1, Op::Acquire),
-            ev(40, 1, 1, granted(2)),
-            ev(
-                50,
-                NOBODY,
-                NOBODY,
-                Op::Heal {
-                    what: "restart zk-ens2".into(),
-                },
-            ),
-            ev(60, 2, 1, Op::Acquire),
-            ev(60, 3, 0, Op::Acquire),
-            ev(70, 3, 0, granted(3)),
-            ev(80, 3, 0, Op::Release { lease: 3 }),
-            ev(900, 2, 1, refused),
-        ];
-        let report = checked(events, false, Duration::from_millis(500), ms(2000));
-        let stuck = (report.violations.iter())
-            .find(|v| v.kind == crate::safety::checker::Kind::Liveness)
-            .expect("name 1 not granted again");
-        let text = report.evidence(stuck);
-        assert_shows(
-            &text,
-            &[
-                "0.0400 client 1 name 1: granted lease 2",
-                "0.0500 nemesis: Heal",
-                "0.0600 client 2 name 1: Acquire",
-                "0.9000 client 2 name 1: Refused",
-            ],
-            &["lease 1 ", "name 0"], // before the last grant, another name
-        );
-    }
-
-    /// A name stuck long after the last heal, with many refusals before the heal and after the
-    /// bound: the evidence still shows the holder before the heal, the heal, the first
-    /// refusals after it and the name's next grant, not only the history's last lines.
-    #[test]
-    fn evidence_of_a_stuck_name_shows_the_window_after_the_last_heal() {
-        let t0 = Instant::now();
-        let ms = |m: u64| t0 + Duration::from_millis(m);
-        let ev = |m: u64, client: usize, op: Op| Event {
-            at: ms(m),
-            client,
-            name: 1,
-            op,
-        };
-        let granted = |lease| Op::Granted {
-            lease,
-            token: None,
-            valid_until: ms(9000),
-        };
-        let refused = || Op::Refused {
-            error: "timed out".into(),
-        };
-        let mut events = vec![ev(0, 0, Op::Acquire), ev(10, 0, granted(1))];
-        // Refusals before the heal, in the window (1000–1500 ms) and after it.
-        for (from, n) in [(20, 40), (1010, 40), (1600, 80)] {
-            for i in 0..n {
-                events.push(ev(from + i * 10, 1 + (i as usize) % 4, Op::Acquire));
-                events.push(ev(from + i * 10 + 5, 1 + (i as usize) % 4, refused()));
-            }
-        }
-        events.push(Event {
-            at: ms(1000),
-            client: NOBODY,
-            name: NOBODY,
-            op: Op::Heal {
-                what: "freeze m1".into(),
-            },
-        });
-        events.push(ev(3100, 5, Op::Acquire));
-        events.push(ev(3110, 5, granted(9)));
-        events.sort_by_key(|e| e.at);
-        let report = checked(events, false, Duration::from_millis(500), ms(4000));
-        let stuck = (report.violations.iter())
-            .find(|v| v.kind == crate::safety::checker::Kind::Liveness)
-            .expect("name 1 not granted within 500 ms of the heal");
-        let text = report.evidence(stuck);
-        assert_shows(
-            &text,
-            &[
-                "0.0100 client 0 name 1: granted lease 1",
-                "1.0000 nemesis: Heal",
-                "1.0100 client 1 name 1: Acquire",
-                "1.0150 client 1 name 1: Refused",
-                "3.1100 client 5 name 1: granted lease 9",
-            ],
-            &[],
-        );
-        assert!(text.lines().count() <= 63, "too long:\n{text}");
-    }
-
-    /// The report of a history of a run that ended at `end`, checked with these rules.
-    fn checked(events: Vec<Event>, fencing: bool, recovery: Duration, end: Instant) -> Report {
-        let rules = Rules {
-            fencing,
-            recovery,
-            end,
-            cut_notice: None,
-        };
-        Report {
-            seed: 0,
-            grants: 2,
-            refused: 0,
-            unknown: 0,
-            stale_writes_refused: 0,
-            faults: BTreeMap::new(),
-            server_errors: vec![],
-            elapsed: Duration::from_secs(2),
-            loss_to_signal: vec![],
-            recovery: vec![],
-            handoff: vec![],
-            cut_races: vec![],
-            violations: check(&events, &rules),
-            events,
-        }
-    }
-
-    /// Fails unless `text` contains every one of `wanted` and none of `unwanted`.
-    fn assert_shows(text: &str, wanted: &[&str], unwanted: &[&str]) {
-        for want in wanted {
-            assert!(text.contains(want), "{want:?} missing from:\n{text}");
-        }
-        for not in unwanted {
-            assert!(!text.contains(not), "{not:?} should not be in:\n{text}");
-        }
-    }
-}
+#[path = "report_tests.rs"]
+mod tests;

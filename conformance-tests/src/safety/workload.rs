@@ -118,6 +118,11 @@ pub fn seed() -> u64 {
         })
 }
 
+/// How long the run waits, after its last heal, for the servers to serve again: a ZooKeeper
+/// ensemble's election can take tens of seconds (its members' ticks and limits, not the
+/// lock's TTL, time it).
+const SERVING_WITHIN: Duration = Duration::from_secs(60);
+
 /// Shared by the clients of one run.
 struct Shared {
     history: Arc<History>,
@@ -244,7 +249,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         })
         .collect();
 
-    let deadline = started + w.limit;
+    let mut deadline = started + w.limit;
     if w.faults {
         // Faults while grants accumulate, none in the last stretch: (d) needs calm after them.
         let calm_from = deadline.checked_sub(recovery * 2).unwrap_or(started);
@@ -256,6 +261,11 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
                 grants.load(Ordering::Relaxed) >= target
             })
             .await;
+        // Liveness counts from when the servers serve again; the run is longer by the wait,
+        // so that (d) is still judged.
+        let healed = Instant::now();
+        nemesis.await_serving(SERVING_WITHIN).await;
+        deadline += healed.elapsed();
     }
     let calm_since = Instant::now();
     while Instant::now() < deadline
