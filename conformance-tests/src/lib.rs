@@ -153,12 +153,14 @@ impl Timing {
     }
 
     /// How soon a lease whose lock is its connection's session (`outlives_connection =
-    /// false`) must turn Lost after that connection dropped: a sixth of the TTL, well before
-    /// its next renewal (a third). The server frees such a lock the moment it sees the
-    /// connection close, and nothing orders that moment against the client's own notice, so
-    /// this is the promise both the case and the safety checker hold a session-bound driver to.
+    /// false`) must turn Lost after that connection dropped:
+    /// [`safety::CUT_NOTICE`](crate::safety::CUT_NOTICE), whatever the TTL. The server frees
+    /// such a lock the moment it sees the connection close, and nothing orders that moment
+    /// against the client's own notice, so this is the promise both the case and the safety
+    /// checker hold a session-bound driver to: a lease that learns of the close only at its
+    /// next renewal or poll breaks it.
     pub fn dropped_connection_notice(&self) -> Duration {
-        self.ttl / 6
+        crate::safety::CUT_NOTICE
     }
 
     /// Overrides the slack.

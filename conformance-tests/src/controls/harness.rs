@@ -54,6 +54,10 @@ pub(super) struct Shared {
     pub(super) tokens: Mutex<HashMap<LockName, u64>>,
     /// A lock is its connection's session (`outlives_connection = false`): a cut frees it.
     pub(super) session_bound: bool,
+    /// Woken at every cut of any client's link ([`Flaw::CutGrantsTwoWaiters`]).
+    pub(super) cut_anywhere: Arc<tokio::sync::Notify>,
+    /// Clients made behind a link so far ([`Flaw::DeadlineHangsOnOneClient`] strikes the first).
+    pub(super) linked: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -87,7 +91,10 @@ impl FlawedHarness {
             flaw,
             store: MemoryLock::new(),
             shared: Arc::new(Shared {
-                session_bound: flaw == Flaw::SessionLostLate,
+                session_bound: matches!(
+                    flaw,
+                    Flaw::SessionLostLate | Flaw::SessionLostByPolling | Flaw::CutGrantsTwoWaiters
+                ),
                 ..Shared::default()
             }),
             timing: Timing::for_ttl(Duration::from_millis(200)),
@@ -115,6 +122,7 @@ impl FlawedHarness {
             link,
             id: self.shared.next_client.fetch_add(1, Ordering::Relaxed),
             url: None,
+            odd_one: false,
         }
     }
 }
@@ -140,8 +148,11 @@ impl Harness for FlawedHarness {
         &self,
         delay: Duration,
     ) -> Option<std::result::Result<Faulty, BoxError>> {
-        let wire = Wire::new(Fault::Delay(delay));
-        let lock = self.lock(self.store.clone(), Some(wire.clone()));
+        let wire = Wire::new(Fault::Delay(delay), self.shared.cut_anywhere.clone());
+        let lock = FlawedLock {
+            odd_one: self.shared.linked.fetch_add(1, Ordering::Relaxed) == 0,
+            ..self.lock(self.store.clone(), Some(wire.clone()))
+        };
         Some(Ok(Faulty::new(Arc::new(lock), WireLink(wire))))
     }
     fn secured(&self) -> Option<Secured> {
@@ -193,6 +204,8 @@ pub struct FlawedLock {
     pub(super) url: Option<String>,
     /// This client's number (clients of one harness share a store).
     pub(super) id: u64,
+    /// The one client a one-client flaw strikes ([`Flaw::DeadlineHangsOnOneClient`]).
+    pub(super) odd_one: bool,
 }
 
 /// [`Flaw::ClientDropEndsLeases`]: a client whose handle, dropped, takes its leases' locks

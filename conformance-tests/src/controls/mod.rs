@@ -262,6 +262,17 @@ pub enum Flaw {
     /// The first request after a connection was cut blocks the runtime's thread for 100 ms
     /// (a blocking dial on reconnect); on healthy links every call is async.
     BlocksOnReconnect,
+    /// The lock is its connection's session: a cut frees it on the backend at once, but the
+    /// lease looks for a closed connection only every sixth of its TTL (the width the history
+    /// checker excused before it was bounded by what was measured).
+    SessionLostByPolling,
+    /// The lock is its connection's session, and for a moment after any client's connection
+    /// is cut, every waiting `acquire` is granted at once, whoever holds the name: two waiters
+    /// (neither of them cut) hold it together.
+    CutGrantsTwoWaiters,
+    /// On one client (the first made behind a link), a waiting `acquire` whose deadline
+    /// passes never returns: the timeout's wake-up is lost. Every other client is correct.
+    DeadlineHangsOnOneClient,
 }
 
 impl Flaw {
@@ -360,6 +371,9 @@ impl Flaw {
         Flaw::BlocksTheRuntime,
         Flaw::WatchdogBlocksTheRuntime,
         Flaw::BlocksOnReconnect,
+        Flaw::SessionLostByPolling,
+        Flaw::CutGrantsTwoWaiters,
+        Flaw::DeadlineHangsOnOneClient,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -522,6 +536,15 @@ impl Flaw {
             }
             Flaw::BlocksOnReconnect => {
                 cases![runtime::no_call_blocks_the_runtime_under_faults]
+            }
+            Flaw::SessionLostByPolling => cases![
+                faults::dropped_connection_is_lost_at_once,
+                safety::history_is_clean
+            ],
+            // Only a history under faults shows these: the suite's `checker::` trials run
+            // the safety case's workload on them, seeded, until it does.
+            Flaw::CutGrantsTwoWaiters | Flaw::DeadlineHangsOnOneClient => {
+                cases![safety::history_is_clean]
             }
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,

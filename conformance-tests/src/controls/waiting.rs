@@ -66,6 +66,30 @@ impl FlawedLock {
             }
         }
         match self.flaw {
+            Flaw::DeadlineHangsOnOneClient if self.odd_one => {
+                match self.inner.acquire(&key, &self.inner_opts(opts)).await {
+                    // The timeout fired, and nothing wakes this waiter again.
+                    Err(Error::Timeout { .. }) => std::future::pending().await,
+                    r => Ok(self.wrap(r?, opts, started, started)),
+                }
+            }
+            Flaw::CutGrantsTwoWaiters => {
+                let (cut, inner_opts) = (self.shared.cut_anywhere.clone(), self.inner_opts(opts));
+                tokio::select! {
+                    r = self.inner.acquire(&key, &inner_opts) => {
+                        Ok(self.wrap(r?, opts, started, started))
+                    }
+                    () = cut.notified() => {
+                        // A grant from a store of its own: whoever holds the name goes on
+                        // holding it.
+                        let phantom = lock_core::memory::MemoryLock::new()
+                            .try_acquire(&key, &self.inner_opts(opts))
+                            .await?
+                            .ok_or_else(|| Error::not_held(&key))?;
+                        Ok(self.wrap(phantom, opts, started, started))
+                    }
+                }
+            }
             Flaw::IgnoresWaitTimeout => {
                 let l = self
                     .inner

@@ -24,16 +24,19 @@ pub(super) struct Wire {
     partitioned: AtomicBool,
     /// Cut since the last crossing: the next one reconnects ([`Flaw::BlocksOnReconnect`]).
     reconnecting: AtomicBool,
+    /// Told of every cut of this link, with every other client's ([`Flaw::CutGrantsTwoWaiters`]).
+    cut_anywhere: Arc<tokio::sync::Notify>,
 }
 
 impl Wire {
-    pub(super) fn new(fault: Fault) -> Arc<Self> {
+    pub(super) fn new(fault: Fault, cut_anywhere: Arc<tokio::sync::Notify>) -> Arc<Self> {
         Arc::new(Wire {
             fault: watch::channel(fault).0,
             cuts: AtomicU64::new(0),
             cut: watch::channel(0).0,
             partitioned: AtomicBool::new(false),
             reconnecting: AtomicBool::new(false),
+            cut_anywhere,
         })
     }
 
@@ -108,6 +111,7 @@ impl Link for WireLink {
                 self.0.cuts.fetch_add(1, Ordering::Relaxed);
                 self.0.reconnecting.store(true, Ordering::Relaxed);
                 self.0.cut.send_modify(|n| *n += 1);
+                self.0.cut_anywhere.notify_waiters();
             }
             f => {
                 if f == Fault::Blackhole {
@@ -219,13 +223,25 @@ impl LeaseOps for WiredOps {
     }
 
     /// A session-bound lease learns of a cut at once, except under
-    /// [`Flaw::SessionLostLate`], where only its next renewal finds the lock gone.
+    /// [`Flaw::SessionLostLate`], where only its next renewal finds the lock gone, and under
+    /// [`Flaw::SessionLostByPolling`], where it looks every sixth of the TTL from its grant.
     fn ended(&self) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
         if !self.session_bound || self.flaw == Flaw::SessionLostLate {
             return None;
         }
-        let mut cut = self.wire.cut.subscribe();
         let at_grant = self.cuts;
+        if self.flaw == Flaw::SessionLostByPolling {
+            let (wire, every) = (self.wire.clone(), self.ttl / 6);
+            return Some(Box::pin(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if wire.cuts.load(Ordering::Relaxed) != at_grant {
+                        return;
+                    }
+                }
+            }));
+        }
+        let mut cut = self.wire.cut.subscribe();
         Some(Box::pin(async move {
             let _ = cut.wait_for(|n| *n != at_grant).await;
         }))

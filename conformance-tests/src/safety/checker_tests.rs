@@ -47,14 +47,14 @@ impl H {
         )
     }
     fn kinds(&self, end: u64) -> Vec<Kind> {
-        self.kinds_with(end, None)
+        self.kinds_with(end, false)
     }
-    fn rules(&self, end: u64, cut_notice: Option<Duration>) -> Rules {
+    fn rules(&self, end: u64, session_bound: bool) -> Rules {
         Rules {
             fencing: true,
             recovery: Duration::from_millis(500),
             end: self.ms(end),
-            cut_notice,
+            session_bound,
         }
     }
     fn sorted(&self) -> Vec<Event> {
@@ -62,8 +62,8 @@ impl H {
         events.sort_by_key(|e| e.at);
         events
     }
-    fn kinds_with(&self, end: u64, cut_notice: Option<Duration>) -> Vec<Kind> {
-        let rules = self.rules(end, cut_notice);
+    fn kinds_with(&self, end: u64, session_bound: bool) -> Vec<Kind> {
+        let rules = self.rules(end, session_bound);
         check(&self.sorted(), &rules)
             .into_iter()
             .map(|v| v.kind)
@@ -156,38 +156,60 @@ fn tokens_must_increase_in_grant_order() {
     assert_eq!(h.kinds(300), vec![Kind::Fencing]);
 }
 
+fn write(lease: LeaseId, token: u64, accepted: bool) -> Op {
+    Op::Write {
+        lease,
+        token: Some(token),
+        accepted,
+    }
+}
+
+/// The store's half of (b) is judged by grant order, which the store never sees: a repeated
+/// token lets the superseded holder's write in after its successor's. Tokens are not judged
+/// here (`fencing: false`), so only the store rule can report it.
 #[test]
-fn the_store_must_not_accept_a_lower_token() {
+fn the_store_must_not_accept_a_superseded_holders_write() {
+    let store_only = |h: &H| {
+        let rules = Rules {
+            fencing: false,
+            ..h.rules(300, false)
+        };
+        check(&h.sorted(), &rules)
+            .into_iter()
+            .map(|v| v.kind)
+            .collect::<Vec<_>>()
+    };
+    // Lease 0 (token 5) is paused past its validity; lease 1 is granted the same token 5,
+    // writes; lease 0 wakes and writes: a store that compares tokens accepts it.
     let mut h = H::new();
-    h.at(
-        0,
-        1,
-        Op::Write {
-            lease: 1,
-            token: Some(7),
-            accepted: true,
-        },
-    )
-    .at(
-        5,
-        2,
-        Op::Write {
-            lease: 0,
-            token: Some(6),
-            accepted: true,
-        },
-    );
-    assert_eq!(h.kinds(10), vec![Kind::Fencing]);
+    h.grant(0, 1, 0, 5, 100)
+        .at(10, 1, write(0, 5, true))
+        .grant(120, 2, 1, 5, 220)
+        .at(130, 2, write(1, 5, true))
+        .at(140, 1, write(0, 5, true));
+    assert_eq!(store_only(&h), vec![Kind::Fencing]);
+    // The same with the old holder's write refused, or made before the successor wrote: clean.
+    let mut h = H::new();
+    h.grant(0, 1, 0, 5, 100)
+        .grant(120, 2, 1, 6, 220)
+        .at(125, 1, write(0, 5, true))
+        .at(130, 2, write(1, 6, true))
+        .at(140, 1, write(0, 5, false));
+    assert_eq!(store_only(&h), vec![]);
+    // A write accepted with a token no grant in the history gave.
+    let mut h = H::new();
+    h.at(0, 1, write(7, 3, true));
+    assert_eq!(store_only(&h), vec![Kind::Fencing]);
 }
 
 /// A session-bound holder cut at 50 ms: the server frees its lock at once, the successor's
 /// grant returns at 50.2 ms and the holder's own notice (its lost signal) at 50.6 ms — the
-/// race the 1795515460553999065 run hit on PostgreSQL. Within the notice it is a race;
-/// after it, or without a cut, or for a driver whose lock outlives its connection, it is
-/// a violation.
+/// race the 1795515460553999065 run hit on PostgreSQL. Within [`CUT_NOTICE`] of the cut it is
+/// a race; after it, or without a cut, or for a driver whose lock outlives its connection, it
+/// is a violation.
 #[test]
 fn a_cut_session_holder_racing_its_successor_is_a_race_only_within_the_notice() {
-    let race = |notice_ms: u64, lost_us: u64, cut: bool| {
+    let race = |lost_us: u64, cut: bool, session_bound: bool| {
         let mut h = H::new();
         h.grant(0, 1, 0, 1, 1000);
         if cut {
@@ -211,28 +233,40 @@ fn a_cut_session_holder_racing_its_successor_is_a_race_only_within_the_notice() 
             name: 0,
             op: Op::LostSignal { lease: 0 },
         });
-        let rules = h.rules(2000, Some(Duration::from_millis(notice_ms)));
+        let rules = h.rules(2000, session_bound);
         let events = h.sorted();
         let kinds: Vec<Kind> = check(&events, &rules).iter().map(|v| v.kind).collect();
         (kinds, cut_races(&events, &rules))
     };
-    let (kinds, races) = race(100, 600, true);
-    assert_eq!(
-        kinds,
-        vec![],
-        "a notice 0.6 ms after the cut is within 100 ms"
-    );
+    let (kinds, races) = race(600, true, true);
+    assert_eq!(kinds, vec![], "a notice 0.6 ms after the cut");
     assert_eq!(races, vec![Duration::from_micros(400)]);
-    let (kinds, races) = race(100, 150_000, true);
+    let notice = CUT_NOTICE.as_micros() as u64;
+    let (kinds, races) = race(notice, true, true);
+    assert_eq!(kinds, vec![], "a notice exactly CUT_NOTICE after the cut");
+    assert_eq!(races.len(), 1);
+    let (kinds, races) = race(notice + 1, true, true);
     assert!(
-        kinds.contains(&Kind::LossNotSeen),
-        "{kinds:?}: a notice 150 ms late"
+        kinds.contains(&Kind::LossNotSeen) && kinds.contains(&Kind::Overlap),
+        "{kinds:?}: a notice 1 µs past CUT_NOTICE"
     );
     assert!(races.is_empty());
-    let (kinds, _) = race(100, 600, false);
+    // What the excuse was before: a sixth of a 200 ms TTL. A driver that polls for a closed
+    // connection that often is no longer excused.
+    let (kinds, _) = race(33_000, true, true);
+    assert!(
+        kinds.contains(&Kind::Overlap),
+        "{kinds:?}: a notice 33 ms late"
+    );
+    let (kinds, _) = race(600, false, true);
     assert!(
         kinds.contains(&Kind::Overlap),
         "{kinds:?}: no cut, no excuse"
+    );
+    let (kinds, _) = race(600, true, false);
+    assert!(
+        kinds.contains(&Kind::Overlap),
+        "{kinds:?}: a lock that outlives its connection is never excused"
     );
     // A lease granted on a new connection after the cut was not cut.
     let mut h = H::new();
@@ -240,24 +274,56 @@ fn a_cut_session_holder_racing_its_successor_is_a_race_only_within_the_notice() 
         .grant(30, 1, 0, 1, 1000)
         .grant(40, 2, 1, 2, 1040)
         .at(41, 1, Op::LostSignal { lease: 0 });
-    let k = h.kinds_with(2000, Some(Duration::from_millis(100)));
+    let k = h.kinds_with(2000, true);
     assert!(
         k.contains(&Kind::Overlap),
         "{k:?}: granted 20 ms after the cut"
     );
 }
 
+/// The excuse covers the cut holder and its successor only. Before, each span was compared
+/// with the one reaching furthest: the cut holder's belief, which reached past both of its
+/// successors, hid that they overlapped each other.
 #[test]
-fn without_a_cut_notice_a_cut_excuses_nothing() {
+fn an_excused_race_hides_no_other_overlap() {
     let mut h = H::new();
-    h.grant(0, 1, 0, 1, 100)
-        .at(10, 1, Op::Cut)
-        .grant(11, 2, 1, 2, 110)
-        .at(12, 1, Op::LostSignal { lease: 0 });
-    assert!(h.kinds(300).contains(&Kind::Overlap));
-    assert!(h.kinds_with(300, Some(Duration::from_millis(5))).is_empty());
+    h.grant(0, 1, 0, 1, 1000)
+        .at(50, 1, Op::Cut)
+        .grant(51, 2, 1, 2, 1051)
+        .grant(52, 3, 2, 3, 1052)
+        .at(53, 2, Op::Release { lease: 1 })
+        .at(53, 2, Op::Released { lease: 1, ok: true })
+        .at(54, 3, Op::Release { lease: 2 })
+        .at(54, 3, Op::Released { lease: 2, ok: true })
+        .at(55, 1, Op::LostSignal { lease: 0 });
+    let v = check(&h.sorted(), &h.rules(300, true));
+    let overlaps: Vec<&Violation> = v.iter().filter(|v| v.kind == Kind::Overlap).collect();
+    assert_eq!(overlaps.len(), 1, "{v:?}");
+    assert_eq!(overlaps[0].leases, vec![1, 2], "{v:?}");
+    assert_eq!(cut_races(&h.sorted(), &h.rules(300, true)).len(), 2);
 }
 
+/// Only a grant that returned after the cut is excused: a belief that starts again (a look
+/// that finds a lost lease valid) right after a cut is not a race with the server.
+#[test]
+fn a_belief_starting_again_after_a_cut_is_not_excused() {
+    let mut h = H::new();
+    h.grant(0, 2, 1, 1, 40)
+        .at(40, 2, Op::LostSignal { lease: 1 })
+        .grant(41, 1, 0, 2, 1041)
+        .at(50, 1, Op::Cut);
+    let again = Op::Looked {
+        lease: 1,
+        valid_until: h.ms(500),
+        lost: false,
+    };
+    h.at(51, 2, again).at(52, 1, Op::LostSignal { lease: 0 });
+    let k = h.kinds_with(300, true);
+    assert!(k.contains(&Kind::Overlap), "{k:?}");
+}
+
+/// (d): a name not granted again after the last heal, an acquisition that never finished,
+/// and the client whose acquisition it was (not answered since the heal) are three violations.
 #[test]
 fn a_name_not_granted_after_the_last_heal_and_a_hung_acquire_are_liveness() {
     let mut h = H::new();
@@ -271,10 +337,89 @@ fn a_name_not_granted_after_the_last_heal_and_a_hung_acquire_are_liveness() {
             },
         )
         .at(30, 2, Op::Acquire);
-    let k = h.kinds(1000);
-    assert_eq!(k, vec![Kind::Liveness, Kind::Liveness], "{k:?}");
+    let v = check(&h.sorted(), &h.rules(1000, false));
+    let k: Vec<Kind> = v.iter().map(|v| v.kind).collect();
+    assert_eq!(k, vec![Kind::Liveness; 3], "{v:?}");
+    assert!(
+        v.iter().any(|v| v.detail.contains("never finished")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.detail.contains("client 2 was not answered")),
+        "{v:?}"
+    );
     // A run that ends before the bound is not judged on (d)'s first part.
     assert_eq!(h.kinds(400), vec![Kind::Liveness]);
+}
+
+/// The workload gives up on an acquisition that overstays its bounded wait by four TTLs and
+/// twice the slack ([`Op::Unknown`]): before, nothing judged that, so a driver that ignored its
+/// deadline passed.
+#[test]
+fn an_acquisition_the_workload_gave_up_on_is_liveness() {
+    let mut h = H::new();
+    h.grant(0, 1, 0, 1, 100)
+        .at(10, 1, Op::Release { lease: 0 })
+        .at(20, 2, Op::Acquire)
+        .at(200, 2, Op::Unknown)
+        .grant(210, 2, 1, 2, 310)
+        .at(220, 2, Op::Release { lease: 1 })
+        .at(221, 2, Op::Released { lease: 1, ok: true });
+    let v = check(&h.sorted(), &h.rules(300, false));
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].kind, Kind::Liveness);
+    assert!(
+        v[0].detail.contains("overstayed its deadline") && v[0].detail.contains("begun at 20ms"),
+        "{}",
+        v[0].detail
+    );
+}
+
+/// (d) per client: after the heal, a client whose attempts all fail is a violation even while
+/// every name is granted to others; a wait that ran out (the backend answered) is not.
+#[test]
+fn a_client_never_answered_after_the_heal_is_liveness() {
+    let heal = Op::Heal {
+        what: "blackhole client 1".into(),
+    };
+    let refused = |timed_out: bool| Op::Refused {
+        error: if timed_out {
+            "timed out".into()
+        } else {
+            "unavailable: the connection broke".into()
+        },
+        timed_out,
+    };
+    let history = |timed_out: bool| {
+        let mut h = H::new();
+        h.at(0, NOBODY, heal.clone());
+        for i in 0..10 {
+            let t = 10 + i * 100;
+            h.grant(t, 2, i, i + 1, t + 100)
+                .at(t + 50, 2, Op::Release { lease: i })
+                .at(t + 51, 2, Op::Released { lease: i, ok: true })
+                .at(t + 1, 1, Op::Acquire)
+                .at(t + 2, 1, refused(timed_out));
+        }
+        h
+    };
+    let h = history(false);
+    let v = check(&h.sorted(), &h.rules(1100, false));
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].kind, Kind::Liveness);
+    assert!(
+        v[0].detail.contains("client 1 was not answered")
+            && v[0].detail.contains("10 attempts")
+            && v[0].detail.contains("the connection broke"),
+        "{}",
+        v[0].detail
+    );
+    assert_eq!(
+        history(true).kinds(1100),
+        vec![],
+        "its waits ran out: answered"
+    );
 }
 
 /// Where the history says when the servers served again after the last heal, (d) counts from
@@ -305,7 +450,7 @@ fn liveness_counts_from_the_servers_serving_again() {
         .at(920, NOBODY, Op::Serving)
         .grant(1500, 2, 1, 2, 1600)
         .at(1510, 2, Op::Release { lease: 1 });
-    let v = check(&h.sorted(), &h.rules(3000, None));
+    let v = check(&h.sorted(), &h.rules(3000, false));
     assert_eq!(v.len(), 1, "{v:?}");
     assert_eq!(v[0].kind, Kind::Liveness);
     assert!(

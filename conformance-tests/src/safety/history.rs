@@ -37,8 +37,13 @@ pub enum Op {
     Refused {
         /// Why, in the driver's words.
         error: String,
+        /// It was the bounded wait running out (`Error::Timeout`): the backend answered,
+        /// and somebody held the name throughout. Any other refusal is an error, which is no
+        /// evidence that the client reaches its backend.
+        timed_out: bool,
     },
-    /// The attempt outlived the workload's own limit and was cancelled: outcome unknown.
+    /// The attempt outlived the workload's own limit (its bounded wait, four TTLs and twice
+    /// the slack) and was cancelled: the driver overstayed its deadline, a violation of (d).
     Unknown,
     /// The holder looked at its lease: its `valid_until` then, and whether it was Lost.
     Looked {

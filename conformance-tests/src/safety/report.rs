@@ -38,7 +38,7 @@ pub struct Report {
     /// call to the next grant of that name (the hand-off as the waiter sees it).
     pub handoff: Vec<Duration>,
     /// For a driver whose lock is its connection's session: each overlap the checker let pass
-    /// as a cut race ([`Rules::cut_notice`](super::Rules::cut_notice)), as long as it lasted.
+    /// as a cut race ([`CUT_NOTICE`](super::CUT_NOTICE)), as long as it lasted.
     pub cut_races: Vec<Duration>,
     /// Every violation found.
     pub violations: Vec<Violation>,

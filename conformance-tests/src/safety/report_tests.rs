@@ -101,6 +101,7 @@ fn evidence_of_a_stuck_name_shows_that_name_since_its_last_grant() {
     };
     let refused = Op::Refused {
         error: "timed out".into(),
+        timed_out: true,
     };
     let events = vec![
         ev(0, 0, 1, Op::Acquire),
@@ -159,6 +160,7 @@ fn evidence_of_a_stuck_name_shows_the_window_after_the_last_heal() {
     };
     let refused = || Op::Refused {
         error: "timed out".into(),
+        timed_out: true,
     };
     let mut events = vec![ev(0, 0, Op::Acquire), ev(10, 0, granted(1))];
     // Refusals before the heal, in the window (1000–1500 ms) and after it.
@@ -204,7 +206,7 @@ fn checked(events: Vec<Event>, fencing: bool, recovery: Duration, end: Instant) 
         fencing,
         recovery,
         end,
-        cut_notice: None,
+        session_bound: false,
     };
     Report {
         seed: 0,
