@@ -61,6 +61,14 @@ impl Keepalive {
     /// `statement_timeout` would cut a waiting `pg_advisory_lock`, an `idle_session_timeout`
     /// would end a holder's idle session and free its lock. `client_connection_check_interval`
     /// makes a backend waiting for a lock notice that its client closed the connection.
+    ///
+    /// Two defaults an administrator may set for a database or role are pinned too: the grant
+    /// statement must read the counter row after it waited for the lock, which only `read
+    /// committed` does (under `repeatable read` or `serializable` its snapshot predates the
+    /// wait, and a second queued waiter fails with 40001); and a grant's counter commit must be
+    /// flushed before its token is handed out, so `synchronous_commit = off` becomes `on`
+    /// (tokens are `Strict`: a crash must not issue one twice). A stronger setting
+    /// (`remote_apply`, …) is left as it is.
     pub(crate) fn setup_sql(&self) -> String {
         let [idle, interval, count, user] = self.tcp_settings();
         let settings = [
@@ -73,6 +81,7 @@ impl Keepalive {
             ("idle_session_timeout", "0".into()),
             ("idle_in_transaction_session_timeout", "0".into()),
             ("client_connection_check_interval", "1000".into()),
+            ("default_transaction_isolation", "read committed".into()),
         ];
         let values: Vec<String> = settings
             .iter()
@@ -81,6 +90,8 @@ impl Keepalive {
         format!(
             "SELECT s.name, set_config(s.name, s.value, false) FROM (VALUES {}) AS s(name, value) \
              WHERE s.name IN (SELECT name FROM pg_catalog.pg_settings); \
+             SELECT set_config('synchronous_commit', 'on', false) \
+             WHERE current_setting('synchronous_commit') = 'off'; \
              SELECT pg_backend_pid()::text, pg_is_in_recovery()::text, \
              (current_setting('tcp_user_timeout', true) IS NOT NULL)::text",
             values.join(", ")

@@ -323,7 +323,7 @@ async fn a_cut_holder_is_lost_as_its_successor_is_granted_case() {
     let (proxy, through) = proxied("");
     let holder = PgLock::connect(through).await.unwrap();
     let (other, admin) = (lock().await, admin().await);
-    let notice = SESSION / 6;
+    let notice = conformance_tests::safety::CUT_NOTICE;
     let (mut ahead, mut longest, mut slowest) = (0, Duration::ZERO, Duration::ZERO);
     const ROUNDS: u32 = 40;
     for round in 0..ROUNDS {
@@ -630,4 +630,136 @@ async fn a_frozen_server_is_unavailable_not_a_hang_case() {
         r.map(|_| ()),
         asked.elapsed()
     );
+}
+
+/// A database of the `pg` server whose sessions start with `setting = value`, as an
+/// administrator's tuning would have them (`ALTER DATABASE … SET`), and a configuration of the
+/// driver for it. Made once, kept: no other test connects to it.
+async fn database_with(
+    admin: &tokio_postgres::Client,
+    db: &str,
+    setting: &str,
+    value: &str,
+) -> PgConfig {
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
+        .await
+        .unwrap()
+        .is_some();
+    if !exists {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await
+            .unwrap();
+    }
+    admin
+        .batch_execute(&format!("ALTER DATABASE {db} SET {setting} = '{value}'"))
+        .await
+        .unwrap();
+    PgConfig::from_url(&format!(
+        "postgres://locker@127.0.0.1:15432/{db}?sslmode=disable"
+    ))
+    .unwrap()
+    .with_session_timeout(SESSION)
+    .unwrap()
+}
+
+/// Under a default isolation of `repeatable read` or `serializable` (set for a database or a
+/// role), every waiter queued behind a holder is granted in turn, with increasing tokens.
+/// Before the driver pinned its session's isolation, the grant statement took its snapshot
+/// before it waited, and the second waiter failed with 40001 at its grant.
+#[test]
+fn queued_waiters_are_granted_under_any_default_isolation() {
+    serial(queued_waiters_are_granted_under_any_default_isolation_case());
+}
+
+async fn queued_waiters_are_granted_under_any_default_isolation_case() {
+    let admin = admin().await;
+    for (db, level) in [
+        ("distlock_repeatable_read", "repeatable read"),
+        ("distlock_serializable", "serializable"),
+    ] {
+        let config = database_with(&admin, db, "default_transaction_isolation", level).await;
+        let holder = PgLock::connect(config.clone()).await.unwrap();
+        let n = name("isolation");
+        let lease = holder.try_acquire(&n, &opts()).await.unwrap().unwrap();
+        let mut waiting = Vec::new();
+        for i in 1..=3 {
+            let w = PgLock::connect(config.clone()).await.unwrap();
+            let (w2, n2) = (w.clone(), n.clone());
+            waiting.push((
+                w,
+                tokio::spawn(async move { w2.acquire(&n2, &opts()).await }),
+            ));
+            until(Duration::from_secs(5), "the waiters queued", || async {
+                lockers(&admin, &n).await.iter().filter(|(_, g)| !g).count() == i
+            })
+            .await;
+        }
+        let mut last = lease.fencing_token().unwrap();
+        lease.release().await.unwrap();
+        // Each waiter is granted as the one before it releases.
+        let mut handles: Vec<_> = waiting.into_iter().map(|(_, h)| h).collect();
+        for turn in 1..=3 {
+            let done = loop {
+                if let Some(i) = handles.iter().position(|h| h.is_finished()) {
+                    break handles.remove(i);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            let next = tokio::time::timeout(SESSION, done)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{level}: waiter {turn} failed at its grant: {e}"));
+            let token = next.fencing_token().unwrap();
+            assert!(token > last, "{level}: token {token:?} after {last:?}");
+            last = token;
+            next.release().await.unwrap();
+        }
+    }
+}
+
+/// The fencing counter's commit is durable whatever the server's tuning: under
+/// `synchronous_commit = off` for the database (a common setting), a server crash right after
+/// some grants used to lose their commits, and the tokens they had were issued again. Tokens
+/// are declared `Strict`, so the driver asks for a synchronous commit in its own sessions.
+#[test]
+fn a_crash_under_asynchronous_commit_repeats_no_token() {
+    serial(a_crash_under_asynchronous_commit_repeats_no_token_case());
+}
+
+async fn a_crash_under_asynchronous_commit_repeats_no_token_case() {
+    let config = database_with(
+        &admin().await,
+        "distlock_async_commit",
+        "synchronous_commit",
+        "off",
+    )
+    .await;
+    for round in 0..3 {
+        let lock = PgLock::connect(config.clone()).await.unwrap();
+        let n = name(&format!("async-commit-{round}"));
+        let mut last = None;
+        for _ in 0..3 {
+            let lease = lock.try_acquire(&n, &opts()).await.unwrap().unwrap();
+            last = lease.fencing_token();
+            lease.release().await.unwrap();
+        }
+        // At once, before the server's WAL writer flushes on its own (every 200 ms).
+        test_support::restart_servers(&["pg"]).await.unwrap();
+        let lock = PgLock::connect(config.clone()).await.unwrap();
+        let after = lock
+            .try_acquire(&n, &opts())
+            .await
+            .unwrap()
+            .expect("free after the crash");
+        assert!(
+            after.fencing_token() > last,
+            "round {round}: token {:?} after the crash, {last:?} granted before it: a token \
+             declared Strict was issued twice",
+            after.fencing_token()
+        );
+        after.release().await.unwrap();
+    }
 }
