@@ -89,6 +89,7 @@ mod confirm;
 mod lease;
 mod lock;
 mod queue;
+mod sequence;
 
 pub use config::ZkConfig;
 pub use lock::ZkLock;

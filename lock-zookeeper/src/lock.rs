@@ -11,11 +11,10 @@ use zookeeper_client::Client;
 
 use crate::config::BACKEND;
 use crate::confirm::Pace;
+use crate::sequence::contenders;
 use crate::ZkConfig;
 
 pub(crate) const MARK: &str = "-lock-";
-/// ZooKeeper's sequential suffix: the parent's counter, `%010d`.
-pub(crate) const SEQ_DIGITS: usize = 10;
 
 /// A ZooKeeper lock client: one session, shared by all its locks.
 ///
@@ -82,25 +81,6 @@ impl ZkLock {
             ensemble: self.inner.ensemble,
         }
     }
-}
-
-/// Every contender among a lock node's children, lowest sequence (the holder) first: any
-/// child whose name ends in a ZooKeeper sequence suffix (ten digits), whoever made it —
-/// distlock's `_c_<uuid>-lock-`, Curator's, kazoo's `<id>__lock__`, the WriteLock recipe's
-/// `x-<session>-`. Ignoring a foreign node would let two clients hold the lock at once.
-pub(crate) fn contenders(children: Vec<String>) -> Vec<(i64, String)> {
-    let mut queue: Vec<(i64, String)> = children
-        .into_iter()
-        .filter_map(|c| {
-            let suffix = c.get(c.len().checked_sub(SEQ_DIGITS)?..)?;
-            if !suffix.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            Some((suffix.parse().ok()?, c))
-        })
-        .collect();
-    queue.sort();
-    queue
 }
 
 #[async_trait]

@@ -11,7 +11,8 @@ use zookeeper_client::{Client, CreateMode, Stat};
 use crate::client::{transient, until_definite};
 use crate::confirm::Pace;
 use crate::lease::{delete_in_background, ZkLeaseOps};
-use crate::lock::{contenders, ZkLock, MARK};
+use crate::lock::{ZkLock, MARK};
+use crate::sequence::contenders;
 
 impl ZkLock {
     /// The node whose children queue for `name`; never in the tree the server reserves
