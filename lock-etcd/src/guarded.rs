@@ -1,6 +1,6 @@
 //! `guarded_txn`: a write that etcd applies only while a lease still holds its lock.
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lock_core::{Error, Lease, LockName, Result};
 
 use crate::client::txn_call;
@@ -15,9 +15,11 @@ impl EtcdLock {
     /// expired, key deleted, a successor granted) cannot write. Returns the transaction's
     /// response; [`Error::NotHeld`] (nothing applied) when the lock is no longer this lease's.
     ///
-    /// Finding the lease's key costs one read before the transaction. `lease` must come from
-    /// an `EtcdLock` with the same prefix; a lease without a fencing token (another backend's)
-    /// is an [`Error::Unsupported`].
+    /// One request: the transaction itself, on the key the lease reports
+    /// ([`Lease::backend_key`]). `lease` must come from an `EtcdLock` with the same prefix: a
+    /// lease without a fencing token, or whose key is not one of this driver's under its
+    /// name (another backend's, another prefix's), is an [`Error::Unsupported`] and nothing
+    /// is sent.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -37,7 +39,6 @@ impl EtcdLock {
         lease: &dyn Lease,
         ops: impl IntoIterator<Item = TxnOp>,
     ) -> Result<etcd_client::TxnResponse> {
-        let not_held = || Error::not_held(lease.name());
         let rev = lease
             .fencing_token()
             .and_then(|t| i64::try_from(t.get()).ok())
@@ -45,23 +46,23 @@ impl EtcdLock {
                 backend: BACKEND,
                 operation: "a guarded transaction for a lease without an etcd fencing token",
             })?;
-        // The lock key of this grant: the key under the name created at revision `rev`.
-        let found = self
-            .keys_of(
-                lease.name(),
-                GetOptions::new()
-                    .with_min_create_revision(rev)
-                    .with_max_create_revision(rev),
-            )
-            .await?;
-        let key = found
-            .kvs()
-            .iter()
-            .find(|kv| kv.create_revision() == rev && contender(&self.dir(lease.name()), kv.key()))
-            .map(|kv| kv.key().to_vec())
-            .ok_or_else(not_held)?;
-        self.txn_if_owner(key, rev, ops.into_iter().collect(), lease.name())
-            .await
+        // The lock key of this grant, as the lease itself reports it: a lease of another
+        // backend (or of another prefix) is refused, whatever its token — the key under this
+        // name created at that revision would be some other client's grant.
+        let key = lease
+            .backend_key()
+            .filter(|k| contender(&self.dir(lease.name()), k.as_bytes()))
+            .ok_or(Error::Unsupported {
+                backend: BACKEND,
+                operation: "a guarded transaction for a lease this etcd driver did not grant",
+            })?;
+        self.txn_if_owner(
+            key.into_bytes(),
+            rev,
+            ops.into_iter().collect(),
+            lease.name(),
+        )
+        .await
     }
 
     /// `ops` if `key` still has `create_revision == rev`, else `NotHeld`: the check that makes
@@ -90,11 +91,12 @@ impl EtcdLock {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use etcd_client::GetOptions;
     use lock_core::{DistributedLock, LockOptions};
     use std::time::Duration;
 
-    /// The lock is lost between `guarded_txn`'s look-up of the key and its transaction: the
-    /// transaction's own compare must refuse the write (against the single etcd member of
+    /// The lock is lost after the lease last looked (its key deleted, as at lease expiry) and
+    /// before the transaction: the transaction's own compare must refuse the write (against the single etcd member of
     /// `scripts/services.sh`).
     #[tokio::test]
     pub(crate) async fn guarded_write_refused_when_lost_after_the_lookup() {

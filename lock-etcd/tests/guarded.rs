@@ -81,6 +81,7 @@ async fn a_released_lease_cannot_write() {
     let shadow = ShadowLease {
         name: lease.name().clone(),
         token: lease.fencing_token(),
+        key: lease.backend_key(),
     };
     lease.release().await.unwrap();
     let r = a
@@ -91,6 +92,7 @@ async fn a_released_lease_cannot_write() {
     let none = ShadowLease {
         name: name.clone(),
         token: None,
+        key: None,
     };
     let r = a
         .guarded_txn(&none, [TxnOp::put(data.as_str(), "x", None)])
@@ -98,11 +100,60 @@ async fn a_released_lease_cannot_write() {
     assert!(matches!(r, Err(Error::Unsupported { .. })), "{r:?}");
 }
 
-/// What `guarded_txn` reads of a lease: its name and token (the rest is never called).
+/// A lease of another backend whose token happens to equal the `create_revision` of the etcd
+/// key that holds the same name now (another client's grant) is refused: before, the look-up
+/// by name and revision found that key and the write went through as if the lease held it.
+#[tokio::test]
+async fn a_lease_this_driver_did_not_grant_is_refused() {
+    let (a, b) = (single().await, single().await);
+    let name = fresh_name("guarded-foreign");
+    let data = format!("/distlock-guarded-data/{name}");
+    let held = b
+        .try_acquire(&name, &LockOptions::new(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("free");
+    // Another backend's lease of the same name, with the same number as its token.
+    let foreign = lock_core::memory::MemoryLock::new()
+        .try_acquire(&name, &LockOptions::new(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("free");
+    let forged = ShadowLease {
+        name: name.clone(),
+        token: held.fencing_token(),
+        key: foreign.backend_key(),
+    };
+    let r = a
+        .guarded_txn(&forged, [TxnOp::put(data.as_str(), "foreign", None)])
+        .await;
+    assert!(matches!(r, Err(Error::Unsupported { .. })), "{r:?}");
+    assert_eq!(
+        read(&a, &data).await,
+        None,
+        "a foreign lease's write landed"
+    );
+    // The same with a key of this driver's form, but another lease's.
+    let other = ShadowLease {
+        name: name.clone(),
+        token: held.fencing_token(),
+        key: held.backend_key().map(|k| format!("{k}0")),
+    };
+    let r = a
+        .guarded_txn(&other, [TxnOp::put(data.as_str(), "other", None)])
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(read(&a, &data).await, None, "another lease's write landed");
+    held.release().await.unwrap();
+}
+
+/// What `guarded_txn` reads of a lease: its name, token and backend key (the rest is never
+/// called).
 #[derive(Debug)]
 struct ShadowLease {
     name: lock_core::LockName,
     token: Option<lock_core::FencingToken>,
+    key: Option<String>,
 }
 
 #[lock_core::async_trait]
@@ -132,4 +183,7 @@ impl lock_core::Lease for ShadowLease {
         Ok(())
     }
     fn abandon(self: Box<Self>) {}
+    fn backend_key(&self) -> Option<String> {
+        self.key.clone()
+    }
 }
