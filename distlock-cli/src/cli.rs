@@ -33,9 +33,14 @@ keeper process. Nothing of it runs without the lock:
     low without a confirmed renewal, the command gets SIGTERM and, --grace later, SIGKILL, so
     that it is dead before the lease can expire and the lock move to someone else.
     There the grace is capped at a third of the lease's validity window: a --grace as long
-    as the TTL or longer is shortened to TTL/3 in that case. distlock then exits 70.
+    as the TTL or longer is shortened to TTL/3 in that case. distlock then exits 70;
+  - if the backend lets the lock go before its validity runs out (a terminated PostgreSQL
+    session, a deleted key, a revoked etcd lease, a deleted node or lock file), the lock may
+    be someone else's already: the command gets SIGKILL at once, with no grace; exit 70.
 The command's environment adds DISTLOCK_NAME, DISTLOCK_BACKEND, DISTLOCK_FENCING_TOKEN (where
-the backend fences) and DISTLOCK_KEY (the lock's key, node or file on the backend).
+the backend fences), DISTLOCK_FENCING (`strict`, or `best-effort` where the token can repeat
+after the server lost data in a restart, as Redis without `appendfsync always` can) and
+DISTLOCK_KEY (the lock's key, node or file on the backend).
 SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes;
 one that was ignored when distlock started (nohup, a script's `cmd &`) stays ignored.
 Typed at an interactive shell, the command gets the terminal as it would without distlock (it

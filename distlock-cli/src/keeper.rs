@@ -65,11 +65,12 @@ const EX_OSERR: u8 = 71;
 /// fork between the look and the kill; its child is found on the next round).
 const KILL_ROUND: Duration = Duration::from_millis(10);
 
-/// Runs the keeper: `args` are what follows [`ARG`]: `PARENT_PID GRACE_MS SWITCH_FD --
-/// COMMAND...`, where `SWITCH_FD` is the read end of the dead man's switch's pipe. Returns the
+/// Runs the keeper: `args` are what follows [`ARG`]: `PARENT_PID GRACE_MS SWITCH_FD HELD_FDS
+/// -- COMMAND...`, where `SWITCH_FD` is the read end of the dead man's switch's pipe and
+/// `HELD_FDS` the descriptors that hold the lock (comma-separated; `-`: none). Returns the
 /// exit status for the supervisor.
 pub(crate) fn main(args: &[OsString]) -> u8 {
-    let Some((parent, grace, switch_fd, command)) = parse(args) else {
+    let Some((parent, grace, switch_fd, held, command)) = parse(args) else {
         to_stderr("distlock: the keeper is internal to `distlock run`\n");
         return EX_OSERR;
     };
@@ -152,7 +153,7 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
     // Tell the supervisor that its signals are safe to send now.
     let _ = kill(parent, Signal::SIGUSR2);
     crate::terminal::hand_to_keeper(parent);
-    let child = match spawn(command) {
+    let child = match spawn(command, &held) {
         Ok(c) => c,
         Err(e) => {
             to_stderr(&format!(
@@ -183,7 +184,10 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
 /// spawner's signal mask, which here holds every signal the keeper reads from its signalfd:
 /// a command that does not clear its mask itself (most programs but shells) would never get
 /// the SIGTERM meant to stop it, nor a Ctrl-C. The Rust runtime ignores SIGPIPE in the keeper.
-fn spawn(command: &[OsString]) -> Result<Pid, Errno> {
+/// The lock's descriptors (`held`) stay open here and are closed in the command: it could
+/// write the fence counter through one, or free the lock by closing or unlocking one it does
+/// not know.
+fn spawn(command: &[OsString], held: &[RawFd]) -> Result<Pid, Errno> {
     use nix::spawn::{posix_spawnp, PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
     use std::ffi::CString;
     use std::os::unix::ffi::OsStringExt;
@@ -208,21 +212,35 @@ fn spawn(command: &[OsString]) -> Result<Pid, Errno> {
     attr.set_flags(
         PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
     )?;
-    posix_spawnp(program, &PosixSpawnFileActions::init()?, &attr, &args, &env)
+    let mut actions = PosixSpawnFileActions::init()?;
+    for fd in held {
+        actions.add_close(*fd)?;
+    }
+    posix_spawnp(program, &actions, &attr, &args, &env)
 }
 
-fn parse(args: &[OsString]) -> Option<(Pid, Duration, RawFd, &[OsString])> {
+type Parsed<'a> = (Pid, Duration, RawFd, Vec<RawFd>, &'a [OsString]);
+
+fn parse(args: &[OsString]) -> Option<Parsed<'_>> {
     let parent: i32 = args.first()?.to_str()?.parse().ok()?;
     let grace: u64 = args.get(1)?.to_str()?.parse().ok()?;
     let switch: RawFd = args.get(2)?.to_str()?.parse().ok()?;
-    if args.get(3)?.to_str()? != "--" || args.len() < 5 || switch < 3 {
+    let held: Vec<RawFd> = match args.get(3)?.to_str()? {
+        "-" => Vec::new(),
+        list => list
+            .split(',')
+            .map(|f| f.parse().ok().filter(|f| *f >= 3 && *f != switch))
+            .collect::<Option<_>>()?,
+    };
+    if args.get(4)?.to_str()? != "--" || args.len() < 6 || switch < 3 {
         return None;
     }
     Some((
         Pid::from_raw(parent),
         Duration::from_millis(grace),
         switch,
-        &args[4..],
+        held,
+        &args[5..],
     ))
 }
 
@@ -468,13 +486,19 @@ mod tests {
     #[test]
     fn arguments_are_checked() {
         let a = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
-        assert!(parse(&a(&["1", "100", "5", "--", "true"])).is_some());
-        assert!(parse(&a(&["1", "100", "5", "--"])).is_none());
-        assert!(parse(&a(&["x", "100", "5", "--", "true"])).is_none());
-        assert!(parse(&a(&["1", "100", "5", "true"])).is_none());
-        assert!(parse(&a(&["1", "100", "--", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "5", "-", "--", "true"])).is_some());
+        assert_eq!(
+            parse(&a(&["1", "100", "5", "6,7", "--", "true"])).map(|p| p.3),
+            Some(vec![6, 7])
+        );
+        assert!(parse(&a(&["1", "100", "5", "-", "--"])).is_none());
+        assert!(parse(&a(&["x", "100", "5", "-", "--", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "5", "-", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "5", "--", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "5", "6,x", "--", "true"])).is_none());
+        assert!(parse(&a(&["1", "100", "5", "1", "--", "true"])).is_none());
         assert!(
-            parse(&a(&["1", "100", "0", "--", "true"])).is_none(),
+            parse(&a(&["1", "100", "0", "-", "--", "true"])).is_none(),
             "stdin is no pipe"
         );
     }

@@ -9,6 +9,7 @@ mod keeper;
 mod procs;
 mod run;
 mod status;
+mod supervisor;
 mod target;
 mod terminal;
 

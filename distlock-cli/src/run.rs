@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use distlock::{Error, Lease, LeaseState, LockName, LockOptions, Wait};
 use nix::sys::signal::Signal;
-use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
 use crate::exit::{say, to_stderr, Failure, EX_OSERR, EX_SOFTWARE};
+use crate::supervisor::{keeper_status, window, Keeper};
 use crate::target::Secrets;
 
 pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
@@ -102,7 +102,8 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     let granted = Instant::now();
     tracing::info!(%name, backend, token = ?lease.fencing_token(), "acquired");
 
-    let mut keeper = match Keeper::spawn(&a, &name, backend, lease.as_ref(), granted) {
+    let fencing = locks.capabilities().fencing;
+    let mut keeper = match Keeper::spawn(&a, &name, backend, fencing, lease.as_ref(), granted) {
         Ok(k) => k,
         Err(e) => {
             release(lease).await;
@@ -208,6 +209,11 @@ async fn supervise(
 
     let mut stop: Option<(Stop, Option<Instant>)> = None;
     let mut killed = false;
+    // A loss wakes the loop at once, not at its next tick: the backend may be granting the
+    // lock elsewhere as it lets go (a terminated PostgreSQL session's waiter is granted in the
+    // same moment).
+    let mut lost = std::pin::pin!(lease.lost().wait());
+    let mut lost_seen = false;
     loop {
         let now = Instant::now();
         let lease_kill_at = lease.valid_until().checked_sub(margin).unwrap_or(now);
@@ -222,13 +228,21 @@ async fn supervise(
                 LeaseState::Held => None,
             };
             if let Some(why) = why {
-                let grace = if why == Stop::MaxHold {
-                    a.grace
-                } else {
-                    lease_grace
+                // A lease that turns Lost before its validity ran out was let go by the
+                // backend (a closed session, a refused renewal: the key deleted, the lease
+                // revoked, the node or file gone): the lock may be someone else's already, so
+                // no grace. AtRisk and an unconfirmed expiry leave the lock ours until
+                // `valid_until`, and the grace fits before it.
+                let grace = match why {
+                    Stop::MaxHold => a.grace,
+                    Stop::Lost => Duration::ZERO,
+                    Stop::AtRisk | Stop::Unconfirmed => lease_grace,
                 };
                 let what = match why {
-                    Stop::Lost => format!("lock {name} was lost while the command ran"),
+                    Stop::Lost => format!(
+                        "lock {name} was lost while the command ran (the backend let it go: it \
+                         may be held elsewhere already)"
+                    ),
                     Stop::AtRisk => {
                         format!("lock {name} is at risk (a renewal or the connection failed)")
                     }
@@ -237,14 +251,18 @@ async fn supervise(
                     }
                     Stop::MaxHold => format!("lock {name} was held for --max-hold"),
                 };
-                say(
-                    secrets,
-                    &format!(
-                        "{what}; stopping the command (SIGTERM now, SIGKILL in {})",
+                let how = if grace.is_zero() {
+                    "killing the command at once (SIGKILL)".to_string()
+                } else {
+                    format!(
+                        "stopping the command (SIGTERM now, SIGKILL in {})",
                         humantime::format_duration(crate::round_ms(grace))
-                    ),
-                );
-                keeper.signal(Signal::SIGTERM);
+                    )
+                };
+                say(secrets, &format!("{what}; {how}"));
+                if !grace.is_zero() {
+                    keeper.signal(Signal::SIGTERM);
+                }
                 stop = Some((why, now.checked_add(grace)));
             }
         }
@@ -279,222 +297,9 @@ async fn supervise(
             }
             sig = signals.recv() => keeper.signal(sig),
             _ = keeper.ready.recv(), if !keeper.is_ready => keeper.now_ready(),
+            () = &mut lost, if !lost_seen => lost_seen = true,
             _ = tokio::time::sleep_until(next.into()) => {}
         }
-    }
-}
-
-/// The validity window the backend gave (TTL minus drift; ZooKeeper: the session timeout),
-/// measured once: renewals keep `valid_until` between 2/3 of it and all of it ahead; and how
-/// long before `valid_until` the command gets SIGKILL, for the timer's and the kernel's delays.
-fn window(lease: &dyn Lease, granted: Instant) -> (Duration, Duration) {
-    let span = lease.valid_until().saturating_duration_since(granted);
-    let margin = (span / 20).clamp(Duration::from_millis(5), Duration::from_millis(200));
-    (span, margin)
-}
-
-/// The supervisor's end of the keeper's dead man's switch (`keeper.rs`): the moment by which
-/// the command must be dead, written again whenever it moves. Non-blocking: a keeper that does
-/// not read (it is frozen too) must not stall the supervisor.
-struct Switch {
-    tx: std::os::fd::OwnedFd,
-    sent: Option<Instant>,
-}
-
-impl Switch {
-    fn set(&mut self, kill_at: Instant) {
-        if self.sent == Some(kill_at) {
-            return;
-        }
-        // On the keeper's clock, CLOCK_BOOTTIME: `Instant` (CLOCK_MONOTONIC) stands still
-        // while the machine is suspended, and the lease's server does not.
-        let now = Instant::now();
-        let boot = crate::keeper::boottime_ns();
-        let at = if kill_at >= now {
-            let ahead = u64::try_from((kill_at - now).as_nanos()).unwrap_or(u64::MAX);
-            boot.saturating_add(ahead)
-        } else {
-            let behind = u64::try_from((now - kill_at).as_nanos()).unwrap_or(u64::MAX);
-            boot.saturating_sub(behind)
-        };
-        // Eight bytes go whole or not at all; a full pipe (a keeper that reads nothing) loses
-        // the update, which the next one retries.
-        if nix::unistd::write(&self.tx, &at.to_le_bytes()) == Ok(8) {
-            self.sent = Some(kill_at);
-        }
-    }
-}
-
-/// The command's status as the keeper reports it, or why the keeper itself died.
-fn keeper_status(st: std::process::ExitStatus) -> Result<u8, String> {
-    use std::os::unix::process::ExitStatusExt;
-    match (st.code(), st.signal()) {
-        (Some(c), _) => Ok(u8::try_from(c & 0xff).unwrap_or(1)),
-        (None, Some(sig)) => Err(format!("signal {sig}")),
-        _ => Err(format!("{st}")),
-    }
-}
-
-/// The keeper process (this binary, in keeper mode) and the process group it leads.
-struct Keeper {
-    child: tokio::process::Child,
-    pid: Pid,
-    /// SIGUSR2 from the keeper: it has blocked its signals and armed its death signal. A
-    /// signal sent before would kill it with the default action, so until then signals wait
-    /// in `pending` (and a kill goes to the whole group directly).
-    ready: tokio::signal::unix::Signal,
-    is_ready: bool,
-    pending: Vec<Signal>,
-    /// This process SIGKILLed the keeper's group itself, before the keeper was ready.
-    killed_group: bool,
-    switch: Switch,
-    /// This process's terminal, which the keeper takes over while the command runs.
-    foreground: Option<crate::terminal::Foreground>,
-}
-
-impl Keeper {
-    fn spawn(
-        a: &RunArgs,
-        name: &LockName,
-        backend: &str,
-        lease: &dyn Lease,
-        granted: Instant,
-    ) -> std::io::Result<Keeper> {
-        use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
-        use std::os::fd::AsRawFd;
-        let grace_ms = u64::try_from(a.grace.as_millis()).unwrap_or(u64::MAX);
-        // Before the spawn: SIGUSR2's default action would end distlock.
-        let ready = signal(SignalKind::user_defined2())?;
-        // The dead man's switch, armed before the command exists.
-        let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-        let mut switch = Switch { tx, sent: None };
-        let margin = window(lease, granted).1;
-        switch.set(
-            lease
-                .valid_until()
-                .checked_sub(margin)
-                .unwrap_or_else(Instant::now),
-        );
-        if switch.sent.is_none() {
-            return Err(std::io::Error::other("cannot arm the keeper's deadline"));
-        }
-        // Should the keeper die, what the command orphaned comes here, not to init, and is
-        // found (`kill_group_and_wait`).
-        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
-        // Looked at before the keeper can take it over.
-        let foreground = crate::terminal::Foreground::before_keeper();
-        let mut cmd = tokio::process::Command::new(keeper_exe()?);
-        cmd.arg(crate::keeper::ARG)
-            .arg(std::process::id().to_string())
-            .arg(grace_ms.to_string())
-            .arg(rx.as_raw_fd().to_string())
-            .arg("--")
-            .args(&a.command)
-            .env("DISTLOCK_NAME", name.as_str())
-            .env("DISTLOCK_BACKEND", backend)
-            // A group of its own: the keeper leads it and the command runs in it.
-            .process_group(0);
-        match lease.fencing_token() {
-            Some(t) => cmd.env("DISTLOCK_FENCING_TOKEN", t.get().to_string()),
-            None => cmd.env_remove("DISTLOCK_FENCING_TOKEN"),
-        };
-        match lease.backend_key() {
-            Some(k) => cmd.env("DISTLOCK_KEY", k),
-            None => cmd.env_remove("DISTLOCK_KEY"),
-        };
-        // A lock held by open files (file://) is handed to the keeper too, so that it stays
-        // held until the keeper has killed the command even if distlock dies first (the
-        // kernel would otherwise free it with distlock's descriptors, a moment before the
-        // keeper hears of the death). Inheritable for this one spawn only.
-        let fds = lease.inheritable_fds();
-        for fd in fds.iter().chain([&rx]) {
-            fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(std::io::Error::from)?;
-        }
-        let child = cmd.spawn();
-        drop(fds);
-        drop(rx);
-        let child = child?;
-        let pid = child
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-            .map(Pid::from_raw)
-            .ok_or_else(|| std::io::Error::other("the keeper has no pid"))?;
-        Ok(Keeper {
-            child,
-            pid,
-            ready,
-            is_ready: false,
-            pending: Vec::new(),
-            killed_group: false,
-            switch,
-            foreground,
-        })
-    }
-
-    /// Asks the keeper to relay `sig` (SIGUSR1: kill everything now). A keeper stopped by its
-    /// own command (`kill -STOP $PPID`) would relay nothing: SIGCONT resumes it (the keeper
-    /// alone; it relays no SIGCONT).
-    fn signal(&mut self, sig: Signal) {
-        if self.is_ready {
-            let _ = nix::sys::signal::kill(self.pid, sig);
-            let _ = nix::sys::signal::kill(self.pid, Signal::SIGCONT);
-        } else if sig == Signal::SIGUSR1 {
-            // Not set up yet: what runs of the command is in its group.
-            let _ = nix::sys::signal::killpg(self.pid, Signal::SIGKILL);
-            self.killed_group = true;
-        } else {
-            self.pending.push(sig);
-        }
-    }
-
-    fn now_ready(&mut self) {
-        self.is_ready = true;
-        for sig in std::mem::take(&mut self.pending) {
-            self.signal(sig);
-        }
-    }
-
-    /// After the keeper died: SIGKILLs what is left of the command, its process group and
-    /// the processes that had left the group (re-parented to this process, a subreaper as the
-    /// keeper was), until nothing of it runs, or `until` passes. True if nothing runs. A
-    /// zombie runs nothing and is not counted: one re-parented to init may wait a while to be
-    /// reaped (this machine's pid 1 reaps every 2 s), and `kill` still reaches it. (`/proc`
-    /// is read from memory: nothing here waits on a device.)
-    async fn kill_group_and_wait(&self, until: Instant) -> bool {
-        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-        let until = until.max(Instant::now() + Duration::from_secs(1));
-        let me = nix::unistd::getpid();
-        loop {
-            let _ = nix::sys::signal::killpg(self.pid, Signal::SIGKILL);
-            let mut left = false;
-            for p in crate::procs::all() {
-                if !p.zombie && (p.group == self.pid || p.parent == me) {
-                    let _ = nix::sys::signal::kill(p.pid, Signal::SIGKILL);
-                    left = true;
-                }
-            }
-            // Reap what was re-parented here (the keeper itself has been reaped already).
-            while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
-                waitpid(None, Some(WaitPidFlag::WNOHANG))
-            {}
-            if !left {
-                return true;
-            }
-            if Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-/// This very binary, also when it was replaced on disk since it started.
-fn keeper_exe() -> std::io::Result<std::path::PathBuf> {
-    let proc = std::path::Path::new("/proc/self/exe");
-    if proc.exists() {
-        Ok(proc.to_path_buf())
-    } else {
-        std::env::current_exe()
     }
 }
 

@@ -427,7 +427,8 @@ fn exit_status_environment_and_signals_pass_through() {
     let url = file_url(&dir);
     let env_file = dir.join("env");
     let script = format!(
-        "echo \"$DISTLOCK_NAME $DISTLOCK_BACKEND $DISTLOCK_FENCING_TOKEN $DISTLOCK_KEY\" > {}; exit 3",
+        "echo \"$DISTLOCK_NAME $DISTLOCK_BACKEND $DISTLOCK_FENCING_TOKEN $DISTLOCK_FENCING \
+         $DISTLOCK_KEY\" > {}; exit 3",
         env_file.display()
     );
     let o = output(distlock(
@@ -439,8 +440,28 @@ fn exit_status_environment_and_signals_pass_through() {
     let key = dir.join("locks").join("pass.lock");
     assert_eq!(
         env.trim(),
-        format!("pass file 1 {}", key.display()),
+        format!("pass file 1 strict {}", key.display()),
         "environment of the command"
+    );
+    // A token that can repeat after a restart says so: Redis without `appendfsync always`.
+    let script = format!("echo \"$DISTLOCK_FENCING\" > {}", env_file.display());
+    let o = output(distlock(
+        "redis://127.0.0.1:16379",
+        &[
+            "run",
+            "--name",
+            &format!("pass-{}", std::process::id()),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&env_file).unwrap().trim(),
+        "best-effort",
+        "DISTLOCK_FENCING on a Redis without appendfsync always"
     );
 
     // SIGTERM to distlock reaches the command, which dies of it; distlock reports 128+15 and
@@ -614,4 +635,42 @@ fn a_killed_holder_frees_the_lock() {
     killed_holder_frees(PG, "postgres", Duration::from_secs(1));
     #[cfg(feature = "etcd")]
     killed_holder_frees("etcd://127.0.0.1:12379", "etcd", Duration::from_secs(5));
+}
+
+/// The keeper holds a `file://` lock's descriptors (so the lock outlives a killed distlock),
+/// but the command must not get them: one writable on the fence counter, and a lock the
+/// command could drop by closing or unlocking a descriptor it does not know. Descriptors the
+/// caller passed to distlock on purpose still reach the command.
+#[test]
+fn the_command_gets_no_descriptor_of_the_lock() {
+    let dir = tmp("fds");
+    let url = file_url(&dir);
+    let listing = dir.join("fds");
+    // The command's own descriptors, each with what it points to.
+    let inner = format!(
+        "for f in /proc/$$/fd/*; do echo \"$f $(readlink $f)\"; done > {}",
+        listing.display()
+    );
+    let outer = format!(
+        "exec {BIN} run --name fds -- sh -c '{inner}' 7</etc/hostname",
+        inner = inner.replace('\'', "'\\''")
+    );
+    let o = output({
+        let mut c = Command::new("sh");
+        c.env("DISTLOCK_URL", &url)
+            .env("RUST_LOG", "error")
+            .args(["-c", &outer]);
+        c
+    });
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let fds = std::fs::read_to_string(&listing).unwrap();
+    let locks = dir.join("locks");
+    assert!(
+        !fds.contains(&*locks.to_string_lossy()),
+        "the command holds descriptors of the lock's files:\n{fds}"
+    );
+    assert!(
+        fds.lines().any(|l| l.contains("/fd/7 /etc/hostname")),
+        "a descriptor passed to distlock on purpose did not reach the command:\n{fds}"
+    );
 }

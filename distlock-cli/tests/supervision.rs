@@ -315,6 +315,88 @@ fn lost_lock_zookeeper() {
     );
 }
 
+/// The backend lets the lock go while the command runs and a second `run` waits: `let_go`
+/// gets the lock's `DISTLOCK_KEY` and ends the grant on the server. The holder's lease turns
+/// Lost before its validity ran out, so the lock may be the second run's already: the command
+/// (which ignores SIGTERM, with a `--grace` of 10 s) must be killed at once, not given the
+/// grace of an expiring lease. distlock exits 70; no heartbeat of the first command after the
+/// second one started.
+fn lost_by_the_backend(tag: &str, url: &str, let_go: impl FnOnce(&str)) {
+    let dir = tmp(tag);
+    let name = unique(tag);
+    let (hb, start2, key) = (dir.join("hb"), dir.join("start2"), dir.join("key"));
+    let beat = format!(
+        "printf %s \"$DISTLOCK_KEY\" > {}; {}",
+        key.display(),
+        heartbeat(&hb)
+    );
+    let mut holder = distlock(
+        url,
+        &[
+            "run", "--name", &name, "--ttl", "2s", "--grace", "10s", "--", "sh", "-c", &beat,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_beats(&mut holder, &hb, 4);
+    let second = second_run(url, &name, &start2, "60s");
+    // Let the second run reach its wait (on PostgreSQL: queued on the server).
+    std::thread::sleep(Duration::from_millis(500));
+    let_go(&std::fs::read_to_string(&key).unwrap());
+    exits(
+        holder,
+        Duration::from_secs(30),
+        &format!("{tag}: holder whose lock the backend let go"),
+        70,
+    );
+    second_ran_alone(tag, second, Duration::from_secs(60), &hb, &start2);
+}
+
+/// Runs `program args`, failing with its output if it fails.
+fn run_tool(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An operator's `pg_terminate_backend` of the holder's session: the server frees the lock at
+/// once and grants it to the queued second run. Before the fix, the first command beat on
+/// for the grace of an expiring lease (2,013 ms measured with the defaults).
+#[test]
+fn lost_by_the_backend_postgres() {
+    lost_by_the_backend(
+        "letgo-pg",
+        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+        |key| {
+            run_tool(
+                "psql",
+                &[
+                    "host=127.0.0.1 port=15432 user=locker dbname=postgres",
+                    "-Atc",
+                    &format!(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks \
+                         WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+                         AND ((classid::int8 << 32) | objid::int8) = {key}"
+                    ),
+                ],
+            )
+        },
+    );
+}
+
+/// The lock's key deleted (an operator, an eviction): the holder's next renewal is refused.
+/// The second run, which saw the key's time to live, tries again once it would have run out.
+#[test]
+fn lost_by_the_backend_redis() {
+    lost_by_the_backend("letgo-redis", "redis://127.0.0.1:16379", |key| {
+        run_tool("redis-cli", &["-p", "16379", "DEL", key])
+    });
+}
+
 /// distlock gets SIGKILL while its command runs: the command's processes die with it, before a
 /// second run can start its command.
 fn supervisor_killed(tag: &str, url: &str) {
