@@ -41,6 +41,36 @@ pub async fn tokens_present_iff_declared(h: &dyn Harness) -> Result<(), Failure>
     Ok(())
 }
 
+/// One client re-acquires a name it has just released, with nobody in between, again and
+/// again (by `try_acquire` and by a waiting `acquire` of the free name): every grant is a new
+/// one, with a token greater than the last. A fast path that hands a client back the grant it
+/// released, token and all, would let a write of the old grant through a fenced store after
+/// the new one's.
+pub async fn tokens_increase_on_a_same_client_regrant(h: &dyn Harness) -> Result<(), Failure> {
+    let a = client(h).await?;
+    let name = fresh_name("token-regrant");
+    let mut last: Option<FencingToken> = None;
+    for i in 0..6 {
+        let lease = if i % 2 == 0 {
+            held(a.try_acquire(&name, &long_opts(h)).await?, "a regrant")?
+        } else {
+            a.acquire(&name, &long_opts(h).wait_for(h.timing().slack))
+                .await?
+        };
+        let t = token(lease.as_ref())?;
+        if let Some(prev) = last {
+            ensure!(
+                t > prev,
+                "re-acquisition {i} by the client that had just released the name got token {t}, \
+                 not greater than its previous {prev}"
+            );
+        }
+        last = Some(t);
+        lease.release().await?;
+    }
+    Ok(())
+}
+
 /// Two clients take turns six times: each grant's token is greater than the previous one.
 pub async fn tokens_increase_across_holders(h: &dyn Harness) -> Result<(), Failure> {
     let clients = [client(h).await?, client(h).await?];

@@ -19,6 +19,13 @@ pub async fn inspect_reports_the_holder(h: &dyn Harness) -> Result<(), Failure> 
         .map_err(|_| Failure("inspect left the lock taken".into()))?;
     probe.release().await?;
     let lease = held(a.try_acquire(&name, &opts).await?, "holder")?;
+    // Grants of another name since: the holder's token is its own, not the newest handed out.
+    let other = fresh_name("inspect-other");
+    for _ in 0..3 {
+        held(b.try_acquire(&other, &opts).await?, "another name")?
+            .release()
+            .await?;
+    }
     let info = b
         .inspect(&name)
         .await?
@@ -26,7 +33,8 @@ pub async fn inspect_reports_the_holder(h: &dyn Harness) -> Result<(), Failure> 
     if let (Some(seen), Some(mine)) = (info.fencing_token, lease.fencing_token()) {
         ensure!(
             seen == mine,
-            "inspect reported token {seen:?}, the holder has {mine:?}"
+            "inspect reported token {seen:?}, the holder has {mine:?} (three grants of another \
+             name came after the holder's: inspect must report the holder's own token)"
         );
     }
     if let Some(left) = info.remaining {

@@ -140,6 +140,7 @@ pub static CASES: &[Case] = &[
     case!(renewal::max_hold_ends_lease, ttl),
     case!(fencing::tokens_present_iff_declared, always),
     case!(fencing::tokens_increase_across_holders, fencing),
+    case!(fencing::tokens_increase_on_a_same_client_regrant, fencing),
     case!(fencing::token_is_the_grants_for_its_life, fencing),
     case!(fencing::tokens_follow_grant_order_under_contention, fencing),
     case!(fencing::token_increases_after_expiry, ttl_and_fencing),

@@ -56,6 +56,11 @@ pub(super) struct Shared {
     pub(super) session_bound: bool,
     /// Woken at every cut of any client's link ([`Flaw::CutGrantsTwoWaiters`]).
     pub(super) cut_anywhere: Arc<tokio::sync::Notify>,
+    /// Per name: the client that released it last, and the token that grant had
+    /// ([`Flaw::RegrantKeepsToken`]).
+    pub(super) released_by: Mutex<HashMap<LockName, (u64, Option<FencingToken>)>>,
+    /// The token of the latest grant of any name ([`Flaw::InspectShowsNewestToken`]).
+    pub(super) newest_token: Mutex<Option<FencingToken>>,
     /// Clients made behind a link so far ([`Flaw::DeadlineHangsOnOneClient`] strikes the first).
     pub(super) linked: AtomicU64,
 }

@@ -204,9 +204,22 @@ impl FlawedLock {
         {
             offset = t.get().saturating_sub(prev.get());
         }
+        // A fast path that hands a client back the grant it has just released, token and all.
+        if let (Flaw::RegrantKeepsToken, Some(t), Some((client, Some(prev)))) = (
+            self.flaw,
+            lease.fencing_token(),
+            locked(&self.shared.released_by).get(&name).copied(),
+        ) {
+            if client == self.id && t.get() == prev.get() + offset + 1 {
+                offset += 1;
+            }
+        }
         let token = lease
             .fencing_token()
             .map(|t| FencingToken::new(t.get().saturating_sub(offset).max(1)));
+        if token.is_some() {
+            *locked(&self.shared.newest_token) = token;
+        }
         locked(&self.shared.grants).insert(
             name,
             Grant {
@@ -307,7 +320,9 @@ impl FlawedLock {
 
     /// Forgets `name`'s grant after a release of a lease of `ttl`, valid until `valid_until`.
     pub(super) fn released(&self, name: &LockName, ttl: Duration, valid_until: Instant) {
-        locked(&self.shared.grants).remove(name);
+        if let Some(g) = locked(&self.shared.grants).remove(name) {
+            locked(&self.shared.released_by).insert(name.clone(), (self.id, g.token));
+        }
         locked(&self.shared.last_released).insert(self.id, (ttl, valid_until));
         if let Some(e) = locked(&self.shared.idle).get_mut(name) {
             e.0 = Instant::now();
@@ -401,6 +416,10 @@ impl DistributedLock for FlawedLock {
         let info = self.inner.inspect(&key).await?;
         match (self.flaw, info) {
             (Flaw::InspectBlind, _) => Ok(None),
+            (Flaw::InspectShowsNewestToken, Some(i)) => Ok(Some(lock_core::HolderInfo::new(
+                *locked(&self.shared.newest_token),
+                i.remaining,
+            ))),
             (Flaw::InspectShowsExpiredHolder, None) => Ok(self
                 .expired_grant(&key)
                 .map(|g| lock_core::HolderInfo::new(g.token, Some(Duration::ZERO)))),

@@ -273,6 +273,11 @@ pub enum Flaw {
     /// On one client (the first made behind a link), a waiting `acquire` whose deadline
     /// passes never returns: the timeout's wake-up is lost. Every other client is correct.
     DeadlineHangsOnOneClient,
+    /// A client that re-acquires a name it has just released, with nobody in between, gets
+    /// the released grant's token again (a fast path that hands the grant back).
+    RegrantKeepsToken,
+    /// `inspect` reports the newest token handed out for any name, not the holder's.
+    InspectShowsNewestToken,
 }
 
 impl Flaw {
@@ -374,6 +379,8 @@ impl Flaw {
         Flaw::SessionLostByPolling,
         Flaw::CutGrantsTwoWaiters,
         Flaw::DeadlineHangsOnOneClient,
+        Flaw::RegrantKeepsToken,
+        Flaw::InspectShowsNewestToken,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -546,6 +553,8 @@ impl Flaw {
             Flaw::CutGrantsTwoWaiters | Flaw::DeadlineHangsOnOneClient => {
                 cases![safety::history_is_clean]
             }
+            Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
+            Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,
