@@ -154,7 +154,7 @@ impl Timing {
 
     /// How soon a lease whose lock is its connection's session (`outlives_connection =
     /// false`) must turn Lost after that connection dropped:
-    /// [`safety::CUT_NOTICE`](crate::safety::CUT_NOTICE), whatever the TTL. The server frees
+    /// [`safety::CUT_NOTICE`], whatever the TTL. The server frees
     /// such a lock the moment it sees the connection close, and nothing orders that moment
     /// against the client's own notice, so this is the promise both the case and the safety
     /// checker hold a session-bound driver to: a lease that learns of the close only at its

@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use lock_core::{Error, FencingToken, LockName, Result};
+use lock_core::{Error, Fencing, FencingToken, LockName, Result};
 
 use crate::counter;
 
@@ -59,11 +59,17 @@ impl FileLock {
                 e,
             )
         })?;
+        let fencing = if forgets_at_boot(&dir) {
+            Fencing::BestEffort
+        } else {
+            Fencing::Strict
+        };
         let config = FileConfig::new(dir);
         Ok(FileLock {
             inner: Arc::new(Inner {
                 config,
                 wakers: Mutex::default(),
+                fencing,
             }),
         })
     }
@@ -265,4 +271,18 @@ pub(crate) fn peek(path: &Path) -> io::Result<Option<lock_core::HolderInfo>> {
     // Read even when free: a damaged counter is reported here, not only at the next grant.
     let token = FencingToken::new(counter::read(&file)?);
     Ok((!free).then(|| lock_core::HolderInfo::new(Some(token), None)))
+}
+
+/// The directory is on a tmpfs (`$XDG_RUNTIME_DIR`, often `/tmp`), emptied at every boot with
+/// the fencing counters in it: tokens then increase only while the machine runs, which is
+/// `BestEffort`, not `Strict`.
+#[cfg(target_os = "linux")]
+fn forgets_at_boot(dir: &std::path::Path) -> bool {
+    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+    statfs(dir).is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn forgets_at_boot(_dir: &std::path::Path) -> bool {
+    false
 }

@@ -24,13 +24,15 @@
 //! `<dir>/<name>.lock`, one file per name ever used; it stays after release (it holds the
 //! counter).
 //!
-//! ## Fencing: `Strict` on this machine
+//! ## Fencing: `Strict` on this machine (`BestEffort` on a tmpfs)
 //!
 //! The file stores the name's fencing counter, incremented and flushed to disk before a grant
 //! returns, so tokens strictly increase across processes and restarts — unless someone deletes
-//! the lock files, which starts the count again. **The counter survives crashes**: it is
-//! written in place in one of two checksummed slots (never truncated), alternately, and
-//! flushed before the grant; a new lock file is written completely under a temporary name,
+//! the lock files, which starts the count again. A directory on a tmpfs (`$XDG_RUNTIME_DIR`,
+//! often `/tmp`) is emptied at every boot, counters and all: there `Capabilities::fencing`
+//! says `BestEffort`, as tokens increase only while the machine runs. **The counter survives
+//! crashes**: it is written in place in one of two checksummed slots (never truncated),
+//! alternately, and flushed before the grant; a new lock file is written completely under a temporary name,
 //! hard-linked into place and the directory flushed. A crash at any point leaves the last
 //! granted value readable.
 //!

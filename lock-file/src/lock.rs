@@ -25,6 +25,8 @@ pub(crate) struct Inner {
     pub(crate) config: FileConfig,
     /// Wakes this process's waiters on a name when a lease of this process releases it.
     pub(crate) wakers: Mutex<HashMap<LockName, Arc<Notify>>>,
+    /// `Strict`, or `BestEffort` on a directory that a reboot empties (a tmpfs).
+    pub(crate) fencing: Fencing,
 }
 
 #[async_trait]
@@ -35,7 +37,7 @@ impl DistributedLock for FileLock {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
-            .with_fencing(Fencing::Strict)
+            .with_fencing(self.inner.fencing)
             .with_inspect(true)
             .with_per_lock_ttl(false)
     }

@@ -61,7 +61,7 @@ const CUT_SETTLE: Duration = Duration::from_millis(1);
 /// the same close: nothing orders the two, and the next holder's grant can return first.
 ///
 /// An overlap is that race only if all of these hold: the earlier holder's link was cut (after
-/// its grant, give or take [`CUT_SETTLE`] for a reply already on its way); the later lease's
+/// its grant, give or take a millisecond for a reply already on its way); the later lease's
 /// grant — not a belief that starts again — returned after that cut; and the earlier holder's
 /// belief ended within `CUT_NOTICE` of the cut. Anything else, an overlap between two clients
 /// neither of which was cut included, is a violation.
