@@ -52,7 +52,8 @@
 //! ## Failure modes
 //!
 //! **A vanished holder** (crash, partition) frees its lock between one session timeout and
-//! one keepalive interval more after the server last heard from it ([`PgLock::frees_within`]).
+//! one keepalive interval more after the server last heard from it ([`PgLock::frees_within`]),
+//! on a direct connection; behind a session pooler, when the pooler gives the client up.
 //! **A closed connection** — a terminated backend (`pg_terminate_backend`), a server restart,
 //! a reset from the network — frees the lock on the server the moment the server sees it. The
 //! lease turns Lost the moment its own client sees the same close (within milliseconds), not
@@ -62,7 +63,11 @@
 //! proxy** (PgBouncer's `pool_mode = transaction`) would move a session's statements between
 //! server connections, so a lock would stay on a connection nobody owns: connecting through
 //! one is refused with a `Config` error; connect directly, or through `pool_mode = session`.
-//! **A standby** is refused (its locks would not exclude the primary's clients). **A frozen
+//! **A standby** is refused (its locks would not exclude the primary's clients). **Defaults
+//! set for a database or role** are pinned in the driver's own sessions where they would
+//! break a promise: `read committed` (under `repeatable read` or `serializable` a queued
+//! waiter's grant failed with 40001), and `synchronous_commit = off` becomes `on` (a crash
+//! re-issued `Strict` tokens). **A frozen
 //! or partitioned server** whose kernel (or a proxy) still takes the bytes is `Unavailable`,
 //! never a hang: the login gets `connect_timeout` plus the session timeout, and every other
 //! request the session timeout. The one exception is the blocking wait in the server's lock

@@ -100,7 +100,11 @@ impl PgLock {
     }
 
     /// The longest a vanished holder's lock stays held: the session timeout plus one
-    /// keepalive interval.
+    /// keepalive interval — on a direct connection. Behind a pooler (PgBouncer in
+    /// `pool_mode = session`) the server's keepalives probe the pooler, which stays: the lock
+    /// is freed only when the pooler gives up the client and closes its server connection
+    /// (PgBouncer's own TCP keepalive settings and `client_idle_timeout`), which this bound
+    /// does not cover.
     pub fn frees_within(&self) -> Duration {
         let bound = self.config().session_timeout();
         self.inner.opener.keepalive.frees_within(bound)
