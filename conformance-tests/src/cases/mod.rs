@@ -132,6 +132,10 @@ pub static CASES: &[Case] = &[
     case!(renewal::manual_renew_extends, ttl),
     case!(renewal::cancelled_renew_leaves_the_lease_held, always),
     case!(renewal::renew_after_expiry_fails_and_does_not_recreate, ttl),
+    case!(
+        renewal::renew_at_valid_until_fails_though_the_server_still_has_the_lock,
+        ttl
+    ),
     case!(renewal::auto_renew_keeps_lock, ttl),
     case!(renewal::lease_outlives_its_client_handle, always),
     case!(renewal::watchdog_renews_at_about_a_third_of_the_ttl, always),

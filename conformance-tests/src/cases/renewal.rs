@@ -94,6 +94,48 @@ pub async fn cancelled_renew_leaves_the_lease_held(h: &dyn Harness) -> Result<()
     Ok(())
 }
 
+/// Lost is final: a renewal asked at `valid_until` fails, though the server keeps the lock a
+/// drift allowance longer and the request still finds it there; the lease stays Lost, and the
+/// lock is not extended: another client is granted it once the TTL (from before the grant)
+/// has run out. A driver that renews whatever it told its holder would hand the lock back to a
+/// holder that has already given up its work.
+pub async fn renew_at_valid_until_fails_though_the_server_still_has_the_lock(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let Scene { t, a, b, name } = scene(h, "lost-final").await?;
+    let asked = Instant::now();
+    let lease = held(a.try_acquire(&name, &opts(h)).await?, "holder")?;
+    let until = lease.valid_until();
+    sleep_until(until).await;
+    let r = lease.renew().await;
+    ensure!(
+        r.is_err(),
+        "a renewal asked {:?} after valid_until succeeded (the server keeps the lock a drift \
+         allowance longer): the lease had been Lost, and Lost is final",
+        until.elapsed()
+    );
+    in_state(
+        &*lease,
+        LeaseState::Lost,
+        "after a renewal asked at its valid_until",
+    )?;
+    let by = asked + lease.ttl() + t.slack;
+    let other = b
+        .acquire(
+            &name,
+            &opts(h).wait_for(by.saturating_duration_since(Instant::now())),
+        )
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "another client was not granted the lock within the TTL and the slack of the \
+                 first grant ({e}): the refused renewal extended it"
+            ))
+        })?;
+    other.release().await?;
+    Ok(())
+}
+
 /// Renew after the lease expired fails, and does not recreate the lock: another client can
 /// take it.
 pub async fn renew_after_expiry_fails_and_does_not_recreate(

@@ -177,6 +177,14 @@ impl Lease for FlawedLease {
                 self.claimed_valid_until
             }
             Flaw::LostSignalNeverFires => Instant::now() + self.opts.ttl,
+            // A networked driver's conservative validity, the drift allowance before the
+            // store's expiry; its renewals are sent without a look at it (the store's lease
+            // renews until its own expiry).
+            Flaw::RenewInDriftRevives => self
+                .inner
+                .valid_until()
+                .checked_sub(lock_core::driver::drift(self.opts.ttl))
+                .unwrap_or_else(Instant::now),
             Flaw::ValidityBeyondTtl => self.inner.valid_until() + self.opts.ttl / 2,
             // Once renewed, the claim runs a third of a TTL past what the store granted.
             Flaw::RenewOverstatesValidity if self.renewed.load(Ordering::Relaxed) => {

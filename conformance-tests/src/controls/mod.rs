@@ -278,6 +278,10 @@ pub enum Flaw {
     RegrantKeepsToken,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
+    /// The lease claims a networked driver's conservative validity (the store's expiry less
+    /// the drift allowance) but sends a renewal asked after it anyway: the store, which still
+    /// has the grant, renews it and the lease says Held again. Lost is not final.
+    RenewInDriftRevives,
 }
 
 impl Flaw {
@@ -381,6 +385,7 @@ impl Flaw {
         Flaw::DeadlineHangsOnOneClient,
         Flaw::RegrantKeepsToken,
         Flaw::InspectShowsNewestToken,
+        Flaw::RenewInDriftRevives,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -555,6 +560,9 @@ impl Flaw {
             }
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
+            Flaw::RenewInDriftRevives => {
+                cases![renewal::renew_at_valid_until_fails_though_the_server_still_has_the_lock]
+            }
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,
