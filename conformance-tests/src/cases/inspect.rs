@@ -140,5 +140,26 @@ pub async fn backend_key_is_the_locks_own(h: &dyn Harness) -> Result<(), Failure
     );
     first.release().await?;
     second.release().await?;
+    // Two names of the longest length, differing in their last character only, held at once:
+    // the whole key, not a prefix of it.
+    let pad = lock_core::MAX_NAME_LEN - name.as_str().len() - 1;
+    let long = |last: char| lock_core::LockName::new(format!("{name}{}{last}", "k".repeat(pad)));
+    let (n1, n2) = (long('a')?, long('b')?);
+    let first = held(a.try_acquire(&n1, &long_opts(h)).await?, "a longest name")?;
+    let second = held(
+        a.try_acquire(&n2, &long_opts(h)).await?,
+        "another longest name",
+    )?;
+    let (k1, k2) = (first.backend_key(), second.backend_key());
+    if let (Some(k1), Some(k2)) = (&k1, &k2) {
+        ensure!(
+            k1 != k2,
+            "two names of {} bytes differing in their last character, held at once, both say \
+             they live at {k1:?}: a backend_key is the whole key",
+            lock_core::MAX_NAME_LEN
+        );
+    }
+    first.release().await?;
+    second.release().await?;
     Ok(())
 }

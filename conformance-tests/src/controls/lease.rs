@@ -133,6 +133,10 @@ impl Lease for FlawedLease {
     fn backend_key(&self) -> Option<String> {
         Some(match self.lock.flaw {
             Flaw::BackendKeyIgnoresName => "flawed:locks".to_string(),
+            Flaw::BackendKeyTruncated => {
+                let n = self.inner.name().as_str();
+                format!("flawed:locks/{}", &n[..n.len().min(100)])
+            }
             _ => format!("flawed:locks/{}", self.inner.name()),
         })
     }

@@ -282,6 +282,9 @@ pub enum Flaw {
     /// the drift allowance) but sends a renewal asked after it anyway: the store, which still
     /// has the grant, renews it and the lease says Held again. Lost is not final.
     RenewInDriftRevives,
+    /// The backend key a lease reports is cut to its first hundred bytes of name: two long
+    /// names report one key.
+    BackendKeyTruncated,
 }
 
 impl Flaw {
@@ -386,6 +389,7 @@ impl Flaw {
         Flaw::RegrantKeepsToken,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
+        Flaw::BackendKeyTruncated,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -524,7 +528,9 @@ impl Flaw {
             Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
             Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
-            Flaw::BackendKeyIgnoresName => cases![inspect::backend_key_is_the_locks_own],
+            Flaw::BackendKeyIgnoresName | Flaw::BackendKeyTruncated => {
+                cases![inspect::backend_key_is_the_locks_own]
+            }
             Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
             Flaw::MinTtlRefused | Flaw::MinTtlUnavailable => {
                 cases![input::declared_min_ttl_is_granted]
