@@ -177,6 +177,53 @@ pub async fn dropped_connection_is_survived_by_an_auto_renewed_lease(
     Ok(())
 }
 
+/// The lost signal survives a reconnect: after the holder's connection was cut and re-made
+/// (its auto-renewed lease lives on and renews over the new one), a loss of the lease — here
+/// its lock deleted behind its back, which the next renewal finds — still fires the lost
+/// signal, the one taken before the cut as well as one taken after it.
+pub async fn lost_fires_after_a_reconnect(h: &dyn Harness) -> Result<(), Failure> {
+    let (t, holder, _other, name) = holder_and_other(h, "lost-reconnect").await?;
+    let ttl = t.ttl * 3;
+    let lease = holder
+        .lock
+        .acquire(&name, &opts(h).ttl(ttl).auto_renew(None))
+        .await?;
+    let before = watch_lost(lease.as_ref());
+    holder.link.set(Fault::Cut);
+    within(
+        ttl,
+        "a renewal over a new connection after the cut",
+        async {
+            while lease.renew().await.is_err() {
+                sleep(t.ttl / 10).await;
+            }
+        },
+    )
+    .await?;
+    in_state(lease.as_ref(), LeaseState::Held, "after a reconnect")?;
+    let after = watch_lost(lease.as_ref());
+    match h.break_lock(&name).await {
+        Some(r) => r?,
+        None => return Err(Failure("harness stopped supporting break_lock".into())),
+    }
+    let limit = ttl / 2 + t.slack;
+    let what = "the lost signal (taken before the cut) of a lease whose lock was deleted after \
+                a reconnect";
+    within(limit, what, before)
+        .await?
+        .map_err(|e| Failure(format!("watcher failed: {e}")))?;
+    let what = "the lost signal (taken after the reconnect) of a lease whose lock was deleted";
+    within(limit, what, after)
+        .await?
+        .map_err(|e| Failure(format!("watcher failed: {e}")))?;
+    in_state(
+        lease.as_ref(),
+        LeaseState::Lost,
+        "after its lock was deleted",
+    )?;
+    Ok(())
+}
+
 /// Where the lock belongs to the connection (`outlives_connection = false`, a PostgreSQL
 /// session): a dropped connection frees the lock on the server at once, so the lease must turn
 /// Lost at once too — when the client sees its connection close, not at its next renewal —

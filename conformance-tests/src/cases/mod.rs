@@ -205,6 +205,10 @@ pub static CASES: &[Case] = &[
         faults::dropped_connection_is_lost_at_once,
         delays_and_connection_bound
     ),
+    case!(
+        faults::lost_fires_after_a_reconnect,
+        reconnects_and_breakable
+    ),
     case!(faults::unreachable_backend_is_an_error, delays),
     case!(faults::lost_reply_leaves_no_orphan, delays),
     case!(faults::failed_release_still_frees, delays),

@@ -69,6 +69,10 @@ pub(super) fn delays_and_outlives(f: &Facts) -> Need {
         "outlives_connection = false: the lock is the connection's session",
     )
 }
+pub(super) fn reconnects_and_breakable(f: &Facts) -> Need {
+    delays_and_outlives(f)?;
+    breakable(f)
+}
 pub(super) fn delays_and_connection_bound(f: &Facts) -> Need {
     delays(f)?;
     need(

@@ -272,6 +272,23 @@ impl FlawedLock {
     /// watches the store's: [`Flaw::RefusalNoticedLate`] fires a TTL after it,
     /// [`Flaw::LostTimerNotRenewed`] at the first `valid_until` whatever renewals came since.
     fn own_lost(&self, lease: &dyn Lease, ttl: Duration) -> Option<LostSignal> {
+        if let (Flaw::LostSignalForgottenOnReconnect, Some(wire)) = (self.flaw, &self.link) {
+            // The signal belongs to the connection it was made on: after a cut, a loss is
+            // never told (its sender kept, so it never resolves).
+            let (wire, at_grant, shared) = (wire.clone(), wire.cut_count(), self.shared.clone());
+            let tracker = LeaseTracker::new(Instant::now() + MAX_TTL);
+            let signal = tracker.signal();
+            let store_lost = lease.lost();
+            tokio::spawn(async move {
+                store_lost.wait().await;
+                if wire.cut_count() == at_grant {
+                    tracker.mark_lost();
+                } else {
+                    locked(&shared.kept).push(tracker);
+                }
+            });
+            return Some(signal);
+        }
         let first_expiry = match self.flaw {
             Flaw::RefusalNoticedLate => None,
             Flaw::LostTimerNotRenewed => Some(lease.valid_until()),

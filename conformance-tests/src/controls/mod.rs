@@ -285,6 +285,9 @@ pub enum Flaw {
     /// The backend key a lease reports is cut to its first hundred bytes of name: two long
     /// names report one key.
     BackendKeyTruncated,
+    /// A lease's lost signal belongs to the connection it was granted on: after that
+    /// connection was cut and re-made, a loss of the lease never fires it.
+    LostSignalForgottenOnReconnect,
 }
 
 impl Flaw {
@@ -390,6 +393,7 @@ impl Flaw {
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,
+        Flaw::LostSignalForgottenOnReconnect,
     ];
 
     /// The cases written to catch this flaw (at least one must fail).
@@ -528,6 +532,7 @@ impl Flaw {
             Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
             Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
+            Flaw::LostSignalForgottenOnReconnect => cases![faults::lost_fires_after_a_reconnect],
             Flaw::BackendKeyIgnoresName | Flaw::BackendKeyTruncated => {
                 cases![inspect::backend_key_is_the_locks_own]
             }

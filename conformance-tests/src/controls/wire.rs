@@ -40,6 +40,11 @@ impl Wire {
         })
     }
 
+    /// How many times this link was cut so far.
+    pub(super) fn cut_count(&self) -> u64 {
+        self.cuts.load(Ordering::Relaxed)
+    }
+
     /// The delay in force, if any.
     pub(super) fn delay(&self) -> Option<Duration> {
         match *self.fault.borrow() {
