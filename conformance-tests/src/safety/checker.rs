@@ -41,6 +41,19 @@ pub struct Violation {
     pub detail: String,
 }
 
+impl Violation {
+    /// A violation of (d): no lease is involved.
+    fn liveness(name: usize, at: Instant, detail: String) -> Self {
+        Violation {
+            kind: Kind::Liveness,
+            name,
+            leases: vec![],
+            at,
+            detail,
+        }
+    }
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.name == NOBODY {
@@ -373,13 +386,11 @@ fn liveness(
                 .flatten()
                 .any(|b| b.granted > from && b.granted <= due);
             if !again {
-                out.push(Violation {
-                    kind: Kind::Liveness,
+                out.push(Violation::liveness(
                     name,
-                    leases: vec![],
-                    at: due,
-                    detail: format!("not granted within {:?} of {since}", rules.recovery),
-                });
+                    due,
+                    format!("not granted within {:?} of {since}", rules.recovery),
+                ));
             }
         }
         clients_recover(events, from, rules.end, &since, rel, out);
@@ -394,12 +405,10 @@ fn liveness(
             }
             Op::Unknown => {
                 let begun = pending.remove(&e.client).map_or(e.at, |a| a.at);
-                out.push(Violation {
-                    kind: Kind::Liveness,
-                    name: e.name,
-                    leases: vec![],
-                    at: e.at,
-                    detail: format!(
+                out.push(Violation::liveness(
+                    e.name,
+                    e.at,
+                    format!(
                         "client {}'s acquisition begun at {:?} had not returned at {:?}, past its \
                          bounded wait and the workload's margin (four TTLs and twice the \
                          slack): the driver overstayed its deadline",
@@ -407,7 +416,7 @@ fn liveness(
                         rel(begun),
                         rel(e.at)
                     ),
-                });
+                ));
             }
             Op::Granted { .. } | Op::Refused { .. } => {
                 pending.remove(&e.client);
@@ -416,16 +425,14 @@ fn liveness(
         }
     }
     for (client, e) in pending {
-        out.push(Violation {
-            kind: Kind::Liveness,
-            name: e.name,
-            leases: vec![],
-            at: e.at,
-            detail: format!(
+        out.push(Violation::liveness(
+            e.name,
+            e.at,
+            format!(
                 "client {client}'s acquisition begun at {:?} never finished",
                 rel(e.at)
             ),
-        });
+        ));
     }
 }
 
@@ -471,18 +478,16 @@ fn clients_recover(
             Some(e) => format!("the last cancelled at {:?}", rel(e.at)),
             None => "none of them finished".to_string(),
         };
-        out.push(Violation {
-            kind: Kind::Liveness,
-            name: NOBODY,
-            leases: vec![],
-            at: end,
-            detail: format!(
+        out.push(Violation::liveness(
+            NOBODY,
+            end,
+            format!(
                 "client {client} was not answered by its backend from {} to the end of the run \
                  at {:?}: no grant, no wait that ran out, no release; {attempts} attempts, {how}",
                 since,
                 rel(end)
             ),
-        });
+        ));
     }
 }
 
