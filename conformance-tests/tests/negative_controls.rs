@@ -31,23 +31,25 @@ const SAFETY_CASE: &str = "safety::history_is_clean";
 
 /// The controls of the history checker: each flaw, run under the nemesis, must be reported as
 /// this kind of violation. A flaw that only the safety case names is tested here alone (one
-/// short run could miss it: the nemesis is random).
-const CHECKER: &[(Flaw, Kind)] = &[
-    (Flaw::NoMutualExclusion, Kind::Overlap),
-    (Flaw::EarlyExpiry, Kind::Overlap),
-    (Flaw::LostSignalNeverFires, Kind::LossNotSeen),
-    (Flaw::NonMonotonicFencing, Kind::Fencing),
-    (Flaw::RenewResurrects, Kind::Overlap),
+/// short run could miss it: the nemesis is random). A flaw that only one kind of fault shows
+/// is run under that kind alone: among every kind, the three cuts or so of a run missed
+/// `SessionLostByPolling` on all three seeds in 1 of 5 trials here (2026-11-28).
+const CHECKER: &[(Flaw, Kind, Option<&[&str]>)] = &[
+    (Flaw::NoMutualExclusion, Kind::Overlap, None),
+    (Flaw::EarlyExpiry, Kind::Overlap, None),
+    (Flaw::LostSignalNeverFires, Kind::LossNotSeen, None),
+    (Flaw::NonMonotonicFencing, Kind::Fencing, None),
+    (Flaw::RenewResurrects, Kind::Overlap, None),
     // A session-bound lock whose lease notices a cut only by polling: the cut race excused
     // nothing wider than what was measured.
-    (Flaw::SessionLostByPolling, Kind::Overlap),
+    (Flaw::SessionLostByPolling, Kind::Overlap, Some(&["cut"])),
     // Two uncut waiters granted together right after a cut: the excuse of the cut holder's
     // race must not hide them.
-    (Flaw::CutGrantsTwoWaiters, Kind::Overlap),
+    (Flaw::CutGrantsTwoWaiters, Kind::Overlap, Some(&["cut"])),
     // An acquisition that never returns on one client: (d) judges every acquisition.
-    (Flaw::DeadlineHangsOnOneClient, Kind::Liveness),
+    (Flaw::DeadlineHangsOnOneClient, Kind::Liveness, None),
     // A client that never reconnects while the others are granted: (d) judges every client.
-    (Flaw::NeverReconnects, Kind::Liveness),
+    (Flaw::NeverReconnects, Kind::Liveness, None),
 ];
 
 fn unbroken_wrapper_passes_every_case() -> Result<(), Failed> {
@@ -127,7 +129,7 @@ fn every_case_has_a_control() -> Result<(), Failed> {
 fn safety_case_controls_are_checker_trials() -> Result<(), Failed> {
     let missing: Vec<String> = (Flaw::ALL.iter())
         .filter(|f| f.caught_by().contains(&SAFETY_CASE))
-        .filter(|f| CHECKER.iter().all(|(c, _)| c != *f))
+        .filter(|f| CHECKER.iter().all(|(c, _, _)| c != *f))
         .map(|f| format!("{f:?}"))
         .collect();
     if missing.is_empty() {
@@ -169,7 +171,11 @@ fn caught(flaw: Flaw) -> Result<(), Failed> {
 /// (a holder cut off early in its lease, with waiters) reports nothing: `EarlyExpiry` was
 /// missed once in about ten single-seed runs here. So up to three seeds are tried, the first that
 /// shows the flaw ends the trial, and three misses in a row fail it.
-fn checker_reports(flaw: Flaw, kind: Kind) -> Result<(), Failed> {
+fn checker_reports(
+    flaw: Flaw,
+    kind: Kind,
+    fault_kinds: Option<&'static [&'static str]>,
+) -> Result<(), Failed> {
     let rt = tokio::runtime::Runtime::new()?;
     let mut misses = Vec::new();
     for seed in [7, 8, 9] {
@@ -182,6 +188,7 @@ fn checker_reports(flaw: Flaw, kind: Kind) -> Result<(), Failed> {
             grants: 300,
             limit: Duration::from_secs(20),
             hold: Duration::from_millis(400),
+            fault_kinds,
             ..Workload::short(seed)
         };
         let report = rt.block_on(safety::run(&h, &w))?;
@@ -219,9 +226,9 @@ fn main() -> ExitCode {
             .filter(|f| **f != Flaw::None && f.caught_by() != [SAFETY_CASE])
             .map(|&flaw| Trial::test(format!("catches::{flaw:?}"), move || caught(flaw))),
     );
-    for &(flaw, kind) in CHECKER {
+    for &(flaw, kind, faults) in CHECKER {
         trials.push(Trial::test(format!("checker::{flaw:?}"), move || {
-            checker_reports(flaw, kind)
+            checker_reports(flaw, kind, faults)
         }));
     }
     // One control at a time: the cases' timing margins (slack 150 ms on a 200 ms TTL) assume
