@@ -20,6 +20,7 @@ pub mod inspect;
 pub mod lost;
 pub mod ownership;
 pub mod renewal;
+pub mod repeated;
 pub mod runtime;
 pub mod safety;
 pub mod security;
@@ -217,6 +218,7 @@ pub static CASES: &[Case] = &[
         delays
     ),
     case!(faults::cut_off_holder_gets_answers_not_hangs, delays),
+    case!(repeated::every_grant_keeps_its_promises, always),
     case!(safety::history_is_clean, always),
     case!(security::right_credentials_lock_and_never_show, auth),
     case!(

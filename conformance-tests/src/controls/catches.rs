@@ -183,6 +183,10 @@ impl Flaw {
             Flaw::CutGrantsTwoWaiters | Flaw::DeadlineHangsOnOneClient => {
                 cases![safety::history_is_clean]
             }
+            Flaw::IntermittentRepeatedToken
+            | Flaw::IntermittentOverstatedValidity
+            | Flaw::IntermittentLostWakeup
+            | Flaw::IntermittentSilentLoss => cases![repeated::every_grant_keeps_its_promises],
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::RenewInDriftRevives => {

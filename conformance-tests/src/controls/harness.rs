@@ -63,6 +63,8 @@ pub(super) struct Shared {
     pub(super) newest_token: Mutex<Option<FencingToken>>,
     /// Clients made behind a link so far ([`Flaw::DeadlineHangsOnOneClient`] strikes the first).
     pub(super) linked: AtomicU64,
+    /// Per client: grants so far (the intermittent flaws strike one in twenty).
+    pub(super) granted: Mutex<HashMap<u64, u64>>,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -68,6 +68,8 @@ pub(super) struct FlawedLease {
     pub(super) renewed: AtomicBool,
     /// A renewal is under way ([`Flaw::CancelledRenewLeavesAtRisk`]).
     pub(super) renewing: AtomicBool,
+    /// Struck by [`Flaw::IntermittentSilentLoss`]: Held, its signal pending, whatever happens.
+    pub(super) silent: bool,
 }
 
 impl Drop for FlawedLease {
@@ -202,6 +204,9 @@ impl Lease for FlawedLease {
     }
     fn state(&self) -> LeaseState {
         if self.resurrected_valid_until().is_some() {
+            return LeaseState::Held;
+        }
+        if self.silent {
             return LeaseState::Held;
         }
         match self.lock.flaw {

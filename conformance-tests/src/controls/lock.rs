@@ -229,8 +229,15 @@ impl FlawedLock {
                 client: self.id,
             },
         );
+        let struck = self.strikes_this_grant();
+        if struck && self.flaw == Flaw::IntermittentRepeatedToken {
+            offset += 1;
+        }
         // The store's validity starts when the request landed; the wire took `delay` each way.
         let shift = match (self.delay(), self.flaw) {
+            _ if struck && self.flaw == Flaw::IntermittentOverstatedValidity => {
+                Shift::Later(opts.ttl / 2)
+            }
             (Some(_), Flaw::ValidUntilFromReply) => Shift::Later(landed.elapsed()),
             (_, Flaw::RegrantOverstatesValidity) => match self.fresh_release(opts.ttl, started) {
                 // Counted from the end of the released lease's validity, not from `started`.
@@ -240,15 +247,17 @@ impl FlawedLock {
             _ => Shift::Earlier(landed.saturating_duration_since(started)),
         };
         let own_lost = self.own_lost(lease.as_ref(), opts.ttl);
+        let silent = struck && self.flaw == Flaw::IntermittentSilentLoss;
         Box::new(FlawedLease {
             own_lost,
-            never_lost: matches!(
+            never_lost: (matches!(
                 self.flaw,
                 Flaw::LostSignalNeverFires
                     | Flaw::AbandonKeepsLostPending
                     | Flaw::ReleaseLeavesLostPending
-            )
-            .then(|| LeaseTracker::new(Instant::now() + MAX_TTL)),
+            ) || silent)
+                .then(|| LeaseTracker::new(Instant::now() + MAX_TTL)),
+            silent,
             inner: lease,
             resurrected: Mutex::new(None),
             lock: self.clone(),
@@ -556,6 +565,7 @@ impl DistributedLock for FlawedLock {
         if self.flaw != Flaw::CancelLeavesGhost && !self.wait_out_ghosts(&key, deadline).await {
             return Err(Self::timeout(&key, started));
         }
+        self.miss_wakeup(&key, deadline).await;
         let arrival = {
             let mut a = locked(&self.shared.arrivals);
             let n = a.entry(key.clone()).or_insert(0);

@@ -8,6 +8,7 @@
 
 mod catches;
 mod harness;
+mod intermittent;
 mod lease;
 mod lock;
 mod pace;
@@ -270,6 +271,16 @@ pub enum Flaw {
     /// A client that re-acquires a name it has just released, with nobody in between, gets
     /// the released grant's token again (a fast path that hands the grant back).
     RegrantKeepsToken,
+    /// On one grant in twenty of a client, the token repeats the name's previous one.
+    IntermittentRepeatedToken,
+    /// On one grant in twenty of a client, `valid_until` claims half a TTL more than granted.
+    IntermittentOverstatedValidity,
+    /// On one waiting grant in twenty of a client, the waiter misses the release's wake-up
+    /// and sleeps until the holder's expiry.
+    IntermittentLostWakeup,
+    /// On one grant in twenty of a client, the lease never turns Lost and its lost signal
+    /// never fires when it expires (a release still resolves it).
+    IntermittentSilentLoss,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
     /// The lease claims a networked driver's conservative validity (the store's expiry less
@@ -384,6 +395,10 @@ impl Flaw {
         Flaw::CutGrantsTwoWaiters,
         Flaw::DeadlineHangsOnOneClient,
         Flaw::RegrantKeepsToken,
+        Flaw::IntermittentRepeatedToken,
+        Flaw::IntermittentOverstatedValidity,
+        Flaw::IntermittentLostWakeup,
+        Flaw::IntermittentSilentLoss,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,
