@@ -168,6 +168,7 @@ pub static CASES: &[Case] = &[
     case!(waiting::cancelled_in_flight_leaves_no_holder, delays),
     case!(waiting::waiters_served_fifo, fifo),
     case!(waiting::waiters_served_fifo_after_expiry, fifo_and_ttl),
+    case!(waiting::try_acquire_never_jumps_the_queue, fifo),
     case!(waiting::every_waiter_gets_one_turn, always),
     case!(lost::lost_fires_before_successor_is_granted, lost_ttl),
     case!(

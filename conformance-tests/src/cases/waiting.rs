@@ -416,6 +416,42 @@ async fn fifo(h: &dyn Harness, expire: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// On a FIFO driver a `try_acquire` never takes a lock that a waiter is queued for: right
+/// after the holder releases, a third client's `try_acquire` is refused, and the waiter is
+/// granted. Five rounds: the waiter's wake-up races the call, and may win a round by chance.
+pub async fn try_acquire_never_jumps_the_queue(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { t, a, b, name } = scene(h, "no-barging").await?;
+    let c = client(h).await?;
+    for round in 1..=5 {
+        let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+        let waiter = spawn_waiter(b.clone(), &name, long_opts(h));
+        // Queueing takes a round trip or two; this is many.
+        sleep(Duration::from_millis(100)).await;
+        ensure!(
+            !waiter.is_finished(),
+            "round {round}: the waiter returned while the lock was held"
+        );
+        holder.release().await?;
+        let jumped = match c.try_acquire(&name, &long_opts(h)).await? {
+            Some(l) => {
+                l.release().await?;
+                true
+            }
+            None => false,
+        };
+        let (_, lease) = within(t.slack * 4, "the queued waiter after the release", waiter)
+            .await?
+            .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
+        lease?.release().await?;
+        ensure!(
+            !jumped,
+            "round {round}: a try_acquire right after the release took the lock while a \
+             waiter was queued for it: on a FIFO driver the queue comes first"
+        );
+    }
+    Ok(())
+}
+
 /// Five waiters on one name each get exactly one turn, never two at a time.
 pub async fn every_waiter_gets_one_turn(h: &dyn Harness) -> Result<(), Failure> {
     let t = h.timing();

@@ -187,6 +187,7 @@ impl Flaw {
             | Flaw::IntermittentOverstatedValidity
             | Flaw::IntermittentLostWakeup
             | Flaw::IntermittentSilentLoss => cases![repeated::every_grant_keeps_its_promises],
+            Flaw::TryAcquireJumpsQueue => cases![waiting::try_acquire_never_jumps_the_queue],
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::RenewInDriftRevives => {

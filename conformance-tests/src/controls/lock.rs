@@ -534,6 +534,7 @@ impl DistributedLock for FlawedLock {
                     None => None,
                 }
             }
+            (None, Flaw::TryAcquireJumpsQueue) => self.jump_queue(&key, opts).await?,
             (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
             (Some(delay), _) => {
                 let (lease, landed) = self.in_flight(delay, &key, opts).await?;

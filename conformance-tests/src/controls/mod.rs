@@ -281,6 +281,8 @@ pub enum Flaw {
     /// On one grant in twenty of a client, the lease never turns Lost and its lost signal
     /// never fires when it expires (a release still resolves it).
     IntermittentSilentLoss,
+    /// On a FIFO driver, `try_acquire` takes a lock that is free while waiters are queued.
+    TryAcquireJumpsQueue,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
     /// The lease claims a networked driver's conservative validity (the store's expiry less
@@ -399,6 +401,7 @@ impl Flaw {
         Flaw::IntermittentOverstatedValidity,
         Flaw::IntermittentLostWakeup,
         Flaw::IntermittentSilentLoss,
+        Flaw::TryAcquireJumpsQueue,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,

@@ -21,6 +21,26 @@ pub(super) struct Arrived<'a> {
 }
 
 impl FlawedLock {
+    /// [`Flaw::TryAcquireJumpsQueue`]: a lock that is free with waiters queued for it is
+    /// taken all the same, as by a `try_acquire` that looks for a holder and not for a queue
+    /// (the grant comes from a private store, so the queued waiter gets the lock too).
+    pub(super) async fn jump_queue(
+        &self,
+        key: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let o = self.inner_opts(opts);
+        if let Some(l) = self.inner.try_acquire(key, &o).await? {
+            return Ok(Some(l));
+        }
+        if self.inner.inspect(key).await?.is_some() {
+            return Ok(None);
+        }
+        lock_core::memory::MemoryLock::new()
+            .try_acquire(key, &o)
+            .await
+    }
+
     /// Waits while a ghost (or, for waiting acquires, a queued ghost) holds `name`; `false`
     /// if one still does at the deadline.
     pub(super) async fn wait_out_ghosts(&self, name: &LockName, deadline: Option<Instant>) -> bool {
