@@ -130,6 +130,10 @@ pub static CASES: &[Case] = &[
     case!(ownership::broken_lock_release_is_not_held, breakable),
     case!(ownership::stale_renew_does_not_extend_new_lease, ttl),
     case!(ownership::release_after_expiry_is_not_held, ttl),
+    case!(
+        ownership::broken_lease_renew_does_not_extend_the_clients_new_lease,
+        breakable
+    ),
     case!(renewal::manual_renew_extends, ttl),
     case!(renewal::cancelled_renew_leaves_the_lease_held, always),
     case!(renewal::renew_after_expiry_fails_and_does_not_recreate, ttl),

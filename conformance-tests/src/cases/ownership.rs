@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Lease, LeaseState};
 
 use super::support::{
-    acquire_when_free, client, held, in_state, is_not_held, opts, scene, sleep, sleep_until,
-    still_held, within, Scene,
+    acquire_when_free, client, held, in_state, is_not_held, long_opts, opts, scene, sleep,
+    sleep_until, still_held, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -219,4 +219,75 @@ pub async fn release_after_expiry_is_not_held(h: &dyn Harness) -> Result<(), Fai
             "release of an expired lease: expected NotHeld, got {e:?}"
         ))),
     }
+}
+
+/// A lease whose lock an operator deleted, still valid by its own clock, must not renew the
+/// lock its own client has taken again since: a renewal is checked against the lease, not the
+/// client. (The expired lease of [`stale_renew_does_not_extend_new_lease`] is refused before
+/// any request by a driver that looks at its own clock first; this one reaches the server.)
+/// Where locks have no TTL of their own, the new lease's release must still free the lock.
+pub async fn broken_lease_renew_does_not_extend_the_clients_new_lease(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let name = fresh_name("broken-renew-own");
+    // Forty TTLs: valid by its own clock throughout.
+    let old = held(a.try_acquire(&name, &long_opts(h)).await?, "first lease")?;
+    match h.break_lock(&name).await {
+        Some(r) => r?,
+        None => return Err(Failure("harness stopped supporting break_lock".into())),
+    }
+    let new = within(
+        Duration::from_secs(10),
+        "the same client's acquire after the break",
+        a.acquire(&name, &opts(h).wait_for(t.ttl * 4)),
+    )
+    .await??;
+    let new_t0 = Instant::now();
+    let new_ttl = new.ttl();
+    ensure!(
+        old.renew().await.is_err(),
+        "renew of a lease whose lock was deleted behind its back succeeded while its client \
+         holds a new lease of the name: a renewal must be checked against the lease, not the \
+         client"
+    );
+    if !a.capabilities().per_lock_ttl {
+        // Nothing to extend: the renewal must have set nothing up that outlives the release.
+        new.release().await?;
+        let next = b.acquire(&name, &opts(h).wait_for(t.slack)).await;
+        let next = next.map_err(|e| {
+            Failure(format!(
+                "the lock was still held {:?} after the new lease's release: the broken \
+                 lease's renew took it again ({e})",
+                t.slack
+            ))
+        })?;
+        next.release().await?;
+        return Ok(());
+    }
+    new.abandon();
+    let limit = new_ttl + t.slack;
+    let next = within(
+        limit * 3,
+        "another client waiting for the abandoned new lease",
+        b.acquire(&name, &opts(h).wait_for(limit * 2)),
+    )
+    .await?
+    .map_err(|e| {
+        Failure(format!(
+            "the new lease (TTL {new_ttl:?}) was not free {:?} after its grant: the broken \
+             lease's renew (TTL {:?}) extended it ({e})",
+            new_t0.elapsed(),
+            old.ttl()
+        ))
+    })?;
+    ensure!(
+        new_t0.elapsed() <= limit,
+        "the new lease (TTL {new_ttl:?}) freed only {:?} after its grant: the broken lease's \
+         renew extended it",
+        new_t0.elapsed()
+    );
+    next.release().await?;
+    Ok(())
 }

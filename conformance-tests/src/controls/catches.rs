@@ -188,6 +188,9 @@ impl Flaw {
             | Flaw::IntermittentLostWakeup
             | Flaw::IntermittentSilentLoss => cases![repeated::every_grant_keeps_its_promises],
             Flaw::TryAcquireJumpsQueue => cases![waiting::try_acquire_never_jumps_the_queue],
+            Flaw::BrokenRenewExtendsSameClient => {
+                cases![ownership::broken_lease_renew_does_not_extend_the_clients_new_lease]
+            }
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::RenewInDriftRevives => {

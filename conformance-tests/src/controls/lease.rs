@@ -118,6 +118,13 @@ impl Drop for FlawedLease {
 }
 
 impl FlawedLease {
+    /// The current grant of this lease's name is its client's (this lease's or a newer one).
+    fn own_client_holds(&self) -> bool {
+        locked(&self.lock.shared.grants)
+            .get(self.inner.name())
+            .is_some_and(|g| g.client == self.lock.id)
+    }
+
     /// The `valid_until` of the lock a resurrecting renewal re-took, while it lasts.
     fn resurrected_valid_until(&self) -> Option<Instant> {
         let slot = self.resurrected.lock().ok()?;
@@ -242,9 +249,11 @@ impl Lease for FlawedLease {
         }
         let resurrect = match self.lock.flaw {
             Flaw::RenewResurrects => true,
-            Flaw::StaleRenewExtendsSameClient => locked(&self.lock.shared.grants)
-                .get(self.inner.name())
-                .is_some_and(|g| g.client == self.lock.id),
+            Flaw::StaleRenewExtendsSameClient => self.own_client_holds(),
+            // Refused before any request once expired by its own clock, as most drivers do.
+            Flaw::BrokenRenewExtendsSameClient => {
+                self.inner.valid_until() > Instant::now() && self.own_client_holds()
+            }
             _ => false,
         };
         if r.is_err()

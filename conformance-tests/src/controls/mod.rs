@@ -283,6 +283,10 @@ pub enum Flaw {
     IntermittentSilentLoss,
     /// On a FIFO driver, `try_acquire` takes a lock that is free while waiters are queued.
     TryAcquireJumpsQueue,
+    /// A renewal is checked against the client that holds the name, not the lease, but only
+    /// while the lease is valid by its own clock: a lease whose lock was deleted renews its
+    /// client's newer lease.
+    BrokenRenewExtendsSameClient,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
     /// The lease claims a networked driver's conservative validity (the store's expiry less
@@ -402,6 +406,7 @@ impl Flaw {
         Flaw::IntermittentLostWakeup,
         Flaw::IntermittentSilentLoss,
         Flaw::TryAcquireJumpsQueue,
+        Flaw::BrokenRenewExtendsSameClient,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,
