@@ -170,6 +170,7 @@ pub static CASES: &[Case] = &[
     case!(waiting::cancelled_waiter_does_not_block_others, always),
     case!(waiting::cancelled_acquire_leaves_no_holder, always),
     case!(waiting::cancelled_in_flight_leaves_no_holder, delays),
+    case!(waiting::cancelled_waiter_in_flight_leaves_nothing, delays),
     case!(waiting::waiters_served_fifo, fifo),
     case!(waiting::waiters_served_fifo_after_expiry, fifo_and_ttl),
     case!(waiting::try_acquire_never_jumps_the_queue, fifo),

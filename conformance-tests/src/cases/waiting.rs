@@ -347,6 +347,73 @@ pub async fn cancelled_in_flight_leaves_no_holder(h: &dyn Harness) -> Result<(),
     Ok(())
 }
 
+/// A waiting `acquire` over a slow link, cancelled while a request of it is on its way,
+/// leaves nothing behind. Cancelled after the request that queued it landed, before its
+/// reply: no place in the queue that the next release hands the lock to. Cancelled a half,
+/// one and a half and two and a half delays after the release, with its grant (or its
+/// granting request) on its way: no holder. Each time another client gets the lock within
+/// four delays and the slack.
+pub async fn cancelled_waiter_in_flight_leaves_nothing(h: &dyn Harness) -> Result<(), Failure> {
+    let t = h.timing();
+    let (delay, slow, other, name) = in_flight_scene(h, "waiter-in-flight").await?;
+    let third = client(h).await?;
+    let limit = delay * 4 + t.slack;
+    let holder = held(other.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let r = tokio::time::timeout(delay * 3 / 2, slow.lock.acquire(&name, &long_opts(h))).await;
+    ensure!(
+        r.is_err(),
+        "a waiting acquire of a held lock through a {delay:?} delay returned: {:?}",
+        r.map(|r| r.map(|l| l.name().clone()))
+    );
+    // The cancellation travels too; then the next waiter queues.
+    sleep(delay * 2).await;
+    let next = spawn_waiter(third.clone(), &name, long_opts(h).wait_for(limit));
+    sleep(delay).await;
+    holder.release().await?;
+    let (_, lease) = within(limit * 2, "the waiter behind a cancelled one", next)
+        .await?
+        .map_err(|e| Failure(format!("waiter panicked: {e}")))?;
+    lease
+        .map_err(|e| {
+            Failure(format!(
+                "a waiting acquire cancelled before the reply to the request that queued it \
+                 kept its place: the next waiter was not granted within {limit:?} of the \
+                 release ({e})"
+            ))
+        })?
+        .release()
+        .await?;
+    for after in [delay / 2, delay * 3 / 2, delay * 5 / 2] {
+        let holder = held(other.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+        let waiting = spawn_waiter(slow.lock.clone(), &name, long_opts(h));
+        // Queued: its requests landed and their replies came back.
+        sleep(delay * 3).await;
+        ensure!(
+            !waiting.is_finished(),
+            "a waiting acquire through a {delay:?} delay returned while the lock was held"
+        );
+        holder.release().await?;
+        sleep(after).await;
+        waiting.abort();
+        // Finished before the cancel: an ordinary grant, released as usual.
+        if let Ok((_, Ok(l))) = waiting.await {
+            l.release().await?;
+        }
+        let next = third
+            .acquire(&name, &long_opts(h).wait_for(limit))
+            .await
+            .map_err(|e| {
+                Failure(format!(
+                    "a waiting acquire cancelled {after:?} after the release (its grant on its \
+                     way, delay {delay:?}) left a holder behind for over {limit:?}: {e}"
+                ))
+            })?;
+        next.release().await?;
+    }
+    drop(slow); // only now: the undo travels through its proxies
+    Ok(())
+}
+
 /// Waiters that arrive one after another are granted in arrival order.
 pub async fn waiters_served_fifo(h: &dyn Harness) -> Result<(), Failure> {
     fifo(h, false).await

@@ -191,6 +191,9 @@ impl Flaw {
             Flaw::BrokenRenewExtendsSameClient => {
                 cases![ownership::broken_lease_renew_does_not_extend_the_clients_new_lease]
             }
+            Flaw::CancelledWaiterKeepsItsPlace | Flaw::CancelledWaiterKeepsItsGrant => {
+                cases![waiting::cancelled_waiter_in_flight_leaves_nothing]
+            }
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::RenewInDriftRevives => {

@@ -287,6 +287,12 @@ pub enum Flaw {
     /// while the lease is valid by its own clock: a lease whose lock was deleted renews its
     /// client's newer lease.
     BrokenRenewExtendsSameClient,
+    /// A waiting `acquire` cancelled after its request joined the queue, before the reply,
+    /// stays queued: the next release grants the lock to nobody, until its TTL.
+    CancelledWaiterKeepsItsPlace,
+    /// A waiting `acquire` cancelled while its grant is on its way back leaves the grant to
+    /// its TTL.
+    CancelledWaiterKeepsItsGrant,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
     /// The lease claims a networked driver's conservative validity (the store's expiry less
@@ -407,6 +413,8 @@ impl Flaw {
         Flaw::IntermittentSilentLoss,
         Flaw::TryAcquireJumpsQueue,
         Flaw::BrokenRenewExtendsSameClient,
+        Flaw::CancelledWaiterKeepsItsPlace,
+        Flaw::CancelledWaiterKeepsItsGrant,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,

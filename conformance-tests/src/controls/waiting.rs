@@ -1,5 +1,7 @@
 //! The flawed ways of waiting: what [`FlawedLock::acquire`] does once a waiter has arrived.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Error, Lease, LockName, LockOptions, Result, Wait};
@@ -7,6 +9,38 @@ use lock_core::{DistributedLock, Error, Lease, LockName, LockOptions, Result, Wa
 use super::harness::*;
 use super::lease::Ghost;
 use super::*;
+
+/// How far a waiting request over a slow wire got ([`FlawedLock::wait_over_wire`]).
+#[derive(Default)]
+struct Stage {
+    /// The store granted it.
+    granted: AtomicBool,
+    /// Its caller went away before that.
+    cancelled_early: AtomicBool,
+}
+
+/// Dropped with the waiting caller: a request not yet granted is withdrawn from the queue
+/// (unless the flaw keeps it there); a grant already made is left to the request's task,
+/// whose reply then finds nobody and releases it.
+struct UndoOnDrop {
+    task: Option<tokio::task::AbortHandle>,
+    stage: Arc<Stage>,
+    keeps_place: bool,
+}
+
+impl Drop for UndoOnDrop {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        if !self.stage.granted.load(Ordering::SeqCst) {
+            self.stage.cancelled_early.store(true, Ordering::SeqCst);
+            if !self.keeps_place {
+                task.abort();
+            }
+        }
+    }
+}
 
 /// A waiting `acquire` that got past validation, its link and any ghost.
 pub(super) struct Arrived<'a> {
@@ -179,10 +213,63 @@ impl FlawedLock {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             },
             _ => {
-                let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
+                let l = match self.delay() {
+                    Some(delay) => self.wait_over_wire(delay, &key, opts).await?,
+                    None => self.inner.acquire(&key, &self.inner_opts(opts)).await?,
+                };
                 Ok(self.wrap(l, opts, started, started))
             }
         }
+    }
+
+    /// A waiting `acquire` over a slow wire: the request lands after `delay` and waits in the
+    /// store's queue, and the grant's reply takes `delay` again. A caller that goes away
+    /// before the grant takes its place in the queue with it (the undo is sent as a driver's
+    /// would be); one that goes away while the grant is on its way has the grant released.
+    /// Under [`Flaw::CancelledWaiterKeepsItsPlace`] and [`Flaw::CancelledWaiterKeepsItsGrant`]
+    /// the one or the other is left to hold the lock.
+    async fn wait_over_wire(
+        &self,
+        delay: Duration,
+        key: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Box<dyn Lease>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stage = Arc::new(Stage::default());
+        let (inner, k, o, flaw, s) = (
+            self.inner.clone(),
+            key.clone(),
+            self.inner_opts(opts),
+            self.flaw,
+            stage.clone(),
+        );
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let r = inner.acquire(&k, &o).await;
+            s.granted.store(true, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            if let Err(Ok(orphan)) = tx.send(r) {
+                let early = s.cancelled_early.load(Ordering::SeqCst);
+                let leave = match flaw {
+                    Flaw::CancelledWaiterKeepsItsPlace => early,
+                    Flaw::CancelledWaiterKeepsItsGrant => !early,
+                    _ => false,
+                };
+                if leave {
+                    orphan.abandon();
+                } else {
+                    let _ = orphan.release().await;
+                }
+            }
+        });
+        let mut undo = UndoOnDrop {
+            task: Some(task.abort_handle()),
+            stage,
+            keeps_place: flaw == Flaw::CancelledWaiterKeepsItsPlace,
+        };
+        let r = rx.await;
+        undo.task = None;
+        r.map_err(|_| Error::unavailable("flawed-memory", "the waiting request vanished"))?
     }
 
     /// What a waiter that timed out leaves behind under this flaw.
