@@ -9,7 +9,7 @@ use super::support::{
     acquire_when_free, client, faulty, held, in_state, long_opts, opts, scene, sleep, sleep_until,
     within, Scene,
 };
-use crate::{ensure, fresh_name, Failure, Harness};
+use crate::{ensure, fresh_name, Failure, Fault, Harness};
 
 /// A holder that vanishes (abandons its lease) blocks others until its `valid_until` and no
 /// longer than TTL + slack; a waiter is granted in that window.
@@ -304,6 +304,52 @@ pub async fn valid_until_counts_from_before_the_request(h: &dyn Harness) -> Resu
         .map_err(failed("acquire"))?;
     check("acquire", lease.as_ref(), before, Instant::now())?;
     lease.release().await.map_err(failed("release"))?;
+    drop(slow);
+    Ok(())
+}
+
+/// A grant whose reply arrives after its own validity has passed is undone, never handed out
+/// born Lost: through a client delayed by the TTL each way, `try_acquire` and a waiting
+/// `acquire` each fail, or return a lease that is Held with its `valid_until` ahead.
+pub async fn a_grant_that_arrives_expired_is_not_handed_out(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let probe = client(h).await?;
+    let ttl = probe.capabilities().min_ttl.max(Duration::from_millis(100));
+    // Connected through a short delay (a client may probe its server at creation), then slowed.
+    let slow = faulty(h, Duration::from_millis(20)).await?;
+    slow.link.set(Fault::Delay(ttl));
+    let name = fresh_name("born-lost");
+    let o = opts(h).ttl(ttl);
+    for waits in [false, true] {
+        let what = if waits {
+            "a waiting acquire"
+        } else {
+            "try_acquire"
+        };
+        let sent = Instant::now();
+        let got = if waits {
+            let o = o.clone().wait_for(ttl * 4);
+            slow.lock.acquire(&name, &o).await.map(Some)
+        } else {
+            slow.lock.try_acquire(&name, &o).await
+        };
+        // An error, or `None` (a driver that took its own undone grant for a holder), hands
+        // out nothing.
+        if let Ok(Some(l)) = got {
+            let (state, vu, now) = (l.state(), l.valid_until(), Instant::now());
+            let _ = l.release().await;
+            ensure!(
+                state == LeaseState::Held && vu > now,
+                "{what} through a client delayed {ttl:?} each way, with a TTL of {ttl:?}, \
+                 returned after {:?} a lease that was {state:?} with its valid_until {:?} \
+                 behind: a grant whose reply arrives after its own validity must be undone, \
+                 never handed out",
+                now - sent,
+                now.saturating_duration_since(vu)
+            );
+        }
+    }
     drop(slow);
     Ok(())
 }

@@ -123,6 +123,10 @@ pub static CASES: &[Case] = &[
     case!(expiry::expired_lock_goes_to_exactly_one_racer, ttl),
     case!(expiry::odd_ttl_holds_until_valid_until, ttl),
     case!(expiry::valid_until_counts_from_before_the_request, delays),
+    case!(
+        expiry::a_grant_that_arrives_expired_is_not_handed_out,
+        delays_and_ttl
+    ),
     case!(ownership::stale_release_keeps_successor, ttl),
     case!(ownership::stale_renew_keeps_successor, ttl),
     case!(ownership::dropped_stale_lease_keeps_successor, ttl),

@@ -93,6 +93,9 @@ pub(super) fn breakable(f: &Facts) -> Need {
         "harness cannot break a lock behind its holder's back",
     )
 }
+pub(super) fn delays_and_ttl(f: &Facts) -> Need {
+    delays(f).and(ttl(f))
+}
 pub(super) fn by_url(f: &Facts) -> Need {
     need(f.by_url, "harness names no secured servers")
 }

@@ -194,6 +194,9 @@ impl Flaw {
             Flaw::CancelledWaiterKeepsItsPlace | Flaw::CancelledWaiterKeepsItsGrant => {
                 cases![waiting::cancelled_waiter_in_flight_leaves_nothing]
             }
+            Flaw::BornLostHandedOut => {
+                cases![expiry::a_grant_that_arrives_expired_is_not_handed_out]
+            }
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::RenewInDriftRevives => {

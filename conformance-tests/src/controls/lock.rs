@@ -538,7 +538,12 @@ impl DistributedLock for FlawedLock {
             (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
             (Some(delay), _) => {
                 let (lease, landed) = self.in_flight(delay, &key, opts).await?;
-                return Ok(lease.map(|l| self.wrap(l, opts, started, landed)));
+                return match lease {
+                    Some(l) => Ok(Some(
+                        self.in_time(self.wrap(l, opts, started, landed)).await?,
+                    )),
+                    None => Ok(None),
+                };
             }
         };
         Ok(lease.map(|l| self.wrap(l, opts, started, started)))

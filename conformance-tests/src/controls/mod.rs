@@ -293,6 +293,9 @@ pub enum Flaw {
     /// A waiting `acquire` cancelled while its grant is on its way back leaves the grant to
     /// its TTL.
     CancelledWaiterKeepsItsGrant,
+    /// A grant whose reply crossed a slow wire after its validity had passed is handed out,
+    /// born Lost.
+    BornLostHandedOut,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
     /// The lease claims a networked driver's conservative validity (the store's expiry less
@@ -415,6 +418,7 @@ impl Flaw {
         Flaw::BrokenRenewExtendsSameClient,
         Flaw::CancelledWaiterKeepsItsPlace,
         Flaw::CancelledWaiterKeepsItsGrant,
+        Flaw::BornLostHandedOut,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,

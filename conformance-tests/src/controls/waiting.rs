@@ -213,11 +213,12 @@ impl FlawedLock {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             },
             _ => {
-                let l = match self.delay() {
-                    Some(delay) => self.wait_over_wire(delay, &key, opts).await?,
-                    None => self.inner.acquire(&key, &self.inner_opts(opts)).await?,
+                let Some(delay) = self.delay() else {
+                    let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
+                    return Ok(self.wrap(l, opts, started, started));
                 };
-                Ok(self.wrap(l, opts, started, started))
+                let l = self.wait_over_wire(delay, &key, opts).await?;
+                self.in_time(self.wrap(l, opts, started, started)).await
             }
         }
     }
