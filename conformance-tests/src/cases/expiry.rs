@@ -7,7 +7,7 @@ use lock_core::{Lease, LeaseState};
 
 use super::support::{
     acquire_when_free, client, faulty, held, in_state, long_opts, opts, scene, sleep, sleep_until,
-    within, Scene,
+    spawn_waiter, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Fault, Harness};
 
@@ -304,7 +304,81 @@ pub async fn valid_until_counts_from_before_the_request(h: &dyn Harness) -> Resu
         .map_err(failed("acquire"))?;
     check("acquire", lease.as_ref(), before, Instant::now())?;
     lease.release().await.map_err(failed("release"))?;
+    // A waiter granted on another client's release: whatever its grant answers (a wake-up,
+    // its own request) went out a delay at least before the reply came back.
+    let other = client(h).await?;
+    let holder = held(other.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let waiter = spawn_waiter(slow.lock.clone(), &name, o.clone());
+    sleep(delay * 3).await;
+    holder.release().await?;
+    let (at, lease) = within(
+        delay * 6 + t.slack,
+        "the delayed waiter after the release",
+        waiter,
+    )
+    .await?
+    .map_err(|e| Failure(format!("the waiter panicked: {e}")))?;
+    let lease = lease.map_err(failed("a waiting acquire"))?;
+    let limit = at - delay + lease.ttl() + Duration::from_millis(2);
+    ensure!(
+        lease.valid_until() <= limit,
+        "a waiter granted on a release, through a client delayed {delay:?} each way, claims \
+         a valid_until {:?} past its reply less one delay plus its TTL {:?}: counted from the \
+         reply, not from before what granted it",
+        lease.valid_until() - limit,
+        lease.ttl()
+    );
+    lease.release().await.map_err(failed("release"))?;
+    // A ZooKeeper ensemble's lease cannot be confirmed through 200 ms each way on a 2 s session
+    // (a confirmation must be answered within a third of it): 50 ms tells a reply from a request.
+    let delay = delay.min(Duration::from_millis(50));
+    slow.link.set(Fault::Delay(delay));
+    auto_renewals_count_from_before_their_requests(h, &slow, delay).await?;
     drop(slow);
+    Ok(())
+}
+
+/// Each automatic renewal through `slow` (delayed `delay` each way) claims no more than its
+/// TTL from a request sent a round trip before the renewal was seen.
+async fn auto_renewals_count_from_before_their_requests(
+    h: &dyn Harness,
+    slow: &crate::Faulty,
+    delay: Duration,
+) -> Result<(), Failure> {
+    let t = h.timing();
+    let name = fresh_name("vu-before-auto");
+    let o = opts(h).ttl(t.ttl * 2).auto_renew(None);
+    let lease = held(
+        slow.lock.try_acquire(&name, &o).await?,
+        "auto-renewed lease",
+    )?;
+    let (mut last, mut seen) = (lease.valid_until(), 0);
+    let end = Instant::now() + t.ttl * 2;
+    while seen < 2 && Instant::now() < end {
+        sleep(Duration::from_millis(5)).await;
+        let (vu, now) = (lease.valid_until(), Instant::now());
+        if vu == last {
+            continue;
+        }
+        seen += 1;
+        let limit = now - delay * 2 + lease.ttl() + Duration::from_millis(7);
+        ensure!(
+            vu <= limit,
+            "automatic renewal {seen}, through a client delayed {delay:?} each way, claims a \
+             valid_until {:?} past (when it was seen, less a round trip) plus the TTL {:?}: \
+             counted from the reply, not from before the request",
+            vu - limit,
+            lease.ttl()
+        );
+        last = vu;
+    }
+    ensure!(
+        seen > 0,
+        "the auto-renewed lease's valid_until never moved in {:?} (TTL {:?})",
+        t.ttl * 2,
+        lease.ttl()
+    );
+    lease.release().await?;
     Ok(())
 }
 

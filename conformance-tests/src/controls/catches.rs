@@ -197,6 +197,9 @@ impl Flaw {
             Flaw::BornLostHandedOut => {
                 cases![expiry::a_grant_that_arrives_expired_is_not_handed_out]
             }
+            Flaw::WaiterValidityFromReply | Flaw::AutoRenewValidityFromReply => {
+                cases![expiry::valid_until_counts_from_before_the_request]
+            }
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::RenewInDriftRevives => {

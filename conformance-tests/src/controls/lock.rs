@@ -340,7 +340,15 @@ impl FlawedLock {
             valid_until: started + opts.ttl - driver::drift(opts.ttl),
         };
         let name = lease.name().clone();
-        let ops = WiredOps::new(lease, opts.ttl, wire, self.flaw, self.shared.session_bound);
+        let auto = matches!(opts.renewal, Renewal::Auto { .. });
+        let ops = WiredOps::new(
+            lease,
+            opts.ttl,
+            wire,
+            self.flaw,
+            self.shared.session_bound,
+            auto,
+        );
         Box::new(driver::ManagedLease::new(name, grant, opts.renewal, ops))
     }
 

@@ -296,6 +296,10 @@ pub enum Flaw {
     /// A grant whose reply crossed a slow wire after its validity had passed is handed out,
     /// born Lost.
     BornLostHandedOut,
+    /// A waiter granted over a slow wire counts its validity from the grant's reply.
+    WaiterValidityFromReply,
+    /// Each automatic renewal over a slow wire counts its validity from its reply.
+    AutoRenewValidityFromReply,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
     /// The lease claims a networked driver's conservative validity (the store's expiry less
@@ -419,6 +423,8 @@ impl Flaw {
         Flaw::CancelledWaiterKeepsItsPlace,
         Flaw::CancelledWaiterKeepsItsGrant,
         Flaw::BornLostHandedOut,
+        Flaw::WaiterValidityFromReply,
+        Flaw::AutoRenewValidityFromReply,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,

@@ -217,8 +217,15 @@ impl FlawedLock {
                     let l = self.inner.acquire(&key, &self.inner_opts(opts)).await?;
                     return Ok(self.wrap(l, opts, started, started));
                 };
-                let l = self.wait_over_wire(delay, &key, opts).await?;
-                self.in_time(self.wrap(l, opts, started, started)).await
+                let (l, landed, granted) = self.wait_over_wire(delay, &key, opts).await?;
+                // Counted as from a request sent a delay before the store's grant, under
+                // [`Flaw::WaiterValidityFromReply`] from the reply if it had to wait.
+                let waited = granted.duration_since(landed) > Duration::from_millis(1);
+                let sent = match self.flaw {
+                    Flaw::WaiterValidityFromReply if waited => Instant::now(),
+                    _ => granted.checked_sub(delay).unwrap_or(granted),
+                };
+                self.in_time(self.wrap(l, opts, sent, sent)).await
             }
         }
     }
@@ -228,13 +235,14 @@ impl FlawedLock {
     /// before the grant takes its place in the queue with it (the undo is sent as a driver's
     /// would be); one that goes away while the grant is on its way has the grant released.
     /// Under [`Flaw::CancelledWaiterKeepsItsPlace`] and [`Flaw::CancelledWaiterKeepsItsGrant`]
-    /// the one or the other is left to hold the lock.
+    /// the one or the other is left to hold the lock. Returns the grant, when the request
+    /// landed and when the store granted it.
     async fn wait_over_wire(
         &self,
         delay: Duration,
         key: &LockName,
         opts: &LockOptions,
-    ) -> Result<Box<dyn Lease>> {
+    ) -> Result<(Box<dyn Lease>, Instant, Instant)> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let stage = Arc::new(Stage::default());
         let (inner, k, o, flaw, s) = (
@@ -246,10 +254,14 @@ impl FlawedLock {
         );
         let task = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let r = inner.acquire(&k, &o).await;
+            let landed = Instant::now();
+            let r = inner
+                .acquire(&k, &o)
+                .await
+                .map(|l| (l, landed, Instant::now()));
             s.granted.store(true, Ordering::SeqCst);
             tokio::time::sleep(delay).await;
-            if let Err(Ok(orphan)) = tx.send(r) {
+            if let Err(Ok((orphan, _, _))) = tx.send(r) {
                 let early = s.cancelled_early.load(Ordering::SeqCst);
                 let leave = match flaw {
                     Flaw::CancelledWaiterKeepsItsPlace => early,

@@ -156,6 +156,8 @@ pub(super) struct WiredOps {
     pub(super) cuts: u64,
     /// The lock is the connection's session: a cut frees it.
     session_bound: bool,
+    /// Renewed by the watchdog ([`Flaw::AutoRenewValidityFromReply`]).
+    auto: bool,
 }
 
 impl WiredOps {
@@ -166,8 +168,10 @@ impl WiredOps {
         wire: Arc<Wire>,
         flaw: Flaw,
         session_bound: bool,
+        auto: bool,
     ) -> Self {
         let ops = WiredOps {
+            auto,
             name: lease.name().clone(),
             ttl,
             store: Arc::new(tokio::sync::Mutex::new(Some(lease))),
@@ -208,9 +212,22 @@ impl LeaseOps for WiredOps {
             return Err(Error::not_held(&self.name));
         }
         self.wire.request(self.flaw).await?;
-        let store = self.store.lock().await;
-        let lease = store.as_ref().ok_or_else(|| Error::not_held(&self.name))?;
-        lease.renew().await?;
+        // Through a delayed link the request takes the delay to arrive, the reply again.
+        let delay = self.wire.delay();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        {
+            let store = self.store.lock().await;
+            let lease = store.as_ref().ok_or_else(|| Error::not_held(&self.name))?;
+            lease.renew().await?;
+        }
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        if self.auto && self.flaw == Flaw::AutoRenewValidityFromReply {
+            return Ok(Instant::now() + self.ttl - drift(self.ttl));
+        }
         Ok(start + self.ttl - drift(self.ttl))
     }
 
