@@ -85,6 +85,15 @@ pub trait Harness: Send + Sync + 'static {
         None
     }
 
+    /// Whether `key`, as a lease's [`Lease::backend_key`](lock_core::Lease::backend_key) names
+    /// it, is on the backend now: a Redis or etcd key, a ZooKeeper node, a row of `pg_locks`,
+    /// a file. Lets the suite check that the key a lease reports is the one the server
+    /// stores, namespace and all. `None`: not supported, and that case is skipped.
+    async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
+        let _ = key;
+        None
+    }
+
     /// A new client behind a link the suite can break — typically a [`FaultProxy`] per server
     /// (`Vec<FaultProxy>` is a [`Link`]), set to [`Fault::Delay`]`(delay)` to begin with, so
     /// the client's timeouts can be sized for it. Feeds the `faults` cases (a partitioned
@@ -225,12 +234,14 @@ pub(crate) async fn gather_facts(h: &dyn Harness) -> Result<Facts, BoxError> {
     let caps: Capabilities = client.capabilities();
     let counts_requests = h.backend_requests().await.is_some();
     let can_break = h.break_lock(&fresh_name("probe")).await.is_some();
+    let sees_keys = h.key_exists(fresh_name("probe").as_str()).await.is_some();
     let can_fault = h.faulty_client(Duration::ZERO).await.is_some();
     let secured = h.secured();
     Ok(Facts {
         caps,
         counts_requests,
         can_break,
+        sees_keys,
         can_fault,
         auth: secured
             .as_ref()

@@ -55,6 +55,16 @@ impl Harness for Etcd {
             .await,
         )
     }
+    async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
+        Some(
+            async {
+                let lock = EtcdLock::connect(self.config.clone()).await?;
+                let got = lock.client().get(key, None).await?;
+                Ok(!got.kvs().is_empty())
+            }
+            .await,
+        )
+    }
     async fn backend_requests(&self) -> Option<u64> {
         test_support::etcd_grpc_messages_received(self.config.endpoints()).await
     }

@@ -37,6 +37,9 @@ impl Harness for Files {
     async fn restart_backend(&self) -> Result<(), BoxError> {
         Ok(())
     }
+    async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
+        Some(std::path::Path::new(key).try_exists().map_err(Into::into))
+    }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let path = self.dir.join(format!("{name}.lock"));
         Some(std::fs::remove_file(path).map_err(Into::into))

@@ -77,6 +77,24 @@ impl Harness for Pg {
             .await,
         )
     }
+    /// The key is the advisory lock's 64-bit key; it exists while a session holds it.
+    async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
+        Some(
+            async {
+                let key: i64 = key.parse()?;
+                let admin = admin(&self.config).await?;
+                let rows = admin
+                    .query(
+                        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                         AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = $1",
+                        &[&key],
+                    )
+                    .await?;
+                Ok(!rows.is_empty())
+            }
+            .await,
+        )
+    }
     fn servers(&self) -> Option<Arc<dyn Servers>> {
         Some(self.servers.clone())
     }

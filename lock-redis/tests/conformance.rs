@@ -56,6 +56,10 @@ impl Harness for Redis {
                 .map_err(Into::into),
         )
     }
+    async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
+        let found = test_support::redis_exists([self.raw_url()], key).await;
+        Some(found.map(|n| n > 0).map_err(Into::into))
+    }
     fn servers(&self) -> Option<Arc<dyn Servers>> {
         Some(self.servers.clone())
     }

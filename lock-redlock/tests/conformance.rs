@@ -69,6 +69,13 @@ impl Harness for Redlock {
                 .map_err(Into::into),
         )
     }
+    /// On a majority of the masters, as a grant sets it.
+    async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
+        let urls: Vec<String> = self.raw_urls().collect();
+        let majority = urls.len() / 2 + 1;
+        let found = test_support::redis_exists(urls, key).await;
+        Some(found.map(|n| n >= majority).map_err(Into::into))
+    }
     /// `redis-auth` (16390) and, with the `tls` feature, `redis-tls` (16392) of
     /// `scripts/services.sh`, each as a one-master Redlock.
     fn secured(&self) -> Option<Secured> {

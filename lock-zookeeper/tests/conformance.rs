@@ -56,6 +56,15 @@ impl Harness for Zk {
             .await,
         )
     }
+    async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
+        Some(
+            async {
+                let admin = zookeeper_client::Client::connect(self.config.hosts()).await?;
+                Ok(admin.check_stat(key).await?.is_some())
+            }
+            .await,
+        )
+    }
     fn servers(&self) -> Option<Arc<dyn Servers>> {
         Some(self.servers.clone())
     }

@@ -181,6 +181,25 @@ pub async fn redis_del(
     Ok(())
 }
 
+/// On how many of the servers at `urls` `key` exists.
+///
+/// # Errors
+/// The client library's, from the first server that fails.
+pub async fn redis_exists(
+    urls: impl IntoIterator<Item = String>,
+    key: &str,
+) -> Result<usize, redis::RedisError> {
+    let mut found = 0;
+    for url in urls {
+        let mut c = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut c).await?;
+        found += usize::from(n > 0);
+    }
+    Ok(found)
+}
+
 /// A redis-server of the test's own (a free loopback port; killed when dropped), made a
 /// replica of a master that does not exist, so that it never syncs: `INFO` says
 /// `role:slave`. `writable`: `replica-read-only no`, a replica that takes writes and erases

@@ -163,3 +163,26 @@ pub async fn backend_key_is_the_locks_own(h: &dyn Harness) -> Result<(), Failure
     second.release().await?;
     Ok(())
 }
+
+/// The key a held lease reports is on the server, as the server stores it: the whole key,
+/// namespace or prefix included, so that an operator or a foreign client who looks it up
+/// finds the lock. A driver that says nothing passes.
+pub async fn backend_key_exists_on_the_server(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, name, .. } = scene(h, "key-exists").await?;
+    let lease = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    let Some(key) = lease.backend_key() else {
+        lease.release().await?;
+        return Ok(());
+    };
+    let found = match h.key_exists(&key).await {
+        Some(r) => r.map_err(|e| Failure(format!("could not look up {key:?}: {e}")))?,
+        None => return Err(Failure("harness stopped supporting key_exists".into())),
+    };
+    lease.release().await?;
+    ensure!(
+        found,
+        "a held lease of {name} says it lives at {key:?}, but the backend has no such key: \
+         backend_key must be the whole key as the server stores it, namespace included"
+    );
+    Ok(())
+}

@@ -41,6 +41,8 @@ pub struct Facts {
     pub counts_requests: bool,
     /// [`Harness::break_lock`] works.
     pub can_break: bool,
+    /// [`Harness::key_exists`] answers.
+    pub sees_keys: bool,
     /// [`Harness::faulty_client`] is supported.
     pub can_fault: bool,
     /// [`Harness::secured`] names a server that requires a password: `Some(true)` if it
@@ -109,6 +111,7 @@ pub static CASES: &[Case] = &[
     case!(exclusion::cancelled_release_still_frees, always),
     case!(inspect::inspect_reports_the_holder, inspects),
     case!(inspect::backend_key_is_the_locks_own, always),
+    case!(inspect::backend_key_exists_on_the_server, sees_keys),
     case!(
         inspect::inspect_follows_expiry_and_takeover,
         inspects_and_ttl

@@ -96,6 +96,9 @@ pub(super) fn breakable(f: &Facts) -> Need {
 pub(super) fn delays_and_ttl(f: &Facts) -> Need {
     delays(f).and(ttl(f))
 }
+pub(super) fn sees_keys(f: &Facts) -> Need {
+    need(f.sees_keys, "harness cannot look a key up on the backend")
+}
 pub(super) fn by_url(f: &Facts) -> Need {
     need(f.by_url, "harness names no secured servers")
 }

@@ -200,6 +200,9 @@ impl Flaw {
             Flaw::WaiterValidityFromReply | Flaw::AutoRenewValidityFromReply => {
                 cases![expiry::valid_until_counts_from_before_the_request]
             }
+            Flaw::BackendKeyWithoutNamespace => {
+                cases![inspect::backend_key_exists_on_the_server]
+            }
             Flaw::RegrantKeepsToken => cases![fencing::tokens_increase_on_a_same_client_regrant],
             Flaw::InspectShowsNewestToken => cases![inspect::inspect_reports_the_holder],
             Flaw::RenewInDriftRevives => {

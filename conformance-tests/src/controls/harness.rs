@@ -175,6 +175,14 @@ impl Harness for FlawedHarness {
     async fn backend_requests(&self) -> Option<u64> {
         Some(self.store.operations())
     }
+    /// The control's keys are `flawed:locks/<name>`; one exists while its name is held.
+    async fn key_exists(&self, key: &str) -> Option<std::result::Result<bool, BoxError>> {
+        let held = match key.strip_prefix("flawed:locks/").map(LockName::new) {
+            Some(Ok(name)) => self.store.inspect(&name).await.map(|h| h.is_some()),
+            _ => Ok(false),
+        };
+        Some(held.map_err(Into::into))
+    }
     async fn break_lock(&self, name: &LockName) -> Option<std::result::Result<(), BoxError>> {
         self.store.break_lock(name);
         Some(Ok(()))

@@ -142,6 +142,7 @@ impl Lease for FlawedLease {
     fn backend_key(&self) -> Option<String> {
         Some(match self.lock.flaw {
             Flaw::BackendKeyIgnoresName => "flawed:locks".to_string(),
+            Flaw::BackendKeyWithoutNamespace => format!("locks/{}", self.inner.name()),
             Flaw::BackendKeyTruncated => {
                 let n = self.inner.name().as_str();
                 format!("flawed:locks/{}", &n[..n.len().min(100)])

@@ -300,6 +300,8 @@ pub enum Flaw {
     WaiterValidityFromReply,
     /// Each automatic renewal over a slow wire counts its validity from its reply.
     AutoRenewValidityFromReply,
+    /// `backend_key` leaves out the namespace the server's key begins with.
+    BackendKeyWithoutNamespace,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
     /// The lease claims a networked driver's conservative validity (the store's expiry less
@@ -425,6 +427,7 @@ impl Flaw {
         Flaw::BornLostHandedOut,
         Flaw::WaiterValidityFromReply,
         Flaw::AutoRenewValidityFromReply,
+        Flaw::BackendKeyWithoutNamespace,
         Flaw::InspectShowsNewestToken,
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,
