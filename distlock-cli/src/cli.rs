@@ -115,8 +115,9 @@ pub(crate) struct RunArgs {
     pub(crate) max_hold: Option<Duration>,
     /// Keep the lock (renewing it) at least this long after acquiring it, even if the command
     /// ends sooner: a job started by cron on several machines runs once. A SIGINT/SIGTERM in
-    /// that time leaves the lock to expire by its TTL instead of releasing it (a PostgreSQL or
-    /// file:// lock, which lives in distlock's connection or open file, ends with distlock).
+    /// that time leaves the lock to expire by its TTL instead of releasing it (a ZooKeeper
+    /// lock by its session's timeout; a PostgreSQL or file:// lock, which lives in distlock's
+    /// connection or open file, ends with distlock).
     #[arg(long, value_parser = duration)]
     pub(crate) min_hold: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when the command is stopped (see Supervision below).

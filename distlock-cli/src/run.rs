@@ -170,9 +170,14 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
                 return code;
             }
             _ = signals.recv() => {
-                // Leave it to expire: releasing now would let another run start at once.
-                lease.abandon();
-                return code;
+                // Leave it to what holds it on the backend (a TTL, a ZooKeeper session's
+                // timeout): releasing now would let another run start at once. So nothing is
+                // sent: not a release, nor `abandon` (on ZooKeeper it deletes the node, the
+                // session being shared), nor the close of a session or the revoke of a lease
+                // that dropping the client could send. The process ends here, the lease in
+                // hand; a PostgreSQL or file lock ends with it (`--help`).
+                std::mem::forget(lease);
+                std::process::exit(i32::from(code));
             }
         }
     }

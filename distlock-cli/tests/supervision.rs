@@ -862,6 +862,96 @@ fn min_hold_keeps_the_lock_after_a_short_command() {
     on_file_and_redis("minhold", min_hold);
 }
 
+/// A SIGTERM during `--min-hold` ends distlock at once and leaves the lock to what holds it
+/// on the backend: `outlives` (a TTL, a ZooKeeper session's timeout) says for about how long a
+/// `--no-wait` run right after the exit must be refused and by when it must get the lock;
+/// `None`: a lock that lives in distlock's own connection or open file ends with it.
+fn min_hold_signal(tag: &str, url: &str, outlives: Option<Duration>) {
+    let name = unique(tag);
+    let holder = distlock(
+        url,
+        &[
+            "run",
+            "--name",
+            &name,
+            "--min-hold",
+            "60s",
+            "--ttl",
+            "3s",
+            "--",
+            "true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    // The command (`true`) has ended; distlock holds the lock for --min-hold.
+    std::thread::sleep(Duration::from_millis(700));
+    kill("TERM", holder.id());
+    let exited = Instant::now();
+    exits(holder, Duration::from_secs(5), &format!("{tag}: holder"), 0);
+    let Some(outlives) = outlives else {
+        assert_free(
+            url,
+            &name,
+            &format!("{tag}: once distlock, which held it, exited"),
+        );
+        return;
+    };
+    let o = distlock(url, &["run", "--name", &name, "--no-wait", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(75),
+        "{tag}: a run {:?} after a SIGTERM in --min-hold got the lock: the lock must be left \
+         to expire, not released (nor its node deleted, its lease revoked or its session \
+         closed): {}",
+        exited.elapsed(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::thread::sleep(outlives.saturating_sub(exited.elapsed()));
+    assert_free(
+        url,
+        &name,
+        &format!("{tag}: {outlives:?} after distlock exited"),
+    );
+}
+
+#[test]
+fn a_signal_in_min_hold_leaves_the_lock_to_the_backend() {
+    let dir = tmp("minhold-sig-locks");
+    min_hold_signal(
+        "minhold-sig-file",
+        &format!("file://{}", dir.display()),
+        None,
+    );
+    min_hold_signal(
+        "minhold-sig-pg",
+        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+        None,
+    );
+    // --ttl 3s; the grant's TTL counts from before distlock's exit.
+    let ttl = Some(Duration::from_secs(4));
+    min_hold_signal("minhold-sig-redis", "redis://127.0.0.1:16379", ttl);
+    min_hold_signal(
+        "minhold-sig-redlock",
+        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382",
+        ttl,
+    );
+    // The session's timeout (2 s) from distlock's exit, and the server's expiry tick.
+    min_hold_signal(
+        "minhold-sig-zk",
+        "zk://127.0.0.1:12181?session_timeout_ms=2000",
+        Some(Duration::from_secs(5)),
+    );
+    #[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
+    min_hold_signal(
+        "minhold-sig-etcd",
+        "etcd://127.0.0.1:12379",
+        Some(Duration::from_secs(6)),
+    );
+}
+
 /// Pieces of a password that uses every URL delimiter; none may appear in any output.
 const PIECES: [&str; 6] = ["pwA1", "pwB2", "pwC3", "pwD4", "pwE5", "pwF6"];
 
