@@ -222,7 +222,11 @@ async fn supervise(
     loop {
         let now = Instant::now();
         let lease_kill_at = lease.valid_until().checked_sub(margin).unwrap_or(now);
-        keeper.switch.set(lease_kill_at);
+        let since = lease
+            .valid_until()
+            .checked_sub(lease.ttl())
+            .unwrap_or(granted);
+        keeper.switch.set(lease_kill_at, since);
         let term_at = lease_kill_at.checked_sub(lease_grace).unwrap_or(now);
         if stop.is_none() {
             let why = match lease.state() {

@@ -2,6 +2,7 @@
 //! command's process group, its dead man's switch, the signals it relays, and the last kill
 //! should the keeper itself die.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use distlock::{Fencing, Lease, LockName};
@@ -26,29 +27,64 @@ pub(crate) fn window(lease: &dyn Lease, granted: Instant) -> (Duration, Duration
 pub(crate) struct Switch {
     tx: std::os::fd::OwnedFd,
     sent: Option<Instant>,
+    /// `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` read together at each call, back to the oldest
+    /// that a deadline may still need: the two part only while the machine is suspended.
+    clocks: VecDeque<(Instant, u64)>,
 }
 
 impl Switch {
-    pub(crate) fn set(&mut self, kill_at: Instant) {
+    pub(crate) fn new(tx: std::os::fd::OwnedFd) -> Switch {
+        Switch {
+            tx,
+            sent: None,
+            clocks: VecDeque::new(),
+        }
+    }
+
+    /// Writes `kill_at` (on `Instant`'s clock) for a lease whose validity counts from no
+    /// earlier than `since` (its `valid_until` less its TTL).
+    pub(crate) fn set(&mut self, kill_at: Instant, since: Instant) {
+        self.clocks
+            .push_back((Instant::now(), crate::keeper::boottime_ns()));
+        // Only the latest reading at or before `since` is needed, and `since` never goes back.
+        while self.clocks.get(1).is_some_and(|(m, _)| *m <= since) {
+            self.clocks.pop_front();
+        }
         if self.sent == Some(kill_at) {
             return;
         }
-        // On the keeper's clock, CLOCK_BOOTTIME: `Instant` (CLOCK_MONOTONIC) stands still
-        // while the machine is suspended, and the lease's server does not.
-        let now = Instant::now();
-        let boot = crate::keeper::boottime_ns();
-        let at = if kill_at >= now {
-            let ahead = u64::try_from((kill_at - now).as_nanos()).unwrap_or(u64::MAX);
-            boot.saturating_add(ahead)
-        } else {
-            let behind = u64::try_from((now - kill_at).as_nanos()).unwrap_or(u64::MAX);
-            boot.saturating_sub(behind)
-        };
+        let at = on_boottime(kill_at, since, &self.clocks);
         // Eight bytes go whole or not at all; a full pipe (a keeper that reads nothing) loses
         // the update, which the next one retries.
         if nix::unistd::write(&self.tx, &at.to_le_bytes()) == Ok(8) {
             self.sent = Some(kill_at);
         }
+    }
+}
+
+/// `kill_at` on the keeper's clock, `CLOCK_BOOTTIME`, which goes on while the machine is
+/// suspended; `Instant` (`CLOCK_MONOTONIC`) stands still meanwhile, and the lease's server does
+/// not. Mapped through the clocks as they were read at or before `since`, when the lease's
+/// validity began (the oldest reading if none is that old): a renewal sent before a suspend
+/// and confirmed after it counts on the server from before the suspend, so a reading taken
+/// after the resume would move the deadline past the server's expiry by the suspend's length.
+/// A reading older than needed errs early, never late (the offset between the clocks only
+/// grows).
+fn on_boottime(kill_at: Instant, since: Instant, clocks: &VecDeque<(Instant, u64)>) -> u64 {
+    let Some(&(mono, boot)) = clocks
+        .iter()
+        .rev()
+        .find(|(m, _)| *m <= since)
+        .or_else(|| clocks.front())
+    else {
+        return crate::keeper::boottime_ns();
+    };
+    if kill_at >= mono {
+        let ahead = u64::try_from((kill_at - mono).as_nanos()).unwrap_or(u64::MAX);
+        boot.saturating_add(ahead)
+    } else {
+        let behind = u64::try_from((mono - kill_at).as_nanos()).unwrap_or(u64::MAX);
+        boot.saturating_sub(behind)
     }
 }
 
@@ -95,13 +131,14 @@ impl Keeper {
         let ready = signal(SignalKind::user_defined2())?;
         // The dead man's switch, armed before the command exists.
         let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-        let mut switch = Switch { tx, sent: None };
+        let mut switch = Switch::new(tx);
         let margin = window(lease, granted).1;
         switch.set(
             lease
                 .valid_until()
                 .checked_sub(margin)
                 .unwrap_or_else(Instant::now),
+            granted,
         );
         if switch.sent.is_none() {
             return Err(std::io::Error::other("cannot arm the keeper's deadline"));
@@ -239,5 +276,35 @@ fn keeper_exe() -> std::io::Result<std::path::PathBuf> {
         Ok(proc.to_path_buf())
     } else {
         std::env::current_exe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    /// A renewal sent before a 100 s suspend and confirmed after it: the deadline is counted
+    /// from the clocks as they were before the suspend, not after it.
+    #[test]
+    fn a_deadline_written_after_a_resume_keeps_the_servers_expiry() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Monotonic 10 s at boottime 1,000 s; then a suspend of 100 s at monotonic 11 s.
+        let clocks: VecDeque<(Instant, u64)> = [
+            (at(10), 1_000 * S),
+            (at(11), 1_001 * S),
+            (at(12), 1_102 * S),
+        ]
+        .into();
+        // Sent at monotonic 11 s (before the suspend), valid 30 s: kill at monotonic 40 s.
+        assert_eq!(on_boottime(at(40), at(11), &clocks), 1_030 * S);
+        // Had the same validity begun after the resume, it would count from then.
+        assert_eq!(on_boottime(at(42), at(12), &clocks), 1_132 * S);
+        // No reading that old: the oldest one, which errs early.
+        assert_eq!(on_boottime(at(40), at(5), &clocks), 1_030 * S);
+        // A deadline already behind the reading.
+        assert_eq!(on_boottime(at(9), at(11), &clocks), 1_000 * S - S);
     }
 }
