@@ -37,6 +37,10 @@ keeper process. Nothing of it runs without the lock:
   - if the backend lets the lock go before its validity runs out (a terminated PostgreSQL
     session, a deleted key, a revoked etcd lease, a deleted node or lock file), the lock may
     be someone else's already: the command gets SIGKILL at once, with no grace; exit 70.
+  - a process that changes its user (`distlock run -- sudo ...`) cannot be signalled by
+    distlock: it is said at once, the lock is kept (renewed) while such a process runs and
+    released after it, or, if the lock is lost meanwhile, distlock says so and exits; exit 77
+    either way. Run distlock as that user instead (`sudo distlock run -- ...`).
 The command's environment adds DISTLOCK_NAME, DISTLOCK_BACKEND, DISTLOCK_FENCING_TOKEN (where
 the backend fences), DISTLOCK_FENCING (`strict`, or `best-effort` where the token can repeat
 after the server lost data in a restart, as Redis without `appendfsync always` can) and
@@ -50,7 +54,8 @@ script. A Ctrl-Z (SIGTSTP) is refused, with a message: a stopped run would hold 
 lock idly.
 
 Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy
-with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refused; 64 bad
+with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refused, or a
+command that changed its user, which distlock may not stop (see Supervision); 64 bad
 arguments, URL, name or default directory; 70 lock lost or at risk while the command ran (it was stopped), or
 --max-hold reached; 71 distlock could not supervise (signals, keeper); 127/126 command not
 found / not runnable. A closed stderr changes none of these. `status`: 0 (held or free: see

@@ -321,7 +321,19 @@ impl Keeper {
                 self.killing = true;
             }
             if self.killing {
-                self.signal_all(Signal::SIGKILL);
+                let (killed, denied) = self.signal_all(Signal::SIGKILL);
+                if killed == 0 && !denied.is_empty() {
+                    // What is left changed its user (`sudo`): no signal of ours reaches it,
+                    // and waiting for it would hold distlock forever. distlock, which these
+                    // processes are handed to as the keeper exits, decides what to do.
+                    let pids: Vec<String> = denied.iter().map(|p| p.to_string()).collect();
+                    to_stderr(&format!(
+                        "distlock: keeper: cannot kill process {} of the command: it runs as \
+                         another user (it changed user, as sudo does)\n",
+                        pids.join(", ")
+                    ));
+                    return self.status.unwrap_or(EX_OSERR);
+                }
             }
             let timeout = if self.killing {
                 Some(KILL_ROUND)
@@ -370,7 +382,9 @@ impl Keeper {
                     Signal::SIGUSR1 => self.killing = true,
                     // Only the supervisor's: the keeper's own group-wide signals come back to
                     // it, and a terminal's reach the whole group by themselves.
-                    _ if from_parent => self.signal_all(sig),
+                    _ if from_parent => {
+                        self.signal_all(sig);
+                    }
                     _ => {}
                 }
             }
@@ -463,19 +477,26 @@ impl Keeper {
     }
 
     /// Sends `sig` to every process of the command: its process group, and the processes
-    /// re-parented to the keeper that left the group.
-    fn signal_all(&self, sig: Signal) {
+    /// re-parented to the keeper that left the group. Returns how many living processes it
+    /// reached, and those it may not signal (EPERM: they changed their user).
+    fn signal_all(&self, sig: Signal) -> (usize, Vec<Pid>) {
         if sig != Signal::SIGKILL {
             // Group-wide in one call: also reaches a process forked a moment ago. The keeper
             // gets it too, blocked, and ignores it (it is not from the supervisor).
             let _ = killpg(self.group, sig);
         }
         let me = getpid();
+        let (mut reached, mut denied) = (0, Vec::new());
         for p in crate::procs::all() {
             if p.pid != me && !p.zombie && (p.group == self.group || p.parent == me) {
-                let _ = kill(p.pid, sig);
+                match kill(p.pid, sig) {
+                    Ok(()) => reached += 1,
+                    Err(Errno::EPERM) => denied.push(p.pid),
+                    Err(_) => {} // ended meanwhile
+                }
             }
         }
+        (reached, denied)
     }
 }
 

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
-use crate::exit::{say, to_stderr, Failure, EX_OSERR, EX_SOFTWARE};
+use crate::exit::{say, to_stderr, Failure, EX_NOPERM, EX_OSERR, EX_SOFTWARE};
 use crate::supervisor::{keeper_status, window, Keeper};
 use crate::target::Secrets;
 
@@ -138,6 +138,9 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
                 );
             }
             if !keeper.kill_group_and_wait(lease.valid_until()).await {
+                if !keeper.unkillable().is_empty() {
+                    return hold_while_they_run(lease, &keeper, &name, secrets).await;
+                }
                 say(
                     secrets,
                     "processes of the command may still run: the lock is left to expire, \
@@ -153,6 +156,9 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
             EX_SOFTWARE
         }
     };
+    if !keeper.unkillable().is_empty() {
+        return hold_while_they_run(lease, &keeper, &name, secrets).await;
+    }
     if let Some(stop) = stop {
         if lease.state() != LeaseState::Lost {
             release(lease).await;
@@ -308,6 +314,57 @@ async fn supervise(
             _ = keeper.ready.recv(), if !keeper.is_ready => keeper.now_ready(),
             () = &mut lost, if !lost_seen => lost_seen = true,
             _ = tokio::time::sleep_until(next.into()) => {}
+        }
+    }
+}
+
+/// Processes of the command outlived it that no signal of distlock's reaches: they changed
+/// their user (`sudo`). distlock says so at once and, the lock being theirs in effect, keeps it
+/// (renewed) while they run: released once they are gone, never left to a PostgreSQL or file
+/// lock's end with distlock. If it is lost meanwhile, distlock says that too and exits: they
+/// run on without it. Either way the status is 77.
+async fn hold_while_they_run(
+    lease: Box<dyn Lease>,
+    keeper: &Keeper,
+    name: &LockName,
+    secrets: &Secrets,
+) -> u8 {
+    let pids = |p: &[nix::unistd::Pid]| {
+        p.iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    say(
+        secrets,
+        &format!(
+            "process(es) {} of the command cannot be stopped: they run as another user (the \
+             command changed user, as sudo does), and distlock may not signal them; run \
+             distlock itself as that user (`sudo distlock run ...`), not the other way round",
+            pids(&keeper.unkillable())
+        ),
+    );
+    let lost = lease.lost();
+    let mut lost = std::pin::pin!(lost.wait());
+    loop {
+        let left = keeper.unkillable();
+        if left.is_empty() {
+            release(lease).await;
+            return EX_NOPERM;
+        }
+        if lease.state() == LeaseState::Lost {
+            say(
+                secrets,
+                &format!(
+                    "lock {name} is lost and process(es) {} of the command still run without it",
+                    pids(&left)
+                ),
+            );
+            return EX_NOPERM;
+        }
+        tokio::select! {
+            () = &mut lost => {}
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
 }

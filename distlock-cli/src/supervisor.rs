@@ -269,6 +269,28 @@ impl Keeper {
     }
 }
 
+impl Keeper {
+    /// After the keeper ended: the processes of the command still running that SIGKILL may
+    /// not reach (EPERM: they changed their user), in its group or re-parented to this
+    /// process. Each is sent SIGKILL on the way, and what was re-parented here and ended is
+    /// reaped.
+    pub(crate) fn unkillable(&self) -> Vec<Pid> {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
+            waitpid(None, Some(WaitPidFlag::WNOHANG))
+        {}
+        let me = nix::unistd::getpid();
+        crate::procs::all()
+            .into_iter()
+            .filter(|p| !p.zombie && (p.group == self.pid || p.parent == me))
+            .filter(|p| {
+                nix::sys::signal::kill(p.pid, Signal::SIGKILL) == Err(nix::errno::Errno::EPERM)
+            })
+            .map(|p| p.pid)
+            .collect()
+    }
+}
+
 /// This very binary, also when it was replaced on disk since it started.
 fn keeper_exe() -> std::io::Result<std::path::PathBuf> {
     let proc = std::path::Path::new("/proc/self/exe");

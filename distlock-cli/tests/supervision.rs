@@ -952,6 +952,158 @@ fn a_signal_in_min_hold_leaves_the_lock_to_the_backend() {
     );
 }
 
+/// A command that changes its user, as `sudo` does, cannot be signalled by distlock. Run as
+/// `nobody`, with a command made root by a setuid copy of setpriv(1): when the lock is lost
+/// (its key deleted), the keeper's SIGKILL gets EPERM. distlock must say so at once and exit
+/// 77, not wait forever on a process it may not kill while the lock is granted elsewhere.
+#[test]
+fn a_command_that_changed_user_is_reported_at_once() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        eprintln!("skipped: making a setuid helper needs root");
+        return;
+    }
+    let dir = tmp("setuid");
+    let perm = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    perm(&dir, 0o777);
+    let helper = dir.join("setpriv-root");
+    std::fs::copy("/usr/bin/setpriv", &helper).unwrap();
+    perm(&helper, 0o4755);
+    let (job, key_file) = (dir.join("job.sh"), dir.join("key"));
+    std::fs::write(
+        &job,
+        format!(
+            "echo \"$DISTLOCK_KEY\" > {}\nwhile :; do sleep 0.1; done\n",
+            key_file.display()
+        ),
+    )
+    .unwrap();
+    perm(&job, 0o755);
+    let cleanup = Cleanup(job.display().to_string());
+    let name = unique("setuid");
+    let mut holder = distlock(
+        "redis://127.0.0.1:16379",
+        &["run", "--name", &name, "--ttl", "3s", "--"],
+    );
+    holder
+        .arg(&helper)
+        .args(["--reuid=0", "--regid=0", "--clear-groups", "--", "sh"])
+        .arg(&job)
+        .uid(65534)
+        .gid(65534);
+    let mut holder = holder.spawn().unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let key = loop {
+        match std::fs::read_to_string(&key_file) {
+            Ok(k) if k.ends_with('\n') => break k.trim().to_string(),
+            _ if Instant::now() > end => panic!("the command did not start as root"),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    run_tool("redis-cli", &["-p", "16379", "DEL", &key]);
+    let deleted = Instant::now();
+    // The root process holds distlock's stderr open: it must be gone before the output can be
+    // read to its end.
+    while holder.try_wait().unwrap().is_none() && deleted.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let exited = deleted.elapsed();
+    drop(cleanup);
+    let out = exits(
+        holder,
+        Duration::from_secs(5),
+        "a run whose command changed user, after its lock was lost",
+        77,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        exited < Duration::from_secs(3),
+        "distlock took {exited:?} after the key's deletion to give up (TTL 3 s): {err}"
+    );
+    assert!(
+        err.contains("another user") && err.contains("lost"),
+        "distlock must say that the command changed user and that the lock is lost: {err}"
+    );
+}
+
+/// The same helper, and a command whose main process ends at once, leaving a root process
+/// that runs for 2 s: distlock cannot kill it after the grace, so it keeps the lock (a file
+/// lock, which ends with distlock) while that process runs, says so, releases once it is gone,
+/// and exits 77.
+#[test]
+fn a_lock_outlives_what_changed_user_in_the_command() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        eprintln!("skipped: making a setuid helper needs root");
+        return;
+    }
+    let dir = tmp("setuid-outlives");
+    let perm = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    perm(&dir, 0o777);
+    let locks = dir.join("locks");
+    std::fs::create_dir(&locks).unwrap();
+    perm(&locks, 0o777);
+    let url = format!("file://{}", locks.display());
+    let helper = dir.join("setpriv-root");
+    std::fs::copy("/usr/bin/setpriv", &helper).unwrap();
+    perm(&helper, 0o4755);
+    let job = dir.join("job.sh");
+    std::fs::write(&job, "(sleep 2) &\n").unwrap();
+    perm(&job, 0o755);
+    let _cleanup = Cleanup(job.display().to_string());
+    let name = unique("setuid-outlives");
+    let mut holder = distlock(&url, &["run", "--name", &name, "--grace", "100ms", "--"]);
+    holder
+        .arg(&helper)
+        .args(["--reuid=0", "--regid=0", "--clear-groups", "--", "sh"])
+        .arg(&job)
+        .uid(65534)
+        .gid(65534)
+        .stderr(Stdio::null());
+    let t = Instant::now();
+    let mut holder = holder.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let o = distlock(&url, &["run", "--name", &name, "--no-wait", "--", "true"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(75),
+        "a run while the root process of the holder's command still ran got the lock: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = holder.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < end,
+            "distlock did not exit once the root process ended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(77), "distlock's status");
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "distlock exited after {:?}, before the root process (2 s) ended",
+        t.elapsed()
+    );
+    assert_free(
+        &url,
+        &name,
+        "once the root process ended and distlock exited",
+    );
+}
+
 /// Pieces of a password that uses every URL delimiter; none may appear in any output.
 const PIECES: [&str; 6] = ["pwA1", "pwB2", "pwC3", "pwD4", "pwE5", "pwF6"];
 
