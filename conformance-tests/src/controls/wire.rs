@@ -102,21 +102,6 @@ impl Wire {
     }
 }
 
-impl super::FlawedLock {
-    /// A grant whose reply crossed the wire after its own validity had passed is released
-    /// and reported, as a driver must (under [`Flaw::BornLostHandedOut`], handed out Lost).
-    pub(super) async fn in_time(&self, lease: Box<dyn Lease>) -> Result<Box<dyn Lease>> {
-        if self.flaw == Flaw::BornLostHandedOut || lease.valid_until() > Instant::now() {
-            return Ok(lease);
-        }
-        let _ = lease.release().await;
-        Err(Error::unavailable(
-            "flawed-memory",
-            "the grant arrived after the lease's validity had passed",
-        ))
-    }
-}
-
 /// How long a linked client's request waits for a blackholed link before it fails.
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
