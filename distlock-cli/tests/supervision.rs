@@ -952,26 +952,39 @@ fn a_signal_in_min_hold_leaves_the_lock_to_the_backend() {
     );
 }
 
+/// Sets `path`'s permission bits.
+fn perm(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A scratch directory anyone may write to, holding a setuid-root copy of setpriv(1): run by
+/// `nobody`, `setpriv --reuid=0 --regid=0 --clear-groups -- CMD` makes CMD root, as `sudo`
+/// would. `None` (the test skipped) unless this process is root.
+fn setuid_root_helper(tag: &str) -> Option<(Scratch, std::path::PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        eprintln!("skipped: making a setuid helper needs root");
+        return None;
+    }
+    let dir = tmp(tag);
+    perm(&dir, 0o777);
+    let helper = dir.join("setpriv-root");
+    std::fs::copy("/usr/bin/setpriv", &helper).unwrap();
+    perm(&helper, 0o4755);
+    Some((dir, helper))
+}
+
 /// A command that changes its user, as `sudo` does, cannot be signalled by distlock. Run as
 /// `nobody`, with a command made root by a setuid copy of setpriv(1): when the lock is lost
 /// (its key deleted), the keeper's SIGKILL gets EPERM. distlock must say so at once and exit
 /// 77, not wait forever on a process it may not kill while the lock is granted elsewhere.
 #[test]
 fn a_command_that_changed_user_is_reported_at_once() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
-    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
-        eprintln!("skipped: making a setuid helper needs root");
+    let Some((dir, helper)) = setuid_root_helper("setuid") else {
         return;
-    }
-    let dir = tmp("setuid");
-    let perm = |p: &Path, mode: u32| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
     };
-    perm(&dir, 0o777);
-    let helper = dir.join("setpriv-root");
-    std::fs::copy("/usr/bin/setpriv", &helper).unwrap();
-    perm(&helper, 0o4755);
     let (job, key_file) = (dir.join("job.sh"), dir.join("key"));
     std::fs::write(
         &job,
@@ -1035,24 +1048,14 @@ fn a_command_that_changed_user_is_reported_at_once() {
 /// and exits 77.
 #[test]
 fn a_lock_outlives_what_changed_user_in_the_command() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
-    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
-        eprintln!("skipped: making a setuid helper needs root");
+    let Some((dir, helper)) = setuid_root_helper("setuid-outlives") else {
         return;
-    }
-    let dir = tmp("setuid-outlives");
-    let perm = |p: &Path, mode: u32| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
     };
-    perm(&dir, 0o777);
     let locks = dir.join("locks");
     std::fs::create_dir(&locks).unwrap();
     perm(&locks, 0o777);
     let url = format!("file://{}", locks.display());
-    let helper = dir.join("setpriv-root");
-    std::fs::copy("/usr/bin/setpriv", &helper).unwrap();
-    perm(&helper, 0o4755);
     let job = dir.join("job.sh");
     std::fs::write(&job, "(sleep 2) &\n").unwrap();
     perm(&job, 0o755);

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{DistributedLock, Lease, LeaseState};
+use lock_core::{DistributedLock, Lease, LeaseState, LockName};
 
 use super::support::{
     acquire_when_free, client, held, in_state, is_not_held, long_opts, opts, scene, sleep,
@@ -159,11 +159,11 @@ pub async fn broken_lock_release_is_not_held(h: &dyn Harness) -> Result<(), Fail
 /// fails and does not extend the new one, which still ends at its own `valid_until` (plus
 /// the slack) when abandoned.
 pub async fn stale_renew_does_not_extend_new_lease(h: &dyn Harness) -> Result<(), Failure> {
-    let Scene { t, a, b, name } = scene(h, "stale-renew-own").await?;
+    let Scene { a, b, name, .. } = scene(h, "stale-renew-own").await?;
     let old = held(a.try_acquire(&name, &opts(h)).await?, "first lease")?;
     let new = expire_and_take_over(h, old.as_ref(), a.as_ref()).await?;
     let new_t0 = Instant::now();
-    let (new_vu, new_ttl) = (new.valid_until(), new.ttl());
+    let new_ttl = new.ttl();
     // Renew late in the new lease's life, so an extension would outlast it by far more than
     // the slack.
     sleep_until(new_t0 + new_ttl * 3 / 4).await;
@@ -172,28 +172,50 @@ pub async fn stale_renew_does_not_extend_new_lease(h: &dyn Harness) -> Result<()
         renewed.is_err(),
         "renew of the client's expired lease succeeded while the same client holds a new lease"
     );
+    frees_by_its_own_ttl(
+        h,
+        new,
+        new_t0,
+        b.as_ref(),
+        &name,
+        "the expired lease's renew",
+    )
+    .await
+}
+
+/// Abandons `new` (granted at `t0`) and checks that `other` gets `name` within its TTL and the
+/// slack: `who` (a stale lease's renew) did not extend it.
+async fn frees_by_its_own_ttl(
+    h: &dyn Harness,
+    new: Box<dyn Lease>,
+    t0: Instant,
+    other: &dyn DistributedLock,
+    name: &LockName,
+    who: &str,
+) -> Result<(), Failure> {
+    let (vu, ttl) = (new.valid_until(), new.ttl());
     new.abandon();
-    let limit = new_ttl + t.slack;
+    let limit = ttl + h.timing().slack;
     let next = within(
         limit * 3,
         "another client waiting for the abandoned new lease",
-        b.acquire(&name, &opts(h).wait_for(limit * 2)),
+        other.acquire(name, &opts(h).wait_for(limit * 2)),
     )
     .await?
     .map_err(|e| {
         Failure(format!(
-            "the new lease was not free {:?} after it was granted: the expired lease's renew \
+            "the new lease (TTL {ttl:?}) was not free {:?} after it was granted: {who} \
              extended it ({e})",
-            new_t0.elapsed()
+            t0.elapsed()
         ))
     })?;
     let freed = Instant::now();
     ensure!(
-        freed <= new_t0 + limit,
-        "the new lease (TTL {new_ttl:?}, valid until {:?} after its grant) freed only {:?} \
-         after its grant: the expired lease's renew extended it",
-        new_vu.saturating_duration_since(new_t0),
-        freed - new_t0
+        freed <= t0 + limit,
+        "the new lease (TTL {ttl:?}, valid until {:?} after its grant) freed only {:?} after \
+         its grant: {who} extended it",
+        vu.saturating_duration_since(t0),
+        freed - t0
     );
     next.release().await?;
     Ok(())
@@ -245,7 +267,6 @@ pub async fn broken_lease_renew_does_not_extend_the_clients_new_lease(
     )
     .await??;
     let new_t0 = Instant::now();
-    let new_ttl = new.ttl();
     ensure!(
         old.renew().await.is_err(),
         "renew of a lease whose lock was deleted behind its back succeeded while its client \
@@ -266,28 +287,6 @@ pub async fn broken_lease_renew_does_not_extend_the_clients_new_lease(
         next.release().await?;
         return Ok(());
     }
-    new.abandon();
-    let limit = new_ttl + t.slack;
-    let next = within(
-        limit * 3,
-        "another client waiting for the abandoned new lease",
-        b.acquire(&name, &opts(h).wait_for(limit * 2)),
-    )
-    .await?
-    .map_err(|e| {
-        Failure(format!(
-            "the new lease (TTL {new_ttl:?}) was not free {:?} after its grant: the broken \
-             lease's renew (TTL {:?}) extended it ({e})",
-            new_t0.elapsed(),
-            old.ttl()
-        ))
-    })?;
-    ensure!(
-        new_t0.elapsed() <= limit,
-        "the new lease (TTL {new_ttl:?}) freed only {:?} after its grant: the broken lease's \
-         renew extended it",
-        new_t0.elapsed()
-    );
-    next.release().await?;
-    Ok(())
+    let who = format!("the broken lease's renew (TTL {:?})", old.ttl());
+    frees_by_its_own_ttl(h, new, new_t0, b.as_ref(), &name, &who).await
 }
