@@ -3,7 +3,8 @@
 //!
 //! `distlock run` (the supervisor) holds the lease; it starts the keeper (this binary again,
 //! `/proc/self/exe`, with [`ARG`]) as the leader of a new process group, and the keeper starts
-//! the command in that group. The keeper
+//! the command as the leader of another new group, and joins that group itself: so a Ctrl-Z
+//! or a Ctrl-C typed at the terminal reaches both (see below). The keeper
 //! - asks the kernel for `SIGUSR1` when the supervisor dies (`PR_SET_PDEATHSIG`), also by
 //!   SIGKILL or the OOM killer, and then kills every process of the command at once;
 //! - is a child subreaper (`PR_SET_CHILD_SUBREAPER`): whatever the command forks and orphans
@@ -13,11 +14,17 @@
 //! - when the command's main process exits, sends SIGTERM to what is left and SIGKILL after
 //!   the grace, and exits only once nothing is left, with the command's status (a signal `N`
 //!   as `128 + N`);
+//! - kills with one signal to the command's group, which the kernel delivers to every member
+//!   at once (a process forking at that moment either has no child yet or its child gets it
+//!   too): before that the keeper steps out of the group into one of its own, so that the
+//!   SIGKILL does not reach it. A fork loop cannot outrun it, as it can outrun a hunt of
+//!   `/proc` for processes to kill one by one; only the processes that left the group
+//!   (`setsid`) are hunted so, as re-parented to the keeper;
 //! - tells the supervisor with SIGUSR2 once it has blocked its signals (before that, a signal
 //!   would end it with the default action, so the supervisor holds its signals back);
 //! - when the supervisor leads the terminal's foreground group (a job of an interactive
-//!   shell), makes its own group the foreground before it starts the command, so that the
-//!   command can read the terminal (`terminal.rs`); a Ctrl-Z then comes to the keeper's group,
+//!   shell), makes the command's group the foreground, so that the command can read the
+//!   terminal (`terminal.rs`); a Ctrl-Z then comes to that group, keeper included,
 //!   and the keeper refuses it: SIGTSTP is blocked, and every process of the command gets
 //!   SIGCONT; SIGTTIN and SIGTTOU are blocked too, so that the keeper itself never stops;
 //! - starts the command with no signal blocked (`spawn`);
@@ -51,7 +58,7 @@ use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::time::{clock_gettime, ClockId};
-use nix::unistd::{getpid, getppid, Pid};
+use nix::unistd::{getpgrp, getpid, getppid, setpgid, Pid};
 
 use crate::exit::to_stderr;
 
@@ -152,7 +159,6 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
     };
     // Tell the supervisor that its signals are safe to send now.
     let _ = kill(parent, Signal::SIGUSR2);
-    crate::terminal::hand_to_keeper(parent);
     let child = match spawn(command, &held) {
         Ok(c) => c,
         Err(e) => {
@@ -164,9 +170,13 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
             return if e == Errno::ENOENT { 127 } else { 126 };
         }
     };
+    // In the command's group, a Ctrl-Z reaches the keeper too, which refuses it. Should the
+    // join fail (it cannot: the child is not reaped yet), the keeper only misses those.
+    let _ = setpgid(Pid::from_raw(0), child);
+    crate::terminal::hand_to_command(parent, child);
     Keeper {
         parent,
-        group: getpid(),
+        group: child,
         child,
         grace,
         status: None,
@@ -180,7 +190,7 @@ pub(crate) fn main(args: &[OsString]) -> u8 {
 }
 
 /// Starts the command (searched for in `PATH`) as it would start without distlock: with no
-/// signal blocked and SIGPIPE at its default action. `std::process::Command` passes on the
+/// signal blocked and SIGPIPE at its default action, as the leader of a new process group. `std::process::Command` passes on the
 /// spawner's signal mask, which here holds every signal the keeper reads from its signalfd:
 /// a command that does not clear its mask itself (most programs but shells) would never get
 /// the SIGTERM meant to stop it, nor a Ctrl-C. The Rust runtime ignores SIGPIPE in the keeper.
@@ -209,8 +219,11 @@ fn spawn(command: &[OsString], held: &[RawFd]) -> Result<Pid, Errno> {
     let mut attr = PosixSpawnAttr::init()?;
     attr.set_sigmask(&SigSet::empty())?;
     attr.set_sigdefault(&SigSet::from(Signal::SIGPIPE))?;
+    attr.set_pgroup(Pid::from_raw(0))?;
     attr.set_flags(
-        PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
+        PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK
+            | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF
+            | PosixSpawnFlags::POSIX_SPAWN_SETPGROUP,
     )?;
     let mut actions = PosixSpawnFileActions::init()?;
     for fd in held {
@@ -286,7 +299,8 @@ impl Deadline {
 
 struct Keeper {
     parent: Pid,
-    /// The process group the command runs in: the keeper's own.
+    /// The process group the command runs in, which the command's main process leads and
+    /// the keeper is in until it kills.
     group: Pid,
     child: Pid,
     grace: Duration,
@@ -480,12 +494,19 @@ impl Keeper {
     /// re-parented to the keeper that left the group. Returns how many living processes it
     /// reached, and those it may not signal (EPERM: they changed their user).
     fn signal_all(&self, sig: Signal) -> (usize, Vec<Pid>) {
-        if sig != Signal::SIGKILL {
-            // Group-wide in one call: also reaches a process forked a moment ago. The keeper
-            // gets it too, blocked, and ignores it (it is not from the supervisor).
+        let me = getpid();
+        if sig == Signal::SIGKILL && getpgrp() == self.group {
+            // Out of the group before killing it; a group of its own, which no other process
+            // can have: its id is the keeper's pid. The command's group lives on meanwhile
+            // (its id is taken while any member is, zombies included).
+            let _ = setpgid(me, me);
+        }
+        if sig != Signal::SIGKILL || getpgrp() != self.group {
+            // Group-wide in one call: also reaches a process forked a moment ago. For any
+            // other signal the keeper gets it too, blocked, and ignores it (it is not from
+            // the supervisor).
             let _ = killpg(self.group, sig);
         }
-        let me = getpid();
         let (mut reached, mut denied) = (0, Vec::new());
         for p in crate::procs::all() {
             if p.pid != me && !p.zombie && (p.group == self.group || p.parent == me) {

@@ -122,7 +122,7 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     )
     .await;
     if let Some(fg) = keeper.foreground.take() {
-        fg.take_back(keeper.pid);
+        fg.take_back(keeper.group());
     }
     let code = match status {
         Ok(code) => code,
@@ -283,8 +283,11 @@ async fn supervise(
         }
         // A shell's `fg` may have brought this process to the foreground (it was started in
         // the background): the terminal goes on to the command, as it would to any job.
-        if let Some(fg) = &keeper.foreground {
-            fg.give_to(keeper.pid);
+        // Only to the command's group: one the keeper is not in yet would keep it from the
+        // command (`terminal::hand_to_command`).
+        keeper.look();
+        if let (Some(fg), Some(group)) = (&keeper.foreground, keeper.command_group()) {
+            fg.give_to(group);
         }
         // Whatever else happens, nothing of the command runs once the lease may move.
         let kill_at = match stop {

@@ -1,6 +1,6 @@
-//! The supervisor's end of the keeper (`keeper.rs`): starting it as the leader of the
-//! command's process group, its dead man's switch, the signals it relays, and the last kill
-//! should the keeper itself die.
+//! The supervisor's end of the keeper (`keeper.rs`): starting it as the leader of a process
+//! group (the command gets one of its own, which the keeper joins), its dead man's switch, the
+//! signals it relays, and the last kill should the keeper itself die.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -98,7 +98,7 @@ pub(crate) fn keeper_status(st: std::process::ExitStatus) -> Result<u8, String> 
     }
 }
 
-/// The keeper process (this binary, in keeper mode) and the process group it leads.
+/// The keeper process (this binary, in keeper mode) and the command's process group.
 pub(crate) struct Keeper {
     pub(crate) child: tokio::process::Child,
     pub(crate) pid: Pid,
@@ -113,6 +113,8 @@ pub(crate) struct Keeper {
     pub(crate) switch: Switch,
     /// This process's terminal, which the keeper takes over while the command runs.
     pub(crate) foreground: Option<crate::terminal::Foreground>,
+    /// The command's process group, which the keeper joined, as last seen ([`Self::look`]).
+    group: Option<Pid>,
 }
 
 impl Keeper {
@@ -209,7 +211,46 @@ impl Keeper {
             killed_group: false,
             switch,
             foreground,
+            group: None,
         })
+    }
+
+    /// Notes the command's process group: the one the keeper is in, once it is not the
+    /// keeper's own. Only while the keeper is not reaped (its pid could be another's after).
+    pub(crate) fn look(&mut self) {
+        if let Ok(g) = nix::unistd::getpgid(Some(self.pid)) {
+            if g != self.pid {
+                self.group = Some(g);
+            }
+        }
+    }
+
+    /// The command's process group as last seen; the keeper's before it joined one.
+    pub(crate) fn group(&self) -> Pid {
+        self.group.unwrap_or(self.pid)
+    }
+
+    /// The command's process group, once seen.
+    pub(crate) fn command_group(&self) -> Option<Pid> {
+        self.group
+    }
+
+    /// The processes of the command in `procs`, and its process groups: the keeper's, the
+    /// command's as last seen, and those of the processes re-parented to this process (the
+    /// keeper's orphans, once it died: the command's group among them if this process never
+    /// saw it), never this process's own group.
+    fn of_command(&self, procs: Vec<crate::procs::Proc>) -> (Vec<crate::procs::Proc>, Vec<Pid>) {
+        let (me, ours) = (nix::unistd::getpid(), nix::unistd::getpgrp());
+        let mut groups = vec![self.pid, self.group()];
+        groups.extend(procs.iter().filter(|p| p.parent == me).map(|p| p.group));
+        groups.retain(|g| *g != ours);
+        groups.sort();
+        groups.dedup();
+        let procs = procs
+            .into_iter()
+            .filter(|p| !p.zombie && (p.parent == me || groups.contains(&p.group)))
+            .collect();
+        (procs, groups)
     }
 
     /// Asks the keeper to relay `sig` (SIGUSR1: kill everything now). A keeper stopped by its
@@ -244,15 +285,14 @@ impl Keeper {
     pub(crate) async fn kill_group_and_wait(&self, until: Instant) -> bool {
         use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
         let until = until.max(Instant::now() + Duration::from_secs(1));
-        let me = nix::unistd::getpid();
         loop {
-            let _ = nix::sys::signal::killpg(self.pid, Signal::SIGKILL);
-            let mut left = false;
-            for p in crate::procs::all() {
-                if !p.zombie && (p.group == self.pid || p.parent == me) {
-                    let _ = nix::sys::signal::kill(p.pid, Signal::SIGKILL);
-                    left = true;
-                }
+            let (procs, groups) = self.of_command(crate::procs::all());
+            for g in groups {
+                let _ = nix::sys::signal::killpg(g, Signal::SIGKILL);
+            }
+            let left = !procs.is_empty();
+            for p in procs {
+                let _ = nix::sys::signal::kill(p.pid, Signal::SIGKILL);
             }
             // Reap what was re-parented here (the keeper itself has been reaped already).
             while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
@@ -279,10 +319,9 @@ impl Keeper {
         while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
             waitpid(None, Some(WaitPidFlag::WNOHANG))
         {}
-        let me = nix::unistd::getpid();
-        crate::procs::all()
+        self.of_command(crate::procs::all())
+            .0
             .into_iter()
-            .filter(|p| !p.zombie && (p.group == self.pid || p.parent == me))
             .filter(|p| {
                 nix::sys::signal::kill(p.pid, Signal::SIGKILL) == Err(nix::errno::Errno::EPERM)
             })

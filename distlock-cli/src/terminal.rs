@@ -1,13 +1,13 @@
 //! The terminal a `distlock run` was typed at: the command gets it, as it would without
 //! distlock, and distlock takes it back once the command is done.
 //!
-//! The command runs in a process group of its own (`keeper.rs`). A group that is not the
-//! terminal's foreground is stopped by SIGTTIN when it reads the terminal (and by SIGTTOU when
-//! it writes under `stty tostop`): a command asking a question would hang there, stopped, with
-//! the lock held. So, as a shell does for a job, when distlock is a job of a shell with job
-//! control (it leads its own process group) and that group is the terminal's foreground, the
-//! keeper makes its own group the foreground before it starts the command
-//! ([`hand_to_keeper`]), and distlock takes the terminal back after the keeper has exited
+//! The command runs in a process group of its own, which the keeper joins (`keeper.rs`). A
+//! group that is not the terminal's foreground is stopped by SIGTTIN when it reads the terminal
+//! (and by SIGTTOU when it writes under `stty tostop`): a command asking a question would hang
+//! there, stopped, with the lock held. So, as a shell does for a job, when distlock is a job of
+//! a shell with job control (it leads its own process group) and that group is the terminal's
+//! foreground, the keeper makes the command's group the foreground as it starts the command
+//! ([`hand_to_command`]), and distlock takes the terminal back after the keeper has exited
 //! ([`Foreground::take_back`]). A Ctrl-C then reaches the command directly, as without
 //! distlock; a Ctrl-Z is refused ([`NOT_SUSPENDED`]) by whichever of the two gets it. A
 //! distlock started in the background (`&`) leaves its command in the background, where a read
@@ -59,14 +59,19 @@ fn controlling() -> Option<File> {
         .ok()
 }
 
-/// In the keeper, before it starts the command: makes the keeper's group the terminal's
-/// foreground if `supervisor` leads the foreground group. SIGTTOU must be blocked.
-pub(crate) fn hand_to_keeper(supervisor: Pid) {
+/// In the keeper, once it has started the command in `group` and joined it: makes `group` the
+/// terminal's foreground if `supervisor` leads the foreground group. SIGTTOU must be blocked.
+/// The command may have touched the terminal before (it starts in the background: a group of
+/// its own cannot exist before its first process does) and been stopped for it: it is resumed.
+pub(crate) fn hand_to_command(supervisor: Pid, group: Pid) {
     let Some(tty) = controlling() else {
         return;
     };
-    if tcgetpgrp(&tty) == Ok(supervisor) && getpgid(Some(supervisor)) == Ok(supervisor) {
-        let _ = tcsetpgrp(&tty, getpgrp());
+    if tcgetpgrp(&tty) == Ok(supervisor)
+        && getpgid(Some(supervisor)) == Ok(supervisor)
+        && tcsetpgrp(&tty, group).is_ok()
+    {
+        let _ = killpg(group, Signal::SIGCONT);
     }
 }
 
@@ -92,7 +97,7 @@ impl Foreground {
 
     /// While the command runs, at every turn of distlock's supervision loop (a shell's `fg`
     /// of a running job sends no signal): if this process's group is the terminal's
-    /// foreground, gives the terminal to the keeper's `group` and resumes that group, whose
+    /// foreground, gives the terminal to the command's `group` and resumes that group, whose
     /// command may be stopped for having read the terminal from the background.
     pub(crate) fn give_to(&self, group: Pid) {
         if tcgetpgrp(&self.tty) == Ok(getpgrp()) && tcsetpgrp(&self.tty, group).is_ok() {
@@ -101,7 +106,7 @@ impl Foreground {
     }
 
     /// Once the keeper has exited: makes this process's group the foreground again if the
-    /// terminal is still with the keeper's `group` (which took it over), or, if it was this
+    /// terminal is still with the command's `group` (which took it over), or, if it was this
     /// group's before, with a group that has no process left (one the command made, now
     /// gone). A live group of someone else's that took the terminal meanwhile keeps it.
     pub(crate) fn take_back(self, group: Pid) {
