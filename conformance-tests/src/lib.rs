@@ -138,6 +138,29 @@ pub trait Harness: Send + Sync + 'static {
         let all: Vec<usize> = (0..servers.members().len()).collect();
         servers.restart(&all).await
     }
+
+    /// Whether [`step_clock`](Harness::step_clock) works. By default: where
+    /// [`servers`](Harness::servers) can step their clocks.
+    fn can_step_clock(&self) -> bool {
+        self.servers().is_some_and(|s| s.can_step_clock())
+    }
+
+    /// Sets the time of day of every server of the backend to the real time moved by `step`
+    /// (which replaces the previous step; `ClockStep::Ahead(Duration::ZERO)` puts the clocks
+    /// right), as an NTP step would, leaving their monotonic clocks alone. Lets the suite check
+    /// what a driver declares in [`Capabilities::expires_by`](lock_core::Capabilities), and that
+    /// tokens never follow a server's time of day. By default: every member of
+    /// [`servers`](Harness::servers).
+    async fn step_clock(&self, step: ClockStep) -> Result<(), BoxError> {
+        let servers = self
+            .servers()
+            .filter(|s| s.can_step_clock())
+            .ok_or("this harness cannot step its servers' clocks")?;
+        for i in 0..servers.members().len() {
+            servers.step_clock(i, step).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Timings for one driver's run of the suite.
@@ -251,6 +274,8 @@ pub(crate) async fn gather_facts(h: &dyn Harness) -> Result<Facts, BoxError> {
         tls_pem: secured.as_ref().is_some_and(|s| s.pem.is_some()),
         by_url: secured.is_some(),
         can_restart: h.can_restart_backend(),
+        can_step_clock: h.can_step_clock(),
+        lease_window: crate::cases::server::lease_window(&*client).await,
         backend: client.backend(),
     })
 }

@@ -22,6 +22,22 @@ pub enum Fencing {
     None,
 }
 
+/// What ends a lock whose holder stopped renewing: time elapsed on the backend, or the
+/// backend server's time of day ([`Capabilities::expires_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ExpiryClock {
+    /// Elapsed time (a monotonic clock, a session timeout counted in ticks) or no clock at
+    /// all (a lock that ends with its holder's session or process): a step of a server's time
+    /// of day, as NTP makes, neither ends a lock early nor keeps a dead holder's lock longer
+    /// (etcd, ZooKeeper, PostgreSQL, files).
+    Elapsed,
+    /// The server's time of day: a step ahead ends locks early, one behind keeps them longer
+    /// (Redis and so Redlock store each key's end as a time of day). Run such servers with a
+    /// clock that slews rather than steps.
+    TimeOfDay,
+}
+
 /// A driver's honest description of itself. The conformance suite reads it to pick cases; a
 /// case whose capability is missing is reported as skipped with the reason, never passed.
 ///
@@ -66,6 +82,14 @@ pub struct Capabilities {
     /// connection frees the lock on the server at once, and the lease turns Lost the moment
     /// the client sees its connection close.
     pub outlives_connection: bool,
+    /// A lock held while the backend crashes and restarts stays its holder's: nobody else is
+    /// granted it before the holder's lease ends, and the holder's renewals go on once the
+    /// backend serves again (etcd, ZooKeeper, Redis that fsyncs every write, files). False
+    /// where a restart frees held locks (a PostgreSQL session's: the holder's lease turns
+    /// Lost) or may forget them (Redis without `appendfsync always`).
+    pub survives_restart: bool,
+    /// What ends a lock whose holder stopped renewing ([`ExpiryClock`]).
+    pub expires_by: ExpiryClock,
 }
 
 /// `with_<field>` setters of [`Capabilities`], one per field, each `const`.
@@ -83,7 +107,8 @@ macro_rules! setters {
 
 impl Capabilities {
     /// The most conservative description: no fencing, no FIFO, per-lock TTLs from 1 ms to
-    /// [`MAX_TTL`] at millisecond granularity, lost notification.
+    /// [`MAX_TTL`] at millisecond granularity, lost notification, locks that a restart of the
+    /// backend may forget and that end by the server's time of day.
     pub const fn new() -> Self {
         Capabilities {
             fencing: Fencing::None,
@@ -95,6 +120,8 @@ impl Capabilities {
             lost_notification: true,
             inspect: false,
             outlives_connection: true,
+            survives_restart: false,
+            expires_by: ExpiryClock::TimeOfDay,
         }
     }
     setters! {
@@ -107,6 +134,8 @@ impl Capabilities {
         with_lost_notification => lost_notification: bool;
         with_inspect => inspect: bool;
         with_outlives_connection => outlives_connection: bool;
+        with_survives_restart => survives_restart: bool;
+        with_expires_by => expires_by: ExpiryClock;
     }
 }
 

@@ -55,7 +55,7 @@ mod traits;
 mod watchdog;
 
 pub use async_trait::async_trait;
-pub use caps::{Capabilities, Fencing, MAX_TTL};
+pub use caps::{Capabilities, ExpiryClock, Fencing, MAX_TTL};
 pub use error::{BoxError, Error, Result};
 pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
 pub use options::{Deadline, LockOptions, Renewal, Wait};

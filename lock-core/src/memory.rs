@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 
 use crate::driver::{Acquisition, LeaseOps, ManagedLease};
 use crate::{
-    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
-    LockName, LockOptions, Result,
+    Capabilities, Deadline, DistributedLock, Error, ExpiryClock, Fencing, FencingToken, HolderInfo,
+    Lease, LockName, LockOptions, Result,
 };
 
 /// An in-process lock service. Cheap to clone; clones share the same locks.
@@ -242,10 +242,13 @@ impl fmt::Debug for MemoryLock {
     }
 }
 
+// Its store lives as long as the process, on `Instant`'s clock: nothing restarts it.
 const CAPS: Capabilities = Capabilities::new()
     .with_fencing(Fencing::Strict)
     .with_fifo(true)
-    .with_inspect(true);
+    .with_inspect(true)
+    .with_survives_restart(true)
+    .with_expires_by(ExpiryClock::Elapsed);
 
 #[async_trait]
 impl DistributedLock for MemoryLock {

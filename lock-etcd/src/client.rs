@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
 use lock_core::driver::{scrub, ClientError};
-use lock_core::{Capabilities, Error, Fencing, Result};
+use lock_core::{Capabilities, Error, ExpiryClock, Fencing, Result};
 
 use crate::config::BACKEND;
 use crate::lock::{EtcdLock, Inner};
@@ -129,6 +129,10 @@ impl EtcdLock {
                     .with_fencing(Fencing::Strict)
                     .with_inspect(true)
                     .with_fifo(true)
+                    // Leases are kept by the quorum and counted on the leader's monotonic
+                    // clock (a restart or a new leader grants each its whole TTL again).
+                    .with_survives_restart(true)
+                    .with_expires_by(ExpiryClock::Elapsed)
                     .with_ttl_granularity(Duration::from_secs(1))
                     .with_min_ttl(min_ttl),
                 config,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use lock_core::driver::Acquisition;
-use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
+use lock_core::{Capabilities, DistributedLock, ExpiryClock, Fencing, Lease, LockName, Result};
 use tokio::sync::Notify;
 
 use crate::config::BACKEND;
@@ -40,6 +40,10 @@ impl DistributedLock for FileLock {
             .with_fencing(self.inner.fencing)
             .with_inspect(true)
             .with_per_lock_ttl(false)
+            // The lock is the holder's open file: nothing restarts under a living holder, and
+            // no clock ends it.
+            .with_survives_restart(true)
+            .with_expires_by(ExpiryClock::Elapsed)
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{
-    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
-    LockName, Renewal, Result,
+    Capabilities, Deadline, DistributedLock, Error, ExpiryClock, Fencing, FencingToken, HolderInfo,
+    Lease, LockName, Renewal, Result,
 };
 
 use crate::client::{advisory_key, Opener};
@@ -83,6 +83,10 @@ impl PgLock {
                     .with_inspect(true)
                     .with_per_lock_ttl(false)
                     .with_outlives_connection(false)
+                    // A restart ends every session and so every lock; the holder's lease
+                    // turns Lost as its connection closes. No clock ends a session's lock.
+                    .with_survives_restart(false)
+                    .with_expires_by(ExpiryClock::Elapsed)
                     .with_min_ttl(bound),
                 opener: Arc::new(opener),
             }),

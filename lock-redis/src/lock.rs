@@ -64,7 +64,10 @@ impl RedisLock {
         } else {
             durable_fencing(&node.connection()).await
         };
+        // A key's end is a time of day on the server; what makes the counter survive a
+        // restart (an fsync of every write) makes the lock survive it too.
         let caps = Capabilities::new()
+            .with_survives_restart(fencing == Fencing::Strict)
             .with_fencing(fencing)
             .with_inspect(true)
             .with_min_ttl(Duration::from_millis(10));

@@ -276,3 +276,28 @@ fn clock_steps_on_redis_are_caught_by_the_history_checker() {
         );
     });
 }
+
+/// The suite's cases about the server's clock, on Redis: tokens (an `INCR` counter) do not
+/// follow the time of day; expiry does, as Redis declares (`expires_by = TimeOfDay`), so the
+/// case that a driver declaring `Elapsed` must pass fails here — on a real backend that ends
+/// locks by its time of day, which is the flaw that case is written to catch.
+#[test]
+fn the_suites_clock_cases_on_redis() {
+    serial(async {
+        let server = Arc::new(ClockedServer::redis(1, 0).await.unwrap().remove(0));
+        let h = OnClockedRedis(server);
+        use conformance_tests::cases::server;
+        server::tokens_do_not_follow_the_servers_clock(&h)
+            .await
+            .unwrap();
+        let declared = h.client().await.unwrap().capabilities().expires_by;
+        assert_eq!(declared, lock_core::ExpiryClock::TimeOfDay);
+        let caught = server::a_step_of_the_servers_clock_does_not_move_expiry(&h).await;
+        println!("Redis under the case for `expires_by = Elapsed`: {caught:?}");
+        assert!(
+            caught.is_err(),
+            "a step of the Redis server's clock ended no lock: the case cannot see what it is \
+             written to catch (or the step was not in effect)"
+        );
+    });
+}

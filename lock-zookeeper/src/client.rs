@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::driver::{scrub, ClientError};
-use lock_core::{Capabilities, Error, Fencing, LockName, Result};
+use lock_core::{Capabilities, Error, ExpiryClock, Fencing, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode};
 
 use crate::config::BACKEND;
@@ -31,6 +31,10 @@ impl ZkLock {
                     .with_inspect(true)
                     .with_fifo(true)
                     .with_per_lock_ttl(false)
+                    // Sessions are on disk and counted in ticks of elapsed time: a restarted
+                    // server gives each its whole timeout again.
+                    .with_survives_restart(true)
+                    .with_expires_by(ExpiryClock::Elapsed)
                     .with_min_ttl(session_timeout),
                 config,
                 session: std::sync::Mutex::new(client.clone()),

@@ -92,3 +92,40 @@ fn a_step_of_the_servers_clock_neither_ends_a_lock_nor_keeps_a_dead_holders() {
         second.release().await.unwrap();
     });
 }
+
+/// A clocked ZooKeeper as a conformance harness, for the suite's cases about the server's
+/// clock.
+struct OnClockedZk(std::sync::Arc<ClockedServer>);
+
+#[conformance_tests::async_trait]
+impl conformance_tests::Harness for OnClockedZk {
+    async fn client(
+        &self,
+    ) -> Result<std::sync::Arc<dyn DistributedLock>, conformance_tests::BoxError> {
+        Ok(std::sync::Arc::new(zk(&self.0.addr()).await))
+    }
+    fn timing(&self) -> conformance_tests::Timing {
+        conformance_tests::Timing::for_ttl(SESSION)
+    }
+    fn servers(&self) -> Option<std::sync::Arc<dyn conformance_tests::Servers>> {
+        Some(self.0.clone())
+    }
+}
+
+/// What ZooKeeper declares (`expires_by = Elapsed`, fencing by `czxid`) against the suite's
+/// own cases, on a server whose time of day steps.
+#[test]
+fn the_suites_clock_cases_pass() {
+    serial(async {
+        let h = OnClockedZk(std::sync::Arc::new(
+            ClockedServer::zookeeper(0).await.unwrap(),
+        ));
+        use conformance_tests::cases::server;
+        server::a_step_of_the_servers_clock_does_not_move_expiry(&h)
+            .await
+            .unwrap();
+        server::tokens_do_not_follow_the_servers_clock(&h)
+            .await
+            .unwrap();
+    });
+}

@@ -24,6 +24,7 @@ pub mod repeated;
 pub mod runtime;
 pub mod safety;
 pub mod security;
+pub mod server;
 pub mod waiting;
 
 mod requires;
@@ -56,6 +57,12 @@ pub struct Facts {
     pub by_url: bool,
     /// [`Harness::restart_backend`] is supported.
     pub can_restart: bool,
+    /// [`Harness::step_clock`] is supported.
+    pub can_step_clock: bool,
+    /// How long a lease asked for with a TTL of [`server::RESTART_WINDOW`] × 3 is vouched for
+    /// at its grant (`valid_until` less the time of the request): that TTL, less drift, or a
+    /// session timeout where leases last a session. `None`: no such lease could be had.
+    pub lease_window: Option<std::time::Duration>,
     /// The driver's backend name.
     pub backend: &'static str,
 }
@@ -164,6 +171,18 @@ pub static CASES: &[Case] = &[
     case!(
         fencing::strict_tokens_survive_backend_restart,
         strict_and_restart
+    ),
+    case!(
+        server::a_held_lock_survives_a_backend_restart,
+        survives_restart
+    ),
+    case!(
+        server::a_step_of_the_servers_clock_does_not_move_expiry,
+        elapsed_expiry_and_clock
+    ),
+    case!(
+        server::tokens_do_not_follow_the_servers_clock,
+        fencing_and_clock
     ),
     case!(waiting::waiter_wakes_promptly_after_release, always),
     case!(waiting::bounded_waiter_wakes_promptly_after_release, always),

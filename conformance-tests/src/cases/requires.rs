@@ -1,7 +1,7 @@
 //! What a case needs from a driver or its harness: `Err(reason)` skips the case, and the runner
 //! prints the reason.
 
-use lock_core::Fencing;
+use lock_core::{ExpiryClock, Fencing};
 
 use super::Facts;
 
@@ -40,6 +40,32 @@ pub(super) fn strict_and_restart(f: &Facts) -> Need {
         "fencing is not Strict: tokens may repeat after a restart",
     )?;
     need(f.can_restart, "harness cannot restart the backend")
+}
+pub(super) fn survives_restart(f: &Facts) -> Need {
+    need(
+        f.caps.survives_restart,
+        "survives_restart = false: a restart may free or forget held locks",
+    )?;
+    need(f.can_restart, "harness cannot restart the backend")?;
+    need(
+        f.lease_window
+            .is_some_and(|w| w >= super::server::RESTART_WINDOW),
+        "a lease is vouched for less than a restart takes (8 s; a short session): give \
+         the harness a longer session",
+    )
+}
+fn steps_clock(f: &Facts) -> Need {
+    need(f.can_step_clock, "harness cannot step the servers' clocks")
+}
+pub(super) fn elapsed_expiry_and_clock(f: &Facts) -> Need {
+    need(
+        f.caps.expires_by == ExpiryClock::Elapsed,
+        "expires_by = TimeOfDay: a step of the server's clock moves expiry (declared)",
+    )?;
+    steps_clock(f)
+}
+pub(super) fn fencing_and_clock(f: &Facts) -> Need {
+    fencing(f).and(steps_clock(f))
 }
 pub(super) fn fifo_and_ttl(f: &Facts) -> Need {
     fifo(f).and(ttl(f))

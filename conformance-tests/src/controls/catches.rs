@@ -147,6 +147,11 @@ impl Flaw {
             Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
             Flaw::LostSignalForgottenOnReconnect => cases![faults::lost_fires_after_a_reconnect],
+            Flaw::RestartForgetsLocks => cases![server::a_held_lock_survives_a_backend_restart],
+            Flaw::ExpiresByTimeOfDay | Flaw::ClockBehindKeepsLocks => {
+                cases![server::a_step_of_the_servers_clock_does_not_move_expiry]
+            }
+            Flaw::TokensFollowTheClock => cases![server::tokens_do_not_follow_the_servers_clock],
             Flaw::BackendKeyIgnoresName | Flaw::BackendKeyTruncated => {
                 cases![inspect::backend_key_is_the_locks_own]
             }

@@ -11,7 +11,7 @@ use lock_core::driver::LeaseTracker;
 use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, FencingToken, LockName};
 
-use crate::{BoxError, Fault, Faulty, Harness, Secured, Timing};
+use crate::{BoxError, ClockStep, Fault, Faulty, Harness, Secured, Timing};
 
 use super::secured::fake_secured;
 use super::wire::{Wire, WireLink};
@@ -65,6 +65,8 @@ pub(super) struct Shared {
     pub(super) linked: AtomicU64,
     /// Per client: grants so far (the intermittent flaws strike one in twenty).
     pub(super) granted: Mutex<HashMap<u64, u64>>,
+    /// The store's time of day, away from the real time ([`Harness::step_clock`]).
+    pub(super) clock_step: Mutex<Option<ClockStep>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -191,8 +193,15 @@ impl Harness for FlawedHarness {
         true
     }
     /// The store keeps its state (a durable backend); under
-    /// [`Flaw::CounterLostOnRestart`] its counters start again.
+    /// [`Flaw::CounterLostOnRestart`] its counters start again, under
+    /// [`Flaw::RestartForgetsLocks`] its locks are gone.
     async fn restart_backend(&self) -> std::result::Result<(), BoxError> {
+        if self.flaw == Flaw::RestartForgetsLocks {
+            let held: Vec<LockName> = locked(&self.shared.grants).keys().cloned().collect();
+            for name in &held {
+                self.store.break_lock(name);
+            }
+        }
         if self.flaw == Flaw::CounterLostOnRestart {
             // Every counter starts again: the next token of each name is 1.
             let tokens = locked(&self.shared.tokens).clone();
@@ -201,6 +210,15 @@ impl Harness for FlawedHarness {
                 idle.entry(name).or_insert((Instant::now(), 0)).1 = last;
             }
         }
+        Ok(())
+    }
+    fn can_step_clock(&self) -> bool {
+        true
+    }
+    /// The store counts on `Instant`, which no step moves; [`Flaw::ExpiresByTimeOfDay`] and
+    /// [`Flaw::TokensFollowTheClock`] act out a store that reads the time of day.
+    async fn step_clock(&self, step: ClockStep) -> std::result::Result<(), BoxError> {
+        step_clock_of_the_store(self, step);
         Ok(())
     }
 }
@@ -272,4 +290,42 @@ impl DistributedLock for EndsLeasesOnDrop {
     async fn inspect(&self, name: &LockName) -> lock_core::Result<Option<lock_core::HolderInfo>> {
         self.0.inspect(name).await
     }
+}
+
+// The store's time of day, for the flaws that read it. The memory store counts on `Instant`,
+// which no step of the time of day moves.
+
+/// The store's clock is now `step` away from the real time (replacing the previous step).
+fn step_clock_of_the_store(h: &FlawedHarness, step: ClockStep) {
+    let previous = locked(&h.shared.clock_step).replace(step);
+    if !matches!(
+        h.flaw,
+        Flaw::ExpiresByTimeOfDay | Flaw::ClockBehindKeepsLocks
+    ) {
+        return;
+    }
+    // How far the time of day jumped, ahead positive.
+    let jump = step
+        .nanos()
+        .saturating_sub(previous.map_or(0, ClockStep::nanos));
+    let now = Instant::now();
+    let grants = locked(&h.shared.grants).clone();
+    for (name, g) in grants.into_iter().filter(|(_, g)| g.expires > now) {
+        let by = Duration::from_nanos(jump.unsigned_abs());
+        if jump > 0 && g.expires - now <= by && h.flaw == Flaw::ExpiresByTimeOfDay {
+            // Its end, as a time of day, has passed.
+            h.store.break_lock(&name);
+        } else if jump < 0 {
+            // Its end, as a time of day, is that much later.
+            locked(&h.shared.ghosts).insert(name, g.expires + by);
+        }
+    }
+}
+
+/// [`Flaw::TokensFollowTheClock`]'s part of a token: the store's time of day in milliseconds,
+/// counted from two hours before the real time so that a step behind stays above zero.
+pub(super) fn time_of_day_ms(shared: &Shared) -> u64 {
+    let base: i64 = 2 * 60 * 60 * 1000;
+    let step_ms = locked(&shared.clock_step).map_or(0, |s| s.nanos() / 1_000_000);
+    u64::try_from(base.saturating_add(step_ms)).unwrap_or(0)
 }

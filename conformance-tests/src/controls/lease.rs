@@ -155,6 +155,10 @@ impl Lease for FlawedLease {
         let t = FencingToken::new(t.get().saturating_sub(self.offset).max(1));
         Some(match self.lock.flaw {
             Flaw::NonMonotonicFencing => FencingToken::new(1_000_000u64.saturating_sub(t.get())),
+            Flaw::TokensFollowTheClock => FencingToken::new(
+                t.get()
+                    .saturating_add(super::harness::time_of_day_ms(&self.lock.shared)),
+            ),
             // As if the renewal ran the counter's increment again.
             Flaw::TokenChangesOnRenew if self.renewed.load(Ordering::Relaxed) => {
                 FencingToken::new(t.get().saturating_add(1))

@@ -314,6 +314,17 @@ pub enum Flaw {
     /// A lease's lost signal belongs to the connection it was granted on: after that
     /// connection was cut and re-made, a loss of the lease never fires it.
     LostSignalForgottenOnReconnect,
+    /// Declares `survives_restart`, but a restart of the backend forgets every held lock.
+    RestartForgetsLocks,
+    /// Declares `expires_by = Elapsed`, but ends locks by the server's time of day: a step
+    /// ahead ends those whose end it passes, one behind keeps them that much longer.
+    ExpiresByTimeOfDay,
+    /// [`Flaw::ExpiresByTimeOfDay`] on the way back only: a step of the time of day behind
+    /// keeps every held lock that much longer, its holder dead or not.
+    ClockBehindKeepsLocks,
+    /// Tokens are the server's time of day at the grant (in milliseconds, plus the counter):
+    /// a step behind makes them go down.
+    TokensFollowTheClock,
 }
 
 impl Flaw {
@@ -432,5 +443,9 @@ impl Flaw {
         Flaw::RenewInDriftRevives,
         Flaw::BackendKeyTruncated,
         Flaw::LostSignalForgottenOnReconnect,
+        Flaw::RestartForgetsLocks,
+        Flaw::ExpiresByTimeOfDay,
+        Flaw::ClockBehindKeepsLocks,
+        Flaw::TokensFollowTheClock,
     ];
 }
