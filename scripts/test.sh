@@ -6,6 +6,32 @@ cd "$(dirname "$0")/.."
 # One clean build: incremental caches would only add ~18 GB to target/ (caller may override).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
+# Where the time goes (issue 47's budget): each step and each test binary, slowest first, at
+# the end of every run, green or not.
+times=target/test-times.tsv
+mkdir -p target
+: > "$times"
+began=$SECONDS
+step_name="" step_at=$SECONDS
+end_step() {
+  if [ -n "$step_name" ]; then
+    printf '%s\t%s\n' $((SECONDS - step_at)) "step: $step_name" >> "$times"
+  fi
+}
+step() {
+  end_step
+  step_name="$*" step_at=$SECONDS
+  printf '\n==> %s\n' "$*" >&2
+}
+report_times() {
+  end_step
+  step_name=""
+  printf '\n==> wall time: %d min %d s in all; steps and test binaries, slowest first\n' \
+    $(((SECONDS - began) / 60)) $(((SECONDS - began) % 60)) >&2
+  sort -t$'\t' -k1,1 -rn "$times" | awk -F'\t' '{ printf "%8.1f s  %s\n", $1, $2 }' >&2
+}
+
+step "services install"
 scripts/services.sh install
 started_here=0
 if ! scripts/services.sh status >/dev/null 2>&1; then
@@ -16,10 +42,9 @@ cleanup() {
     scripts/services.sh down || true
   fi
 }
-trap cleanup EXIT
+trap 'report_times; cleanup' EXIT
+step "services up"
 scripts/services.sh up
-
-step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -45,9 +70,9 @@ cargo clippy -p lock-postgres --all-targets --features tls -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo test"
-cargo test --workspace --features distlock-cli/full
+cargo test --workspace --features distlock-cli/full 2>&1 | python3 scripts/timings.py "$times"
 step "cargo test -p distlock --features full (every scheme against its server)"
-cargo test -p distlock --features full
+cargo test -p distlock --features full 2>&1 | python3 scripts/timings.py "$times"
 # TLS (rediss://, redlock://...?tls=true, etcd://...?tls=true against the TLS-only servers)
 # runs in the conformance suite's `security` cases above: the workspace run builds the drivers
 # with their `tls` features (distlock-cli/full turns them on).
