@@ -4,109 +4,20 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
-use lock_core::{Error, Fencing, FencingToken, LockName, Result};
+use lock_core::{Error, FencingToken, Result};
 
 use crate::counter;
 
-use crate::lock::{FileLock, Inner};
-
 use crate::config::BACKEND;
-use crate::FileConfig;
 
-impl FileLock {
-    /// The holder of `name`, read without taking the lock (see `DistributedLock::inspect`).
-    pub(crate) async fn holder(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        let path = self.path_of(name);
-        let p = path.clone();
-        blocking(move || peek(&p))
-            .await?
-            .map_err(|e| io_error(&path, e))
-    }
-
-    /// Uses `config.dir()` (created if missing) for the lock files. A relative directory is
-    /// made absolute here, once, against the current directory, so that a later `chdir` of
-    /// the process does not move its locks; an empty one is a Config error (an unset variable,
-    /// most likely, which would otherwise lock in whatever the current directory is).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
-    /// let rel = std::path::Path::new("../target/lock-file-relative-doc");
-    /// let locks = lock_file::FileLock::open(rel).await?;
-    /// assert!(locks.dir().is_absolute());
-    /// assert_eq!(locks.dir(), std::env::current_dir().unwrap().join(rel));
-    /// let empty = lock_file::FileLock::open("").await;
-    /// assert!(matches!(empty, Err(lock_core::Error::Config { .. })));
-    /// # Ok(()) }
-    /// ```
-    pub async fn connect(config: FileConfig) -> Result<Self> {
-        if config.dir().as_os_str().is_empty() {
-            return Err(Error::config("the lock directory is empty"));
-        }
-        let d = config.dir().to_path_buf();
-        let dir = blocking(move || {
-            let dir = std::path::absolute(&d)?;
-            std::fs::create_dir_all(&dir).map(|()| dir)
-        })
+/// The holder of the lock file at `path`, read without taking the lock (see
+/// `DistributedLock::inspect`).
+pub(crate) async fn holder(path: PathBuf) -> Result<Option<lock_core::HolderInfo>> {
+    let p = path.clone();
+    blocking(move || peek(&p))
         .await?
-        .map_err(|e| {
-            Error::config_with(
-                format!(
-                    "cannot use {} as the lock directory: {e}",
-                    config.dir().display()
-                ),
-                e,
-            )
-        })?;
-        let fencing = if forgets_at_boot(&dir) {
-            Fencing::BestEffort
-        } else {
-            Fencing::Strict
-        };
-        let config = FileConfig::new(dir);
-        Ok(FileLock {
-            inner: Arc::new(Inner {
-                config,
-                wakers: Mutex::default(),
-                fencing,
-            }),
-        })
-    }
-
-    /// [`connect`](Self::connect) with lock files in `dir`.
-    pub async fn open(dir: impl Into<PathBuf>) -> Result<Self> {
-        Self::connect(FileConfig::new(dir)).await
-    }
-
-    /// [`connect`](Self::connect) from a `file:///absolute/dir` URL ([`FileConfig::from_url`]).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
-    /// let dir = std::env::temp_dir().join("lock-file-url-doc");
-    /// let locks = lock_file::FileLock::from_url(&format!("file://{}", dir.display())).await?;
-    /// assert_eq!(locks.dir(), dir);
-    /// assert!(lock_file::FileLock::from_url("file://elsewhere/x").await.is_err());
-    /// # Ok(()) }
-    /// ```
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(FileConfig::from_url(url)?).await
-    }
-
-    /// The configuration this lock was made from.
-    pub fn config(&self) -> &FileConfig {
-        &self.inner.config
-    }
-
-    /// The lock directory.
-    pub fn dir(&self) -> &Path {
-        self.inner.config.dir()
-    }
-
-    /// The file that holds `name`'s lock and fencing counter.
-    pub fn path_of(&self, name: &LockName) -> PathBuf {
-        self.inner.config.dir().join(format!("{name}.lock"))
-    }
+        .map_err(|e| io_error(&path, e))
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(
@@ -277,12 +188,12 @@ pub(crate) fn peek(path: &Path) -> io::Result<Option<lock_core::HolderInfo>> {
 /// the fencing counters in it: tokens then increase only while the machine runs, which is
 /// `BestEffort`, not `Strict`.
 #[cfg(target_os = "linux")]
-fn forgets_at_boot(dir: &std::path::Path) -> bool {
+pub(crate) fn forgets_at_boot(dir: &std::path::Path) -> bool {
     use nix::sys::statfs::{statfs, TMPFS_MAGIC};
     statfs(dir).is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC)
 }
 
 #[cfg(not(target_os = "linux"))]
-fn forgets_at_boot(_dir: &std::path::Path) -> bool {
+pub(crate) fn forgets_at_boot(_dir: &std::path::Path) -> bool {
     false
 }

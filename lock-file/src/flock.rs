@@ -4,6 +4,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,112 +13,114 @@ use lock_core::{FencingToken, Lease, LockName, LockOptions, Renewal, Result};
 
 use crate::client::{blocking, io_error, lock_file};
 use crate::lease::FileLeaseOps;
-use crate::lock::FileLock;
-use crate::wakeup::ReleaseWatch;
+use crate::wakeup::{ReleaseWatch, Wakers};
 
 pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(100);
 /// The safety-net retry of a waiter that inotify wakes (between half and all of this).
 pub(crate) const WATCHED_MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-impl FileLock {
-    /// One attempt, off the runtime's threads. Cancel-safe: if this future is dropped, the
-    /// blocking attempt still finishes and its file (and lock) is dropped with its result.
-    pub(crate) async fn try_once(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        let path = self.path_of(name);
-        let p = path.clone();
-        let got = blocking(move || lock_file(&p))
-            .await?
-            .map_err(|e| io_error(&path, e))?;
-        let Some((file, token, id)) = got else {
-            return Ok(None);
-        };
-        // The lock lasts while this process holds the file; the watchdog re-checks that the
-        // path still names it (a deleted file is a broken lock), and honours max_hold.
-        let renewal = match opts.renewal {
-            Renewal::Manual => Renewal::Auto { max_hold: None },
-            auto => auto,
-        };
-        let ops = FileLeaseOps {
-            file: Arc::new(Mutex::new(Some(file))),
-            path,
-            id,
+/// One attempt on `name`'s lock file at `path`, off the runtime's threads. Cancel-safe: if
+/// this future is dropped, the blocking attempt still finishes and its file (and lock) is
+/// dropped with its result.
+pub(crate) async fn try_once(
+    wakers: &Arc<Wakers>,
+    path: PathBuf,
+    name: &LockName,
+    ttl: Duration,
+    opts: &LockOptions,
+) -> Result<Option<Box<dyn Lease>>> {
+    let p = path.clone();
+    let got = blocking(move || lock_file(&p))
+        .await?
+        .map_err(|e| io_error(&path, e))?;
+    let Some((file, token, id)) = got else {
+        return Ok(None);
+    };
+    // The lock lasts while this process holds the file; the watchdog re-checks that the
+    // path still names it (a deleted file is a broken lock), and honours max_hold.
+    let renewal = match opts.renewal {
+        Renewal::Manual => Renewal::Auto { max_hold: None },
+        auto => auto,
+    };
+    let ops = FileLeaseOps {
+        file: Arc::new(Mutex::new(Some(file))),
+        path,
+        id,
+        ttl,
+        name: name.clone(),
+        waker: wakers.waker(name),
+    };
+    Ok(Some(Box::new(ManagedLease::new(
+        name.clone(),
+        Grant {
+            token: Some(FencingToken::new(token)),
             ttl,
-            name: name.clone(),
-            waker: self.waker(name),
-        };
-        Ok(Some(Box::new(ManagedLease::new(
-            name.clone(),
-            Grant {
-                token: Some(FencingToken::new(token)),
-                ttl,
-                valid_until: Instant::now() + ttl,
-            },
-            renewal,
-            ops,
-        ))))
-    }
+            valid_until: Instant::now() + ttl,
+        },
+        renewal,
+        ops,
+    ))))
+}
 
-    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
-        let waker = self.waker(name);
-        let path = self.path_of(name);
-        // Releases by other processes (or other `FileLock`s), where the OS can tell us.
-        let mut elsewhere: Option<ReleaseWatch> = None;
-        let mut watched = false;
-        let mut backoff = FIRST_BACKOFF;
-        loop {
-            // Registered before the attempt, so a release right after it is not missed.
-            let released = waker.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            if let Some(lease) = self.try_once(name, ttl, opts).await? {
-                return Ok(Some(lease));
-            }
-            let now = Instant::now();
-            if deadline.passed() {
-                return Ok(None);
-            }
-            if !watched {
-                // Watch first, then look once more: a release in between is not missed.
-                watched = true;
-                elsewhere = ReleaseWatch::new(&path);
-                if elsewhere.is_some() {
-                    continue;
-                }
-            }
-            let most = if elsewhere.is_some() {
-                WATCHED_MAX_BACKOFF
-            } else {
-                MAX_BACKOFF
-            };
-            let mut pause = jitter(backoff);
-            if let Some(d) = deadline.at() {
-                pause = pause.min(d - now);
-            }
-            tokio::select! {
-                _ = released => {}
-                still = async {
-                    match elsewhere.as_mut() {
-                        Some(w) => w.next().await,
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    if !still {
-                        // The file was deleted or replaced: watch what the path names next.
-                        elsewhere = None;
-                        watched = false;
-                    }
-                }
-                _ = tokio::time::sleep(pause) => {}
-            }
-            backoff = (backoff * 2).min(most);
+/// Attempts on `path` (`name`'s lock file) until one is granted or `req`'s deadline passes.
+pub(crate) async fn contend(
+    wakers: &Arc<Wakers>,
+    path: PathBuf,
+    req: Acquisition<'_>,
+) -> Result<Option<Box<dyn Lease>>> {
+    let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
+    let waker = wakers.waker(name);
+    // Releases by other processes (or other `FileLock`s), where the OS can tell us.
+    let mut elsewhere: Option<ReleaseWatch> = None;
+    let mut watched = false;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        // Registered before the attempt, so a release right after it is not missed.
+        let released = waker.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        if let Some(lease) = try_once(wakers, path.clone(), name, ttl, opts).await? {
+            return Ok(Some(lease));
         }
+        let now = Instant::now();
+        if deadline.passed() {
+            return Ok(None);
+        }
+        if !watched {
+            // Watch first, then look once more: a release in between is not missed.
+            watched = true;
+            elsewhere = ReleaseWatch::new(&path);
+            if elsewhere.is_some() {
+                continue;
+            }
+        }
+        let most = if elsewhere.is_some() {
+            WATCHED_MAX_BACKOFF
+        } else {
+            MAX_BACKOFF
+        };
+        let mut pause = jitter(backoff);
+        if let Some(d) = deadline.at() {
+            pause = pause.min(d - now);
+        }
+        tokio::select! {
+            _ = released => {}
+            still = async {
+                match elsewhere.as_mut() {
+                    Some(w) => w.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if !still {
+                    // The file was deleted or replaced: watch what the path names next.
+                    elsewhere = None;
+                    watched = false;
+                }
+            }
+            _ = tokio::time::sleep(pause) => {}
+        }
+        backoff = (backoff * 2).min(most);
     }
 }
 

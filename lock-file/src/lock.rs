@@ -1,15 +1,19 @@
 //! `FileLock`: one advisory-locked file per name.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::driver::Acquisition;
-use lock_core::{Capabilities, DistributedLock, ExpiryClock, Fencing, Lease, LockName, Result};
-use tokio::sync::Notify;
+use lock_core::{
+    Capabilities, DistributedLock, Error, ExpiryClock, Fencing, Lease, LockName, Result,
+};
 
+use crate::client::{blocking, forgets_at_boot, holder};
 use crate::config::BACKEND;
+use crate::flock::contend;
+use crate::wakeup::Wakers;
 use crate::FileConfig;
 
 /// Locks for the processes of one machine: `<dir>/<name>.lock`, held with an OS advisory lock.
@@ -24,9 +28,107 @@ pub struct FileLock {
 pub(crate) struct Inner {
     pub(crate) config: FileConfig,
     /// Wakes this process's waiters on a name when a lease of this process releases it.
-    pub(crate) wakers: Mutex<HashMap<LockName, Arc<Notify>>>,
+    pub(crate) wakers: Arc<Wakers>,
     /// `Strict`, or `BestEffort` on a directory that a reboot empties (a tmpfs).
     pub(crate) fencing: Fencing,
+}
+
+impl FileLock {
+    /// Uses `config.dir()` (created if missing) for the lock files. A relative directory is
+    /// made absolute here, once, against the current directory, so that a later `chdir` of
+    /// the process does not move its locks; an empty one is a Config error (an unset variable,
+    /// most likely, which would otherwise lock in whatever the current directory is).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// let rel = std::path::Path::new("../target/lock-file-relative-doc");
+    /// let locks = lock_file::FileLock::open(rel).await?;
+    /// assert!(locks.dir().is_absolute());
+    /// assert_eq!(locks.dir(), std::env::current_dir().unwrap().join(rel));
+    /// let empty = lock_file::FileLock::open("").await;
+    /// assert!(matches!(empty, Err(lock_core::Error::Config { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(config: FileConfig) -> Result<Self> {
+        if config.dir().as_os_str().is_empty() {
+            return Err(Error::config("the lock directory is empty"));
+        }
+        let d = config.dir().to_path_buf();
+        let dir = blocking(move || {
+            let dir = std::path::absolute(&d)?;
+            std::fs::create_dir_all(&dir).map(|()| dir)
+        })
+        .await?
+        .map_err(|e| {
+            Error::config_with(
+                format!(
+                    "cannot use {} as the lock directory: {e}",
+                    config.dir().display()
+                ),
+                e,
+            )
+        })?;
+        let fencing = if forgets_at_boot(&dir) {
+            Fencing::BestEffort
+        } else {
+            Fencing::Strict
+        };
+        let config = FileConfig::new(dir);
+        Ok(FileLock {
+            inner: Arc::new(Inner {
+                config,
+                wakers: Arc::default(),
+                fencing,
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) with lock files in `dir`.
+    pub async fn open(dir: impl Into<PathBuf>) -> Result<Self> {
+        Self::connect(FileConfig::new(dir)).await
+    }
+
+    /// [`connect`](Self::connect) from a `file:///absolute/dir` URL ([`FileConfig::from_url`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// let dir = std::env::temp_dir().join("lock-file-url-doc");
+    /// let locks = lock_file::FileLock::from_url(&format!("file://{}", dir.display())).await?;
+    /// assert_eq!(locks.dir(), dir);
+    /// assert!(lock_file::FileLock::from_url("file://elsewhere/x").await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(FileConfig::from_url(url)?).await
+    }
+
+    /// The configuration this lock was made from.
+    pub fn config(&self) -> &FileConfig {
+        &self.inner.config
+    }
+
+    /// The lock directory.
+    pub fn dir(&self) -> &Path {
+        self.inner.config.dir()
+    }
+
+    /// How many names this `FileLock` (and its clones) keeps a wake-up entry for: one per
+    /// name with a waiter or a held lease, none for names merely used before. A diagnostic.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+    /// let locks = lock_file::FileLock::open(std::env::temp_dir().join("lock-file-tracked")).await?;
+    /// assert_eq!(locks.tracked_names(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn tracked_names(&self) -> usize {
+        self.inner.wakers.len()
+    }
+
+    /// The file that holds `name`'s lock and fencing counter.
+    pub fn path_of(&self, name: &LockName) -> PathBuf {
+        self.inner.config.dir().join(format!("{name}.lock"))
+    }
 }
 
 #[async_trait]
@@ -47,13 +149,14 @@ impl DistributedLock for FileLock {
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(req).await
+        let path = self.path_of(req.name());
+        contend(&self.inner.wakers, path, req).await
     }
 
     /// Held if the file's advisory lock cannot be taken; the token is the counter in the file.
     /// The lock lives as long as its process, so there is no remaining time to report.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        self.holder(name).await
+        holder(self.path_of(name)).await
     }
 }
 

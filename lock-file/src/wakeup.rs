@@ -1,37 +1,30 @@
 //! Waking waiters: in-process by a `Notify` per name, across processes by an inotify watch
 //! for the holder's writable handle being closed.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use lock_core::LockName;
 use tokio::sync::Notify;
 
-use crate::lock::{FileLock, Inner};
+/// This process's wake-up entries, one `Notify` per name with a waiter or a held lease; shared
+/// by a `FileLock` and its clones.
+#[derive(Default)]
+pub(crate) struct Wakers(Mutex<HashMap<LockName, Arc<Notify>>>);
 
-impl FileLock {
-    /// How many names this `FileLock` (and its clones) keeps a wake-up entry for: one per
-    /// name with a waiter or a held lease, none for names merely used before. A diagnostic.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
-    /// let locks = lock_file::FileLock::open(std::env::temp_dir().join("lock-file-tracked")).await?;
-    /// assert_eq!(locks.tracked_names(), 0);
-    /// # Ok(()) }
-    /// ```
-    pub fn tracked_names(&self) -> usize {
-        self.inner
-            .wakers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+impl Wakers {
+    /// How many names have an entry.
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    pub(crate) fn waker(&self, name: &LockName) -> Waker {
-        let mut w = self.inner.wakers.lock().unwrap_or_else(|p| p.into_inner());
+    /// A handle on `name`'s entry, made if missing.
+    pub(crate) fn waker(self: &Arc<Self>, name: &LockName) -> Waker {
+        let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
         Waker {
             notify: w.entry(name.clone()).or_default().clone(),
-            inner: self.inner.clone(),
+            wakers: self.clone(),
             name: name.clone(),
         }
     }
@@ -92,7 +85,7 @@ impl ReleaseWatch {
 /// handle, so the map holds only names somebody waits on or holds.
 pub(crate) struct Waker {
     pub(crate) notify: Arc<Notify>,
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) wakers: Arc<Wakers>,
     pub(crate) name: LockName,
 }
 
@@ -105,7 +98,7 @@ impl std::ops::Deref for Waker {
 
 impl Drop for Waker {
     fn drop(&mut self) {
-        let mut w = self.inner.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.wakers.0.lock().unwrap_or_else(|p| p.into_inner());
         // Handles are only made under this lock, so the count cannot grow meanwhile: two is
         // the map's and this one's.
         if Arc::strong_count(&self.notify) == 2
