@@ -10,14 +10,19 @@ use lock_redis::raw::scripts::LockKeys;
 use lock_redis::raw::RedisNode;
 
 use crate::config::BACKEND;
-use crate::lock::{Inner, RedlockLock, CAPS};
 use crate::RedlockConfig;
 
-impl RedlockLock {
+/// The masters of one client: their connections and the configuration they were made from.
+pub(crate) struct Masters {
+    pub(crate) config: RedlockConfig,
+    pub(crate) nodes: Arc<[RedisNode]>,
+}
+
+impl Masters {
     /// Connects to every master in parallel. Succeeds when a majority answers; masters that are
     /// down are retried in the background. Rejected credentials on any master are a
     /// [`Error::Config`]; fewer than a majority reachable is [`Error::Unavailable`].
-    pub async fn connect(config: RedlockConfig) -> Result<Self> {
+    pub(crate) async fn connect(config: RedlockConfig) -> Result<Self> {
         config.check()?;
         // One release is announced by every master that held it; count it once.
         let dedup = lock_redis::raw::ReleaseDedup::default();
@@ -56,27 +61,15 @@ impl RedlockLock {
         if !down.is_empty() {
             tracing::warn!(down = ?down, "Redlock starts with masters down; they are retried");
         }
-        Ok(RedlockLock {
-            inner: Arc::new(Inner {
-                caps: CAPS.with_min_ttl(config.min_ttl()),
-                config,
-                nodes: nodes.into(),
-            }),
+        Ok(Masters {
+            config,
+            nodes: nodes.into(),
         })
     }
 
-    /// [`connect`](Self::connect) from a `redlock://` URL.
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(RedlockConfig::from_url(url)?).await
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &RedlockConfig {
-        &self.inner.config
-    }
-
+    /// The keys of `name`'s lock on every master.
     pub(crate) fn keys(&self, name: &LockName) -> Arc<LockKeys> {
-        Arc::new(LockKeys::new(self.inner.config.masters()[0].prefix(), name))
+        Arc::new(LockKeys::new(self.config.masters()[0].prefix(), name))
     }
 
     /// Checks, in parallel and within `node_timeout`, every master whose connection dropped
@@ -85,9 +78,9 @@ impl RedlockLock {
     /// time). A master whose check failed less than `retry_delay` ago is not tried again yet,
     /// so a master that is down costs an acquire at most one `node_timeout` per `retry_delay`.
     /// [`Error::Config`] for a master that may evict keys, or one server listed twice.
-    pub(crate) async fn verify_masters(&self, node_timeout: Duration) -> Result<Vec<bool>> {
-        let nodes = &self.inner.nodes;
-        let pause = self.inner.config.retry_delay();
+    pub(crate) async fn verify(&self, node_timeout: Duration) -> Result<Vec<bool>> {
+        let nodes = &self.nodes;
+        let pause = self.config.retry_delay();
         let due = |n: &RedisNode| {
             n.needs_verify()
                 && n.last_verify_attempt()

@@ -3,13 +3,13 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::client::Masters;
+use crate::config::BACKEND;
+use crate::quorum::{contend, read_holder};
+use crate::RedlockConfig;
 use async_trait::async_trait;
 use lock_core::driver::Acquisition;
 use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result};
-use lock_redis::raw::RedisNode;
-
-use crate::config::BACKEND;
-use crate::RedlockConfig;
 
 /// What every Redlock client can promise; its minimum TTL follows its configuration
 /// ([`RedlockConfig::min_ttl`]).
@@ -53,10 +53,35 @@ pub struct RedlockLock {
 }
 
 pub(crate) struct Inner {
-    pub(crate) config: RedlockConfig,
-    pub(crate) nodes: Arc<[RedisNode]>,
-    /// [`CAPS`] with the minimum TTL of `config`, worked out once at connect.
+    pub(crate) masters: Masters,
+    /// [`CAPS`] with the minimum TTL of the configuration, worked out once at connect.
     pub(crate) caps: Capabilities,
+}
+
+impl RedlockLock {
+    /// Connects to every master in parallel. Succeeds when a majority answers; masters that are
+    /// down are retried in the background. Rejected credentials on any master are a
+    /// [`Error::Config`](lock_core::Error::Config); fewer than a majority reachable is
+    /// [`Error::Unavailable`](lock_core::Error::Unavailable).
+    pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        let caps = CAPS.with_min_ttl(config.min_ttl());
+        Ok(RedlockLock {
+            inner: Arc::new(Inner {
+                masters: Masters::connect(config).await?,
+                caps,
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) from a `redlock://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(RedlockConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.masters.config
+    }
 }
 
 #[async_trait]
@@ -74,18 +99,18 @@ impl DistributedLock for RedlockLock {
     /// fencing token (Redlock has none). Free when no token has a majority (split leftovers of
     /// failed attempts hold nothing); too few answers is `QuorumNotReached`.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        self.read_holder(name).await
+        read_holder(&self.inner.masters, name).await
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(req).await
+        contend(&self.inner.masters, req).await
     }
 }
 
 impl fmt::Debug for RedlockLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedlockLock")
-            .field("config", &self.inner.config)
+            .field("config", self.config())
             .finish()
     }
 }

@@ -11,267 +11,260 @@ use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Result};
 use lock_redis::raw::scripts::{self, Acquired, LockKeys};
 use lock_redis::raw::ReleaseOnDrop;
 
+use crate::client::Masters;
 use crate::config::BACKEND;
 use crate::lease::RedlockLeaseOps;
-use crate::lock::RedlockLock;
 use crate::round::{release_request, Round};
 
-impl RedlockLock {
-    pub(crate) async fn read_holder(
-        &self,
-        name: &LockName,
-    ) -> Result<Option<lock_core::HolderInfo>> {
-        let cfg = &self.inner.config;
-        let quorum = cfg.quorum();
-        let keys = self.keys(name);
-        let mut round = Round::new(
-            &self.inner.nodes,
-            cfg.node_timeout_for(Duration::MAX),
-            |mut c| {
-                let key = keys.lock.clone();
-                async move {
-                    redis::pipe()
-                        .cmd("GET")
-                        .arg(&key)
-                        .cmd("PTTL")
-                        .arg(&key)
-                        .query_async::<(Option<String>, i64)>(&mut c)
-                        .await
-                }
-            },
-        );
-        let mut answered = 0;
-        let mut holders = Holders::default();
-        while let Some((_, r)) = round.next().await {
-            if let Ok(Ok((token, pttl))) = r {
-                answered += 1;
-                // -1: no expiry (not ours to judge); -2: expired between GET and PTTL.
-                if pttl != -2 {
-                    holders.add(token, u64::try_from(pttl).ok().map(Duration::from_millis));
-                }
+pub(crate) async fn read_holder(
+    m: &Masters,
+    name: &LockName,
+) -> Result<Option<lock_core::HolderInfo>> {
+    let cfg = &m.config;
+    let quorum = cfg.quorum();
+    let keys = m.keys(name);
+    let mut round = Round::new(&m.nodes, cfg.node_timeout_for(Duration::MAX), |mut c| {
+        let key = keys.lock.clone();
+        async move {
+            redis::pipe()
+                .cmd("GET")
+                .arg(&key)
+                .cmd("PTTL")
+                .arg(&key)
+                .query_async::<(Option<String>, i64)>(&mut c)
+                .await
+        }
+    });
+    let mut answered = 0;
+    let mut holders = Holders::default();
+    while let Some((_, r)) = round.next().await {
+        if let Ok(Ok((token, pttl))) = r {
+            answered += 1;
+            // -1: no expiry (not ours to judge); -2: expired between GET and PTTL.
+            if pttl != -2 {
+                holders.add(token, u64::try_from(pttl).ok().map(Duration::from_millis));
             }
         }
-        if answered < quorum {
-            return Err(Error::QuorumNotReached {
-                granted: answered,
-                needed: quorum,
-            });
-        }
-        Ok(holders
-            .majority(quorum)
-            .map(|until_minority| lock_core::HolderInfo::new(None, until_minority)))
     }
+    if answered < quorum {
+        return Err(Error::QuorumNotReached {
+            granted: answered,
+            needed: quorum,
+        });
+    }
+    Ok(holders
+        .majority(quorum)
+        .map(|until_minority| lock_core::HolderInfo::new(None, until_minority)))
+}
 
-    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
-        let keys = self.keys(name);
-        if deadline == Deadline::Now {
-            return self.once(name, &keys, ttl, opts).await;
+pub(crate) async fn contend(m: &Masters, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+    let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
+    let keys = m.keys(name);
+    if deadline == Deadline::Now {
+        return once(m, name, &keys, ttl, opts).await;
+    }
+    let mut watches = Vec::new();
+    let mut subscribed = false;
+    loop {
+        // Registered before the attempt, so a release during the attempt is not missed.
+        let mut wakes: Vec<_> = watches
+            .iter()
+            .map(|w: &lock_redis::raw::ReleaseWatch| Box::pin(w.notify().notified()))
+            .collect();
+        for w in wakes.iter_mut() {
+            w.as_mut().enable();
         }
-        let mut watches = Vec::new();
-        let mut subscribed = false;
-        loop {
-            // Registered before the attempt, so a release during the attempt is not missed.
-            let mut wakes: Vec<_> = watches
-                .iter()
-                .map(|w: &lock_redis::raw::ReleaseWatch| Box::pin(w.notify().notified()))
-                .collect();
-            for w in wakes.iter_mut() {
-                w.as_mut().enable();
-            }
-            let remaining = match self.attempt(name, &keys, ttl, opts).await {
-                Ok(Attempt::Granted(l)) => return Ok(Some(l)),
-                Ok(Attempt::Held(r)) => r,
-                Ok(Attempt::Split) => None,
-                Err(e) if e.is_retryable() => {
-                    let pause = self.jitter().max(Duration::from_millis(10));
-                    if deadline.at().is_some_and(|d| Instant::now() + pause >= d) {
-                        return Err(e);
-                    }
-                    tracing::warn!(error = %e, "Redlock attempt failed; retrying while the wait allows");
-                    tokio::time::sleep(pause).await;
-                    continue;
+        let remaining = match attempt(m, name, &keys, ttl, opts).await {
+            Ok(Attempt::Granted(l)) => return Ok(Some(l)),
+            Ok(Attempt::Held(r)) => r,
+            Ok(Attempt::Split) => None,
+            Err(e) if e.is_retryable() => {
+                let pause = jitter(m).max(Duration::from_millis(10));
+                if deadline.at().is_some_and(|d| Instant::now() + pause >= d) {
+                    return Err(e);
                 }
-                Err(e) => return Err(e),
-            };
-            if deadline.passed() {
-                return Ok(None);
-            }
-            if !subscribed {
-                // Subscribe on every master that answers, then retry at once: a release
-                // announcement from any of them wakes us from now on.
-                subscribed = true;
-                drop(wakes);
-                let subs = join_all(self.inner.nodes.iter().map(|n| {
-                    let keys = &keys;
-                    async move {
-                        tokio::time::timeout(n.config().request_timeout(), n.watch_releases(keys))
-                            .await
-                    }
-                }))
-                .await;
-                watches = subs
-                    .into_iter()
-                    .filter_map(|r| r.ok().and_then(|r| r.ok()))
-                    .collect();
+                tracing::warn!(error = %e, "Redlock attempt failed; retrying while the wait allows");
+                tokio::time::sleep(pause).await;
                 continue;
             }
-            // Sleep until a release message, the holder's expiry, or (split vote, or no master
-            // took a subscription) a random pause.
-            let sleep_for = match remaining {
-                Some(r) => r + self.jitter() / 10,
-                None => self.jitter(),
-            };
-            let wake = Instant::now() + sleep_for;
-            let wake = deadline.at().map_or(wake, |d| wake.min(d));
-            if wakes.is_empty() {
-                tokio::time::sleep_until(wake.into()).await;
-            } else {
-                tokio::select! {
-                    _ = futures_util::future::select_all(wakes) => {}
-                    _ = tokio::time::sleep_until(wake.into()) => {}
+            Err(e) => return Err(e),
+        };
+        if deadline.passed() {
+            return Ok(None);
+        }
+        if !subscribed {
+            // Subscribe on every master that answers, then retry at once: a release
+            // announcement from any of them wakes us from now on.
+            subscribed = true;
+            drop(wakes);
+            let subs = join_all(m.nodes.iter().map(|n| {
+                let keys = &keys;
+                async move {
+                    tokio::time::timeout(n.config().request_timeout(), n.watch_releases(keys)).await
                 }
+            }))
+            .await;
+            watches = subs
+                .into_iter()
+                .filter_map(|r| r.ok().and_then(|r| r.ok()))
+                .collect();
+            continue;
+        }
+        // Sleep until a release message, the holder's expiry, or (split vote, or no master
+        // took a subscription) a random pause.
+        let sleep_for = match remaining {
+            Some(r) => r + jitter(m) / 10,
+            None => jitter(m),
+        };
+        let wake = Instant::now() + sleep_for;
+        let wake = deadline.at().map_or(wake, |d| wake.min(d));
+        if wakes.is_empty() {
+            tokio::time::sleep_until(wake.into()).await;
+        } else {
+            tokio::select! {
+                _ = futures_util::future::select_all(wakes) => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
             }
         }
     }
+}
 
-    pub(crate) async fn attempt(
-        &self,
-        name: &LockName,
-        keys: &Arc<LockKeys>,
-        ttl: Duration,
-        opts: &LockOptions,
-    ) -> Result<Attempt> {
-        let cfg = &self.inner.config;
-        let nodes = &self.inner.nodes;
-        let quorum = cfg.quorum();
-        let node_timeout = cfg.node_timeout_for(ttl);
-        // Masters not checked since their connection dropped get no vote in this attempt.
-        let unchecked = self.verify_masters(node_timeout).await?;
-        let token: Arc<str> = lock_redis::raw::scripts::new_token().into();
-        // If this future is dropped between sending and deciding, the guard releases the token
-        // everywhere in the background: a cancelled acquire leaves no ghost holder.
-        let mut undo = ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout);
-        let start = Instant::now();
-        let mut round = Round::on(nodes, &unchecked, node_timeout, |mut c| {
-            let (keys, token) = (keys.clone(), token.clone());
-            async move { scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await }
-        });
-        let (mut granted, mut busy) = (0, 0);
-        // Refusals by holder: a lock is held elsewhere only if one holder has a majority.
-        let mut holders = Holders::default();
-        // Masters that answered "held by someone else", or were not asked, store nothing of
-        // ours: no cleanup there.
-        let mut refused = unchecked;
-        while let Some((i, r)) = round.next().await {
-            match r {
-                Ok(Ok(Acquired::Granted { .. })) => granted += 1,
-                Ok(Ok(Acquired::Busy {
-                    remaining, holder, ..
-                })) => {
-                    busy += 1;
-                    refused[i] = true;
-                    holders.add(holder, remaining);
-                }
-                _ => {}
+pub(crate) async fn attempt(
+    m: &Masters,
+    name: &LockName,
+    keys: &Arc<LockKeys>,
+    ttl: Duration,
+    opts: &LockOptions,
+) -> Result<Attempt> {
+    let cfg = &m.config;
+    let nodes = &m.nodes;
+    let quorum = cfg.quorum();
+    let node_timeout = cfg.node_timeout_for(ttl);
+    // Masters not checked since their connection dropped get no vote in this attempt.
+    let unchecked = m.verify(node_timeout).await?;
+    let token: Arc<str> = lock_redis::raw::scripts::new_token().into();
+    // If this future is dropped between sending and deciding, the guard releases the token
+    // everywhere in the background: a cancelled acquire leaves no ghost holder.
+    let mut undo = ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout);
+    let start = Instant::now();
+    let mut round = Round::on(nodes, &unchecked, node_timeout, |mut c| {
+        let (keys, token) = (keys.clone(), token.clone());
+        async move { scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await }
+    });
+    let (mut granted, mut busy) = (0, 0);
+    // Refusals by holder: a lock is held elsewhere only if one holder has a majority.
+    let mut holders = Holders::default();
+    // Masters that answered "held by someone else", or were not asked, store nothing of
+    // ours: no cleanup there.
+    let mut refused = unchecked;
+    while let Some((i, r)) = round.next().await {
+        match r {
+            Ok(Ok(Acquired::Granted { .. })) => granted += 1,
+            Ok(Ok(Acquired::Busy {
+                remaining, holder, ..
+            })) => {
+                busy += 1;
+                refused[i] = true;
+                holders.add(holder, remaining);
             }
-            // A grant is decided once a majority granted: waiting for the slowest masters would
-            // only add their latency. A refusal waits for every answer instead: each master
-            // that refused needs no cleanup, which is cheaper than cleaning up after the
-            // unanswered ones.
-            if granted >= quorum {
-                break;
-            }
+            _ => {}
         }
-        // The requests still in flight go on in the background rather than being dropped: a
-        // dropped request may never be written (the connection skips requests nobody awaits),
-        // and a lock held on a bare majority is lost when any one of those masters fails.
-        // Should one grant after a failed attempt, the cleanup below (same connection, so
-        // ordered after it) or the TTL removes it.
-        round.finish_in_background();
-        let drift = cfg.drift(ttl);
-        let validity = ttl.checked_sub(start.elapsed() + drift).unwrap_or_default();
-        if granted >= quorum && validity > cfg.min_validity() {
-            undo.disarm(); // the lease owns the token from here
-            let ops = RedlockLeaseOps {
-                nodes: nodes.clone(),
-                keys: keys.clone(),
-                token,
-                ttl,
-                drift,
-                node_timeout,
-                quorum,
-            };
-            return Ok(Attempt::Granted(Box::new(ManagedLease::new(
-                name.clone(),
-                Grant {
-                    token: None,
-                    ttl,
-                    valid_until: start + ttl.saturating_sub(drift),
-                },
-                opts.renewal,
-                ops,
-            ))));
-        }
-        // Failed: undo every grant, on every master that may hold one (one that timed out or
-        // has not answered yet may have granted). Awaited, so the next attempt is not refused
-        // by this one's leftovers.
-        let mut cleanup = Round::on(nodes, &refused, node_timeout, release_request(keys, &token));
-        while cleanup.next().await.is_some() {}
-        undo.disarm();
+        // A grant is decided once a majority granted: waiting for the slowest masters would
+        // only add their latency. A refusal waits for every answer instead: each master
+        // that refused needs no cleanup, which is cheaper than cleaning up after the
+        // unanswered ones.
         if granted >= quorum {
-            return Err(Error::unavailable(
-                BACKEND,
-                format!(
-                    "a majority granted, but only after {:?} of a {ttl:?} TTL: no validity left",
-                    start.elapsed()
-                ),
-            ));
+            break;
         }
-        if granted + busy >= quorum {
-            // Enough masters answered: the lock is held elsewhere, or votes split. Refusals
-            // from a majority are not enough to call it held: racers that each took a minority
-            // refuse each other, and if each gave up, nobody would get the lock.
-            return Ok(match holders.majority(quorum) {
-                Some(until_minority) => Attempt::Held(until_minority),
-                None => Attempt::Split,
-            });
-        }
-        Err(Error::QuorumNotReached {
-            granted,
-            needed: quorum,
-        })
     }
+    // The requests still in flight go on in the background rather than being dropped: a
+    // dropped request may never be written (the connection skips requests nobody awaits),
+    // and a lock held on a bare majority is lost when any one of those masters fails.
+    // Should one grant after a failed attempt, the cleanup below (same connection, so
+    // ordered after it) or the TTL removes it.
+    round.finish_in_background();
+    let drift = cfg.drift(ttl);
+    let validity = ttl.checked_sub(start.elapsed() + drift).unwrap_or_default();
+    if granted >= quorum && validity > cfg.min_validity() {
+        undo.disarm(); // the lease owns the token from here
+        let ops = RedlockLeaseOps {
+            nodes: nodes.clone(),
+            keys: keys.clone(),
+            token,
+            ttl,
+            drift,
+            node_timeout,
+            quorum,
+        };
+        return Ok(Attempt::Granted(Box::new(ManagedLease::new(
+            name.clone(),
+            Grant {
+                token: None,
+                ttl,
+                valid_until: start + ttl.saturating_sub(drift),
+            },
+            opts.renewal,
+            ops,
+        ))));
+    }
+    // Failed: undo every grant, on every master that may hold one (one that timed out or
+    // has not answered yet may have granted). Awaited, so the next attempt is not refused
+    // by this one's leftovers.
+    let mut cleanup = Round::on(nodes, &refused, node_timeout, release_request(keys, &token));
+    while cleanup.next().await.is_some() {}
+    undo.disarm();
+    if granted >= quorum {
+        return Err(Error::unavailable(
+            BACKEND,
+            format!(
+                "a majority granted, but only after {:?} of a {ttl:?} TTL: no validity left",
+                start.elapsed()
+            ),
+        ));
+    }
+    if granted + busy >= quorum {
+        // Enough masters answered: the lock is held elsewhere, or votes split. Refusals
+        // from a majority are not enough to call it held: racers that each took a minority
+        // refuse each other, and if each gave up, nobody would get the lock.
+        return Ok(match holders.majority(quorum) {
+            Some(until_minority) => Attempt::Held(until_minority),
+            None => Attempt::Split,
+        });
+    }
+    Err(Error::QuorumNotReached {
+        granted,
+        needed: quorum,
+    })
+}
 
-    /// One acquisition without waiting: a split vote (nobody won) is retried after a random
-    /// pause, up to `retry_count` times, as Redlock prescribes; a lock a majority reports held
-    /// is `Ok(None)` at once.
-    pub(crate) async fn once(
-        &self,
-        name: &LockName,
-        keys: &Arc<LockKeys>,
-        ttl: Duration,
-        opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        for attempt in 1..=self.inner.config.retry_count() {
-            match self.attempt(name, keys, ttl, opts).await? {
-                Attempt::Granted(l) => return Ok(Some(l)),
-                Attempt::Held(_) => return Ok(None),
-                Attempt::Split if attempt < self.inner.config.retry_count() => {
-                    tokio::time::sleep(self.jitter()).await;
-                }
-                Attempt::Split => return Ok(None),
+/// One acquisition without waiting: a split vote (nobody won) is retried after a random
+/// pause, up to `retry_count` times, as Redlock prescribes; a lock a majority reports held
+/// is `Ok(None)` at once.
+pub(crate) async fn once(
+    m: &Masters,
+    name: &LockName,
+    keys: &Arc<LockKeys>,
+    ttl: Duration,
+    opts: &LockOptions,
+) -> Result<Option<Box<dyn Lease>>> {
+    for n in 1..=m.config.retry_count() {
+        match attempt(m, name, keys, ttl, opts).await? {
+            Attempt::Granted(l) => return Ok(Some(l)),
+            Attempt::Held(_) => return Ok(None),
+            Attempt::Split if n < m.config.retry_count() => {
+                tokio::time::sleep(jitter(m)).await;
             }
+            Attempt::Split => return Ok(None),
         }
-        Ok(None)
     }
+    Ok(None)
+}
 
-    /// A random pause in `0..retry_delay`, so competing clients do not retry in lockstep.
-    pub(crate) fn jitter(&self) -> Duration {
-        let max = self.inner.config.retry_delay().as_millis().max(1);
-        let r = uuid::Uuid::new_v4().as_u128() % max;
-        Duration::from_millis(u64::try_from(r).unwrap_or(0))
-    }
+/// A random pause in `0..retry_delay`, so competing clients do not retry in lockstep.
+pub(crate) fn jitter(m: &Masters) -> Duration {
+    let max = m.config.retry_delay().as_millis().max(1);
+    let r = uuid::Uuid::new_v4().as_u128() % max;
+    Duration::from_millis(u64::try_from(r).unwrap_or(0))
 }
 
 pub(crate) enum Attempt {
