@@ -2,50 +2,49 @@
 //! expired, the ACLs of the nodes it creates; ZooKeeper errors mapped onto the contract's
 //! variants without the password, and the retry of requests whose outcome is not yet known.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use lock_core::driver::{scrub, ClientError};
-use lock_core::{Capabilities, Error, ExpiryClock, Fencing, LockName, Result};
+use lock_core::{Error, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode};
 
 use crate::config::BACKEND;
-use crate::confirm::is_ensemble;
-use crate::lock::{Inner, ZkLock};
+use crate::confirm::{is_ensemble, Pace};
 use crate::ZkConfig;
 
-impl ZkLock {
+/// The client's session with the servers, and what every request on it needs: the
+/// configuration, the ACLs of the nodes it creates, how its confirmations vouch.
+pub(crate) struct Session {
+    pub(crate) config: ZkConfig,
+    /// The current session; replaced by a new one once it has ended (expired or closed).
+    current: std::sync::Mutex<Client>,
+    /// Serializes the re-creation of an ended session.
+    reopen: tokio::sync::Mutex<()>,
+    secured: bool,
+    /// The servers form an ensemble: confirmations go through the leader and vouch for less
+    /// (see [`Pace`]).
+    ensemble: bool,
+    /// How many times a waiter was woken by its predecessor's watch.
+    pub(crate) wakeups: AtomicU64,
+}
+
+impl Session {
     /// Opens a session (authenticating with digest credentials if configured) and makes sure
     /// the base path exists.
-    pub async fn connect(config: ZkConfig) -> Result<Self> {
+    pub(crate) async fn open(config: ZkConfig) -> Result<Session> {
         config.check()?;
         let client = open_session(&config).await?;
-        let session_timeout = client.session_timeout();
-        let secured = config.digest().is_some();
-        let ensemble = is_ensemble(&client).await;
-        let lock = ZkLock {
-            inner: Arc::new(Inner {
-                caps: Capabilities::new()
-                    .with_fencing(Fencing::Strict)
-                    .with_inspect(true)
-                    .with_fifo(true)
-                    .with_per_lock_ttl(false)
-                    // Sessions are on disk and counted in ticks of elapsed time: a restarted
-                    // server gives each its whole timeout again.
-                    .with_survives_restart(true)
-                    .with_expires_by(ExpiryClock::Elapsed)
-                    .with_min_ttl(session_timeout),
-                config,
-                session: std::sync::Mutex::new(client.clone()),
-                reopen: tokio::sync::Mutex::new(()),
-                secured,
-                ensemble,
-                wakeups: AtomicU64::new(0),
-            }),
+        let session = Session {
+            secured: config.digest().is_some(),
+            ensemble: is_ensemble(&client).await,
+            config,
+            current: std::sync::Mutex::new(client.clone()),
+            reopen: tokio::sync::Mutex::new(()),
+            wakeups: AtomicU64::new(0),
         };
-        let config = &lock.inner.config;
-        let opts = CreateMode::Persistent.with_acls(lock.acls());
+        let config = &session.config;
+        let opts = CreateMode::Persistent.with_acls(session.acls());
         // The base path, made if missing. `/` is the session's root: the server's root, which
         // always exists (and cannot be made), or the chroot, which may be missing.
         let base = config.base_path();
@@ -66,48 +65,20 @@ impl ZkLock {
             let root = open_session(&config.without_chroot()).await?;
             match root.mkdir(chroot, &opts).await {
                 Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-                Err(e) => return Err(lock.error(e, None)),
+                Err(e) => return Err(session.error(e, None)),
             }
             made = make_base().await;
         }
         match made {
             Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-            Err(e) => return Err(lock.error(e, None)),
+            Err(e) => return Err(session.error(e, None)),
         }
-        Ok(lock)
+        Ok(session)
     }
 
-    /// [`connect`](Self::connect) from a `zk://` URL.
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(ZkConfig::from_url(url)?).await
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &ZkConfig {
-        &self.inner.config
-    }
-
-    /// The session timeout the server granted the current session: the lease of every lock
-    /// acquired on it.
-    pub fn session_timeout(&self) -> Duration {
-        self.current().session_timeout()
-    }
-
-    /// How many times a waiter of this client was woken by its predecessor's watch (for tests
-    /// and diagnostics: one release should wake one waiter).
-    pub fn watch_wakeups(&self) -> u64 {
-        self.inner.wakeups.load(Ordering::Relaxed)
-    }
-
-    /// The client of the current session (a handle: the next acquisition may use a new
-    /// session if this one has ended).
-    pub fn client(&self) -> Client {
-        self.current()
-    }
-
+    /// The client of the current session (it may have ended).
     pub(crate) fn current(&self) -> Client {
-        self.inner
-            .session
+        self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -115,32 +86,46 @@ impl ZkLock {
 
     /// A live session: the current one, or a new one if it has expired or been closed. Leases
     /// of the ended session stay Lost; only new acquisitions use the new session.
-    pub(crate) async fn live_session(&self) -> Result<Client> {
+    pub(crate) async fn live(&self) -> Result<Client> {
         let client = self.current();
         if !client.state().is_terminated() {
             return Ok(client);
         }
-        let _one_at_a_time = self.inner.reopen.lock().await;
+        let _one_at_a_time = self.reopen.lock().await;
         let client = self.current();
         if !client.state().is_terminated() {
             return Ok(client); // another task re-opened it meanwhile
         }
-        let fresh = open_session(&self.inner.config).await?;
+        let fresh = open_session(&self.config).await?;
         tracing::info!(
-            url = %self.inner.config.redacted_url(),
+            url = %self.config.redacted_url(),
             "ZooKeeper session ended; opened a new one for new acquisitions"
         );
-        *self.inner.session.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
     }
 
     pub(crate) fn acls(&self) -> Acls<'static> {
         // With credentials, only this user may delete (or create under) the nodes.
-        if self.inner.secured {
+        if self.secured {
             Acls::creator_all()
         } else {
             Acls::anyone_all()
         }
+    }
+
+    /// How confirmations on `client`'s session vouch: on the timeout that session was granted
+    /// (a re-opened session may have been granted another one than the first).
+    pub(crate) fn pace(&self, client: &Client) -> Pace {
+        Pace {
+            session_timeout: client.session_timeout(),
+            ensemble: self.ensemble,
+        }
+    }
+
+    /// `e` as the driver's error; `name`: the lock the request was for, if any.
+    pub(crate) fn error(&self, e: zookeeper_client::Error, name: Option<&LockName>) -> Error {
+        map_error(e, &self.config, name)
     }
 }
 
@@ -182,13 +167,6 @@ pub(crate) async fn open_session(config: &ZkConfig) -> Result<Client> {
             ),
         })?;
     Ok(client)
-}
-
-impl ZkLock {
-    /// `e` as the driver's error; `name`: the lock the request was for, if any.
-    pub(crate) fn error(&self, e: zookeeper_client::Error, name: Option<&LockName>) -> Error {
-        map_error(e, &self.inner.config, name)
-    }
 }
 
 /// Whether a failed request may succeed on the same session once the connection is back.

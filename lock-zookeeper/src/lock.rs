@@ -1,20 +1,22 @@
 //! `ZkLock`: the ephemeral-sequential recipe with a predecessor watch.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::driver::Acquisition;
-use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
+use lock_core::{
+    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, Lease, LockName, Result,
+};
 use zookeeper_client::Client;
 
+use crate::client::Session;
 use crate::config::BACKEND;
-use crate::confirm::Pace;
+use crate::queue::{contend_on, parent};
 use crate::sequence::contenders;
 use crate::ZkConfig;
-
-pub(crate) const MARK: &str = "-lock-";
 
 /// A ZooKeeper lock client: one session, shared by all its locks.
 ///
@@ -59,27 +61,56 @@ pub struct ZkLock {
 }
 
 pub(crate) struct Inner {
-    pub(crate) config: ZkConfig,
-    /// The current session; replaced by a new one once it has ended (expired or closed).
-    pub(crate) session: std::sync::Mutex<Client>,
-    /// Serializes the re-creation of an ended session.
-    pub(crate) reopen: tokio::sync::Mutex<()>,
-    pub(crate) secured: bool,
-    /// The servers form an ensemble: confirmations go through the leader and vouch for less
-    /// (see [`Pace`]).
-    pub(crate) ensemble: bool,
-    pub(crate) wakeups: AtomicU64,
+    pub(crate) session: Session,
     pub(crate) caps: Capabilities,
 }
 
 impl ZkLock {
-    /// How confirmations on `client`'s session vouch: on the timeout that session was granted
-    /// (a re-opened session may have been granted another one than the first).
-    pub(crate) fn pace(&self, client: &Client) -> Pace {
-        Pace {
-            session_timeout: client.session_timeout(),
-            ensemble: self.inner.ensemble,
-        }
+    /// Opens a session (authenticating with digest credentials if configured) and makes sure
+    /// the base path exists.
+    pub async fn connect(config: ZkConfig) -> Result<Self> {
+        let session = Session::open(config).await?;
+        let caps = Capabilities::new()
+            .with_fencing(Fencing::Strict)
+            .with_inspect(true)
+            .with_fifo(true)
+            .with_per_lock_ttl(false)
+            // Sessions are on disk and counted in ticks of elapsed time: a restarted server
+            // gives each its whole timeout again.
+            .with_survives_restart(true)
+            .with_expires_by(ExpiryClock::Elapsed)
+            .with_min_ttl(session.current().session_timeout());
+        Ok(ZkLock {
+            inner: Arc::new(Inner { session, caps }),
+        })
+    }
+
+    /// [`connect`](Self::connect) from a `zk://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(ZkConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.session.config
+    }
+
+    /// The session timeout the server granted the current session: the lease of every lock
+    /// acquired on it.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.session.current().session_timeout()
+    }
+
+    /// How many times a waiter of this client was woken by its predecessor's watch (for tests
+    /// and diagnostics: one release should wake one waiter).
+    pub fn watch_wakeups(&self) -> u64 {
+        self.inner.session.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// The client of the current session (a handle: the next acquisition may use a new
+    /// session if this one has ended).
+    pub fn client(&self) -> Client {
+        self.inner.session.current()
     }
 }
 
@@ -98,8 +129,8 @@ impl DistributedLock for ZkLock {
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         let mut retried = false;
         loop {
-            let client = self.live_session().await?;
-            match self.contend_on(&client, req).await {
+            let client = self.inner.session.live().await?;
+            match contend_on(&self.inner.session, &client, req).await {
                 Err(_) if !retried && client.state().is_terminated() => retried = true,
                 r => return r,
             }
@@ -109,12 +140,13 @@ impl DistributedLock for ZkLock {
     /// The lowest sequence node (the holder) and its `czxid`; the lock lives as long as its
     /// holder's session, so there is no remaining time to report.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        let client = self.live_session().await?;
-        let parent = self.parent(name)?;
+        let session = &self.inner.session;
+        let client = session.live().await?;
+        let parent = parent(session, name)?;
         let children = match client.list_children(&parent).await {
             Ok(c) => c,
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(self.error(e, None)),
+            Err(e) => return Err(session.error(e, None)),
         };
         for (_, head) in contenders(children) {
             match client.check_stat(&format!("{parent}/{head}")).await {
@@ -125,7 +157,7 @@ impl DistributedLock for ZkLock {
                     )))
                 }
                 Ok(None) => continue, // released meanwhile: the next one holds
-                Err(e) => return Err(self.error(e, None)),
+                Err(e) => return Err(session.error(e, None)),
             }
         }
         Ok(None)
@@ -135,7 +167,7 @@ impl DistributedLock for ZkLock {
 impl fmt::Debug for ZkLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLock")
-            .field("config", &self.inner.config)
+            .field("config", self.config())
             .field("session_timeout", &self.session_timeout())
             .finish()
     }

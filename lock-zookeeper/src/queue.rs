@@ -8,239 +8,241 @@ use lock_core::driver::{Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
-use crate::client::{transient, until_definite};
+use crate::client::{transient, until_definite, Session};
 use crate::confirm::Pace;
 use crate::lease::{delete_in_background, ZkLeaseOps};
-use crate::lock::{ZkLock, MARK};
 use crate::sequence::contenders;
 
-impl ZkLock {
-    /// The node whose children queue for `name`; never in the tree the server reserves
-    /// (`/zookeeper`), which only lock `zookeeper` with `base=/` and no chroot could name
-    /// (a chroot or base inside it is refused at connect).
-    pub(crate) fn parent(&self, name: &LockName) -> Result<String> {
-        let path = self.inner.config.lock_path(name);
-        if let Some(root) = self.inner.config.reserved(&path) {
-            return Err(lock_core::Error::InvalidName {
-                name: name.to_string(),
-                reason: format!("its node would be {root}, in the tree ZooKeeper reserves"),
+/// What separates a contender's unique prefix from the sequence number the server appends.
+pub(crate) const MARK: &str = "-lock-";
+
+/// The node whose children queue for `name`; never in the tree the server reserves
+/// (`/zookeeper`), which only lock `zookeeper` with `base=/` and no chroot could name
+/// (a chroot or base inside it is refused at connect).
+pub(crate) fn parent(s: &Session, name: &LockName) -> Result<String> {
+    let path = s.config.lock_path(name);
+    if let Some(root) = s.config.reserved(&path) {
+        return Err(lock_core::Error::InvalidName {
+            name: name.to_string(),
+            reason: format!("its node would be {root}, in the tree ZooKeeper reserves"),
+        });
+    }
+    Ok(path)
+}
+
+/// Creates this contender's node; after a connection loss, finds it by its unique prefix
+/// instead of creating a second one.
+pub(crate) async fn enqueue(
+    s: &Session,
+    client: &Client,
+    name: &LockName,
+) -> Result<(String, Stat)> {
+    let parent = &parent(s, name)?;
+    let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
+    // Dropped while a create is in flight, the server may still create the node — an
+    // ephemeral that would head the queue for as long as this session lives. The guard then
+    // finds it by its unique prefix (see `definite_children`) and deletes it in the
+    // background.
+    let mut pending = PendingNode {
+        client: client.clone(),
+        pace: s.pace(client),
+        parent: parent.to_string(),
+        prefix: prefix.clone(),
+        armed: true,
+    };
+    let node_opts = CreateMode::EphemeralSequential.with_acls(s.acls());
+    let parent_mode = if s.config.persistent_parents() {
+        CreateMode::Persistent
+    } else {
+        CreateMode::Container
+    };
+    let parent_opts = parent_mode.with_acls(s.acls());
+    let mut last = None;
+    for _ in 0..5 {
+        match client
+            .create(&format!("{parent}/{prefix}"), b"", &node_opts)
+            .await
+        {
+            Ok((stat, seq)) => {
+                pending.armed = false; // the caller's NodeGuard takes over
+                return Ok((format!("{prefix}{seq}"), stat));
+            }
+            Err(zookeeper_client::Error::NoNode) => {
+                // The container is created on demand and removed by the server when empty.
+                match client.create(parent, b"", &parent_opts).await {
+                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                    Err(zookeeper_client::Error::NoNode) => {
+                        let base = s.config.base_path();
+                        match client
+                            .mkdir(base, &CreateMode::Persistent.with_acls(s.acls()))
+                            .await
+                        {
+                            Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+                            Err(e) => return Err(s.error(e, Some(name))),
+                        }
+                    }
+                    Err(e) => return Err(s.error(e, Some(name))),
+                }
+            }
+            Err(e) if transient(&e) => {
+                // The create may have been applied. Create again only once the lookup says
+                // for certain that it was not: a second node would queue behind the first,
+                // an orphan of this session that nobody deletes.
+                match find_own(s, client, name, &prefix).await? {
+                    Some(found) => {
+                        pending.armed = false;
+                        return Ok(found);
+                    }
+                    None => last = Some(e),
+                }
+            }
+            Err(e) => return Err(s.error(e, Some(name))),
+        }
+    }
+    Err(s.error(
+        last.unwrap_or(zookeeper_client::Error::ConnectionLoss),
+        Some(name),
+    ))
+}
+
+/// This session's node under `parent` whose name starts with `prefix`, if one exists — a
+/// definite answer: a lookup that fails on a connection loss is repeated, while the
+/// session lives, and it sees every create this session sent before (see
+/// [`definite_children`]).
+pub(crate) async fn find_own(
+    s: &Session,
+    client: &Client,
+    name: &LockName,
+    prefix: &str,
+) -> Result<Option<(String, Stat)>> {
+    let parent = &parent(s, name)?;
+    let children = match definite_children(client, s.pace(client), parent).await {
+        Ok(c) => c,
+        Err(zookeeper_client::Error::NoNode) => return Ok(None),
+        Err(e) => return Err(s.error(e, Some(name))),
+    };
+    let Some(mine) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+        return Ok(None);
+    };
+    let path = format!("{parent}/{mine}");
+    match until_definite(client, || client.check_stat(&path)).await {
+        Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => Ok(Some((mine, stat))),
+        Ok(_) => Ok(None),
+        Err(e) => Err(s.error(e, Some(name))),
+    }
+}
+
+/// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, valid until `t` (what the
+/// listing that found it first vouches for: see [`Pace`](crate::confirm::Pace)).
+/// `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
+pub(crate) async fn wait_turn(
+    s: &Session,
+    client: &Client,
+    name: &LockName,
+    me: &str,
+    deadline: Deadline,
+) -> Result<Option<Instant>> {
+    let parent = &parent(s, name)?;
+    let pace = s.pace(client);
+    loop {
+        // In an ensemble the listing comes after a sync: a follower behind its leader could
+        // still list this contender's node after the leader ended its session.
+        let (children, asked) = pace
+            .fresh(client, parent, || client.list_children(parent))
+            .await
+            .map_err(|e| s.error(e, Some(name)))?;
+        let children = contenders(children);
+        let Some(idx) = children.iter().position(|(_, c)| c == me) else {
+            return Err(Error::Lost {
+                name: name.clone(),
+                reason: "the contender's node vanished (session expired?)".into(),
             });
-        }
-        Ok(path)
-    }
-
-    /// Creates this contender's node; after a connection loss, finds it by its unique prefix
-    /// instead of creating a second one.
-    pub(crate) async fn enqueue(&self, client: &Client, name: &LockName) -> Result<(String, Stat)> {
-        let parent = &self.parent(name)?;
-        let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
-        // Dropped while a create is in flight, the server may still create the node — an
-        // ephemeral that would head the queue for as long as this session lives. The guard then
-        // finds it by its unique prefix (see `definite_children`) and deletes it in the
-        // background.
-        let mut pending = PendingNode {
-            client: client.clone(),
-            pace: self.pace(client),
-            parent: parent.to_string(),
-            prefix: prefix.clone(),
-            armed: true,
         };
-        let node_opts = CreateMode::EphemeralSequential.with_acls(self.acls());
-        let parent_mode = if self.inner.config.persistent_parents() {
-            CreateMode::Persistent
-        } else {
-            CreateMode::Container
-        };
-        let parent_opts = parent_mode.with_acls(self.acls());
-        let mut last = None;
-        for _ in 0..5 {
-            match client
-                .create(&format!("{parent}/{prefix}"), b"", &node_opts)
-                .await
-            {
-                Ok((stat, seq)) => {
-                    pending.armed = false; // the caller's NodeGuard takes over
-                    return Ok((format!("{prefix}{seq}"), stat));
-                }
-                Err(zookeeper_client::Error::NoNode) => {
-                    // The container is created on demand and removed by the server when empty.
-                    match client.create(parent, b"", &parent_opts).await {
-                        Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
-                        Err(zookeeper_client::Error::NoNode) => {
-                            let base = self.inner.config.base_path();
-                            match client
-                                .mkdir(base, &CreateMode::Persistent.with_acls(self.acls()))
-                                .await
-                            {
-                                Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-                                Err(e) => return Err(self.error(e, Some(name))),
-                            }
-                        }
-                        Err(e) => return Err(self.error(e, Some(name))),
-                    }
-                }
-                Err(e) if transient(&e) => {
-                    // The create may have been applied. Create again only once the lookup says
-                    // for certain that it was not: a second node would queue behind the first,
-                    // an orphan of this session that nobody deletes.
-                    match self.find_own(client, name, &prefix).await? {
-                        Some(found) => {
-                            pending.armed = false;
-                            return Ok(found);
-                        }
-                        None => last = Some(e),
-                    }
-                }
-                Err(e) => return Err(self.error(e, Some(name))),
+        if idx == 0 {
+            if let Some(valid_until) = pace.vouched(asked) {
+                return Ok(Some(valid_until));
             }
-        }
-        Err(self.error(
-            last.unwrap_or(zookeeper_client::Error::ConnectionLoss),
-            Some(name),
-        ))
-    }
-
-    /// This session's node under `parent` whose name starts with `prefix`, if one exists — a
-    /// definite answer: a lookup that fails on a connection loss is repeated, while the
-    /// session lives, and it sees every create this session sent before (see
-    /// [`definite_children`]).
-    pub(crate) async fn find_own(
-        &self,
-        client: &Client,
-        name: &LockName,
-        prefix: &str,
-    ) -> Result<Option<(String, Stat)>> {
-        let parent = &self.parent(name)?;
-        let children = match definite_children(client, self.pace(client), parent).await {
-            Ok(c) => c,
-            Err(zookeeper_client::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(self.error(e, Some(name))),
-        };
-        let Some(mine) = children.into_iter().find(|c| c.starts_with(prefix)) else {
-            return Ok(None);
-        };
-        let path = format!("{parent}/{mine}");
-        match until_definite(client, || client.check_stat(&path)).await {
-            Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => {
-                Ok(Some((mine, stat)))
-            }
-            Ok(_) => Ok(None),
-            Err(e) => Err(self.error(e, Some(name))),
-        }
-    }
-
-    /// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, valid until `t` (what the
-    /// listing that found it first vouches for: see [`Pace`](crate::confirm::Pace)).
-    /// `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
-    pub(crate) async fn wait_turn(
-        &self,
-        client: &Client,
-        name: &LockName,
-        me: &str,
-        deadline: Deadline,
-    ) -> Result<Option<Instant>> {
-        let parent = &self.parent(name)?;
-        let pace = self.pace(client);
-        loop {
-            // In an ensemble the listing comes after a sync: a follower behind its leader could
-            // still list this contender's node after the leader ended its session.
-            let (children, asked) = pace
-                .fresh(client, parent, || client.list_children(parent))
-                .await
-                .map_err(|e| self.error(e, Some(name)))?;
-            let children = contenders(children);
-            let Some(idx) = children.iter().position(|(_, c)| c == me) else {
-                return Err(Error::Lost {
-                    name: name.clone(),
-                    reason: "the contender's node vanished (session expired?)".into(),
-                });
-            };
-            if idx == 0 {
-                if let Some(valid_until) = pace.vouched(asked) {
-                    return Ok(Some(valid_until));
-                }
-                // A slow answer may come from a member that was stalled (a frozen leader, a
-                // GC pause) and answers from its old state after the ensemble expired this
-                // session: ask again rather than vouch for a lease on it.
-                if deadline.passed() {
-                    return Ok(None);
-                }
-                continue;
-            }
+            // A slow answer may come from a member that was stalled (a frozen leader, a
+            // GC pause) and answers from its old state after the ensemble expired this
+            // session: ask again rather than vouch for a lease on it.
             if deadline.passed() {
                 return Ok(None);
             }
-            let pred = format!("{parent}/{}", children[idx - 1].1);
-            let (stat, watcher) = client
-                .check_and_watch_stat(&pred)
-                .await
-                .map_err(|e| self.error(e, Some(name)))?;
-            if stat.is_none() {
-                continue; // gone between the listing and the watch
+            continue;
+        }
+        if deadline.passed() {
+            return Ok(None);
+        }
+        let pred = format!("{parent}/{}", children[idx - 1].1);
+        let (stat, watcher) = client
+            .check_and_watch_stat(&pred)
+            .await
+            .map_err(|e| s.error(e, Some(name)))?;
+        if stat.is_none() {
+            continue; // gone between the listing and the watch
+        }
+        let until = deadline.sleep();
+        tokio::select! {
+            _ = watcher.changed() => {
+                s.wakeups.fetch_add(1, Ordering::Relaxed);
             }
-            let until = deadline.sleep();
-            tokio::select! {
-                _ = watcher.changed() => {
-                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                }
-                _ = until => return Ok(None),
-            }
+            _ = until => return Ok(None),
         }
     }
+}
 
-    pub(crate) async fn contend_on(
-        &self,
-        client: &Client,
-        req: Acquisition<'_>,
-    ) -> Result<Option<Box<dyn Lease>>> {
-        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
-        let parent = self.parent(name)?;
-        let (me, stat) = self.enqueue(client, name).await?;
-        let path = format!("{parent}/{me}");
-        // Until granted, a dropped (cancelled) future deletes the node in the background.
-        let mut guard = NodeGuard {
-            client: client.clone(),
-            path: Some(path.clone()),
-        };
-        match self.wait_turn(client, name, &me, deadline).await {
-            Ok(Some(valid_until)) => {
-                guard.path = None;
-                let renewal = match opts.renewal {
-                    Renewal::Manual => Renewal::Auto { max_hold: None },
-                    auto => auto,
-                };
-                let ops = ZkLeaseOps {
-                    name: name.clone(),
-                    client: client.clone(),
-                    path,
-                    session: client.session_id().0,
-                    pace: self.pace(client),
-                    config: self.inner.config.clone(),
-                };
-                Ok(Some(Box::new(ManagedLease::new(
-                    name.clone(),
-                    Grant {
-                        token: Some(FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0))),
-                        ttl,
-                        valid_until,
-                    },
-                    renewal,
-                    ops,
-                ))))
-            }
-            Ok(None) => {
-                // Not ours: leave no node behind for later waiters to queue behind (retried
-                // in the background if the connection drops under the delete).
-                guard.path = None;
-                if let Some(deleting) = delete_in_background(client, &path) {
-                    if let Ok(Err(e)) = deleting.await {
-                        return Err(self.error(e, Some(name)));
-                    }
-                }
-                Ok(None)
-            }
-            Err(e) => Err(e),
+pub(crate) async fn contend_on(
+    s: &Session,
+    client: &Client,
+    req: Acquisition<'_>,
+) -> Result<Option<Box<dyn Lease>>> {
+    let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
+    let parent = parent(s, name)?;
+    let (me, stat) = enqueue(s, client, name).await?;
+    let path = format!("{parent}/{me}");
+    // Until granted, a dropped (cancelled) future deletes the node in the background.
+    let mut guard = NodeGuard {
+        client: client.clone(),
+        path: Some(path.clone()),
+    };
+    match wait_turn(s, client, name, &me, deadline).await {
+        Ok(Some(valid_until)) => {
+            guard.path = None;
+            let renewal = match opts.renewal {
+                Renewal::Manual => Renewal::Auto { max_hold: None },
+                auto => auto,
+            };
+            let ops = ZkLeaseOps {
+                name: name.clone(),
+                client: client.clone(),
+                path,
+                session: client.session_id().0,
+                pace: s.pace(client),
+                config: s.config.clone(),
+            };
+            Ok(Some(Box::new(ManagedLease::new(
+                name.clone(),
+                Grant {
+                    token: Some(FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0))),
+                    ttl,
+                    valid_until,
+                },
+                renewal,
+                ops,
+            ))))
         }
+        Ok(None) => {
+            // Not ours: leave no node behind for later waiters to queue behind (retried
+            // in the background if the connection drops under the delete).
+            guard.path = None;
+            if let Some(deleting) = delete_in_background(client, &path) {
+                if let Ok(Err(e)) = deleting.await {
+                    return Err(s.error(e, Some(name)));
+                }
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
