@@ -3,24 +3,34 @@
 //! contract's variants, without the password.
 
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
+use etcd_client::{Client, ConnectOptions, GetOptions, ResponseHeader, Txn};
 use lock_core::driver::{scrub, ClientError};
-use lock_core::{Capabilities, Error, ExpiryClock, Fencing, Result};
+use lock_core::{Error, Result};
 
 use crate::config::BACKEND;
-use crate::lock::{EtcdLock, Inner};
+use crate::spares::Spares;
 use crate::EtcdConfig;
 
-impl EtcdLock {
+/// The client's connection to the cluster, and what it learned there: the leader's highest
+/// term seen, and the leases its released locks left (spares).
+pub(crate) struct Cluster {
+    pub(crate) client: Client,
+    pub(crate) config: EtcdConfig,
+    pub(crate) spares: Spares,
+    /// The highest leader term any response reported (`term.rs`).
+    pub(crate) term: AtomicU64,
+}
+
+impl Cluster {
     /// Connects, authenticates if configured, and checks that the cluster answers a
     /// linearizable read (etcd-client's own `connect` does no I/O without credentials).
     /// Credentials given to a cluster with authentication off are not used (a warning is
     /// logged), as etcd's own clients do.
-    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+    /// Returns it with the server's minimum lease TTL, which it measures.
+    pub(crate) async fn connect(config: EtcdConfig) -> Result<(Cluster, Duration)> {
         config.check()?;
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout())
@@ -121,54 +131,37 @@ impl EtcdLock {
         )
         .await;
         let min_ttl = Duration::from_secs(u64::try_from(probe.ttl()).unwrap_or(1).max(1));
-        Ok(EtcdLock {
-            inner: Arc::new(Inner {
+        Ok((
+            Cluster {
                 client,
-                spares: Arc::default(),
-                caps: Capabilities::new()
-                    .with_fencing(Fencing::Strict)
-                    .with_inspect(true)
-                    .with_fifo(true)
-                    // Leases are kept by the quorum and counted on the leader's monotonic
-                    // clock (a restart or a new leader grants each its whole TTL again).
-                    .with_survives_restart(true)
-                    .with_expires_by(ExpiryClock::Elapsed)
-                    .with_ttl_granularity(Duration::from_secs(1))
-                    .with_min_ttl(min_ttl),
                 config,
+                spares: Spares::default(),
                 term: AtomicU64::new(term),
-            }),
-        })
-    }
-
-    /// [`connect`](Self::connect) from an `etcd://` URL.
-    pub async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(EtcdConfig::from_url(url)?).await
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &EtcdConfig {
-        &self.inner.config
-    }
-
-    /// The underlying client (a clone: clients share one channel).
-    pub fn client(&self) -> Client {
-        self.inner.client.clone()
+            },
+            min_ttl,
+        ))
     }
 
     pub(crate) async fn call<T, Fut>(&self, f: impl FnMut(Client) -> Fut) -> Result<T>
     where
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        let config = &self.inner.config;
+        let config = &self.config;
         call(
             config,
-            &self.inner.client,
+            &self.client,
             config.request_timeout(),
             Resend::Unsent,
             f,
         )
         .await
+    }
+
+    /// Records the term a response reports and returns it (0 without a header).
+    pub(crate) fn observe(&self, header: Option<&ResponseHeader>) -> u64 {
+        let term = header.map_or(0, |h| h.raft_term());
+        self.term.fetch_max(term, Ordering::Relaxed);
+        term
     }
 }
 

@@ -3,87 +3,61 @@
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lock_core::{Error, Lease, LockName, Result};
 
-use crate::client::txn_call;
+use crate::client::{txn_call, Cluster};
 use crate::config::BACKEND;
-use crate::lock::EtcdLock;
-use crate::queue::contender;
+use crate::queue::{contender, dir};
 
-impl EtcdLock {
-    /// Runs `ops` in one etcd transaction **only while `lease` still holds its lock**: the
-    /// transaction compares the lock key's `create_revision` with the lease's fencing token, so
-    /// it is applied atomically with the ownership check — a holder that lost its lock (lease
-    /// expired, key deleted, a successor granted) cannot write. Returns the transaction's
-    /// response; [`Error::NotHeld`] (nothing applied) when the lock is no longer this lease's.
-    ///
-    /// One request: the transaction itself, on the key the lease reports
-    /// ([`Lease::backend_key`]). `lease` must come from an `EtcdLock` with the same prefix: a
-    /// lease without a fencing token, or whose key is not one of this driver's under its
-    /// name (another backend's, another prefix's), is an [`Error::Unsupported`] and nothing
-    /// is sent.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use lock_core::{DistributedLock, LockName, LockOptions};
-    /// use lock_etcd::{etcd_client::TxnOp, EtcdLock};
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> lock_core::Result<()> {
-    /// let locks = EtcdLock::from_url("etcd://127.0.0.1:2379").await?;
-    /// let lease = locks.acquire(&LockName::new("ledger")?, &LockOptions::new(Duration::from_secs(10))).await?;
-    /// // Written only if `lease` still holds "ledger" at the moment etcd applies it.
-    /// locks.guarded_txn(&*lease, [TxnOp::put("ledger/balance", "42", None)]).await?;
-    /// lease.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn guarded_txn(
-        &self,
-        lease: &dyn Lease,
-        ops: impl IntoIterator<Item = TxnOp>,
-    ) -> Result<etcd_client::TxnResponse> {
-        let rev = lease
-            .fencing_token()
-            .and_then(|t| i64::try_from(t.get()).ok())
-            .ok_or(Error::Unsupported {
-                backend: BACKEND,
-                operation: "a guarded transaction for a lease without an etcd fencing token",
-            })?;
-        // The lock key of this grant, as the lease itself reports it: a lease of another
-        // backend (or of another prefix) is refused, whatever its token — the key under this
-        // name created at that revision would be some other client's grant.
-        let key = lease
-            .backend_key()
-            .filter(|k| contender(&self.dir(lease.name()), k.as_bytes()))
-            .ok_or(Error::Unsupported {
-                backend: BACKEND,
-                operation: "a guarded transaction for a lease this etcd driver did not grant",
-            })?;
-        self.txn_if_owner(
-            key.into_bytes(),
-            rev,
-            ops.into_iter().collect(),
-            lease.name(),
-        )
-        .await
-    }
+/// [`EtcdLock::guarded_txn`](crate::EtcdLock::guarded_txn) on `cluster`.
+pub(crate) async fn guarded_txn(
+    cluster: &Cluster,
+    lease: &dyn Lease,
+    ops: impl IntoIterator<Item = TxnOp>,
+) -> Result<etcd_client::TxnResponse> {
+    let rev = lease
+        .fencing_token()
+        .and_then(|t| i64::try_from(t.get()).ok())
+        .ok_or(Error::Unsupported {
+            backend: BACKEND,
+            operation: "a guarded transaction for a lease without an etcd fencing token",
+        })?;
+    // The lock key of this grant, as the lease itself reports it: a lease of another
+    // backend (or of another prefix) is refused, whatever its token — the key under this
+    // name created at that revision would be some other client's grant.
+    let key = lease
+        .backend_key()
+        .filter(|k| contender(&dir(&cluster.config, lease.name()), k.as_bytes()))
+        .ok_or(Error::Unsupported {
+            backend: BACKEND,
+            operation: "a guarded transaction for a lease this etcd driver did not grant",
+        })?;
+    txn_if_owner(
+        cluster,
+        key.into_bytes(),
+        rev,
+        ops.into_iter().collect(),
+        lease.name(),
+    )
+    .await
+}
 
-    /// `ops` if `key` still has `create_revision == rev`, else `NotHeld`: the check that makes
-    /// [`guarded_txn`](Self::guarded_txn) safe even when the lock is lost after its key was
-    /// looked up.
-    pub(crate) async fn txn_if_owner(
-        &self,
-        key: Vec<u8>,
-        rev: i64,
-        ops: Vec<TxnOp>,
-        name: &LockName,
-    ) -> Result<etcd_client::TxnResponse> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-            .and_then(ops);
-        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
-        if resp.succeeded() {
-            Ok(resp)
-        } else {
-            Err(Error::NotHeld { name: name.clone() })
-        }
+/// `ops` if `key` still has `create_revision == rev`, else `NotHeld`: the check that makes
+/// [`guarded_txn`] safe even when the lock is lost after its key was
+/// looked up.
+pub(crate) async fn txn_if_owner(
+    cluster: &Cluster,
+    key: Vec<u8>,
+    rev: i64,
+    ops: Vec<TxnOp>,
+    name: &LockName,
+) -> Result<etcd_client::TxnResponse> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+        .and_then(ops);
+    let resp = txn_call(&cluster.config, &cluster.client, txn).await?;
+    if resp.succeeded() {
+        Ok(resp)
+    } else {
+        Err(Error::NotHeld { name: name.clone() })
     }
 }
 
@@ -91,6 +65,7 @@ impl EtcdLock {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::EtcdLock;
     use etcd_client::GetOptions;
     use lock_core::{DistributedLock, LockOptions};
     use std::time::Duration;
@@ -121,21 +96,24 @@ mod tests {
         let rev = i64::try_from(lease.fencing_token().unwrap().get()).unwrap();
         let found = locks
             .client()
-            .get(locks.dir(&name), Some(GetOptions::new().with_prefix()))
+            .get(
+                dir(locks.config(), &name),
+                Some(GetOptions::new().with_prefix()),
+            )
             .await
             .unwrap();
         let key = found.kvs()[0].key().to_vec();
         // Lost right after the look-up: the key is deleted (as at lease expiry).
         locks.client().delete(key.clone(), None).await.unwrap();
         let data = format!("/distlock-guarded-data/{name}");
-        let r = locks
-            .txn_if_owner(
-                key,
-                rev,
-                vec![TxnOp::put(data.as_str(), "late", None)],
-                &name,
-            )
-            .await;
+        let r = txn_if_owner(
+            &locks.inner.cluster,
+            key,
+            rev,
+            vec![TxnOp::put(data.as_str(), "late", None)],
+            &name,
+        )
+        .await;
         assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
         let written = locks.client().get(data.as_str(), None).await.unwrap();
         assert!(written.kvs().is_empty(), "a write after the loss landed");

@@ -8,14 +8,14 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lock_core::driver::{lease_end, LeaseOps};
 use lock_core::{Error, LockName, Result};
 
-use crate::client::{call, txn_call, Resend};
-use crate::lock::EtcdLock;
+use crate::client::{call, txn_call, Cluster, Resend};
+use crate::grant::rehome;
 use crate::revoke::spawn_revoke;
 use crate::term::Tenure;
 use crate::waiting::keep_alive;
 
 pub(crate) struct EtcdLeaseOps {
-    pub(crate) lock: EtcdLock,
+    pub(crate) cluster: std::sync::Arc<Cluster>,
     /// The lease the key is on now, the term its validity rests on, and that validity as last
     /// confirmed (for reuse as a spare after release).
     pub(crate) tenure: std::sync::Mutex<Tenure>,
@@ -41,10 +41,7 @@ impl EtcdLeaseOps {
         if now.id != from {
             return Ok(now.valid_until);
         }
-        let moved = self
-            .lock
-            .rehome(&self.key, self.rev, from, self.ttl)
-            .await?;
+        let moved = rehome(&self.cluster, &self.key, self.rev, from, self.ttl).await?;
         let tenure = moved.ok_or_else(|| Error::not_held(&self.name))?;
         *self.tenure.lock().unwrap_or_else(|p| p.into_inner()) = tenure;
         Ok(tenure.valid_until)
@@ -63,7 +60,7 @@ impl LeaseOps for EtcdLeaseOps {
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         let held = self.tenure();
-        let (config, client) = (&self.lock.inner.config, &self.lock.inner.client);
+        let (config, client) = (&self.cluster.config, &self.cluster.client);
         let limit = config.request_timeout();
         let ttl = keep_alive(client, config, held.id, self.ttl, limit)
             .await?
@@ -73,7 +70,7 @@ impl LeaseOps for EtcdLeaseOps {
             c.get(key, Some(GetOptions::new().with_keys_only())).await
         })
         .await?;
-        let term = self.lock.observe(read.header());
+        let term = self.cluster.observe(read.header());
         let Some(kv) = read
             .kvs()
             .first()
@@ -111,13 +108,13 @@ impl LeaseOps for EtcdLeaseOps {
                 self.rev,
             )])
             .and_then([TxnOp::delete(self.key.as_str(), None)]);
-        let inner = &self.lock.inner;
+        let inner = &self.cluster;
         let resp = txn_call(&inner.config, &inner.client, txn).await?;
         let tenure = self.tenure();
         // The lease now guards nothing: keep it for the next lock, or revoke it (sent again
         // after a failure, as every revoke of this driver, until it would have expired).
         if !(resp.succeeded() && inner.spares.put(self.ttl, tenure)) {
-            spawn_revoke(self.lock.clone(), tenure.id, tenure.valid_until);
+            spawn_revoke(self.cluster.clone(), tenure.id, tenure.valid_until);
         }
         if resp.succeeded() {
             Ok(())

@@ -1,17 +1,20 @@
 //! `EtcdLock`: a lease per lock, a revision-ordered queue, a watch on the predecessor.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::Client;
+use etcd_client::{Client, TxnOp};
 use lock_core::driver::Acquisition;
-use lock_core::{Capabilities, DistributedLock, FencingToken, Lease, LockName, Result};
+use lock_core::{
+    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, Lease, LockName, Result,
+};
 
+use crate::client::Cluster;
 use crate::config::BACKEND;
-use crate::spares::Spares;
+use crate::guarded::guarded_txn;
+use crate::queue::{contend, head_of};
 use crate::EtcdConfig;
 
 /// An etcd lock client. Cheap to clone (one gRPC channel, shared).
@@ -50,12 +53,83 @@ pub struct EtcdLock {
 }
 
 pub(crate) struct Inner {
-    pub(crate) client: Client,
-    pub(crate) spares: Arc<Spares>,
-    pub(crate) config: EtcdConfig,
+    pub(crate) cluster: Arc<Cluster>,
     pub(crate) caps: Capabilities,
-    /// The highest leader term any response reported (`term.rs`).
-    pub(crate) term: AtomicU64,
+}
+
+impl EtcdLock {
+    /// Connects, authenticates if configured, and checks that the cluster answers a
+    /// linearizable read (etcd-client's own `connect` does no I/O without credentials).
+    /// Credentials given to a cluster with authentication off are not used (a warning is
+    /// logged), as etcd's own clients do.
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let (cluster, min_ttl) = Cluster::connect(config).await?;
+        let caps = Capabilities::new()
+            .with_fencing(Fencing::Strict)
+            .with_inspect(true)
+            .with_fifo(true)
+            // Leases are kept by the quorum and counted on the leader's monotonic clock (a
+            // restart or a new leader grants each its whole TTL again).
+            .with_survives_restart(true)
+            .with_expires_by(ExpiryClock::Elapsed)
+            .with_ttl_granularity(Duration::from_secs(1))
+            .with_min_ttl(min_ttl);
+        Ok(EtcdLock {
+            inner: Arc::new(Inner {
+                cluster: Arc::new(cluster),
+                caps,
+            }),
+        })
+    }
+
+    /// [`connect`](Self::connect) from an `etcd://` URL.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.cluster.config
+    }
+
+    /// The underlying client (a clone: clients share one channel).
+    pub fn client(&self) -> Client {
+        self.inner.cluster.client.clone()
+    }
+
+    /// Runs `ops` in one etcd transaction **only while `lease` still holds its lock**: the
+    /// transaction compares the lock key's `create_revision` with the lease's fencing token, so
+    /// it is applied atomically with the ownership check — a holder that lost its lock (lease
+    /// expired, key deleted, a successor granted) cannot write. Returns the transaction's
+    /// response; [`Error::NotHeld`](lock_core::Error::NotHeld) (nothing applied) when the lock
+    /// is no longer this lease's.
+    ///
+    /// One request: the transaction itself, on the key the lease reports
+    /// ([`Lease::backend_key`]). `lease` must come from an `EtcdLock` with the same prefix: a
+    /// lease without a fencing token, or whose key is not one of this driver's under its
+    /// name (another backend's, another prefix's), is an
+    /// [`Error::Unsupported`](lock_core::Error::Unsupported) and nothing is sent.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use lock_core::{DistributedLock, LockName, LockOptions};
+    /// use lock_etcd::{etcd_client::TxnOp, EtcdLock};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// let locks = EtcdLock::from_url("etcd://127.0.0.1:2379").await?;
+    /// let lease = locks.acquire(&LockName::new("ledger")?, &LockOptions::new(Duration::from_secs(10))).await?;
+    /// // Written only if `lease` still holds "ledger" at the moment etcd applies it.
+    /// locks.guarded_txn(&*lease, [TxnOp::put("ledger/balance", "42", None)]).await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn guarded_txn(
+        &self,
+        lease: &dyn Lease,
+        ops: impl IntoIterator<Item = TxnOp>,
+    ) -> Result<etcd_client::TxnResponse> {
+        guarded_txn(&self.inner.cluster, lease, ops).await
+    }
 }
 
 #[async_trait]
@@ -69,17 +143,19 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        self.contend(req).await
+        contend(&self.inner.cluster, req).await
     }
 
     /// The oldest key under the name (the holder): its `create_revision`, and its lease's
     /// remaining TTL.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        let Some(kv) = self.head_of(name).await? else {
+        let Some(kv) = head_of(&self.inner.cluster, name).await? else {
             return Ok(None);
         };
         let (rev, lease) = (kv.create_revision(), kv.lease());
         let ttl = self
+            .inner
+            .cluster
             .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
             .await
             .ok()
@@ -95,7 +171,7 @@ impl DistributedLock for EtcdLock {
 impl fmt::Debug for EtcdLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLock")
-            .field("config", &self.inner.config)
+            .field("config", self.config())
             .field("min_ttl", &self.inner.caps.min_ttl)
             .finish()
     }

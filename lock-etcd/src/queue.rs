@@ -1,6 +1,7 @@
 //! The queue of contenders: one key per contender under the lock's name, ordered by
 //! `create_revision`; putting a contender's key, and finding its place.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -10,214 +11,210 @@ use etcd_client::{
 use lock_core::driver::{drift, lease_end, Acquisition, Grant, ManagedLease};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
 
-use crate::client::{malformed, txn_call};
+use crate::client::{malformed, txn_call, Cluster};
 use crate::config::BACKEND;
+use crate::grant::{grant, rehome};
 use crate::lease::EtcdLeaseOps;
-use crate::lock::EtcdLock;
 use crate::revoke::RevokeGuard;
 use crate::term::Tenure;
-use crate::waiting::{keep_alive, WaitingLease, Woken};
+use crate::waiting::{keep_alive, wait_for_delete, WaitingLease, Woken};
+use crate::EtcdConfig;
 
-impl EtcdLock {
-    /// The key a lease of `name` with lease id `lease` uses.
-    pub(crate) fn key(&self, name: &LockName, lease: i64) -> String {
-        format!("{}{lease:016x}", self.inner.config.name_dir(name))
-    }
+/// The key a lease of `name` with lease id `lease` uses.
+pub(crate) fn key(config: &EtcdConfig, name: &LockName, lease: i64) -> String {
+    format!("{}{lease:016x}", config.name_dir(name))
+}
 
-    pub(crate) fn dir(&self, name: &LockName) -> String {
-        self.inner.config.name_dir(name)
-    }
+/// The range of `name`'s keys.
+pub(crate) fn dir(config: &EtcdConfig, name: &LockName) -> String {
+    config.name_dir(name)
+}
 
-    /// The keys (no values) under `name`, narrowed by `opts`: contenders' keys, and perhaps
-    /// keys of nested prefixes (see [`contender`]).
-    pub(crate) async fn keys_of(
-        &self,
-        name: &LockName,
-        opts: GetOptions,
-    ) -> Result<etcd_client::GetResponse> {
-        let (dir, opts) = (self.dir(name), opts.with_prefix().with_keys_only());
-        self.call(|mut c| {
-            let (dir, opts) = (dir.clone(), opts.clone());
-            async move { c.get(dir, Some(opts)).await }
-        })
-        .await
-    }
+/// The keys (no values) under `name`, narrowed by `opts`: contenders' keys, and perhaps
+/// keys of nested prefixes (see [`contender`]).
+pub(crate) async fn keys_of(
+    c: &Cluster,
+    name: &LockName,
+    opts: GetOptions,
+) -> Result<etcd_client::GetResponse> {
+    let (dir, opts) = (dir(&c.config, name), opts.with_prefix().with_keys_only());
+    c.call(|mut c| {
+        let (dir, opts) = (dir.clone(), opts.clone());
+        async move { c.get(dir, Some(opts)).await }
+    })
+    .await
+}
 
-    /// The oldest contender's key of `name` (its holder), if any: one key is read, and the
-    /// whole range only when that one belongs to a nested prefix.
-    pub(crate) async fn head_of(&self, name: &LockName) -> Result<Option<KeyValue>> {
-        let dir = self.dir(name);
-        let by_age = || GetOptions::new().with_sort(SortTarget::Create, SortOrder::Ascend);
-        let first = self.keys_of(name, by_age().with_limit(1)).await?;
-        match first.kvs().first() {
-            Some(kv) if !contender(&dir, kv.key()) => {
-                let all = self.keys_of(name, by_age()).await?;
-                Ok(all
-                    .kvs()
-                    .iter()
-                    .find(|kv| contender(&dir, kv.key()))
-                    .cloned())
-            }
-            kv => Ok(kv.cloned()),
+/// The oldest contender's key of `name` (its holder), if any: one key is read, and the
+/// whole range only when that one belongs to a nested prefix.
+pub(crate) async fn head_of(c: &Cluster, name: &LockName) -> Result<Option<KeyValue>> {
+    let dir = dir(&c.config, name);
+    let by_age = || GetOptions::new().with_sort(SortTarget::Create, SortOrder::Ascend);
+    let first = keys_of(c, name, by_age().with_limit(1)).await?;
+    match first.kvs().first() {
+        Some(kv) if !contender(&dir, kv.key()) => {
+            let all = keys_of(c, name, by_age()).await?;
+            Ok(all
+                .kvs()
+                .iter()
+                .find(|kv| contender(&dir, kv.key()))
+                .cloned())
         }
+        kv => Ok(kv.cloned()),
     }
+}
 
-    /// The waiter's view after a wake-up: its own key, and the key just before it; and the
-    /// term it was read in (`term.rs`).
-    pub(crate) async fn check(
-        &self,
-        name: &LockName,
-        key: &str,
-        rev: i64,
-    ) -> Result<(Position, u64)> {
-        match self.check_in(name, key, rev, Some(1)).await? {
-            Some(found) => Ok(found),
-            // The key just before belongs to a nested prefix: look through the whole range.
-            None => self
-                .check_in(name, key, rev, None)
-                .await?
-                .ok_or_else(|| malformed("check")),
-        }
+/// The waiter's view after a wake-up: its own key, and the key just before it; and the
+/// term it was read in (`term.rs`).
+pub(crate) async fn check(
+    c: &Cluster,
+    name: &LockName,
+    key: &str,
+    rev: i64,
+) -> Result<(Position, u64)> {
+    match check_in(c, name, key, rev, Some(1)).await? {
+        Some(found) => Ok(found),
+        // The key just before belongs to a nested prefix: look through the whole range.
+        None => check_in(c, name, key, rev, None)
+            .await?
+            .ok_or_else(|| malformed("check")),
     }
+}
 
-    /// [`check`](Self::check), reading at most `limit` keys before `key`; `None` when the
-    /// keys read were all a nested prefix's, which says nothing of the queue.
-    async fn check_in(
-        &self,
-        name: &LockName,
-        key: &str,
-        rev: i64,
-        limit: Option<i64>,
-    ) -> Result<Option<(Position, u64)>> {
-        let dir = self.dir(name);
-        let before = queue(SortOrder::Descend).with_max_create_revision(rev - 1);
-        let txn = Txn::new().and_then([
-            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
-            TxnOp::get(
-                dir.as_str(),
-                Some(limit.map_or(before.clone(), |n| before.with_limit(n))),
-            ),
+/// [`check`], reading at most `limit` keys before `key`; `None` when the
+/// keys read were all a nested prefix's, which says nothing of the queue.
+async fn check_in(
+    c: &Cluster,
+    name: &LockName,
+    key: &str,
+    rev: i64,
+    limit: Option<i64>,
+) -> Result<Option<(Position, u64)>> {
+    let dir = dir(&c.config, name);
+    let before = queue(SortOrder::Descend).with_max_create_revision(rev - 1);
+    let txn = Txn::new().and_then([
+        TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+        TxnOp::get(
+            dir.as_str(),
+            Some(limit.map_or(before.clone(), |n| before.with_limit(n))),
+        ),
+    ]);
+    let resp = txn_call(&c.config, &c.client, txn).await?;
+    let seen = resp.header().map_or(0, |h| h.revision());
+    let term = c.observe(resp.header());
+    let ops = resp.op_responses();
+    let mine = match ops.first() {
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
+        _ => return Err(malformed("check")),
+    };
+    if mine != Some(rev) {
+        return Ok(Some((Position::Gone, term)));
+    }
+    let Some(TxnOpResponse::Get(g)) = ops.get(1) else {
+        return Err(malformed("check"));
+    };
+    let position = match g.kvs().iter().find(|kv| contender(&dir, kv.key())) {
+        Some(kv) => Position::Behind {
+            pred: (kv.key().to_vec(), kv.create_revision()),
+            seen,
+        },
+        None if limit.is_some() && !g.kvs().is_empty() => return Ok(None),
+        None => Position::Head,
+    };
+    Ok(Some((position, term)))
+}
+
+/// Puts `key` with lease `id` if absent and reads the queue's head, in one round trip:
+/// `(create_revision, whether the key is the head)`, and the term it was applied in.
+pub(crate) async fn put_key(
+    c: &Cluster,
+    name: &LockName,
+    key: &str,
+    id: i64,
+) -> Result<((i64, bool), u64)> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
+            TxnOp::get(dir(&c.config, name), Some(queue_end(SortOrder::Ascend))),
         ]);
-        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
-        let seen = resp.header().map_or(0, |h| h.revision());
-        let term = self.observe(resp.header());
-        let ops = resp.op_responses();
-        let mine = match ops.first() {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
-            _ => return Err(malformed("check")),
-        };
-        if mine != Some(rev) {
-            return Ok(Some((Position::Gone, term)));
+    let resp = txn_call(&c.config, &c.client, txn).await?;
+    if !resp.succeeded() {
+        return Err(Error::backend(
+            BACKEND,
+            format!("key {key} already existed for a lease no lock uses"),
+        ));
+    }
+    let rev = resp.header().map_or(0, |h| h.revision());
+    let term = c.observe(resp.header());
+    let ops = resp.op_responses();
+    let Some(TxnOpResponse::Get(g)) = ops.get(1) else {
+        return Err(malformed("acquire"));
+    };
+    let head = match g.kvs().first() {
+        Some(kv) if !contender(&dir(&c.config, name), kv.key()) => {
+            // The oldest key is a nested prefix's: is any contender's older than this one?
+            matches!(check(c, name, key, rev).await?.0, Position::Head)
         }
-        let Some(TxnOpResponse::Get(g)) = ops.get(1) else {
-            return Err(malformed("check"));
-        };
-        let position = match g.kvs().iter().find(|kv| contender(&dir, kv.key())) {
-            Some(kv) => Position::Behind {
-                pred: (kv.key().to_vec(), kv.create_revision()),
-                seen,
-            },
-            None if limit.is_some() && !g.kvs().is_empty() => return Ok(None),
-            None => Position::Head,
-        };
-        Ok(Some((position, term)))
-    }
+        kv => kv.map(|kv| kv.key()) == Some(key.as_bytes()),
+    };
+    Ok(((rev, head), term))
+}
 
-    /// Puts `key` with lease `id` if absent and reads the queue's head, in one round trip:
-    /// `(create_revision, whether the key is the head)`, and the term it was applied in.
-    pub(crate) async fn put_key(
-        &self,
-        name: &LockName,
-        key: &str,
-        id: i64,
-    ) -> Result<((i64, bool), u64)> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
-                TxnOp::get(self.dir(name), Some(queue_end(SortOrder::Ascend))),
-            ]);
-        let resp = txn_call(&self.inner.config, &self.inner.client, txn).await?;
-        if !resp.succeeded() {
-            return Err(Error::backend(
-                BACKEND,
-                format!("key {key} already existed for a lease no lock uses"),
-            ));
+/// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
+/// lock of this client) or a new grant.
+pub(crate) async fn enqueue(c: &Arc<Cluster>, name: &LockName, ttl: Duration) -> Result<Enqueued> {
+    let config = &c.config;
+    if let Some(spare) = c.spares.take(ttl) {
+        let start = Instant::now();
+        let guard = RevokeGuard::new(c, spare.id, ttl);
+        let key = key(&c.config, name, spare.id);
+        // Confirmed so recently that ≥ 90 % of its TTL is still ahead: put the key
+        // without a keep-alive. The lock is then valid for what is left of the lease,
+        // which `valid_until` reports exactly.
+        let full = ttl.saturating_sub(drift(ttl));
+        if spare.valid_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
+            if let Ok((put, _)) = put_key(c, name, &key, spare.id).await {
+                let lease = WaitingLease::new(name, spare, ttl);
+                return Ok(Enqueued::new(lease, key, put, guard));
+            }
+            // Not what it seemed (it expired, or a request failed): start over below.
+            drop(guard);
+            return enqueue_new(c, name, ttl).await;
         }
-        let rev = resp.header().map_or(0, |h| h.revision());
-        let term = self.observe(resp.header());
-        let ops = resp.op_responses();
-        let Some(TxnOpResponse::Get(g)) = ops.get(1) else {
-            return Err(malformed("acquire"));
-        };
-        let head = match g.kvs().first() {
-            Some(kv) if !contender(&self.dir(name), kv.key()) => {
-                // The oldest key is a nested prefix's: is any contender's older than this one?
-                matches!(self.check(name, key, rev).await?.0, Position::Head)
+        // A keep-alive, then the put: the put's term says which leader answered the
+        // keep-alive (`term.rs`).
+        let alive = keep_alive(&c.client, config, spare.id, ttl, config.request_timeout()).await;
+        if let Ok(Some(ttl)) = alive {
+            let answered = Instant::now();
+            if let Ok((put, term)) = put_key(c, name, &key, spare.id).await {
+                let mut lease = WaitingLease::new(name, spare, ttl);
+                lease.kept_alive(lease_end(start, ttl), answered);
+                lease.observed(term, answered);
+                return Ok(Enqueued::new(lease, key, put, guard));
             }
-            kv => kv.map(|kv| kv.key()) == Some(key.as_bytes()),
-        };
-        Ok(((rev, head), term))
-    }
-
-    /// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
-    /// lock of this client) or a new grant.
-    pub(crate) async fn enqueue(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
-        let config = &self.inner.config;
-        if let Some(spare) = self.inner.spares.take(ttl) {
-            let start = Instant::now();
-            let guard = RevokeGuard::new(self, spare.id, ttl);
-            let key = self.key(name, spare.id);
-            // Confirmed so recently that ≥ 90 % of its TTL is still ahead: put the key
-            // without a keep-alive. The lock is then valid for what is left of the lease,
-            // which `valid_until` reports exactly.
-            let full = ttl.saturating_sub(drift(ttl));
-            if spare.valid_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
-                if let Ok((put, _)) = self.put_key(name, &key, spare.id).await {
-                    let lease = WaitingLease::new(name, spare, ttl);
-                    return Ok(Enqueued::new(lease, key, put, guard));
-                }
-                // Not what it seemed (it expired, or a request failed): start over below.
-                drop(guard);
-                return self.enqueue_new(name, ttl).await;
-            }
-            // A keep-alive, then the put: the put's term says which leader answered the
-            // keep-alive (`term.rs`).
-            let alive = keep_alive(
-                &self.inner.client,
-                config,
-                spare.id,
-                ttl,
-                config.request_timeout(),
-            )
-            .await;
-            if let Ok(Some(ttl)) = alive {
-                let answered = Instant::now();
-                if let Ok((put, term)) = self.put_key(name, &key, spare.id).await {
-                    let mut lease = WaitingLease::new(name, spare, ttl);
-                    lease.kept_alive(lease_end(start, ttl), answered);
-                    lease.observed(term, answered);
-                    return Ok(Enqueued::new(lease, key, put, guard));
-                }
-            }
-            // The spare had expired (or a request failed): the guard revokes it, which also
-            // deletes a key put meanwhile; start over with a new lease.
         }
-        self.enqueue_new(name, ttl).await
+        // The spare had expired (or a request failed): the guard revokes it, which also
+        // deletes a key put meanwhile; start over with a new lease.
     }
+    enqueue_new(c, name, ttl).await
+}
 
-    /// Enqueues a key for `name` under a newly granted lease.
-    pub(crate) async fn enqueue_new(&self, name: &LockName, ttl: Duration) -> Result<Enqueued> {
-        let granted = self.grant(ttl).await?;
-        let id = granted.tenure.id;
-        // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
-        // also deletes its key: no ghost stays in the queue.
-        let guard = RevokeGuard::new(self, id, granted.ttl);
-        let key = self.key(name, id);
-        let (put, _) = self.put_key(name, &key, id).await?;
-        let lease = WaitingLease::new(name, granted.tenure, granted.ttl);
-        Ok(Enqueued::new(lease, key, put, guard))
-    }
+/// Enqueues a key for `name` under a newly granted lease.
+pub(crate) async fn enqueue_new(
+    c: &Arc<Cluster>,
+    name: &LockName,
+    ttl: Duration,
+) -> Result<Enqueued> {
+    let granted = grant(c, ttl).await?;
+    let id = granted.tenure.id;
+    // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
+    // also deletes its key: no ghost stays in the queue.
+    let guard = RevokeGuard::new(c, id, granted.ttl);
+    let key = key(&c.config, name, id);
+    let (put, _) = put_key(c, name, &key, id).await?;
+    let lease = WaitingLease::new(name, granted.tenure, granted.ttl);
+    Ok(Enqueued::new(lease, key, put, guard))
 }
 
 /// A contender's key in the queue, and the lease it is put with.
@@ -257,141 +254,139 @@ pub(crate) enum Position {
     Gone,
 }
 
-impl EtcdLock {
-    pub(crate) async fn contend(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
-        let Enqueued {
-            mut lease,
-            key,
-            rev,
-            head: head_is_me,
-            mut guard,
-        } = self.enqueue(name, ttl).await?;
-        // At the head already, on a lease confirmed in its term: granted. (A spare's
-        // keep-alive may have been answered in a term after the spare's own.)
-        if !(head_is_me && lease.trusted_until > Instant::now()) {
-            if !head_is_me && deadline == Deadline::Now {
+pub(crate) async fn contend(
+    c: &Arc<Cluster>,
+    req: Acquisition<'_>,
+) -> Result<Option<Box<dyn Lease>>> {
+    let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
+    let Enqueued {
+        mut lease,
+        key,
+        rev,
+        head: head_is_me,
+        mut guard,
+    } = enqueue(c, name, ttl).await?;
+    // At the head already, on a lease confirmed in its term: granted. (A spare's
+    // keep-alive may have been answered in a term after the spare's own.)
+    if !(head_is_me && lease.trusted_until > Instant::now()) {
+        if !head_is_me && deadline == Deadline::Now {
+            guard.revoke_now().await;
+            return Ok(None);
+        }
+        let mut woken = false;
+        loop {
+            // After a wake-up, refresh the lease first, so that a waiter that is granted
+            // holds a lease with its whole TTL ahead, as an uncontended grant does; the
+            // check after it says which leader answered (`term.rs`).
+            if std::mem::take(&mut woken) {
+                lease.keep_alive(c, deadline).await?;
+            }
+            let sent = Instant::now();
+            let checked = check(c, name, &key, rev).await;
+            let (pred, seen) = match checked {
+                Ok((Position::Head, term)) => {
+                    lease.observed(term, sent);
+                    // Granted only on a lease confirmed to live now, in the term it
+                    // belongs to (its refresh above may have gone unanswered, through an
+                    // election, say).
+                    if lease.trusted_until > Instant::now() {
+                        break;
+                    }
+                    if term != lease.term {
+                        // A new leader: move the key onto a lease of its term.
+                        match rehome(c, &key, rev, lease.id, lease.ttl).await {
+                            Ok(Some(tenure)) => {
+                                guard.switch(tenure.id, lease.ttl);
+                                lease = WaitingLease::new(name, tenure, lease.ttl);
+                            }
+                            Ok(None) => return Err(lease.lost("its key vanished at its turn")),
+                            Err(e) if e.is_retryable() && !deadline.passed() => {
+                                tokio::time::sleep(RECHECK).await;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                        continue;
+                    }
+                    if deadline.passed() {
+                        guard.revoke_now().await;
+                        return Err(Error::unavailable(
+                            BACKEND,
+                            format!(
+                                "{name}'s turn came, but no member confirmed the waiter's \
+                                 lease before the deadline"
+                            ),
+                        ));
+                    }
+                    // Confirm it in this term: a keep-alive, then the check again.
+                    let pause = lease.next_keep_alive.min(Instant::now() + RECHECK);
+                    tokio::time::sleep_until(pause.into()).await;
+                    woken = true;
+                    continue;
+                }
+                Ok((Position::Gone, _)) => {
+                    return Err(lease.lost("its key vanished while waiting (lease expired?)"))
+                }
+                Ok((Position::Behind { pred, seen }, term)) => {
+                    lease.observed(term, sent);
+                    (pred, seen)
+                }
+                Err(e) if e.is_retryable() => {
+                    // Transient: keep the lease alive and try again shortly.
+                    tokio::time::sleep(RECHECK).await;
+                    if Instant::now() >= lease.next_keep_alive {
+                        lease.keep_alive(c, deadline).await?;
+                    }
+                    if deadline.passed() {
+                        // Not a busy lock: the backend did not answer.
+                        guard.revoke_now().await;
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if deadline.passed() {
                 guard.revoke_now().await;
                 return Ok(None);
             }
-            let mut woken = false;
-            loop {
-                // After a wake-up, refresh the lease first, so that a waiter that is granted
-                // holds a lease with its whole TTL ahead, as an uncontended grant does; the
-                // check after it says which leader answered (`term.rs`).
-                if std::mem::take(&mut woken) {
-                    lease.keep_alive(self, deadline).await?;
+            match wait_for_delete(c, pred, seen, &mut lease, deadline).await? {
+                Woken::Deleted => woken = true,
+                Woken::Broken => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    woken = true;
                 }
-                let sent = Instant::now();
-                let checked = self.check(name, &key, rev).await;
-                let (pred, seen) = match checked {
-                    Ok((Position::Head, term)) => {
-                        lease.observed(term, sent);
-                        // Granted only on a lease confirmed to live now, in the term it
-                        // belongs to (its refresh above may have gone unanswered, through an
-                        // election, say).
-                        if lease.trusted_until > Instant::now() {
-                            break;
-                        }
-                        if term != lease.term {
-                            // A new leader: move the key onto a lease of its term.
-                            match self.rehome(&key, rev, lease.id, lease.ttl).await {
-                                Ok(Some(tenure)) => {
-                                    guard.switch(tenure.id, lease.ttl);
-                                    lease = WaitingLease::new(name, tenure, lease.ttl);
-                                }
-                                Ok(None) => return Err(lease.lost("its key vanished at its turn")),
-                                Err(e) if e.is_retryable() && !deadline.passed() => {
-                                    tokio::time::sleep(RECHECK).await;
-                                }
-                                Err(e) => return Err(e),
-                            }
-                            continue;
-                        }
-                        if deadline.passed() {
-                            guard.revoke_now().await;
-                            return Err(Error::unavailable(
-                                BACKEND,
-                                format!(
-                                    "{name}'s turn came, but no member confirmed the waiter's \
-                                     lease before the deadline"
-                                ),
-                            ));
-                        }
-                        // Confirm it in this term: a keep-alive, then the check again.
-                        let pause = lease.next_keep_alive.min(Instant::now() + RECHECK);
-                        tokio::time::sleep_until(pause.into()).await;
-                        woken = true;
-                        continue;
-                    }
-                    Ok((Position::Gone, _)) => {
-                        return Err(lease.lost("its key vanished while waiting (lease expired?)"))
-                    }
-                    Ok((Position::Behind { pred, seen }, term)) => {
-                        lease.observed(term, sent);
-                        (pred, seen)
-                    }
-                    Err(e) if e.is_retryable() => {
-                        // Transient: keep the lease alive and try again shortly.
-                        tokio::time::sleep(RECHECK).await;
-                        if Instant::now() >= lease.next_keep_alive {
-                            lease.keep_alive(self, deadline).await?;
-                        }
-                        if deadline.passed() {
-                            // Not a busy lock: the backend did not answer.
-                            guard.revoke_now().await;
-                            return Err(e);
-                        }
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                if deadline.passed() {
+                Woken::Deadline => {
                     guard.revoke_now().await;
                     return Ok(None);
                 }
-                match self
-                    .wait_for_delete(pred, seen, &mut lease, deadline)
-                    .await?
-                {
-                    Woken::Deleted => woken = true,
-                    Woken::Broken => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        woken = true;
-                    }
-                    Woken::Deadline => {
-                        guard.revoke_now().await;
-                        return Ok(None);
-                    }
-                }
             }
         }
-        guard.disarm();
-        let tenure = Tenure {
-            id: lease.id,
-            term: lease.term,
-            valid_until: lease.trusted_until,
-        };
-        let ops = EtcdLeaseOps {
-            lock: self.clone(),
-            tenure: std::sync::Mutex::new(tenure),
-            moving: tokio::sync::Mutex::new(()),
-            ttl: lease.ttl,
-            key,
-            rev,
-            name: name.clone(),
-        };
-        Ok(Some(Box::new(ManagedLease::new(
-            name.clone(),
-            Grant {
-                token: Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
-                ttl: lease.ttl,
-                valid_until: lease.trusted_until,
-            },
-            opts.renewal,
-            ops,
-        ))))
     }
+    guard.disarm();
+    let tenure = Tenure {
+        id: lease.id,
+        term: lease.term,
+        valid_until: lease.trusted_until,
+    };
+    let ops = EtcdLeaseOps {
+        cluster: c.clone(),
+        tenure: std::sync::Mutex::new(tenure),
+        moving: tokio::sync::Mutex::new(()),
+        ttl: lease.ttl,
+        key,
+        rev,
+        name: name.clone(),
+    };
+    Ok(Some(Box::new(ManagedLease::new(
+        name.clone(),
+        Grant {
+            token: Some(FencingToken::new(u64::try_from(rev).unwrap_or(0))),
+            ttl: lease.ttl,
+            valid_until: lease.trusted_until,
+        },
+        opts.renewal,
+        ops,
+    ))))
 }
 
 /// How soon a waiter looks again after a transient failure, or at a turn it could not

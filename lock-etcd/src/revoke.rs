@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 use lock_core::driver::retry_in_background;
 use lock_core::Result;
 
-use crate::lock::EtcdLock;
+use std::sync::Arc;
+
+use crate::client::Cluster;
 
 /// Revokes a contender's lease if the acquisition ends without a grant, which also deletes its
 /// key. A revoke that fails — on a connection that broke with the acquisition, say — is sent
 /// again until it is answered or the lease has expired by itself: left alone, the key would stay
 /// in the queue for a whole TTL, holding the lock nobody has or blocking the waiters behind it.
 pub(crate) struct RevokeGuard {
-    lock: EtcdLock,
+    cluster: Arc<Cluster>,
     id: Option<i64>,
     /// When the lease expires by itself at the latest: revoking after that is pointless.
     expires: Instant,
@@ -22,9 +24,9 @@ pub(crate) struct RevokeGuard {
 
 impl RevokeGuard {
     /// Guards lease `id`, granted for `ttl`.
-    pub(crate) fn new(lock: &EtcdLock, id: i64, ttl: Duration) -> Self {
+    pub(crate) fn new(cluster: &Arc<Cluster>, id: i64, ttl: Duration) -> Self {
         RevokeGuard {
-            lock: lock.clone(),
+            cluster: cluster.clone(),
             id: Some(id),
             expires: Instant::now() + ttl,
         }
@@ -46,9 +48,9 @@ impl RevokeGuard {
     /// gone by then); after a failure, keeps trying in the background.
     pub(crate) async fn revoke_now(&mut self) {
         if let Some(id) = self.id.take() {
-            if let Err(e) = revoke(&self.lock, id).await {
+            if let Err(e) = revoke(&self.cluster, id).await {
                 tracing::debug!(error = %e, "revoking a contender's lease failed; retrying");
-                spawn_revoke(self.lock.clone(), id, self.expires);
+                spawn_revoke(self.cluster.clone(), id, self.expires);
             }
         }
     }
@@ -57,22 +59,23 @@ impl RevokeGuard {
 impl Drop for RevokeGuard {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            spawn_revoke(self.lock.clone(), id, self.expires);
+            spawn_revoke(self.cluster.clone(), id, self.expires);
         }
     }
 }
 
-async fn revoke(lock: &EtcdLock, id: i64) -> Result<()> {
-    lock.call(|mut c| async move { c.lease_revoke(id).await })
+async fn revoke(cluster: &Cluster, id: i64) -> Result<()> {
+    cluster
+        .call(|mut c| async move { c.lease_revoke(id).await })
         .await
         .map(|_| ())
 }
 
 /// Revokes lease `id` in the background, again after each failure that may pass (a revoke is
 /// idempotent), until `expires`.
-pub(crate) fn spawn_revoke(lock: EtcdLock, id: i64, expires: Instant) {
+pub(crate) fn spawn_revoke(cluster: Arc<Cluster>, id: i64, expires: Instant) {
     retry_in_background(expires, move || {
-        let lock = lock.clone();
-        async move { revoke(&lock, id).await }
+        let cluster = cluster.clone();
+        async move { revoke(&cluster, id).await }
     });
 }

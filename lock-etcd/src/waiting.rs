@@ -6,83 +6,80 @@ use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
 use lock_core::driver::{drift, lease_end};
 use lock_core::{Deadline, Error, LockName, Result};
 
-use crate::client::{map_error, send, Resend};
+use crate::client::{map_error, send, Cluster, Resend};
 use crate::config::BACKEND;
-use crate::lock::EtcdLock;
 use crate::term::Tenure;
 use crate::EtcdConfig;
 
-impl EtcdLock {
-    /// Sleeps until the predecessor's key is deleted (or the watch breaks: the caller
-    /// re-checks either way), keeping the waiter's lease alive meanwhile.
-    pub(crate) async fn wait_for_delete(
-        &self,
-        (pred, pred_rev): (Vec<u8>, i64),
-        seen: i64,
-        lease: &mut WaitingLease,
-        deadline: Deadline,
-    ) -> Result<Woken> {
-        // No start revision: the watch starts at the server's current one. Any start revision
-        // in the past (even `seen + 1` once other keys changed) puts the watcher in etcd 3.4's
-        // unsynced group, served only every 100 ms. A deletion between the check and the
-        // watch's creation is caught below by looking at the predecessor once more.
-        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let watch = self.call(|mut c| {
-            let (pred, opts) = (pred.clone(), opts.clone());
-            async move { c.watch(pred, Some(opts)).await }
-        });
-        let mut stream = match watch.await {
-            Ok(s) => s,
-            Err(e) if e.is_retryable() => return Ok(Woken::Broken),
-            Err(e) => return Err(e),
-        };
-        loop {
-            let until_deadline = deadline.sleep();
-            tokio::select! {
-                msg = stream.message() => match msg {
-                    Ok(Some(resp)) if resp.created() => {
-                        let at = resp.header().map_or(i64::MAX, |h| h.revision());
-                        if at > seen {
-                            // Deleted before the watch began? Only a definite answer counts:
-                            // an unanswered re-check sends the caller round again (it looks at
-                            // the whole queue), never to sleep until its deadline.
-                            match self.still_there(&pred, pred_rev).await? {
-                                Some(true) => {}
-                                Some(false) => return Ok(Woken::Deleted),
-                                None => return Ok(Woken::Broken),
-                            }
+/// Sleeps until the predecessor's key is deleted (or the watch breaks: the caller
+/// re-checks either way), keeping the waiter's lease alive meanwhile.
+pub(crate) async fn wait_for_delete(
+    c: &Cluster,
+    (pred, pred_rev): (Vec<u8>, i64),
+    seen: i64,
+    lease: &mut WaitingLease,
+    deadline: Deadline,
+) -> Result<Woken> {
+    // No start revision: the watch starts at the server's current one. Any start revision
+    // in the past (even `seen + 1` once other keys changed) puts the watcher in etcd 3.4's
+    // unsynced group, served only every 100 ms. A deletion between the check and the
+    // watch's creation is caught below by looking at the predecessor once more.
+    let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+    let watch = c.call(|mut c| {
+        let (pred, opts) = (pred.clone(), opts.clone());
+        async move { c.watch(pred, Some(opts)).await }
+    });
+    let mut stream = match watch.await {
+        Ok(s) => s,
+        Err(e) if e.is_retryable() => return Ok(Woken::Broken),
+        Err(e) => return Err(e),
+    };
+    loop {
+        let until_deadline = deadline.sleep();
+        tokio::select! {
+            msg = stream.message() => match msg {
+                Ok(Some(resp)) if resp.created() => {
+                    let at = resp.header().map_or(i64::MAX, |h| h.revision());
+                    if at > seen {
+                        // Deleted before the watch began? Only a definite answer counts:
+                        // an unanswered re-check sends the caller round again (it looks at
+                        // the whole queue), never to sleep until its deadline.
+                        match still_there(c, &pred, pred_rev).await? {
+                            Some(true) => {}
+                            Some(false) => return Ok(Woken::Deleted),
+                            None => return Ok(Woken::Broken),
                         }
                     }
-                    Ok(Some(resp)) => {
-                        if resp.canceled()
-                            || resp.events().iter().any(|e| e.event_type() == EventType::Delete)
-                        {
-                            return Ok(Woken::Deleted);
-                        }
-                    }
-                    Ok(None) | Err(_) => return Ok(Woken::Broken),
-                },
-                _ = tokio::time::sleep_until(lease.next_keep_alive.into()) => {
-                    lease.keep_alive(self, deadline).await?;
                 }
-                _ = until_deadline => return Ok(Woken::Deadline),
+                Ok(Some(resp)) => {
+                    if resp.canceled()
+                        || resp.events().iter().any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return Ok(Woken::Deleted);
+                    }
+                }
+                Ok(None) | Err(_) => return Ok(Woken::Broken),
+            },
+            _ = tokio::time::sleep_until(lease.next_keep_alive.into()) => {
+                lease.keep_alive(c, deadline).await?;
             }
+            _ = until_deadline => return Ok(Woken::Deadline),
         }
     }
+}
 
-    /// Whether this incarnation of `key` still exists; `None` when the server did not answer
-    /// (a transient error is no evidence either way).
-    pub(crate) async fn still_there(&self, key: &[u8], rev: i64) -> Result<Option<bool>> {
-        let r = self
-            .call(|mut c| async move { c.get(key, Some(GetOptions::new().with_keys_only())).await })
-            .await;
-        match r {
-            Ok(r) => Ok(Some(
-                r.kvs().first().map(|kv| kv.create_revision()) == Some(rev),
-            )),
-            Err(e) if e.is_retryable() => Ok(None),
-            Err(e) => Err(e),
-        }
+/// Whether this incarnation of `key` still exists; `None` when the server did not answer
+/// (a transient error is no evidence either way).
+pub(crate) async fn still_there(c: &Cluster, key: &[u8], rev: i64) -> Result<Option<bool>> {
+    let r = c
+        .call(|mut c| async move { c.get(key, Some(GetOptions::new().with_keys_only())).await })
+        .await;
+    match r {
+        Ok(r) => Ok(Some(
+            r.kvs().first().map(|kv| kv.create_revision()) == Some(rev),
+        )),
+        Err(e) if e.is_retryable() => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -158,22 +155,14 @@ impl WaitingLease {
     /// until it learns of the next one: an attempt that waits out the whole request timeout
     /// there can outlive the lease the new leader extended (measured: lost every time at the
     /// minimum TTL, `tests/partition.rs`).
-    pub(crate) async fn keep_alive(&mut self, lock: &EtcdLock, deadline: Deadline) -> Result<()> {
+    pub(crate) async fn keep_alive(&mut self, cluster: &Cluster, deadline: Deadline) -> Result<()> {
         let start = Instant::now();
         let limit = deadline
             .at()
             .map_or(Duration::MAX, |at| at.saturating_duration_since(start))
             .min(self.ttl / 2)
             .max(Duration::from_millis(1));
-        match keep_alive(
-            &lock.inner.client,
-            &lock.inner.config,
-            self.id,
-            self.ttl,
-            limit,
-        )
-        .await
-        {
+        match keep_alive(&cluster.client, &cluster.config, self.id, self.ttl, limit).await {
             Ok(Some(ttl)) => {
                 self.ttl = ttl;
                 self.kept_alive(lease_end(start, ttl), Instant::now());
@@ -183,7 +172,7 @@ impl WaitingLease {
             Ok(None) => Err(self.lost("its lease expired while waiting")),
             Err(e) if e.is_retryable() => {
                 let now = Instant::now();
-                if now > self.valid_until + lock.inner.config.request_timeout() {
+                if now > self.valid_until + cluster.config.request_timeout() {
                     return Err(e);
                 }
                 self.next_keep_alive = now + Duration::from_millis(100);
