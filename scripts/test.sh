@@ -69,10 +69,10 @@ cargo clippy -p lock-etcd --all-targets --features tls -- -D warnings
 cargo clippy -p lock-postgres --all-targets --features tls -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-step "cargo test"
-cargo test --workspace --features distlock-cli/full 2>&1 | python3 scripts/timings.py "$times"
+step "cargo test (in lanes: binaries that share no server run at once)"
+python3 scripts/run-tests.py "$times" -- --workspace --features distlock-cli/full
 step "cargo test -p distlock --features full (every scheme against its server)"
-cargo test -p distlock --features full 2>&1 | python3 scripts/timings.py "$times"
+python3 scripts/run-tests.py "$times" -- -p distlock --features full
 # TLS (rediss://, redlock://...?tls=true, etcd://...?tls=true against the TLS-only servers)
 # runs in the conformance suite's `security` cases above: the workspace run builds the drivers
 # with their `tls` features (distlock-cli/full turns them on).

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Builds the test binaries once, then runs them in lanes: one lane per set of servers.
+
+    scripts/run-tests.py TIMES [--jobs N] -- CARGO_TEST_ARGS...
+
+The suite's time is almost all waiting (leases expiring, partitions healing, one conformance
+case at a time because cases measure timings), so binaries that share no server run at once.
+A lane is the set of packages whose tests start, stop, freeze or restart the same servers;
+lanes run concurrently (at most `--jobs` at a time, longest first), the binaries of one lane
+one after another, as `cargo test` would. Packages named in no lane (the facade and the CLI,
+whose tests use every backend's servers) run after every lane has finished, alone. Doc tests
+run last, through cargo.
+
+Each binary's output goes to `target/test-logs/`; a line per binary says how it went, and a
+failing binary's whole output is printed. Every binary runs even after a failure, so that one
+run names every broken promise. Appends `<seconds>\\t<what>` lines to TIMES for
+`scripts/test.sh`'s table. Exits non-zero if any binary or doc test failed.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# package -> lane. A lane's name is the servers it owns (scripts/services.sh names, or none).
+# package, or package/test binary -> lane; the lane's name says whose servers it uses. Lanes
+# start longest first, in the order they first appear here (2026-11-28, one at a time: etcd
+# conformance 9 min, ZooKeeper partitions 9, ...).
+LANES = {
+    "lock-etcd": "etcd",
+    # Partitions and clocks: clusters and servers a test starts itself, on free ports.
+    "lock-zookeeper/partition": "zookeeper-partitions",
+    "lock-etcd/partition": "etcd-partitions",
+    "lock-zookeeper": "zookeeper",
+    # Redis and Redlock share redis-servers (a Redis replica test follows a Redlock master).
+    "lock-redis": "redis",
+    "lock-redlock": "redis",
+    # The memory driver and its negative controls: no server at all.
+    "conformance-tests": "controls",
+    "lock-postgres": "postgres",
+    "lock-redis/clock": "own-servers",
+    "lock-redlock/clock": "own-servers",
+    "lock-zookeeper/clock": "own-servers",
+    "lock-core": "own-servers",
+    "lock-file": "own-servers",
+    "lock-bench": "own-servers",
+    "table-driver": "own-servers",
+    "test-support": "own-servers",
+}
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / "target" / "test-logs"
+PRINT = threading.Lock()
+
+
+def say(line: str) -> None:
+    with PRINT:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+class Binary:
+    def __init__(self, message: dict):
+        self.package = message["package_id"]
+        self.manifest = Path(message["manifest_path"])
+        self.name = message["target"]["name"]
+        self.kind = message["target"]["kind"][0]
+        self.path = message["executable"]
+        # `path+file:///work/main/lock-etcd#0.1.0`, or `...#name@0.1.0` where the directory
+        # is not the package's name.
+        url, _, fragment = self.package.partition("#")
+        self.pkg = fragment.split("@")[0] if "@" in fragment else url.rstrip("/").rsplit("/", 1)[-1]
+        self.lane = LANES.get(f"{self.pkg}/{self.name}", LANES.get(self.pkg))
+
+    def label(self) -> str:
+        what = "unit tests" if self.kind in ("lib", "bin") else f"tests/{self.name}.rs"
+        return f"{self.pkg}: {what}"
+
+    def run(self, times, logged: bool) -> bool:
+        env = dict(os.environ)
+        env["CARGO_MANIFEST_DIR"] = str(self.manifest.parent)
+        env["CARGO_PKG_NAME"] = self.pkg
+        began = time.monotonic()
+        if logged:
+            LOGS.mkdir(parents=True, exist_ok=True)
+            log = LOGS / f"{self.pkg}--{self.name}--{self.kind}.log"
+            with open(log, "w", encoding="utf-8") as out:
+                code = subprocess.call(
+                    [self.path], cwd=self.manifest.parent, env=env,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                )
+        else:
+            say(f"\n     Running {self.label()} ({self.path})")
+            code = subprocess.call([self.path], cwd=self.manifest.parent, env=env)
+        took = time.monotonic() - began
+        times.write(f"{took:.1f}\t{self.label()}" + (f" [lane {self.lane}]" if self.lane else "") + "\n")
+        times.flush()
+        if logged:
+            text = log.read_text(encoding="utf-8", errors="replace")
+            summary = [l for l in text.splitlines() if l.startswith("test result:")]
+            tail = summary[-1] if summary else f"exit status {code}"
+            if code == 0:
+                say(f"  ok   {took:7.1f} s  {self.label()}  ({tail})")
+            else:
+                say(f"\n==== FAILED {self.label()} (lane {self.lane}, {took:.1f} s), "
+                    f"its whole output ({log}):\n{text}\n==== end of {self.label()}\n")
+        return code == 0
+
+
+def build(cargo_args) -> list:
+    cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *cargo_args]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(proc.returncode)
+    found = []
+    for line in proc.stdout.splitlines():
+        try:
+            m = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+            found.append(Binary(m))
+    return found
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("times")
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("cargo", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    cargo_args = a.cargo[1:] if a.cargo[:1] == ["--"] else a.cargo
+    times = open(a.times, "a", encoding="utf-8")
+
+    binaries = build(cargo_args)
+    lanes, alone = {}, []
+    for b in binaries:
+        (lanes.setdefault(b.lane, []) if b.lane else alone).append(b)
+    for group in [*lanes.values(), alone]:
+        group.sort(key=lambda b: (b.pkg, b.kind != "lib", b.name))
+    failed = []
+
+    # Longest lane first: the order of the table above.
+    order = sorted(lanes, key=lambda l: list(LANES.values()).index(l))
+    slots = threading.Semaphore(max(1, a.jobs))
+
+    def lane(name: str) -> None:
+        with slots:
+            began = time.monotonic()
+            for b in lanes[name]:
+                if not b.run(times, logged=True):
+                    failed.append(b.label())
+            times.write(f"{time.monotonic() - began:.1f}\tlane {name} (all its binaries)\n")
+
+    if order:
+        say(f"==> lanes at once (at most {a.jobs}): "
+            + ", ".join(f"{l} ({len(lanes[l])} binaries)" for l in order))
+        began = time.monotonic()
+        threads = [threading.Thread(target=lane, args=(l,)) for l in order]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        times.write(f"{time.monotonic() - began:.1f}\tthe lanes, wall time\n")
+    if alone:
+        say("==> alone, one after another (they use every backend's servers): "
+            + ", ".join(sorted({b.pkg for b in alone})))
+        for b in alone:
+            if not b.run(times, logged=False):
+                failed.append(b.label())
+
+    began = time.monotonic()
+    doc = subprocess.call(["cargo", "test", "--doc", *cargo_args], cwd=ROOT)
+    times.write(f"{time.monotonic() - began:.1f}\tdoc tests ({' '.join(cargo_args)})\n")
+    if doc != 0:
+        failed.append("doc tests")
+    if failed:
+        say("\n==> FAILED: " + "; ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
