@@ -1,9 +1,10 @@
 //! A loopback TCP proxy that injects network faults between a client and a real server.
 
+use parking_lot::Mutex;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,9 +38,7 @@ struct Shared {
 impl Shared {
     /// Whether this client chunk springs the trap (and counts it down).
     fn springs_trap(&self, chunk: &[u8]) -> bool {
-        let Ok(mut trap) = self.trap.lock() else {
-            return false;
-        };
+        let mut trap = self.trap.lock();
         let Some((pattern, left)) = trap.as_mut() else {
             return false;
         };
@@ -184,7 +183,8 @@ impl FaultProxy {
     /// keepalive probes. For backends whose lock is the connection's session (PostgreSQL);
     /// give the earliest moment the real server could give up.
     pub fn server_keepalive(&self, after: Option<Duration>) {
-        if let Ok(mut k) = self.shared.keepalive.lock() {
+        {
+            let mut k = self.shared.keepalive.lock();
             *k = after;
         }
     }
@@ -214,14 +214,15 @@ impl FaultProxy {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn lose_replies(&self, pattern: &[u8], times: u32) {
-        if let Ok(mut trap) = self.shared.trap.lock() {
+        {
+            let mut trap = self.shared.trap.lock();
             *trap = (times > 0).then(|| (pattern.to_vec(), times));
         }
     }
 
     /// Whether requests armed by [`lose_replies`](Self::lose_replies) are still to come.
     pub fn trap_armed(&self) -> bool {
-        self.shared.trap.lock().is_ok_and(|t| t.is_some())
+        self.shared.trap.lock().is_some()
     }
 
     /// Bytes forwarded from clients to the server so far.
@@ -337,7 +338,8 @@ impl Default for Heard {
 
 impl Heard {
     fn now(&self) {
-        if let Ok(mut last) = self.last.lock() {
+        {
+            let mut last = self.last.lock();
             *last = std::time::Instant::now();
         }
     }
@@ -352,8 +354,8 @@ async fn reaper(shared: &Shared, heard: &Heard) {
         if heard.reaped.receiver_count() == 0 {
             return;
         }
-        let after = shared.keepalive.lock().ok().and_then(|k| *k);
-        let silent = heard.last.lock().map(|l| l.elapsed()).unwrap_or_default();
+        let after = *shared.keepalive.lock();
+        let silent = heard.last.lock().elapsed();
         let partitioned = *shared.mode.borrow() == Mode::Blackhole;
         if let Some(after) = after.filter(|a| partitioned && silent >= *a) {
             tracing::debug!(

@@ -108,7 +108,7 @@ struct Counts {
     /// Connections whose handshake ended, one way or the other.
     ended: AtomicUsize,
     /// Why the last handshake that did not finish ended, as the server saw it.
-    last_failure: std::sync::Mutex<Option<String>>,
+    last_failure: parking_lot::Mutex<Option<String>>,
 }
 
 impl TlsPeer {
@@ -152,9 +152,8 @@ impl TlsPeer {
                             let _ = tls.shutdown().await;
                         }
                         Err(e) => {
-                            if let Ok(mut last) = seen.last_failure.lock() {
-                                *last = Some(e.to_string());
-                            }
+                            let mut last = seen.last_failure.lock();
+                            *last = Some(e.to_string());
                         }
                     }
                 });
@@ -199,8 +198,7 @@ impl TlsPeer {
         self.counts
             .last_failure
             .lock()
-            .ok()
-            .and_then(|l| l.clone())
+            .clone()
             .unwrap_or_else(|| "none failed".into())
     }
 

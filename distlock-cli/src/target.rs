@@ -102,12 +102,11 @@ impl Secrets {
 
     fn add_url(&mut self, url: &str) {
         let rest = url.split_once("://").map_or(url, |(_, r)| r);
-        let Some(at) = rest.rfind('@') else {
+        let (Some(ui), _) = distlock::lock_core::driver::split_userinfo(rest) else {
             return;
         };
-        let userinfo = &rest[..at];
-        let password = userinfo.split_once(':').map_or("", |(_, p)| p);
-        let mut found = vec![userinfo.to_string(), password.to_string()];
+        let password = ui.password.unwrap_or("");
+        let mut found = vec![ui.raw.to_string(), password.to_string()];
         found.push(distlock::lock_core::driver::percent_decode(password));
         found.extend(
             password

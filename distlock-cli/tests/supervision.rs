@@ -65,6 +65,21 @@ fn beating_holder(url: &str, name: &str, hb: &Path, extra: &[&str], clock_ppm: i
 }
 
 /// A second `run` on `name` that waits up to `wait` and records when its command started.
+/// `distlock run --name NAME --ttl 2s --grace GRACE -- sh -c SCRIPT` against `url`, once the
+/// script has written `beats` lines to `hb`: a holder whose command is running.
+fn holding(url: &str, name: &str, grace: &str, script: &str, hb: &Path, beats: usize) -> Child {
+    let mut holder = distlock(
+        url,
+        &[
+            "run", "--name", name, "--ttl", "2s", "--grace", grace, "--", "sh", "-c", script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_beats(&mut holder, hb, beats);
+    holder
+}
+
 fn second_run(url: &str, name: &str, start2: &Path, wait: &str) -> Child {
     distlock(
         url,
@@ -210,6 +225,25 @@ fn lost_lock_kills_before_the_next_holder(
     }
 }
 
+/// The holder exits 70 (lock lost) within 30 s (`what` it went through, for the failure
+/// message), and the second run's command ran alone within 60 s.
+fn lost_then_second_alone(
+    tag: &str,
+    what: &str,
+    holder: Child,
+    second: Child,
+    hb: &Path,
+    start2: &Path,
+) {
+    exits(
+        holder,
+        Duration::from_secs(30),
+        &format!("{tag}: {what}"),
+        70,
+    );
+    second_ran_alone(tag, second, Duration::from_secs(60), hb, start2);
+}
+
 /// How slow a holder's clock runs in [`lost_lock_kills_before_the_next_holder`]: 1 %.
 const SLOW_CLOCK_PPM: i64 = 10_000;
 
@@ -233,13 +267,7 @@ fn lost_lock_once(
         p.blackhole();
     }
     let second = second_run(direct, &name, &start2, "60s");
-    exits(
-        holder,
-        Duration::from_secs(30),
-        &format!("{tag}: holder cut off"),
-        70,
-    );
-    second_ran_alone(tag, second, Duration::from_secs(60), &hb, &start2);
+    lost_then_second_alone(tag, "holder cut off", holder, second, &hb, &start2);
     for p in proxies {
         p.heal();
     }
@@ -249,15 +277,20 @@ fn proxy(port: u16) -> FaultProxy {
     FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap()).unwrap()
 }
 
-#[test]
-fn lost_lock_redis() {
-    let p = proxy(16379);
+/// [`lost_lock_kills_before_the_next_holder`] on the one server at `port`, through a proxy.
+fn lost_lock_behind_one_proxy(tag: &str, scheme: &str, port: u16) {
+    let p = proxy(port);
     lost_lock_kills_before_the_next_holder(
-        "lost-redis",
-        &format!("redis://{}", p.addr()),
-        "redis://127.0.0.1:16379",
+        tag,
+        &format!("{scheme}://{}", p.addr()),
+        &format!("{scheme}://127.0.0.1:{port}"),
         &[p],
     );
+}
+
+#[test]
+fn lost_lock_redis() {
+    lost_lock_behind_one_proxy("lost-redis", "redis", 16379);
 }
 
 #[test]
@@ -277,13 +310,7 @@ fn lost_lock_redlock() {
 #[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
 #[test]
 fn lost_lock_etcd() {
-    let p = proxy(12379);
-    lost_lock_kills_before_the_next_holder(
-        "lost-etcd",
-        &format!("etcd://{}", p.addr()),
-        "etcd://127.0.0.1:12379",
-        &[p],
-    );
+    lost_lock_behind_one_proxy("lost-etcd", "etcd", 12379);
 }
 
 /// The server's own keepalive (set by the driver to the session timeout) cannot see a
@@ -340,26 +367,19 @@ fn lost_by_the_backend_running(
         key.display(),
         command(&hb)
     );
-    let mut holder = distlock(
-        url,
-        &[
-            "run", "--name", &name, "--ttl", "2s", "--grace", "10s", "--", "sh", "-c", &beat,
-        ],
-    )
-    .spawn()
-    .unwrap();
-    wait_beats(&mut holder, &hb, 4);
+    let holder = holding(url, &name, "10s", &beat, &hb, 4);
     let second = second_run(url, &name, &start2, "60s");
     // Let the second run reach its wait (on PostgreSQL: queued on the server).
     std::thread::sleep(Duration::from_millis(500));
     let_go(&std::fs::read_to_string(&key).unwrap());
-    exits(
+    lost_then_second_alone(
+        tag,
+        "holder whose lock the backend let go",
         holder,
-        Duration::from_secs(30),
-        &format!("{tag}: holder whose lock the backend let go"),
-        70,
+        second,
+        &hb,
+        &start2,
     );
-    second_ran_alone(tag, second, Duration::from_secs(60), &hb, &start2);
 }
 
 /// Runs `program args`, failing with its output if it fails.
@@ -520,15 +540,7 @@ fn frozen_keeper_cannot_outlive_the_lease() {
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
     let script = format!("kill -STOP $PPID; {}", heartbeat(&hb));
     let via = format!("redis://{}", p.addr());
-    let mut holder = distlock(
-        &via,
-        &[
-            "run", "--name", &name, "--ttl", "2s", "--grace", "10s", "--", "sh", "-c", &script,
-        ],
-    )
-    .spawn()
-    .unwrap();
-    wait_beats(&mut holder, &hb, 4);
+    let holder = holding(&via, &name, "10s", &script, &hb, 4);
     p.blackhole();
     let second = second_run("redis://127.0.0.1:16379", &name, &start2, "60s");
     let alone = std::panic::catch_unwind(|| {
@@ -822,15 +834,7 @@ fn descendants(tag: &str, url: &str, how: &str) {
     };
     let script =
         format!("(trap '' TERM; while :; do date +%s%N >> {f}; sleep 0.05; done) & {main}; exit 0");
-    let mut holder = distlock(
-        url,
-        &[
-            "run", "--name", &name, "--ttl", "2s", "--grace", "500ms", "--", "sh", "-c", &script,
-        ],
-    )
-    .spawn()
-    .unwrap();
-    wait_beats(&mut holder, &hb, 2);
+    let holder = holding(url, &name, "500ms", &script, &hb, 2);
     let second = second_run(url, &name, &start2, "30s");
     if how == "sigterm" {
         std::thread::sleep(Duration::from_millis(200));
@@ -864,28 +868,28 @@ fn descendants_after_sigterm_to_distlock() {
     on_file_and_redis("desc-term", |tag, url| descendants(tag, url, "sigterm"));
 }
 
+/// `distlock run --name NAME --min-hold HOLD --ttl 3s -- COMMAND...` against `url`, started.
+fn min_holder(url: &str, name: &str, hold: &str, command: &[&str]) -> Child {
+    let mut args = vec![
+        "run",
+        "--name",
+        name,
+        "--min-hold",
+        hold,
+        "--ttl",
+        "3s",
+        "--",
+    ];
+    args.extend_from_slice(command);
+    distlock(url, &args).spawn().unwrap()
+}
+
 /// `--min-hold 2s` with a 0.1 s command: `--no-wait` runs in those 2 s exit 75, one after
 /// them exits 0.
 fn min_hold(tag: &str, url: &str) {
     let name = unique(tag);
     let t = Instant::now();
-    let holder = distlock(
-        url,
-        &[
-            "run",
-            "--name",
-            &name,
-            "--min-hold",
-            "2s",
-            "--ttl",
-            "3s",
-            "--",
-            "sleep",
-            "0.1",
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let holder = min_holder(url, &name, "2s", &["sleep", "0.1"]);
     for at in [500, 1500] {
         std::thread::sleep(Duration::from_millis(at).saturating_sub(t.elapsed()));
         let o = distlock(url, &["run", "--name", &name, "--no-wait", "--", "true"])
@@ -923,22 +927,7 @@ fn min_hold_keeps_the_lock_after_a_short_command() {
 /// `None`: a lock that lives in distlock's own connection or open file ends with it.
 fn min_hold_signal(tag: &str, url: &str, outlives: Option<Duration>) {
     let name = unique(tag);
-    let holder = distlock(
-        url,
-        &[
-            "run",
-            "--name",
-            &name,
-            "--min-hold",
-            "60s",
-            "--ttl",
-            "3s",
-            "--",
-            "true",
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let holder = min_holder(url, &name, "60s", &["true"]);
     // The command (`true`) has ended; distlock holds the lock for --min-hold.
     std::thread::sleep(Duration::from_millis(700));
     kill("TERM", holder.id());

@@ -7,7 +7,7 @@
 //!
 //! `cargo run -p distlock --example fenced_write`
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use distlock::{FencingToken, LockName, LockOptions};
@@ -20,7 +20,7 @@ struct FencedStore {
 
 impl FencedStore {
     fn write(&self, token: FencingToken, value: &str) -> Result<(), String> {
-        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.inner.lock();
         if token.get() < s.0 {
             return Err(format!(
                 "rejected {value:?}: token {} is older than {}",
@@ -32,11 +32,7 @@ impl FencedStore {
         Ok(())
     }
     fn value(&self) -> String {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .clone()
+        self.inner.lock().1.clone()
     }
 }
 

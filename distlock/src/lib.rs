@@ -34,9 +34,10 @@
 //! Third-party drivers add their scheme with [`register`]. URLs are never echoed in errors:
 //! drivers print them with the password replaced by `***`, and so does [`redact`].
 
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 
 pub use lock_core::driver::Driver;
 
@@ -139,12 +140,7 @@ fn scheme_of(url: &str) -> Result<String> {
 /// assert!(distlock::schemes().contains(&"memory".to_string()));
 /// ```
 pub fn schemes() -> Vec<String> {
-    registry()
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .keys()
-        .cloned()
-        .collect()
+    registry().read().keys().cloned().collect()
 }
 
 /// Connects the driver for `url`'s scheme, matched in any case (`Redis://` is `redis://`, as
@@ -155,11 +151,7 @@ pub fn schemes() -> Vec<String> {
 /// whatever the driver's own `connect` returns (`Unavailable` when its servers do not answer).
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     let scheme = scheme_of(url)?;
-    let connector = registry()
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&scheme)
-        .cloned();
+    let connector = registry().read().get(&scheme).cloned();
     match connector {
         // The scheme is ASCII: as long in lower case as it was.
         Some(c) => c(format!("{scheme}{}", &url[scheme.len()..])).await,
@@ -240,7 +232,7 @@ pub fn register_driver(driver: Driver) -> Result<()> {
 /// valid scheme, not distlock's own, not registered yet) under the registry's lock before any
 /// is added.
 fn add_schemes(schemes: &[&str], connector: &Connector) -> Result<()> {
-    let mut reg = registry().write().unwrap_or_else(|p| p.into_inner());
+    let mut reg = registry().write();
     let mut checked = Vec::with_capacity(schemes.len());
     for scheme in schemes {
         let probe = format!("{scheme}://");
@@ -278,18 +270,16 @@ pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".into();
     };
-    match rest.rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let shown = if user.contains(['/', '?', '#']) {
+    match lock_core::driver::split_userinfo(rest) {
+        (Some(ui), after) => {
+            let shown = if ui.user.contains(['/', '?', '#']) {
                 "***".to_string()
             } else {
-                format!("{user}:***")
+                format!("{}:***", ui.user)
             };
-            format!("{scheme}://{shown}@{}", &rest[at + 1..])
+            format!("{scheme}://{shown}@{after}")
         }
-        None => url.to_string(),
+        (None, _) => url.to_string(),
     }
 }
 

@@ -62,10 +62,7 @@ impl MultiHostUrl {
         }
         let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
         let path = (!path.is_empty()).then_some(path);
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
+        let (userinfo, hosts) = crate::authority::split_userinfo(authority);
         let hosts: Vec<String> = hosts.split(',').map(str::to_string).collect();
         if hosts
             .iter()
@@ -78,13 +75,10 @@ impl MultiHostUrl {
         let decode = |part: &str, which: &str| decode(part, what, which);
         let (user, password) = match userinfo {
             None => (None, None),
-            Some(ui) => {
-                let (u, p) = match ui.split_once(':') {
-                    Some((u, p)) => (u, Some(decode(p, "the password")?)),
-                    None => (ui, None),
-                };
-                (Some(decode(u, "the user name")?), p)
-            }
+            Some(ui) => (
+                Some(decode(ui.user, "the user name")?),
+                ui.password.map(|p| decode(p, "the password")).transpose()?,
+            ),
         };
         let query = query
             .split('&')
@@ -147,24 +141,6 @@ impl fmt::Debug for MultiHostUrl {
     }
 }
 
-/// A URL parameter that is a switch: `true`/`1` or `false`/`0`; anything else is an
-/// [`Error::Config`] naming `what` (the URL kind), the key and the value.
-///
-/// ```
-/// assert!(lock_core::driver::parse_bool_param("etcd URL", "tls", "1")?);
-/// assert!(lock_core::driver::parse_bool_param("etcd URL", "tls", "yes").is_err());
-/// # Ok::<(), lock_core::Error>(())
-/// ```
-pub fn parse_bool_param(what: &str, key: &str, value: &str) -> crate::Result<bool> {
-    match value {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        v => Err(crate::Error::config(format!(
-            "{what}: {key}={v:?} is not true or false"
-        ))),
-    }
-}
-
 /// One part of a URL, `%XX`-decoded (malformed escapes stay as they are), refused if the bytes
 /// it decodes to are not UTF-8: a lossy decoding would silently name another prefix or path.
 /// `which` names the part in the error, never its value (it may be the password).
@@ -208,122 +184,6 @@ pub fn percent_encode(s: &str) -> String {
         .remove(b'_')
         .remove(b'~');
     percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
-}
-
-/// The query parameters of a lock URL, checked once against the keys the driver knows: an
-/// unknown key is an [`Error::Config`] that lists the known ones, a repeated key one that says
-/// so (which of two values was meant cannot be known). Values are read by key, typed.
-///
-/// ```
-/// use std::time::Duration;
-/// use lock_core::driver::Query;
-/// let pairs = vec![("timeout_ms".to_string(), "500".to_string()), ("tls".into(), "1".into())];
-/// let q = Query::new("etcd URL", pairs, &["timeout_ms", "tls", "tls_ca_file"])?;
-/// assert_eq!(q.millis("timeout_ms")?, Some(Duration::from_millis(500)));
-/// assert_eq!(q.flag("tls")?, Some(true));
-/// assert_eq!(q.get("tls_ca_file"), None);
-/// let unknown = Query::new("etcd URL", vec![("tiemout_ms".into(), "5".into())], &["timeout_ms"]);
-/// assert!(unknown.unwrap_err().to_string().contains("known: timeout_ms"));
-/// # Ok::<(), lock_core::Error>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct Query {
-    what: String,
-    pairs: Vec<(String, String)>,
-}
-
-impl Query {
-    /// Checks `pairs` against `known`; `what` names the URL kind in errors ("etcd URL").
-    pub fn new(what: &str, pairs: Vec<(String, String)>, known: &[&str]) -> Result<Self> {
-        for (i, (k, _)) in pairs.iter().enumerate() {
-            if !known.contains(&k.as_str()) {
-                return Err(Error::config(format!(
-                    "{what}: unknown parameter {k:?} (known: {})",
-                    known.join(", ")
-                )));
-            }
-            if pairs[..i].iter().any(|(seen, _)| seen == k) {
-                return Err(Error::config(format!(
-                    "{what}: parameter {k:?} given more than once"
-                )));
-            }
-        }
-        Ok(Query {
-            what: what.to_string(),
-            pairs,
-        })
-    }
-
-    /// The raw value of `key`, if given.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.pairs
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// `key` as a number (`u32`, `f64`, ...).
-    pub fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>> {
-        self.get(key)
-            .map(|v| {
-                v.parse().map_err(|_| {
-                    Error::config(format!("{}: {key}={v:?} is not a number", self.what))
-                })
-            })
-            .transpose()
-    }
-
-    /// `key` as a whole number of milliseconds.
-    pub fn millis(&self, key: &str) -> Result<Option<std::time::Duration>> {
-        self.get(key)
-            .map(|v| {
-                v.parse()
-                    .map(std::time::Duration::from_millis)
-                    .map_err(|_| {
-                        Error::config(format!(
-                            "{}: {key}={v:?} is not a number of milliseconds",
-                            self.what
-                        ))
-                    })
-            })
-            .transpose()
-    }
-
-    /// `key` as a switch (see [`parse_bool_param`]).
-    pub fn flag(&self, key: &str) -> Result<Option<bool>> {
-        self.get(key)
-            .map(|v| parse_bool_param(&self.what, key, v))
-            .transpose()
-    }
-
-    /// `key` as one of `choices`; any other value is an [`Error::Config`] that lists them.
-    ///
-    /// ```
-    /// use lock_core::driver::Query;
-    /// let q = Query::new("my URL", vec![("keys".into(), "plain".into())], &["keys"])?;
-    /// assert_eq!(q.choice("keys", &["tagged", "plain"])?, Some("plain"));
-    /// let q = Query::new("my URL", vec![("keys".into(), "flat".into())], &["keys"])?;
-    /// assert!(q.choice("keys", &["tagged", "plain"]).is_err());
-    /// # Ok::<(), lock_core::Error>(())
-    /// ```
-    pub fn choice(&self, key: &str, choices: &[&'static str]) -> Result<Option<&'static str>> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        choices
-            .iter()
-            .find(|c| **c == v)
-            .copied()
-            .map(Some)
-            .ok_or_else(|| {
-                Error::config(format!(
-                    "{}: {key}={:?} is not one of {}",
-                    self.what,
-                    v.escape_debug().to_string(),
-                    choices.join(", ")
-                ))
-            })
-    }
 }
 
 #[cfg(test)]

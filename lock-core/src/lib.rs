@@ -37,6 +37,8 @@
 //! [`FencingToken`] to storage that rejects stale tokens where correctness matters.
 
 mod acquisition;
+mod authority;
+mod backoff;
 mod caps;
 pub mod driver;
 mod endpoint;
@@ -47,6 +49,7 @@ mod name;
 mod name_rules;
 mod ops;
 mod options;
+mod params;
 mod registry;
 mod secret;
 mod state;

@@ -1,8 +1,8 @@
 //! Unit tests of [`ManagedLease`](super::ManagedLease): the watchdog, the lost signal, release.
 
 use super::*;
+use parking_lot::Mutex;
 use std::sync::atomic::AtomicU32;
-use std::sync::Mutex;
 
 /// Ops of a session-style lease (no TTL of its own) whose release records whether the
 /// lease was already Lost at the moment the lock was freed on the backend.
@@ -23,14 +23,8 @@ impl LeaseOps for Arc<SessionOps> {
         Ok(Instant::now() + Duration::from_millis(300))
     }
     async fn release(&self) -> Result<()> {
-        let lost = self
-            .signal
-            .lock()
-            .ok()
-            .and_then(|s| s.as_ref().map(LostSignal::is_lost));
-        if let Ok(mut slot) = self.lost_when_freed.lock() {
-            *slot = lost;
-        }
+        let lost = self.signal.lock().as_ref().map(LostSignal::is_lost);
+        *self.lost_when_freed.lock() = lost;
         Ok(())
     }
     fn lapses_without_renewal(&self) -> bool {
@@ -236,13 +230,13 @@ async fn freed_after_loss(
         Renewal::Auto { max_hold },
         ops.clone(),
     );
-    *ops.signal.lock().map_err(|e| e.to_string())? = Some(lease.lost());
+    *ops.signal.lock() = Some(lease.lost());
     let lost = lease.lost();
     tokio::time::timeout(Duration::from_secs(5), lost.wait())
         .await
         .map_err(|_| format!("lease not lost within 5 s {when}"))?;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let freed = *ops.lost_when_freed.lock().map_err(|e| e.to_string())?;
+    let freed = *ops.lost_when_freed.lock();
     match freed {
         Some(true) => Ok(()),
         Some(false) => Err(format!(
@@ -290,10 +284,7 @@ struct RenewalsHang {
 impl LeaseOps for Arc<RenewalsHang> {
     async fn renew(&self) -> Result<Instant> {
         let hangs = {
-            let mut tries = self
-                .tries
-                .lock()
-                .map_err(|e| Error::backend("test", e.to_string()))?;
+            let mut tries = self.tries.lock();
             tries.push(Instant::now());
             tries.len() <= self.hanging
         };
@@ -344,7 +335,6 @@ fn tries_since(ops: &RenewalsHang, granted: Instant) -> std::result::Result<Vec<
     Ok(ops
         .tries
         .lock()
-        .map_err(|e| e.to_string())?
         .iter()
         .map(|t| t.saturating_duration_since(granted))
         .collect())

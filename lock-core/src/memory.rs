@@ -6,10 +6,11 @@
 //! cancel-safe `acquire`, and a lost signal at expiry. Use it in examples and in your own unit
 //! tests; clones share one store and behave like independent clients of one server.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -87,9 +88,7 @@ impl Slot {
 impl Store {
     fn slots(&self) -> MutexGuard<'_, HashMap<LockName, Slot>> {
         self.operations.fetch_add(1, Ordering::Relaxed);
-        // A poisoned map only means a panic elsewhere mid-update of plain data; the data is
-        // still consistent (every update is a single assignment), so keep serving.
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+        self.slots.lock()
     }
 
     /// One grant attempt. `waiter`: the caller's queue id, if it is queued.
@@ -184,10 +183,7 @@ impl MemoryLock {
                 "a memory URL is memory:// or memory://STORE-NAME",
             ));
         }
-        let mut stores = STORES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut stores = STORES.get_or_init(Default::default).lock();
         Ok(stores.entry(name.to_string()).or_default().clone())
     }
 
@@ -413,7 +409,7 @@ mod tests {
                 (locks.clone(), name.clone(), opts.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 let l = locks.acquire(&name, &opts).await.unwrap();
-                order.lock().unwrap().push(i);
+                order.lock().push(i);
                 l.release().await.unwrap();
             }));
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -422,6 +418,6 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(*order.lock(), vec![0, 1, 2, 3]);
     }
 }

@@ -2,10 +2,11 @@
 //! end of a lease uses.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 
+use crate::backoff::Backoff;
 use crate::Result;
 
 /// The backend half of a lease: what a driver must do on the server. Everything else — state, lost
@@ -126,7 +127,7 @@ pub async fn release_with_retries<O: LeaseOps>(ops: Arc<O>, until: Instant) -> R
 }
 
 /// Runs `attempt` in the background, at once and then again after each failure that may pass
-/// ([`Error::is_retryable`](crate::Error::is_retryable)), pausing 50 ms, doubling to 1 s, until one
+/// ([`Error::is_retryable`](crate::Error::is_retryable)), pausing by [`Backoff::transient`], until one
 /// succeeds, one fails for good, or `until` has passed — so the task cannot outlive the lease it
 /// cleans up after. For what a caller cannot retry itself: a release whose lease is gone, the undo
 /// of an acquisition that failed. Without a Tokio runtime nothing runs (the lock then expires by
@@ -151,13 +152,14 @@ where
         return;
     };
     rt.spawn(async move {
-        let mut pause = Duration::from_millis(50);
+        let mut pauses = Backoff::transient();
         loop {
-            match tokio::time::timeout_at(until.into(), attempt()).await {
+            let result = tokio::time::timeout_at(until.into(), attempt()).await;
+            let pause = pauses.pause();
+            match result {
                 Ok(Err(e)) if e.is_retryable() && Instant::now() + pause < until => {
                     tracing::debug!(error = %e, "background retry failed; trying again");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
                 }
                 _ => return,
             }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, ResponseHeader, Txn};
-use lock_core::driver::{scrub, ClientError};
+use lock_core::driver::{scrub, Backoff, ClientError};
 use lock_core::{Error, Result};
 
 use crate::config::BACKEND;
@@ -214,6 +214,9 @@ pub(crate) enum Resend {
     Refused,
 }
 
+/// The first pause before a request is sent again (see [`send`]).
+const RESEND_FIRST: Duration = Duration::from_millis(20);
+
 /// Sends `f`'s request until it is answered, fails in a way `resend` does not cover, or
 /// `limit` has passed: the client's own error, or `None` when no answer came in time.
 pub(crate) async fn send<T, Fut>(
@@ -227,15 +230,20 @@ where
     Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
 {
     let deadline = tokio::time::Instant::now() + limit;
+    // Short: a member without a leader gets one within an election timeout (1 s by default),
+    // and the request is sent again as soon as it has.
+    let mut pauses = Backoff::new(RESEND_FIRST, RESEND_FIRST * 2);
     loop {
-        match tokio::time::timeout_at(deadline, f(client.clone())).await {
+        let answer = tokio::time::timeout_at(deadline, f(client.clone())).await;
+        let pause = pauses.pause();
+        match answer {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e))
                 if (never_sent(&e) || (resend == Resend::Refused && no_leader(&e)))
-                    && tokio::time::Instant::now() + Duration::from_millis(20) < deadline =>
+                    && tokio::time::Instant::now() + pause < deadline =>
             {
                 tracing::debug!(error = %scrub(&e, config.secret()), "etcd request not taken; sending it again");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(pause).await;
             }
             Ok(Err(e)) => return Err(Some(e)),
             Err(_) => return Err(None),

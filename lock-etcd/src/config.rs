@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{percent_encode, redacted_url, MultiHostUrl, Query, Secret, TlsCa};
+use lock_core::driver::{percent_encode, redacted_url, MultiHostUrl, Param, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
@@ -77,42 +77,15 @@ impl EtcdConfig {
                 ))
             }
         }
-        let q = Query::new(
-            "etcd URL",
-            u.query,
-            &[
-                "prefix",
-                "timeout_ms",
-                "connect_timeout_ms",
-                "tls",
-                "tls_ca_file",
-            ],
-        )?;
-        match (u.path, q.get("prefix")) {
-            (Some(_), Some(_)) => {
-                return Err(Error::config(
-                    "etcd URL: the prefix is either the path or the `prefix` parameter, not both",
-                ))
-            }
-            (Some(p), None) => cfg = cfg.with_prefix(&p)?,
-            (None, Some(p)) => cfg = cfg.with_prefix(p)?,
-            (None, None) => {}
+        if u.path.is_some() && u.query.iter().any(|(k, _)| k == "prefix") {
+            return Err(Error::config(
+                "etcd URL: the prefix is either the path or the `prefix` parameter, not both",
+            ));
         }
-        if let Some(d) = q.millis("timeout_ms")? {
-            cfg = cfg.with_request_timeout(d);
+        if let Some(p) = u.path {
+            cfg = cfg.with_prefix(&p)?;
         }
-        if let Some(d) = q.millis("connect_timeout_ms")? {
-            cfg = cfg.with_connect_timeout(d);
-        }
-        if let Some(tls) = q.flag("tls")? {
-            cfg = cfg.with_tls(tls);
-        }
-        if let Some(path) = q.get("tls_ca_file") {
-            if !cfg.tls {
-                return Err(Error::config("etcd URL: tls_ca_file needs tls=true"));
-            }
-            cfg = cfg.with_tls_ca_file(path);
-        }
+        let cfg = Query::apply("etcd URL", u.query, Self::URL_PARAMS, cfg)?;
         if cfg.tls && !cfg!(feature = "tls") {
             return Err(Error::config(
                 "etcd URL: tls=true needs the `tls` feature of lock-etcd",
@@ -134,6 +107,23 @@ impl EtcdConfig {
     // etcd's own authentication (the role needs read/write on the prefix): with_credentials,
     // user.
     lock_core::driver::credential_setters!();
+
+    /// The query parameters of an etcd URL (lock-core's `Query::apply` reads them, in this
+    /// order: `tls` before `tls_ca_file`, which needs it).
+    pub const URL_PARAMS: &'static [Param<EtcdConfig>] = &[
+        Param::new("prefix", |c: Self, v| c.with_prefix(v.raw())),
+        Param::new("timeout_ms", |c: Self, v| {
+            Ok(c.with_request_timeout(v.millis()?))
+        }),
+        Param::new("connect_timeout_ms", |c: Self, v| {
+            Ok(c.with_connect_timeout(v.millis()?))
+        }),
+        Param::new("tls", |c: Self, v| Ok(c.with_tls(v.flag()?))),
+        Param::new("tls_ca_file", |c: Self, v| match c.tls {
+            true => Ok(c.with_tls_ca_file(v.raw())),
+            false => Err(Error::config("etcd URL: tls_ca_file needs tls=true")),
+        }),
+    ];
     /// Key prefix of every lock (default `/distlock`): keys are `<prefix>/<name>/<lease-hex>`,
     /// or `<name>/<lease-hex>` with the empty prefix, which is how `etcdctl lock <name>` and
     /// etcd's `Lock` RPC lay out theirs. Absolute (`/distlock`) or relative (`jobs`); no

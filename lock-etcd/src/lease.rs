@@ -18,7 +18,7 @@ pub(crate) struct EtcdLeaseOps {
     pub(crate) cluster: std::sync::Arc<Cluster>,
     /// The lease the key is on now, the term its validity rests on, and that validity as last
     /// confirmed (for reuse as a spare after release).
-    pub(crate) tenure: std::sync::Mutex<Tenure>,
+    pub(crate) tenure: parking_lot::Mutex<Tenure>,
     /// Held while the key moves to a lease of a new term: renewals that land together move
     /// it once.
     pub(crate) moving: tokio::sync::Mutex<()>,
@@ -30,7 +30,7 @@ pub(crate) struct EtcdLeaseOps {
 
 impl EtcdLeaseOps {
     fn tenure(&self) -> Tenure {
-        *self.tenure.lock().unwrap_or_else(|p| p.into_inner())
+        *self.tenure.lock()
     }
 
     /// Moves the key onto a lease of the current term, unless a renewal beside this one did
@@ -43,7 +43,7 @@ impl EtcdLeaseOps {
         }
         let moved = rehome(&self.cluster, &self.key, self.rev, from, self.ttl).await?;
         let tenure = moved.ok_or_else(|| Error::not_held(&self.name))?;
-        *self.tenure.lock().unwrap_or_else(|p| p.into_inner()) = tenure;
+        *self.tenure.lock() = tenure;
         Ok(tenure.valid_until)
     }
 }
@@ -92,7 +92,7 @@ impl LeaseOps for EtcdLeaseOps {
             return self.move_key(held.id).await;
         }
         let until = lease_end(start, ttl);
-        let mut tenure = self.tenure.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tenure = self.tenure.lock();
         if tenure.id == held.id {
             tenure.valid_until = until;
         }

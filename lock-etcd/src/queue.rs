@@ -370,7 +370,7 @@ pub(crate) async fn contend(
     };
     let ops = EtcdLeaseOps {
         cluster: c.clone(),
-        tenure: std::sync::Mutex::new(tenure),
+        tenure: parking_lot::Mutex::new(tenure),
         moving: tokio::sync::Mutex::new(()),
         ttl: lease.ttl,
         key,

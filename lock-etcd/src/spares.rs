@@ -8,14 +8,14 @@ use crate::term::Tenure;
 /// saves a grant and a revoke (two consensus writes) per lock. A spare has no key; one that
 /// expires in the pool costs nothing.
 #[derive(Default)]
-pub(crate) struct Spares(std::sync::Mutex<Vec<(Duration, Tenure)>>);
+pub(crate) struct Spares(parking_lot::Mutex<Vec<(Duration, Tenure)>>);
 
 impl Spares {
     const MAX: usize = 64;
 
     /// A spare of this TTL that should still be alive, if any (its lease, term and validity).
     pub(crate) fn take(&self, ttl: Duration) -> Option<Tenure> {
-        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.0.lock();
         let soon = std::time::Instant::now() + Duration::from_millis(200);
         v.retain(|(_, t)| t.valid_until > soon);
         let i = v.iter().rposition(|(t, _)| *t == ttl)?;
@@ -24,7 +24,7 @@ impl Spares {
 
     /// Keeps a lease of `ttl` for reuse; `false` if the pool is full (the caller revokes it).
     pub(crate) fn put(&self, ttl: Duration, tenure: Tenure) -> bool {
-        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.0.lock();
         if v.len() >= Self::MAX {
             return false;
         }

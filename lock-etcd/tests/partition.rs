@@ -9,8 +9,9 @@
 //! RELIABILITY.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
+use parking_lot::Mutex;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conformance_tests::{async_trait, FaultProxy};
@@ -90,7 +91,7 @@ impl Etcd {
                 .stderr(log)
                 .spawn()
                 .expect("etcd (scripts/services.sh install puts it on the PATH)");
-            pids.lock().unwrap()[i] = Some(child.id());
+            pids.lock()[i] = Some(child.id());
             members.0.push(child);
             clients.push(client);
         }

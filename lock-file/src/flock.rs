@@ -2,13 +2,12 @@
 //! (woken in-process by the releasing lease, across processes by inotify, with a jittered
 //! back-off as the safety net).
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
+use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::driver::{Acquisition, Grant, ManagedLease};
+use lock_core::driver::{Acquisition, Backoff, Grant, ManagedLease};
 use lock_core::{FencingToken, Lease, LockName, LockOptions, Renewal, Result};
 
 use crate::client::{blocking, io_error, lock_file};
@@ -74,7 +73,7 @@ pub(crate) async fn contend(
     // Releases by other processes (or other `FileLock`s), where the OS can tell us.
     let mut elsewhere: Option<ReleaseWatch> = None;
     let mut watched = false;
-    let mut backoff = FIRST_BACKOFF;
+    let mut pauses = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
         // Registered before the attempt, so a release right after it is not missed.
         let released = waker.notified();
@@ -92,15 +91,12 @@ pub(crate) async fn contend(
             watched = true;
             elsewhere = ReleaseWatch::new(&path);
             if elsewhere.is_some() {
+                // The OS wakes us on a release: polling is only the safety net now.
+                pauses = Backoff::new(FIRST_BACKOFF, WATCHED_MAX_BACKOFF);
                 continue;
             }
         }
-        let most = if elsewhere.is_some() {
-            WATCHED_MAX_BACKOFF
-        } else {
-            MAX_BACKOFF
-        };
-        let mut pause = jitter(backoff);
+        let mut pause = pauses.pause();
         if let Some(d) = deadline.at() {
             pause = pause.min(d - now);
         }
@@ -116,16 +112,10 @@ pub(crate) async fn contend(
                     // The file was deleted or replaced: watch what the path names next.
                     elsewhere = None;
                     watched = false;
+                    pauses = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
                 }
             }
             _ = tokio::time::sleep(pause) => {}
         }
-        backoff = (backoff * 2).min(most);
     }
-}
-
-/// Between half and all of `d`, so pollers in several processes do not march in step.
-pub(crate) fn jitter(d: Duration) -> Duration {
-    let r = RandomState::new().build_hasher().finish();
-    d / 2 + d.mul_f64((r % 1000) as f64 / 2000.0)
 }

@@ -1,9 +1,10 @@
 //! The backend half of a held file lock: renew checks that the path still names the locked
 //! file; release closes it (the kernel drops the lock).
 
+use parking_lot::Mutex;
 use std::io;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,7 +29,7 @@ impl FileLeaseOps {
     /// Takes the file out (the caller closes it, which releases the OS lock, then wakes a
     /// local waiter).
     fn let_go(&self) -> Option<Held> {
-        self.file.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.file.lock().take()
     }
 }
 
@@ -42,7 +43,7 @@ impl LeaseOps for FileLeaseOps {
         let start = Instant::now();
         let (file, path, id) = (self.file.clone(), self.path.clone(), self.id);
         let held = blocking(move || {
-            let open = file.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            let open = file.lock().is_some();
             Ok::<_, io::Error>(open && path_id(&path)? == Some(id))
         })
         .await?
@@ -82,7 +83,7 @@ impl LeaseOps for FileLeaseOps {
     /// wakes waiters in other processes.
     #[cfg(unix)]
     fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
-        let held = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.file.lock();
         held.iter()
             .flat_map(|h| [&h._lock, &h._writer])
             .filter_map(|f| f.try_clone().ok().map(std::os::fd::OwnedFd::from))

@@ -1,9 +1,10 @@
 //! Waking waiters: in-process by a `Notify` per name, across processes by an inotify watch
 //! for the holder's writable handle being closed.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lock_core::LockName;
 use tokio::sync::Notify;
@@ -16,12 +17,12 @@ pub(crate) struct Wakers(Mutex<HashMap<LockName, Arc<Notify>>>);
 impl Wakers {
     /// How many names have an entry.
     pub(crate) fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.0.lock().len()
     }
 
     /// A handle on `name`'s entry, made if missing.
     pub(crate) fn waker(self: &Arc<Self>, name: &LockName) -> Waker {
-        let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.0.lock();
         Waker {
             notify: w.entry(name.clone()).or_default().clone(),
             wakers: self.clone(),
@@ -98,7 +99,7 @@ impl std::ops::Deref for Waker {
 
 impl Drop for Waker {
     fn drop(&mut self) {
-        let mut w = self.wakers.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.wakers.0.lock();
         // Handles are only made under this lock, so the count cannot grow meanwhile: two is
         // the map's and this one's.
         if Arc::strong_count(&self.notify) == 2

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret, TlsCa};
+use lock_core::driver::{host_port, redacted_url, MultiHostUrl, Param, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
@@ -115,47 +115,54 @@ impl PgConfig {
             }
             cfg.dbname = Some(db.to_string());
         }
-        let q = Query::new(
-            "PostgreSQL URL",
-            u.query,
-            &[
-                "sslmode",
-                "sslrootcert",
-                "connect_timeout",
-                "application_name",
-                "session_timeout_ms",
-                "table",
-            ],
-        )?;
-        let modes = ["disable", "prefer", "require", "verify-ca", "verify-full"];
-        match q.choice("sslmode", &modes)?.unwrap_or("prefer") {
-            "disable" => {}
-            "prefer" => cfg.tls_preferred = true,
-            _ => cfg.tls = true,
-        }
-        if let Some(path) = q.get("sslrootcert") {
-            if !cfg.tls && !cfg.tls_preferred {
-                return Err(Error::config(
-                    "PostgreSQL URL: sslrootcert with sslmode=disable",
-                ));
-            }
-            cfg = cfg.with_tls_ca_file(path);
-        }
-        if let Some(s) = q.number::<u64>("connect_timeout")? {
-            cfg = cfg.with_connect_timeout(Duration::from_secs(s));
-            cfg.check_connect_timeout()?;
-        }
-        if let Some(name) = q.get("application_name") {
-            cfg.application_name = name.to_string();
-        }
-        if let Some(d) = q.millis("session_timeout_ms")? {
-            cfg = cfg.with_session_timeout(d)?;
-        }
-        if let Some(t) = q.get("table") {
-            cfg = cfg.with_table(t)?;
-        }
-        Ok(cfg)
+        // libpq's default sslmode.
+        cfg.tls_preferred = true;
+        Query::apply("PostgreSQL URL", u.query, Self::URL_PARAMS, cfg)
     }
+
+    /// The query parameters of a PostgreSQL URL (lock-core's `Query::apply` reads them, in
+    /// this order: `sslmode` before the CA, which needs TLS). libpq's own spellings are
+    /// aliases of the names every distlock driver uses: `sslrootcert` of `tls_ca_file`,
+    /// `connect_timeout` (whole seconds) of `connect_timeout_ms`.
+    pub const URL_PARAMS: &'static [Param<PgConfig>] = &[
+        Param::new("sslmode", |mut c: Self, v| {
+            let modes = ["disable", "prefer", "require", "verify-ca", "verify-full"];
+            (c.tls, c.tls_preferred) = match v.choice(&modes)? {
+                "disable" => (false, false),
+                "prefer" => (false, true),
+                _ => (true, false),
+            };
+            Ok(c)
+        }),
+        Param::new("tls_ca_file", |c: Self, v| {
+            if !c.tls && !c.tls_preferred {
+                return Err(Error::config(format!(
+                    "PostgreSQL URL: {} with sslmode=disable",
+                    v.key()
+                )));
+            }
+            Ok(c.with_tls_ca_file(v.raw()))
+        })
+        .alias(&["sslrootcert"]),
+        Param::new("connect_timeout_ms", |c: Self, v| {
+            let d = match v.key() {
+                "connect_timeout" => v.secs()?,
+                _ => v.millis()?,
+            };
+            let c = c.with_connect_timeout(d);
+            c.check_connect_timeout()?;
+            Ok(c)
+        })
+        .alias(&["connect_timeout"]),
+        Param::new("application_name", |mut c: Self, v| {
+            c.application_name = v.raw().to_string();
+            Ok(c)
+        }),
+        Param::new("session_timeout_ms", |c: Self, v| {
+            c.with_session_timeout(v.millis()?)
+        }),
+        Param::new("table", |c: Self, v| c.with_table(v.raw())),
+    ];
 
     // with_credentials and user: a password login (scram-sha-256 or md5, as the server asks).
     lock_core::driver::credential_setters!();
@@ -312,35 +319,14 @@ fn valid_host(h: &str) -> Result<()> {
 
 /// `host[:port]` or `[v6]:port`; a Unix socket path is not accepted (its URL form is too easy
 /// to get wrong, and the keepalive bound does not apply to it).
+/// `h` as host and port (5432 when absent), or a Config error that shows it.
 fn split_host(h: &str) -> Result<(&str, u16)> {
-    let bad = || {
+    host_port(h, 5432).ok_or_else(|| {
         Error::config(format!(
             "PostgreSQL URL: {:?} is not host[:port]",
             h.escape_debug().to_string()
         ))
-    };
-    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
-        let (v6, after) = rest.split_once(']').ok_or_else(bad)?;
-        match after.strip_prefix(':') {
-            Some(p) => (v6, Some(p)),
-            None if after.is_empty() => (v6, None),
-            None => return Err(bad()),
-        }
-    } else {
-        match h.rsplit_once(':') {
-            Some((host, p)) => (host, Some(p)),
-            None => (h, None),
-        }
-    };
-    let bracketed = h.starts_with('[');
-    if host.is_empty() || (!bracketed && host.contains(['/', ':', '[', ']'])) {
-        return Err(bad());
-    }
-    let port = match port {
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(bad)?,
-        None => 5432,
-    };
-    Ok((host, port))
+    })
 }
 
 lock_core::driver::redacted_config!(PgConfig {
@@ -424,5 +410,28 @@ mod tests {
         assert_eq!(split_host("h").unwrap(), ("h", 5432));
         assert_eq!(split_host("[::1]").unwrap(), ("::1", 5432));
         assert_eq!(c.table(), "distlock_fencing");
+    }
+
+    /// libpq's spellings are aliases of distlock's shared keys: either works, both at once is
+    /// a typed error (which value was meant cannot be known), and the units follow the key.
+    #[test]
+    fn libpq_spellings_are_aliases_of_the_shared_keys() {
+        let by = |q: &str| PgConfig::from_url(&format!("postgres://u@h/db?{q}"));
+        for q in ["tls_ca_file=/ca.pem", "sslrootcert=/ca.pem"] {
+            let c = by(q).unwrap();
+            assert!(matches!(&c.tls_ca, Some(TlsCa::File(p)) if p.to_str() == Some("/ca.pem")));
+        }
+        assert!(by("sslrootcert=/a&tls_ca_file=/b").is_err());
+        assert!(by("sslmode=disable&tls_ca_file=/a").is_err());
+        assert_eq!(
+            by("connect_timeout=3").unwrap().connect_timeout,
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            by("connect_timeout_ms=300").unwrap().connect_timeout,
+            Duration::from_millis(300)
+        );
+        assert!(by("connect_timeout=3&connect_timeout_ms=300").is_err());
+        assert!(by("connect_timeout=0").is_err());
     }
 }

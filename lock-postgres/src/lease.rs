@@ -15,11 +15,11 @@ use crate::session::Session;
 pub(crate) struct PgLeaseOps {
     opener: Arc<Opener>,
     /// The session holding the lock; taken out by release (or abandon).
-    session: std::sync::Mutex<Option<Arc<Session>>>,
+    session: parking_lot::Mutex<Option<Arc<Session>>>,
     key: i64,
     name: LockName,
     /// The lease's current `valid_until`, as the confirmations moved it.
-    valid_until: std::sync::Mutex<Instant>,
+    valid_until: parking_lot::Mutex<Instant>,
 }
 
 impl PgLeaseOps {
@@ -32,29 +32,23 @@ impl PgLeaseOps {
     ) -> Self {
         PgLeaseOps {
             opener,
-            session: std::sync::Mutex::new(Some(Arc::new(session))),
+            session: parking_lot::Mutex::new(Some(Arc::new(session))),
             key,
             name,
-            valid_until: std::sync::Mutex::new(valid_until),
+            valid_until: parking_lot::Mutex::new(valid_until),
         }
     }
 
     fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
+        *self.valid_until.lock()
     }
 
     fn current(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.session.lock().clone()
     }
 
     fn take(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        self.session.lock().take()
     }
 
     fn ended(&self, why: &str) -> Error {
@@ -101,7 +95,7 @@ impl LeaseOps for PgLeaseOps {
             Ok(true) => {
                 let bound = self.opener.config.session_timeout();
                 let until = start + bound - drift(bound);
-                *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+                *self.valid_until.lock() = until;
                 return Ok(until);
             }
             Ok(false) => Error::not_held(&self.name),

@@ -239,7 +239,7 @@ mod tests {
 
 /// Idle sessions, holding no lock, kept for the next acquisitions.
 #[derive(Default)]
-pub(crate) struct Pool(std::sync::Mutex<Vec<Session>>);
+pub(crate) struct Pool(parking_lot::Mutex<Vec<Session>>);
 
 impl Pool {
     /// More idle sessions than this are closed on release.
@@ -247,7 +247,7 @@ impl Pool {
 
     /// An idle session whose connection is still open, if any.
     pub(crate) fn take(&self) -> Option<Session> {
-        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.0.lock();
         while let Some(s) = idle.pop() {
             if !s.is_closed() {
                 return Some(s);
@@ -261,7 +261,7 @@ impl Pool {
         if session.is_closed() {
             return;
         }
-        let mut idle = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.0.lock();
         if idle.len() < Self::MAX {
             idle.push(session);
         }

@@ -2,8 +2,9 @@
 //! that carries lock commands and release announcements. `RedisLock` uses one; the Redlock
 //! driver uses one per master.
 
+use parking_lot::Mutex;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::driver::{scrub, ClientError};
@@ -100,7 +101,7 @@ impl RedisNode {
             .set_automatic_resubscription()
             .set_push_sender(move |info: redis::PushInfo| {
                 if info.kind == redis::PushKind::Disconnection {
-                    lock(&c).drops += 1; // the next connection is checked before any grant
+                    c.lock().drops += 1; // the next connection is checked before any grant
                 }
                 w.on_push(info);
                 Ok::<(), std::convert::Infallible>(())
@@ -151,19 +152,19 @@ impl RedisNode {
     /// Whether [`verify`](Self::verify) has work to do: the connection dropped since the last
     /// check (the server behind it may be another one now), or that check is a minute old.
     pub fn needs_verify(&self) -> bool {
-        let c = lock(&self.check);
+        let c = self.check.lock();
         c.stale() || c.verified_at.map_or(true, |t| t.elapsed() >= RECHECK_EVERY)
     }
 
     /// Whether the connection dropped since the last successful [`verify`](Self::verify), or
     /// there was none: until checked, the server behind it may be another one.
     pub fn is_stale(&self) -> bool {
-        lock(&self.check).stale()
+        self.check.lock().stale()
     }
 
     /// When the last [`verify`](Self::verify) of a node that needed one was attempted.
     pub fn last_verify_attempt(&self) -> Option<Instant> {
-        lock(&self.check).attempted_at
+        self.check.lock().attempted_at
     }
 
     /// Checks, if [`needs_verify`](Self::needs_verify), that this server cannot evict the
@@ -181,7 +182,7 @@ impl RedisNode {
         }
         let started = Instant::now();
         let drops = {
-            let mut c = lock(&self.check);
+            let mut c = self.check.lock();
             c.attempted_at = Some(started);
             c.drops
         };
@@ -240,7 +241,7 @@ impl RedisNode {
                 )));
             }
         }
-        let mut c = lock(&self.check);
+        let mut c = self.check.lock();
         // A drop while INFO was on its way leaves the node stale: the next call checks again.
         c.verified_drops = Some(drops);
         c.verified_at = Some(started);
@@ -251,7 +252,7 @@ impl RedisNode {
     /// The server's `run_id` (unique per server process) as of the last
     /// [`verify`](Self::verify): what tells two names of one server apart from two servers.
     pub fn run_id(&self) -> Option<Arc<str>> {
-        lock(&self.check).run_id.clone()
+        self.check.lock().run_id.clone()
     }
 
     /// A node that connects on first use and reconnects by itself, one of several that announce
@@ -348,10 +349,6 @@ impl RedisNode {
             )
         }
     }
-}
-
-fn lock(check: &Mutex<Check>) -> std::sync::MutexGuard<'_, Check> {
-    check.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What `INFO` says about a server that matters for locks.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{MultiHostUrl, Query, Secret, TlsCa};
+use lock_core::driver::{host_port, MultiHostUrl, Param, Query, Secret, TlsCa};
 use lock_core::{Error, Result};
 
 /// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
@@ -65,7 +65,9 @@ impl RedisConfig {
         }
     }
 
-    /// Parses `redis://[user[:password]@]host[:port][/db][?prefix=P&keys=plain]` (port 6379 by default)
+    /// Parses `redis://[user[:password]@]host[:port][/db][?key=value&...]` (port 6379 by
+    /// default; the keys are [`RedisConfig::URL_PARAMS`]: `keys=tagged|plain`, `prefix`,
+    /// `allow_eviction`, `tls_ca_file`, `timeout_ms`, `connect_timeout_ms`)
     /// or `rediss://...[?tls_ca_file=/path/ca.pem]` (TLS; needs this crate's `tls` feature;
     /// without `tls_ca_file` the server's certificate must chain to a public root). User and
     /// password are percent-decoded. Errors are [`Error::Config`] and never echo the password.
@@ -85,7 +87,7 @@ impl RedisConfig {
                 parsed.redacted(scheme)
             )));
         };
-        let (host, port) = host_and_port(server).ok_or_else(|| {
+        let (host, port) = host_port(server, 6379).ok_or_else(|| {
             Error::config(format!(
                 "Redis URL {}: {server:?} is not host[:port] or [IPv6][:port]",
                 parsed.redacted(scheme)
@@ -104,28 +106,7 @@ impl RedisConfig {
                 ))
             })?;
         }
-        let q = Query::new(
-            "Redis URL",
-            parsed.query,
-            &["prefix", "tls_ca_file", "allow_eviction", "keys"],
-        )?;
-        if q.choice("keys", &["tagged", "plain"])? == Some("plain") {
-            cfg = cfg.with_plain_keys(true);
-        }
-        if let Some(prefix) = q.get("prefix") {
-            cfg = cfg.with_prefix(prefix)?;
-        }
-        if let Some(allow) = q.flag("allow_eviction")? {
-            cfg = cfg.with_allow_eviction(allow);
-        }
-        if let Some(path) = q.get("tls_ca_file") {
-            if !tls {
-                return Err(Error::config(
-                    "Redis URL: tls_ca_file needs a rediss:// URL",
-                ));
-            }
-            cfg = cfg.with_tls_ca_file(path);
-        }
+        let cfg = Query::apply("Redis URL", parsed.query, Self::URL_PARAMS, cfg)?;
         if tls && !cfg!(feature = "tls") {
             return Err(Error::config(
                 "rediss:// needs TLS support: enable the `tls` feature of lock-redis",
@@ -133,6 +114,29 @@ impl RedisConfig {
         }
         Ok(cfg)
     }
+
+    /// The query parameters of a Redis URL (lock-core's `Query::apply` reads them).
+    pub const URL_PARAMS: &'static [Param<RedisConfig>] = &[
+        Param::new("keys", |c: Self, v| {
+            Ok(c.with_plain_keys(v.choice(&["tagged", "plain"])? == "plain"))
+        }),
+        Param::new("prefix", |c: Self, v| c.with_prefix(v.raw())),
+        Param::new("allow_eviction", |c: Self, v| {
+            Ok(c.with_allow_eviction(v.flag()?))
+        }),
+        Param::new("tls_ca_file", |c: Self, v| match c.tls {
+            true => Ok(c.with_tls_ca_file(v.raw())),
+            false => Err(Error::config(
+                "Redis URL: tls_ca_file needs a rediss:// URL",
+            )),
+        }),
+        Param::new("timeout_ms", |c: Self, v| {
+            Ok(c.with_request_timeout(v.millis()?))
+        }),
+        Param::new("connect_timeout_ms", |c: Self, v| {
+            Ok(c.with_connect_timeout(v.millis()?))
+        }),
+    ];
 
     // An ACL user and its password: with_credentials, user.
     lock_core::driver::credential_setters!();
@@ -281,30 +285,6 @@ impl RedisConfig {
     }
 }
 
-/// `host`, `host:port`, `[v6]` or `[v6]:port` (port 6379 when absent).
-fn host_and_port(server: &str) -> Option<(String, u16)> {
-    let (host, port) = match server.strip_prefix('[') {
-        Some(v6) => {
-            let (host, rest) = v6.split_once(']')?;
-            let port = if rest.is_empty() {
-                None
-            } else {
-                Some(rest.strip_prefix(':')?)
-            };
-            (host, port)
-        }
-        None => match server.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (server, None),
-        },
-    };
-    let port = match port {
-        Some(p) => p.parse().ok()?,
-        None => 6379,
-    };
-    (!host.is_empty()).then(|| (host.to_string(), port))
-}
-
 lock_core::driver::redacted_config!(RedisConfig {
     prefix,
     connect_timeout,
@@ -336,6 +316,11 @@ mod tests {
         assert_eq!(c.prefix(), "p:");
         let d = RedisConfig::from_url("redis://127.0.0.1").unwrap();
         assert_eq!((d.port(), d.db(), d.prefix()), (6379, 0, DEFAULT_PREFIX));
+        let t = RedisConfig::from_url("redis://h?timeout_ms=250&connect_timeout_ms=750").unwrap();
+        assert_eq!(t.request_timeout, Duration::from_millis(250));
+        assert_eq!(t.connect_timeout, Duration::from_millis(750));
+        assert!(RedisConfig::from_url("redis://h?timeout_ms=soon").is_err());
+        assert!(RedisConfig::from_url("redis://h?tls_ca_file=/ca.pem").is_err());
         for (url, host, port) in [
             ("redis://[::1]:7000/1", "::1", 7000),
             ("redis://[fe80::1]", "fe80::1", 6379),

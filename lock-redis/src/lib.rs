@@ -137,6 +137,9 @@ pub mod raw {
         pub use crate::scripts::*;
     }
     pub use crate::wakeup::ReleaseDedup;
+    /// Whether this build speaks TLS (the `tls` feature): a driver built on this one checks
+    /// it where its own URL turns TLS on.
+    pub const TLS: bool = cfg!(feature = "tls");
 }
 
 /// This driver for `distlock::connect`: the URL schemes it serves, and connecting from a URL

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{lease_end, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{lease_end, Acquisition, Backoff, Grant, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
     LockOptions, Result,
@@ -230,7 +230,7 @@ impl DistributedLock for RedisLock {
             return Ok(self.attempt(name, &keys, ttl, opts).await?.ok());
         }
         let mut watch = None;
-        let mut backoff = MIN_BACKOFF;
+        let mut pauses = Backoff::transient();
         let mut first = true;
         loop {
             // The first attempt goes out alone (uncontended: one round trip). Later ones are
@@ -239,7 +239,7 @@ impl DistributedLock for RedisLock {
                 match self.inner.node.watch_releases(&keys).await {
                     Ok(w) => watch = Some(w),
                     Err(e) => {
-                        ride_out(e, &mut backoff, deadline).await?;
+                        ride_out(e, &mut pauses, deadline).await?;
                         continue;
                     }
                 }
@@ -254,11 +254,11 @@ impl DistributedLock for RedisLock {
             let busy = match self.attempt(name, &keys, ttl, opts).await {
                 Ok(Ok(lease)) => return Ok(Some(lease)),
                 Ok(Err(busy)) => {
-                    backoff = MIN_BACKOFF;
+                    pauses.reset();
                     busy
                 }
                 Err(e) => {
-                    ride_out(e, &mut backoff, deadline).await?;
+                    ride_out(e, &mut pauses, deadline).await?;
                     continue;
                 }
             };
@@ -290,8 +290,6 @@ impl DistributedLock for RedisLock {
     }
 }
 
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-
 /// How long a waiter sleeps at most while another client than distlock holds the lock (it
 /// publishes no release): redis-py's own `Lock` polls every 100 ms.
 pub(crate) const FOREIGN_POLL: Duration = Duration::from_millis(100);
@@ -304,19 +302,19 @@ struct Busy {
     foreign: bool,
 }
 
-/// A transient error while waiting is retried after a growing pause (50 ms doubling to 1 s)
-/// as long as the wait allows; otherwise it is returned. `Deadline::Now` never retries.
-async fn ride_out(e: Error, backoff: &mut Duration, deadline: Deadline) -> Result<()> {
-    let retry_by = Instant::now() + *backoff;
+/// A transient error while waiting is retried after the next of `pauses`
+/// ([`Backoff::transient`]) as long as the wait allows; otherwise it is returned.
+/// `Deadline::Now` never retries.
+async fn ride_out(e: Error, pauses: &mut Backoff, deadline: Deadline) -> Result<()> {
+    let pause = pauses.pause();
     if !e.is_retryable()
         || deadline == Deadline::Now
-        || deadline.at().is_some_and(|d| retry_by >= d)
+        || deadline.at().is_some_and(|d| Instant::now() + pause >= d)
     {
         return Err(e);
     }
-    tracing::warn!(error = %e, retry_in = ?*backoff, "lock request failed; retrying while the wait allows");
-    tokio::time::sleep(*backoff).await;
-    *backoff = (*backoff * 2).min(Duration::from_secs(1));
+    tracing::warn!(error = %e, retry_in = ?pause, "lock request failed; retrying while the wait allows");
+    tokio::time::sleep(pause).await;
     Ok(())
 }
 

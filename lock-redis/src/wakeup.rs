@@ -1,8 +1,9 @@
 //! Release notifications: one subscription per lock name that has waiters, on the lock's own
 //! (RESP3) connection, shared by every waiter of that name.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
@@ -53,7 +54,7 @@ impl ReleaseDedup {
         key.extend_from_slice(channel.as_bytes());
         key.push(0);
         key.extend_from_slice(payload);
-        let mut guard = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.seen.lock();
         let (set, order) = &mut *guard;
         if !set.insert(key.clone()) {
             return false;
@@ -91,8 +92,7 @@ impl Wakeups {
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
-        // Plain data, every update is one step: a poisoned lock is still consistent.
-        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+        self.channels.lock()
     }
 
     /// Called by the connection for every push message; must not block.

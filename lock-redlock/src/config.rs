@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{check_timeout, MultiHostUrl, Query};
+use lock_core::driver::{check_timeout, MultiHostUrl, Param, Query};
 use lock_core::{Error, Result, MAX_TTL};
 use lock_redis::RedisConfig;
 
@@ -65,45 +65,16 @@ impl RedlockConfig {
     /// feature). Errors never echo the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let u = MultiHostUrl::parse(url, "redlock", "Redlock")?;
-        let q = Query::new(
-            "Redlock URL",
-            u.query.clone(),
-            &[
-                "prefix",
-                "node_timeout_ms",
-                "retry_delay_ms",
-                "retry_count",
-                "min_validity_ms",
-                "drift_factor",
-                "tls",
-                "tls_ca_file",
-                "allow_eviction",
-            ],
-        )?;
-        let tls = q.flag("tls")?.unwrap_or(false);
-        if q.get("tls_ca_file").is_some() && !tls {
-            return Err(Error::config("Redlock URL: tls_ca_file needs tls=true"));
-        }
-        let scheme = if tls { "rediss" } else { "redis" };
         let mut masters = Vec::with_capacity(u.hosts.len());
         for host in &u.hosts {
-            // Host, port, database and TLS go through the Redis driver's own parser; the
+            // Host, port and database go through the Redis driver's own parser; the
             // credentials (already percent-decoded) are set directly, never re-encoded.
-            let mut m = RedisConfig::from_url(&format!(
-                "{scheme}://{host}{}",
+            let m = RedisConfig::from_url(&format!(
+                "redis://{host}{}",
                 u.path.as_deref().unwrap_or("")
             ))
             .map_err(|e| Error::config(format!("Redlock URL: {e}")))?;
-            if let Some(ca) = q.get("tls_ca_file") {
-                m = m.with_tls_ca_file(ca);
-            }
-            if let Some(prefix) = q.get("prefix") {
-                m = m.with_prefix(prefix)?;
-            }
-            if let Some(allow) = q.flag("allow_eviction")? {
-                m = m.with_allow_eviction(allow);
-            }
-            m = match (u.user.as_deref(), &u.password) {
+            let m = match (u.user.as_deref(), &u.password) {
                 (Some(user), Some(pw)) if !user.is_empty() => m.with_credentials(user, pw.clone()),
                 (_, Some(pw)) => m.with_password(pw.clone()),
                 // A user without a password sends no AUTH: nothing to set.
@@ -111,24 +82,59 @@ impl RedlockConfig {
             };
             masters.push(m);
         }
-        let mut cfg = RedlockConfig::new(masters)?;
-        if let Some(n) = q.number("retry_count")? {
-            cfg = cfg.with_retry_count(n);
-        }
-        if let Some(f) = q.number("drift_factor")? {
-            cfg = cfg.with_drift_factor(f)?;
-        }
-        if let Some(d) = q.millis("node_timeout_ms")? {
-            cfg = cfg.with_node_timeout(d);
-        }
-        if let Some(d) = q.millis("retry_delay_ms")? {
-            cfg = cfg.with_retry_delay(d);
-        }
-        if let Some(d) = q.millis("min_validity_ms")? {
-            cfg = cfg.with_min_validity(d);
+        let cfg = RedlockConfig::new(masters)?;
+        let cfg = Query::apply("Redlock URL", u.query, Self::URL_PARAMS, cfg)?;
+        if cfg.masters.iter().any(RedisConfig::is_tls) && !lock_redis::raw::TLS {
+            return Err(Error::config(
+                "Redlock URL: tls=true needs TLS support: enable the `tls` feature of lock-redlock",
+            ));
         }
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// The query parameters of a Redlock URL (lock-core's `Query::apply` reads them, in this
+    /// order: `tls` before `tls_ca_file`, which needs it). `prefix`, `allow_eviction`, `tls`
+    /// and `tls_ca_file` apply to every master.
+    pub const URL_PARAMS: &'static [Param<RedlockConfig>] = &[
+        Param::new("prefix", |c: Self, v| {
+            c.each_master(|m| m.with_prefix(v.raw()))
+        }),
+        Param::new("allow_eviction", |c: Self, v| {
+            let allow = v.flag()?;
+            c.each_master(|m| Ok(m.with_allow_eviction(allow)))
+        }),
+        Param::new("tls", |c: Self, v| {
+            let on = v.flag()?;
+            c.each_master(|m| Ok(m.with_tls(on)))
+        }),
+        Param::new("tls_ca_file", |c: Self, v| {
+            if !c.masters.iter().all(RedisConfig::is_tls) {
+                return Err(Error::config("Redlock URL: tls_ca_file needs tls=true"));
+            }
+            c.each_master(|m| Ok(m.with_tls_ca_file(v.raw())))
+        }),
+        Param::new("retry_count", |c: Self, v| {
+            Ok(c.with_retry_count(v.number()?))
+        }),
+        Param::new("drift_factor", |c: Self, v| {
+            c.with_drift_factor(v.number()?)
+        }),
+        Param::new("node_timeout_ms", |c: Self, v| {
+            Ok(c.with_node_timeout(v.millis()?))
+        }),
+        Param::new("retry_delay_ms", |c: Self, v| {
+            Ok(c.with_retry_delay(v.millis()?))
+        }),
+        Param::new("min_validity_ms", |c: Self, v| {
+            Ok(c.with_min_validity(v.millis()?))
+        }),
+    ];
+
+    /// `f` applied to every master's configuration.
+    fn each_master(mut self, f: impl Fn(RedisConfig) -> Result<RedisConfig>) -> Result<Self> {
+        self.masters = self.masters.into_iter().map(f).collect::<Result<_>>()?;
+        Ok(self)
     }
 
     /// Upper bound on each master's answer to one request; far below the TTL so a dead master

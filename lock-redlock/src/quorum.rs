@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use lock_core::driver::{Acquisition, Grant, ManagedLease};
+use lock_core::driver::{random_below, Acquisition, Backoff, Grant, ManagedLease};
 use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Result};
 use lock_redis::raw::scripts::{self, Acquired, LockKeys};
 use lock_redis::raw::ReleaseOnDrop;
@@ -65,6 +65,7 @@ pub(crate) async fn contend(m: &Masters, req: Acquisition<'_>) -> Result<Option<
     }
     let mut watches = Vec::new();
     let mut subscribed = false;
+    let mut pauses = Backoff::transient();
     loop {
         // Registered before the attempt, so a release during the attempt is not missed.
         let mut wakes: Vec<_> = watches
@@ -76,10 +77,13 @@ pub(crate) async fn contend(m: &Masters, req: Acquisition<'_>) -> Result<Option<
         }
         let remaining = match attempt(m, name, &keys, ttl, opts).await {
             Ok(Attempt::Granted(l)) => return Ok(Some(l)),
-            Ok(Attempt::Held(r)) => r,
+            Ok(Attempt::Held(r)) => {
+                pauses.reset();
+                r
+            }
             Ok(Attempt::Split) => None,
             Err(e) if e.is_retryable() => {
-                let pause = jitter(m).max(Duration::from_millis(10));
+                let pause = pauses.pause();
                 if deadline.at().is_some_and(|d| Instant::now() + pause >= d) {
                     return Err(e);
                 }
@@ -262,9 +266,7 @@ pub(crate) async fn once(
 
 /// A random pause in `0..retry_delay`, so competing clients do not retry in lockstep.
 pub(crate) fn jitter(m: &Masters) -> Duration {
-    let max = m.config.retry_delay().as_millis().max(1);
-    let r = uuid::Uuid::new_v4().as_u128() % max;
-    Duration::from_millis(u64::try_from(r).unwrap_or(0))
+    random_below(m.config.retry_delay())
 }
 
 pub(crate) enum Attempt {

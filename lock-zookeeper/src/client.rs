@@ -5,7 +5,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use lock_core::driver::{scrub, ClientError};
+use lock_core::driver::{scrub, Backoff, ClientError};
 use lock_core::{Error, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode};
 
@@ -18,7 +18,7 @@ use crate::ZkConfig;
 pub(crate) struct Session {
     pub(crate) config: ZkConfig,
     /// The current session; replaced by a new one once it has ended (expired or closed).
-    current: std::sync::Mutex<Client>,
+    current: parking_lot::Mutex<Client>,
     /// Serializes the re-creation of an ended session.
     reopen: tokio::sync::Mutex<()>,
     secured: bool,
@@ -39,7 +39,7 @@ impl Session {
             secured: config.digest().is_some(),
             ensemble: is_ensemble(&client).await,
             config,
-            current: std::sync::Mutex::new(client.clone()),
+            current: parking_lot::Mutex::new(client.clone()),
             reopen: tokio::sync::Mutex::new(()),
             wakeups: AtomicU64::new(0),
         };
@@ -78,10 +78,7 @@ impl Session {
 
     /// The client of the current session (it may have ended).
     pub(crate) fn current(&self) -> Client {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.current.lock().clone()
     }
 
     /// A live session: the current one, or a new one if it has expired or been closed. Leases
@@ -101,7 +98,7 @@ impl Session {
             url = %self.config.redacted_url(),
             "ZooKeeper session ended; opened a new one for new acquisitions"
         );
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        *self.current.lock() = fresh.clone();
         Ok(fresh)
     }
 
@@ -178,8 +175,8 @@ pub(crate) fn transient(e: &zookeeper_client::Error) -> bool {
     )
 }
 
-/// Repeats `request` while it fails transiently and `client`'s session lives, with a back-off
-/// from 20 ms to 1 s: a request that must have a definite answer (a delete that frees a lock,
+/// Repeats `request` while it fails transiently and `client`'s session lives, pausing by
+/// [`Backoff::transient`]: a request that must have a definite answer (a delete that frees a lock,
 /// a lookup that decides whether to create) must not give up on a connection loss, because
 /// the session — and whatever it created — survives the reconnect.
 pub(crate) async fn until_definite<T, F, Fut>(
@@ -190,12 +187,11 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = std::result::Result<T, zookeeper_client::Error>>,
 {
-    let mut pause = Duration::from_millis(20);
+    let mut pauses = Backoff::transient();
     loop {
         match request().await {
             Err(e) if transient(&e) && !client.state().is_terminated() => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(pauses.pause()).await;
             }
             r => return r,
         }

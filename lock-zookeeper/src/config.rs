@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::driver::{redacted_url, MultiHostUrl, Query, Secret};
+use lock_core::driver::{redacted_url, MultiHostUrl, Param, Query, Secret};
 use lock_core::{Error, Result};
 
 /// The backend's name, as [`DistributedLock::backend`](lock_core::DistributedLock::backend)
@@ -77,22 +77,19 @@ impl ZkConfig {
         if let Some(c) = u.path {
             cfg = cfg.with_chroot(&c)?;
         }
-        let q = Query::new(
-            "ZooKeeper URL",
-            u.query,
-            &["session_timeout_ms", "base", "parents"],
-        )?;
-        if q.choice("parents", &["container", "persistent"])? == Some("persistent") {
-            cfg = cfg.with_persistent_parents(true);
-        }
-        if let Some(d) = q.millis("session_timeout_ms")? {
-            cfg = cfg.with_session_timeout(d);
-        }
-        if let Some(base) = q.get("base") {
-            cfg = cfg.with_base_path(base)?;
-        }
-        Ok(cfg)
+        Query::apply("ZooKeeper URL", u.query, Self::URL_PARAMS, cfg)
     }
+
+    /// The query parameters of a ZooKeeper URL (lock-core's `Query::apply` reads them).
+    pub const URL_PARAMS: &'static [Param<ZkConfig>] = &[
+        Param::new("parents", |c: Self, v| {
+            Ok(c.with_persistent_parents(v.choice(&["container", "persistent"])? == "persistent"))
+        }),
+        Param::new("session_timeout_ms", |c: Self, v| {
+            Ok(c.with_session_timeout(v.millis()?))
+        }),
+        Param::new("base", |c: Self, v| c.with_base_path(v.raw())),
+    ];
 
     // Digest credentials (`addauth digest user:password`), with_credentials and user: lock
     // nodes then get ACLs that only this user can delete.

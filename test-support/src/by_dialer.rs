@@ -7,9 +7,10 @@
 //! The dialer is the process that holds the other end of the connection: `/proc/net/tcp`
 //! names the socket's inode, and `/proc/<pid>/fd` which process holds it (Linux only).
 
+use parking_lot::Mutex;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -107,7 +108,7 @@ async fn forward(
 ) {
     let deadline = tokio::time::Instant::now() + LOOK_FOR;
     let member = loop {
-        let pids = pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let pids = pids.lock().clone();
         let found = tokio::task::spawn_blocking(move || owner(dialer, own, &pids))
             .await
             .ok()

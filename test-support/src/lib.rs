@@ -18,9 +18,9 @@
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
 //!   restart by pid; which member leads).
 
+use parking_lot::Mutex;
 use std::future::Future;
 use std::process::Command;
-use std::sync::Mutex;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -41,7 +41,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// If the runtime cannot be built (test code: a panic is the failure report).
 #[allow(clippy::expect_used)]
 pub fn serial(test: impl Future<Output = ()>) {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = SERIAL.lock();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

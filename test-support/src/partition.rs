@@ -14,9 +14,10 @@
 //! other client is granted the lock, the holder's lease is already Lost or past its
 //! `valid_until`. What it saw ([`Seen`]) is printed for RELIABILITY.md (`--nocapture`).
 
+use parking_lot::Mutex;
 use std::net::TcpListener;
 use std::process::Child;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -286,7 +287,7 @@ impl Faults {
             return fault.set(cluster, i, on); // no link: nothing to share
         }
         fault.links(cluster, i); // its own checks
-        let mut active = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut active = self.0.lock();
         let struck =
             |active: &[(Fault, usize)], l: &Link| active.iter().any(|(f, i)| f.strikes(*i, l));
         let before: Vec<bool> = cluster
@@ -332,11 +333,6 @@ pub struct Seen {
 /// out to be released.
 type Held = Arc<Mutex<Option<Box<dyn Lease>>>>;
 
-/// Locks `held`, whatever a panicking sampler left in it.
-fn lock(held: &Held) -> std::sync::MutexGuard<'_, Option<Box<dyn Lease>>> {
-    held.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// When the lease's lost signal resolved (a release counts too), and every state it passed
 /// through, sampled every 5 ms until it is released or Lost.
 fn watch(
@@ -346,19 +342,19 @@ fn watch(
     tokio::task::JoinHandle<Vec<LeaseState>>,
 ) {
     let at = Arc::new(Mutex::new(None));
-    let signal = lock(held).as_ref().map(|l| l.lost());
+    let signal = held.lock().as_ref().map(|l| l.lost());
     let slot = at.clone();
     tokio::spawn(async move {
         if let Some(signal) = signal {
             signal.await;
         }
-        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *slot.lock() = Some(Instant::now());
     });
     let held = held.clone();
     let states = tokio::spawn(async move {
         let mut seen: Vec<LeaseState> = Vec::new();
         loop {
-            let Some(state) = lock(&held).as_ref().map(|l| l.state()) else {
+            let Some(state) = held.lock().as_ref().map(|l| l.state()) else {
                 return seen;
             };
             if seen.last() != Some(&state) {
@@ -375,7 +371,7 @@ fn watch(
 
 /// Releases the lease in `held`, if it is still there.
 async fn release(held: &Held) {
-    let lease = lock(held).take();
+    let lease = held.lock().take();
     if let Some(lease) = lease {
         if let Err(e) = lease.release().await {
             eprintln!("the holder's release failed: {e}");
@@ -437,8 +433,8 @@ pub async fn scenario(
     let (other_granted, other_error) = match granted {
         Ok(other) => {
             // Read after the grant: a renewal confirmed since then only makes it worse.
-            let belief = lock(&held).as_ref().map(|l| (l.state(), l.valid_until()));
-            let lost = *holder_lost.lock().unwrap_or_else(|p| p.into_inner());
+            let belief = held.lock().as_ref().map(|l| (l.state(), l.valid_until()));
+            let lost = *holder_lost.lock();
             let ended = lost.is_some_and(|l| l <= granted_at);
             if let Some((state, until)) = belief.filter(|(_, until)| *until > granted_at) {
                 assert!(
@@ -465,7 +461,7 @@ pub async fn scenario(
     };
     fault.set(cluster, struck, false);
     release(&held).await;
-    let holder_lost = holder_lost.lock().unwrap().map(since);
+    let holder_lost = holder_lost.lock().map(since);
     let seen = Seen {
         ttl,
         holder_lost,

@@ -1,6 +1,7 @@
 //! Fencing tokens: strictly increasing with every grant, in real-time order.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use lock_core::{Fencing, FencingToken, Lease};
 
@@ -120,7 +121,7 @@ pub async fn tokens_follow_grant_order_under_contention(h: &dyn Harness) -> Resu
                 )
                 .await?;
                 let t = lease.fencing_token();
-                seen.lock().map_err(|_| Failure("poisoned".into()))?.push(t);
+                seen.lock().push(t);
                 lease.release().await?;
             }
             Ok::<_, Failure>(())
@@ -130,7 +131,7 @@ pub async fn tokens_follow_grant_order_under_contention(h: &dyn Harness) -> Resu
         t.await
             .map_err(|e| Failure(format!("worker panicked: {e}")))??;
     }
-    let seen = seen.lock().map_err(|_| Failure("poisoned".into()))?.clone();
+    let seen = seen.lock().clone();
     let tokens: Vec<FencingToken> = seen
         .into_iter()
         .collect::<Option<_>>()

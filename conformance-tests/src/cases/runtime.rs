@@ -7,7 +7,8 @@
 //! the gap it sees names what the driver was doing. A poll that only computes takes
 //! microseconds; a blocking wait, as long as what it waits for.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::support::{client, faulty, held, opts, sleep, within};
@@ -286,9 +287,10 @@ impl Ticker {
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 let gap = before.elapsed();
                 if gap >= BLOCKED {
-                    let during = during(&lock(&d), before, before + gap);
+                    let during = during(&d.lock(), before, before + gap);
                     let at = before - started;
-                    lock(&s).push(format!("{gap:.0?} during {during} ({at:.0?} in)"));
+                    s.lock()
+                        .push(format!("{gap:.0?} during {during} ({at:.0?} in)"));
                 }
             }
         });
@@ -301,13 +303,13 @@ impl Ticker {
     }
 
     fn doing(&self, what: &'static str) {
-        lock(&self.steps).push((Instant::now(), what));
+        self.steps.lock().push((Instant::now(), what));
     }
 
     async fn stop(self) -> Vec<String> {
         self.task.abort();
         let _ = self.task.await;
-        std::mem::take(&mut *lock(&self.stalls))
+        std::mem::take(&mut *self.stalls.lock())
     }
 }
 
@@ -320,9 +322,4 @@ fn during(steps: &[(Instant, &'static str)], from: Instant, to: Instant) -> Stri
         .map(|(_, what)| *what)
         .collect();
     names.join(" / ")
-}
-
-/// The mutex's value, also after a panic elsewhere (the ticker only reads and appends).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -1,7 +1,8 @@
 //! Waiting: prompt wake-ups without polling, timeouts, cancellation, FIFO.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::{DistributedLock, Error, LockName, LockOptions};
@@ -446,10 +447,7 @@ async fn fifo(h: &dyn Harness, expire: bool) -> Result<(), Failure> {
         let (n, o, order) = (name.clone(), long_opts(h), order.clone());
         tasks.push(tokio::spawn(async move {
             let l = c.acquire(&n, &o).await?;
-            order
-                .lock()
-                .map_err(|_| Failure("poisoned".into()))?
-                .push(i);
+            order.lock().push(i);
             tokio::time::sleep(Duration::from_millis(5)).await;
             l.release().await?;
             Ok::<_, Failure>(())
@@ -472,10 +470,7 @@ async fn fifo(h: &dyn Harness, expire: bool) -> Result<(), Failure> {
             .await?
             .map_err(|e| Failure(format!("waiter panicked: {e}")))??;
     }
-    let order = order
-        .lock()
-        .map_err(|_| Failure("poisoned".into()))?
-        .clone();
+    let order = order.lock().clone();
     ensure!(
         order == (0..W).collect::<Vec<_>>(),
         "waiters granted in order {order:?} after the holder {how}, arrival order was 0..{W}"
@@ -534,10 +529,7 @@ pub async fn every_waiter_gets_one_turn(h: &dyn Harness) -> Result<(), Failure> 
             if inside.swap(true, Ordering::SeqCst) {
                 return Err(Failure("two waiters held the lock at once".into()));
             }
-            turns
-                .lock()
-                .map_err(|_| Failure("poisoned".into()))?
-                .push(i);
+            turns.lock().push(i);
             tokio::time::sleep(Duration::from_millis(10)).await;
             inside.store(false, Ordering::SeqCst);
             l.release().await?;
@@ -548,7 +540,7 @@ pub async fn every_waiter_gets_one_turn(h: &dyn Harness) -> Result<(), Failure> 
         within(t.ttl * 20, "waiter", task)
             .await
             .map_err(|_| {
-                let had = turns.lock().map(|v| v.clone()).unwrap_or_default();
+                let had = turns.lock().clone();
                 Failure(format!(
                     "waiter {i} of 5 never got a turn within {:?}; the waiters that did, in \
                      order: {had:?}",

@@ -1,9 +1,10 @@
 //! The harness the suite runs the controls through: one store, the wrapper's memory of ghosts
 //! and grants.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -77,16 +78,12 @@ pub(super) struct Grant {
     pub(super) client: u64,
 }
 
-pub(super) fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Until when an entry of `map` holds `name`, if it still does.
 pub(super) fn held_until(
     map: &Mutex<HashMap<LockName, Instant>>,
     name: &LockName,
 ) -> Option<Instant> {
-    locked(map)
+    map.lock()
         .get(name)
         .copied()
         .filter(|t| *t > Instant::now())
@@ -197,15 +194,15 @@ impl Harness for FlawedHarness {
     /// [`Flaw::RestartForgetsLocks`] its locks are gone.
     async fn restart_backend(&self) -> std::result::Result<(), BoxError> {
         if self.flaw == Flaw::RestartForgetsLocks {
-            let held: Vec<LockName> = locked(&self.shared.grants).keys().cloned().collect();
+            let held: Vec<LockName> = self.shared.grants.lock().keys().cloned().collect();
             for name in &held {
                 self.store.break_lock(name);
             }
         }
         if self.flaw == Flaw::CounterLostOnRestart {
             // Every counter starts again: the next token of each name is 1.
-            let tokens = locked(&self.shared.tokens).clone();
-            let mut idle = locked(&self.shared.idle);
+            let tokens = self.shared.tokens.lock().clone();
+            let mut idle = self.shared.idle.lock();
             for (name, last) in tokens {
                 idle.entry(name).or_insert((Instant::now(), 0)).1 = last;
             }
@@ -248,7 +245,11 @@ struct EndsLeasesOnDrop(FlawedLock);
 
 impl Drop for EndsLeasesOnDrop {
     fn drop(&mut self) {
-        let mine: Vec<LockName> = locked(&self.0.shared.grants)
+        let mine: Vec<LockName> = self
+            .0
+            .shared
+            .grants
+            .lock()
             .iter()
             .filter(|(_, g)| g.client == self.0.id)
             .map(|(name, _)| name.clone())
@@ -297,7 +298,7 @@ impl DistributedLock for EndsLeasesOnDrop {
 
 /// The store's clock is now `step` away from the real time (replacing the previous step).
 fn step_clock_of_the_store(h: &FlawedHarness, step: ClockStep) {
-    let previous = locked(&h.shared.clock_step).replace(step);
+    let previous = h.shared.clock_step.lock().replace(step);
     if !matches!(
         h.flaw,
         Flaw::ExpiresByTimeOfDay | Flaw::ClockBehindKeepsLocks
@@ -309,7 +310,7 @@ fn step_clock_of_the_store(h: &FlawedHarness, step: ClockStep) {
         .nanos()
         .saturating_sub(previous.map_or(0, ClockStep::nanos));
     let now = Instant::now();
-    let grants = locked(&h.shared.grants).clone();
+    let grants = h.shared.grants.lock().clone();
     for (name, g) in grants.into_iter().filter(|(_, g)| g.expires > now) {
         let by = Duration::from_nanos(jump.unsigned_abs());
         if jump > 0 && g.expires - now <= by && h.flaw == Flaw::ExpiresByTimeOfDay {
@@ -317,7 +318,7 @@ fn step_clock_of_the_store(h: &FlawedHarness, step: ClockStep) {
             h.store.break_lock(&name);
         } else if jump < 0 {
             // Its end, as a time of day, is that much later.
-            locked(&h.shared.ghosts).insert(name, g.expires + by);
+            h.shared.ghosts.lock().insert(name, g.expires + by);
         }
     }
 }
@@ -326,6 +327,9 @@ fn step_clock_of_the_store(h: &FlawedHarness, step: ClockStep) {
 /// counted from two hours before the real time so that a step behind stays above zero.
 pub(super) fn time_of_day_ms(shared: &Shared) -> u64 {
     let base: i64 = 2 * 60 * 60 * 1000;
-    let step_ms = locked(&shared.clock_step).map_or(0, |s| s.nanos() / 1_000_000);
+    let step_ms = shared
+        .clock_step
+        .lock()
+        .map_or(0, |s| s.nanos() / 1_000_000);
     u64::try_from(base.saturating_add(step_ms)).unwrap_or(0)
 }

@@ -27,7 +27,9 @@ impl Flaw {
 impl FlawedLock {
     /// This client's grants so far.
     fn granted(&self) -> u64 {
-        locked(&self.shared.granted)
+        self.shared
+            .granted
+            .lock()
             .get(&self.id)
             .copied()
             .unwrap_or(0)
@@ -38,7 +40,7 @@ impl FlawedLock {
         if !self.flaw.is_intermittent() {
             return false;
         }
-        let mut granted = locked(&self.shared.granted);
+        let mut granted = self.shared.granted.lock();
         let n = granted.entry(self.id).or_insert(0);
         *n += 1;
         *n % EVERY == 0
@@ -51,7 +53,7 @@ impl FlawedLock {
         if self.flaw != Flaw::IntermittentLostWakeup || (self.granted() + 1) % EVERY != 0 {
             return;
         }
-        let Some(g) = locked(&self.shared.grants).get(key).copied() else {
+        let Some(g) = self.shared.grants.lock().get(key).copied() else {
             return;
         };
         if g.client == self.id || g.expires <= Instant::now() {

@@ -1,7 +1,8 @@
 //! The flawed leases, and the ghosts a cancelled acquire or a dropped lease leaves behind.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -26,7 +27,10 @@ pub(super) struct Ghost {
 impl Drop for Ghost {
     fn drop(&mut self) {
         if self.armed {
-            locked(&self.shared.ghosts).insert(self.name.clone(), Instant::now() + self.ttl);
+            self.shared
+                .ghosts
+                .lock()
+                .insert(self.name.clone(), Instant::now() + self.ttl);
         }
     }
 }
@@ -95,7 +99,7 @@ impl Drop for FlawedLease {
         }
         if self.drop_ghost.armed {
             let s = &self.drop_ghost.shared;
-            locked(&s.ghosts).insert(
+            s.ghosts.lock().insert(
                 self.inner.name().clone(),
                 Instant::now() + self.drop_ghost.ttl,
             );
@@ -109,7 +113,7 @@ impl Drop for FlawedLease {
             };
             if keep {
                 // Kept alive, so the signal never resolves.
-                locked(&self.lock.shared.kept).push(t);
+                self.lock.shared.kept.lock().push(t);
             } else {
                 t.mark_released();
             }
@@ -120,14 +124,17 @@ impl Drop for FlawedLease {
 impl FlawedLease {
     /// The current grant of this lease's name is its client's (this lease's or a newer one).
     fn own_client_holds(&self) -> bool {
-        locked(&self.lock.shared.grants)
+        self.lock
+            .shared
+            .grants
+            .lock()
             .get(self.inner.name())
             .is_some_and(|g| g.client == self.lock.id)
     }
 
     /// The `valid_until` of the lock a resurrecting renewal re-took, while it lasts.
     fn resurrected_valid_until(&self) -> Option<Instant> {
-        let slot = self.resurrected.lock().ok()?;
+        let slot = self.resurrected.lock();
         let until = slot.as_ref()?.valid_until();
         (until > Instant::now()).then_some(until)
     }
@@ -278,7 +285,8 @@ impl Lease for FlawedLease {
                 .try_acquire(self.inner.name(), &opts)
                 .await?
             {
-                if let Ok(mut slot) = self.resurrected.lock() {
+                {
+                    let mut slot = self.resurrected.lock();
                     *slot = Some(l);
                 }
                 return Ok(());
@@ -319,7 +327,10 @@ impl Lease for FlawedLease {
             }
             Flaw::OwnerIsTheClient
                 if r.is_err()
-                    && locked(&lock.shared.grants)
+                    && lock
+                        .shared
+                        .grants
+                        .lock()
                         .get(&name)
                         .is_some_and(|g| g.client == lock.id) =>
             {
@@ -329,7 +340,10 @@ impl Lease for FlawedLease {
             Flaw::ReleaseByPrefix if r.is_ok() => {
                 // A delete by pattern (`name*`): every lock whose name extends this one goes
                 // too.
-                let longer: Vec<LockName> = locked(&lock.shared.grants)
+                let longer: Vec<LockName> = lock
+                    .shared
+                    .grants
+                    .lock()
                     .keys()
                     .filter(|k| k.as_str().starts_with(name.as_str()) && **k != name)
                     .cloned()

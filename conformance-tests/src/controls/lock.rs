@@ -1,7 +1,8 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -185,8 +186,8 @@ impl FlawedLock {
         // Tokens restart at 1 for a name idle for two TTLs (the counter key expired).
         let mut offset = 0;
         if let Some(t) = lease.fencing_token() {
-            locked(&self.shared.tokens).insert(name.clone(), t.get());
-            let mut idle = locked(&self.shared.idle);
+            self.shared.tokens.lock().insert(name.clone(), t.get());
+            let mut idle = self.shared.idle.lock();
             let entry = idle.entry(name.clone()).or_insert((Instant::now(), 0));
             if self.flaw == Flaw::CounterForgetsIdleNames && entry.0 + opts.ttl * 2 < Instant::now()
             {
@@ -208,7 +209,7 @@ impl FlawedLock {
         if let (Flaw::RegrantKeepsToken, Some(t), Some((client, Some(prev)))) = (
             self.flaw,
             lease.fencing_token(),
-            locked(&self.shared.released_by).get(&name).copied(),
+            self.shared.released_by.lock().get(&name).copied(),
         ) {
             if client == self.id && t.get() == prev.get() + offset + 1 {
                 offset += 1;
@@ -218,9 +219,9 @@ impl FlawedLock {
             .fencing_token()
             .map(|t| FencingToken::new(t.get().saturating_sub(offset).max(1)));
         if token.is_some() {
-            *locked(&self.shared.newest_token) = token;
+            *self.shared.newest_token.lock() = token;
         }
-        locked(&self.shared.grants).insert(
+        self.shared.grants.lock().insert(
             name,
             Grant {
                 expires: started + opts.ttl,
@@ -293,7 +294,7 @@ impl FlawedLock {
                 if wire.cut_count() == at_grant {
                     tracker.mark_lost();
                 } else {
-                    locked(&shared.kept).push(tracker);
+                    shared.kept.lock().push(tracker);
                 }
             });
             return Some(signal);
@@ -354,11 +355,17 @@ impl FlawedLock {
 
     /// Forgets `name`'s grant after a release of a lease of `ttl`, valid until `valid_until`.
     pub(super) fn released(&self, name: &LockName, ttl: Duration, valid_until: Instant) {
-        if let Some(g) = locked(&self.shared.grants).remove(name) {
-            locked(&self.shared.released_by).insert(name.clone(), (self.id, g.token));
+        if let Some(g) = self.shared.grants.lock().remove(name) {
+            self.shared
+                .released_by
+                .lock()
+                .insert(name.clone(), (self.id, g.token));
         }
-        locked(&self.shared.last_released).insert(self.id, (ttl, valid_until));
-        if let Some(e) = locked(&self.shared.idle).get_mut(name) {
+        self.shared
+            .last_released
+            .lock()
+            .insert(self.id, (ttl, valid_until));
+        if let Some(e) = self.shared.idle.lock().get_mut(name) {
             e.0 = Instant::now();
         }
     }
@@ -366,14 +373,16 @@ impl FlawedLock {
     /// The validity of the lease of `ttl` this client released last, if that lease was
     /// confirmed less than a tenth of the TTL before `started` (taken: used once).
     fn fresh_release(&self, ttl: Duration, started: Instant) -> Option<Instant> {
-        let (t, until) = locked(&self.shared.last_released).remove(&self.id)?;
+        let (t, until) = self.shared.last_released.lock().remove(&self.id)?;
         let confirmed = until.checked_sub(t)?;
         (t == ttl && started < confirmed + ttl / 10).then_some(until)
     }
 
     /// An expired grant of `name` that nobody released or replaced, if any.
     pub(super) fn expired_grant(&self, name: &LockName) -> Option<Grant> {
-        locked(&self.shared.grants)
+        self.shared
+            .grants
+            .lock()
             .get(name)
             .copied()
             .filter(|g| g.expires <= Instant::now())
@@ -383,13 +392,13 @@ impl FlawedLock {
     /// during this one ([`Flaw::SplitVoteGivesUp`]).
     async fn overlapped(&self, key: &LockName) -> bool {
         {
-            let mut racing = locked(&self.shared.racing);
+            let mut racing = self.shared.racing.lock();
             let (n, split) = racing.entry(key.clone()).or_insert((0, false));
             *n += 1;
             *split |= *n > 1;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let mut racing = locked(&self.shared.racing);
+        let mut racing = self.shared.racing.lock();
         let Some((n, split)) = racing.get_mut(key) else {
             return false;
         };
@@ -451,14 +460,14 @@ impl DistributedLock for FlawedLock {
         match (self.flaw, info) {
             (Flaw::InspectBlind, _) => Ok(None),
             (Flaw::InspectShowsNewestToken, Some(i)) => Ok(Some(lock_core::HolderInfo::new(
-                *locked(&self.shared.newest_token),
+                *self.shared.newest_token.lock(),
                 i.remaining,
             ))),
             (Flaw::InspectShowsExpiredHolder, None) => Ok(self
                 .expired_grant(&key)
                 .map(|g| lock_core::HolderInfo::new(g.token, Some(Duration::ZERO)))),
             (Flaw::InspectRemainingIsTheTtl, Some(i)) => {
-                let ttl = locked(&self.shared.grants).get(&key).map(|g| g.ttl);
+                let ttl = self.shared.grants.lock().get(&key).map(|g| g.ttl);
                 Ok(Some(lock_core::HolderInfo::new(
                     i.fencing_token,
                     ttl.or(i.remaining),
@@ -466,7 +475,7 @@ impl DistributedLock for FlawedLock {
             }
             (_, Some(i)) => {
                 // Tokens as the wrapper handed them out.
-                let token = locked(&self.shared.grants).get(&key).and_then(|g| g.token);
+                let token = self.shared.grants.lock().get(&key).and_then(|g| g.token);
                 Ok(Some(lock_core::HolderInfo::new(
                     token.or(i.fencing_token),
                     i.remaining,
@@ -581,7 +590,7 @@ impl DistributedLock for FlawedLock {
         }
         self.miss_wakeup(&key, deadline).await;
         let arrival = {
-            let mut a = locked(&self.shared.arrivals);
+            let mut a = self.shared.arrivals.lock();
             let n = a.entry(key.clone()).or_insert(0);
             *n += 1;
             *n

@@ -188,7 +188,7 @@ impl FlawedLock {
             Flaw::NoFifoAfterExpiry => {
                 // Waits out an unreleased holder by the clock, then races: the latest arrival
                 // wakes first.
-                let expires = locked(&self.shared.grants).get(&key).map(|g| g.expires);
+                let expires = self.shared.grants.lock().get(&key).map(|g| g.expires);
                 if let Some(at) = expires.filter(|at| *at > Instant::now()) {
                     let head_start = Duration::from_millis(60) / arrival.max(1);
                     tokio::time::sleep_until((at + head_start).into()).await;
@@ -288,7 +288,10 @@ impl FlawedLock {
     /// What a waiter that timed out leaves behind under this flaw.
     async fn leave_timed_out_waiter(&self, key: &LockName, opts: &LockOptions) {
         if self.flaw == Flaw::TimedOutWaiterStaysQueued {
-            locked(&self.shared.queued_ghosts).insert(key.clone(), Instant::now() + opts.ttl * 50);
+            self.shared
+                .queued_ghosts
+                .lock()
+                .insert(key.clone(), Instant::now() + opts.ttl * 50);
             return;
         }
         // The queued request lives on and is granted after the release.

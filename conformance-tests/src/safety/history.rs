@@ -1,7 +1,7 @@
 //! The history a safety run records: every operation of every client, on one monotonic clock
 //! (all clients run in this process, so "at the same instant" is exact).
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Instant;
 
 /// One lease, numbered in grant order within a run.
@@ -141,19 +141,12 @@ impl History {
             name,
             op,
         };
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(e);
+        self.events.lock().push(e);
     }
 
     /// Every event so far, in time order.
     pub fn events(&self) -> Vec<Event> {
-        let mut v = self
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let mut v = self.events.lock().clone();
         v.sort_by_key(|e| e.at);
         v
     }

@@ -3,9 +3,10 @@
 //! runtime was late to poll the acquisition (woken early, polled late), or the poll itself took
 //! long (the thread was stopped, or something blocked it).
 
+use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
@@ -65,11 +66,11 @@ struct WakeTime(Mutex<Option<Instant>>);
 
 impl WakeTime {
     fn note(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self.0.lock() = Some(Instant::now());
     }
 
     fn take(&self) -> Option<Instant> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.0.lock().take()
     }
 }
 

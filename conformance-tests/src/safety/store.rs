@@ -1,8 +1,8 @@
 //! The fenced store: an in-process model of a storage that keeps, per name, the highest token
 //! it has accepted and refuses lower ones (like the `fenced_write` example).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 /// Per name, the highest token accepted so far.
 #[derive(Debug, Default)]
@@ -18,7 +18,7 @@ impl FencedStore {
         let Some(token) = token else {
             return true;
         };
-        let mut highest = self.highest.lock().unwrap_or_else(|p| p.into_inner());
+        let mut highest = self.highest.lock();
         let h = highest.entry(name).or_insert(0);
         if token >= *h {
             *h = token;

@@ -1,9 +1,10 @@
 //! The "server": a table of locks in memory, and the three requests a lock makes to it. A real
 //! driver sends these to its backend, each one atomic there.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::LockName;
@@ -45,8 +46,8 @@ impl Table {
 }
 
 impl Shared {
-    fn lock_entries(&self) -> std::sync::MutexGuard<'_, HashMap<LockName, Entry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_entries(&self) -> parking_lot::MutexGuard<'_, HashMap<LockName, Entry>> {
+        self.entries.lock()
     }
 
     /// The backend's atomic "acquire": grant if free (or expired), else say how long the
@@ -72,7 +73,7 @@ impl Shared {
                 expires: now + ttl,
             },
         );
-        let mut fences = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fences = self.fences.lock();
         let fence = fences.entry(name.clone()).or_insert(0);
         *fence += 1;
         Ok(*fence)

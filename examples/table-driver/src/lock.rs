@@ -32,12 +32,9 @@ impl TableLock {
     /// clients of one name see each other's locks).
     pub fn connect(config: TableConfig) -> Self {
         static TABLES: std::sync::OnceLock<
-            std::sync::Mutex<std::collections::HashMap<String, Table>>,
+            parking_lot::Mutex<std::collections::HashMap<String, Table>>,
         > = std::sync::OnceLock::new();
-        let mut tables = TABLES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut tables = TABLES.get_or_init(Default::default).lock();
         tables
             .entry(config.table().to_string())
             .or_default()
