@@ -66,11 +66,13 @@ impl PgConfig {
     /// (user `postgres` if none is given; the database named like the user if none is).
     ///
     /// Parameters: `sslmode` (`disable`, `prefer` — the default —, `require`, `verify-ca`,
-    /// `verify-full`), `sslrootcert` (a PEM file), `connect_timeout` (seconds, 1 to 86400:
-    /// libpq's 0 for "no limit" is refused), `application_name`, and distlock's own
+    /// `verify-full`), `tls_ca_file` or libpq's `sslrootcert` (a PEM file),
+    /// `connect_timeout_ms`, or libpq's `connect_timeout` in seconds (up to a day: libpq's 0
+    /// for "no limit" is refused), `application_name`, and distlock's own
     /// `session_timeout_ms` (how long the server keeps the session, and its locks, of a
-    /// client that vanished) and `table` (the fencing counter's table, `[schema.]name`).
-    /// Unknown or repeated parameters are refused.
+    /// client that vanished) and `table` (the fencing counter's table, `[schema.]name`); the
+    /// table is [`PgConfig::URL_PARAMS`]. Unknown or repeated parameters are refused, and so is
+    /// one given under both its spellings.
     ///
     /// **TLS is always verified**: every mode that uses TLS checks the certificate's chain and
     /// host name (libpq's `require` and `prefer` do not), against the public roots or

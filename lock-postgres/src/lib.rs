@@ -76,8 +76,9 @@
 //!
 //! ## URL
 //!
-//! `postgres[ql]://[user[:password]@]host[:port][/dbname][?sslmode=…&sslrootcert=…&session_timeout_ms=N&table=…]`;
-//! see [`PgConfig::from_url`]. TLS (`sslmode=require`, `verify-ca`, `verify-full`, or
+//! `postgres[ql]://[user[:password]@]host[:port][/dbname][?sslmode=…&tls_ca_file=…&session_timeout_ms=N&table=…]`;
+//! see [`PgConfig::from_url`] and [`PgConfig::URL_PARAMS`] (libpq's `sslrootcert` and
+//! `connect_timeout` are aliases). TLS (`sslmode=require`, `verify-ca`, `verify-full`, or
 //! `prefer` when the server offers it) needs the `tls` feature and always verifies the
 //! certificate. The password never appears in `Debug`, `Display` or errors.
 //!
