@@ -1,6 +1,5 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -260,7 +259,7 @@ impl FlawedLock {
                 .then(|| LeaseTracker::new(Instant::now() + MAX_TTL)),
             silent,
             inner: lease,
-            resurrected: Mutex::new(None),
+            resurrected: parking_lot::Mutex::new(None),
             lock: self.clone(),
             opts: opts.clone(),
             claimed_valid_until,
@@ -355,17 +354,13 @@ impl FlawedLock {
 
     /// Forgets `name`'s grant after a release of a lease of `ttl`, valid until `valid_until`.
     pub(super) fn released(&self, name: &LockName, ttl: Duration, valid_until: Instant) {
-        if let Some(g) = self.shared.grants.lock().remove(name) {
-            self.shared
-                .released_by
-                .lock()
-                .insert(name.clone(), (self.id, g.token));
+        let s = &self.shared;
+        if let Some(g) = s.grants.lock().remove(name) {
+            let by = (self.id, g.token);
+            s.released_by.lock().insert(name.clone(), by);
         }
-        self.shared
-            .last_released
-            .lock()
-            .insert(self.id, (ttl, valid_until));
-        if let Some(e) = self.shared.idle.lock().get_mut(name) {
+        s.last_released.lock().insert(self.id, (ttl, valid_until));
+        if let Some(e) = s.idle.lock().get_mut(name) {
             e.0 = Instant::now();
         }
     }
@@ -380,34 +375,11 @@ impl FlawedLock {
 
     /// An expired grant of `name` that nobody released or replaced, if any.
     pub(super) fn expired_grant(&self, name: &LockName) -> Option<Grant> {
-        self.shared
-            .grants
-            .lock()
+        let grants = self.shared.grants.lock();
+        grants
             .get(name)
             .copied()
             .filter(|g| g.expires <= Instant::now())
-    }
-
-    /// One voting round of 5 ms on `key`: whether another `try_acquire` was in flight on it
-    /// during this one ([`Flaw::SplitVoteGivesUp`]).
-    async fn overlapped(&self, key: &LockName) -> bool {
-        {
-            let mut racing = self.shared.racing.lock();
-            let (n, split) = racing.entry(key.clone()).or_insert((0, false));
-            *n += 1;
-            *split |= *n > 1;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let mut racing = self.shared.racing.lock();
-        let Some((n, split)) = racing.get_mut(key) else {
-            return false;
-        };
-        let overlapped = *split;
-        *n -= 1;
-        if *n == 0 {
-            racing.remove(key);
-        }
-        overlapped
     }
 
     /// Checks `opts` as this flaw does, for an acquisition of `key`.

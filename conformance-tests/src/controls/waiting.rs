@@ -320,6 +320,28 @@ impl FlawedLock {
 }
 
 impl FlawedLock {
+    /// One voting round of 5 ms on `key`: whether another `try_acquire` was in flight on it
+    /// during this one ([`Flaw::SplitVoteGivesUp`]).
+    pub(super) async fn overlapped(&self, key: &LockName) -> bool {
+        {
+            let mut racing = self.shared.racing.lock();
+            let (n, split) = racing.entry(key.clone()).or_insert((0, false));
+            *n += 1;
+            *split |= *n > 1;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut racing = self.shared.racing.lock();
+        let Some((n, split)) = racing.get_mut(key) else {
+            return false;
+        };
+        let overlapped = *split;
+        *n -= 1;
+        if *n == 0 {
+            racing.remove(key);
+        }
+        overlapped
+    }
+
     /// A grant whose reply crossed the wire after its own validity had passed is released
     /// and reported, as a driver must (under [`Flaw::BornLostHandedOut`], handed out Lost).
     pub(super) async fn in_time(&self, lease: Box<dyn Lease>) -> Result<Box<dyn Lease>> {
