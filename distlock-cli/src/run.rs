@@ -253,6 +253,12 @@ async fn supervise(
                     Stop::Lost => Duration::ZERO,
                     Stop::AtRisk | Stop::Unconfirmed => lease_grace,
                 };
+                if grace.is_zero() && !killed {
+                    // The next holder may be starting now: the kill goes first, the words
+                    // after it.
+                    keeper.signal(Signal::SIGUSR1);
+                    killed = true;
+                }
                 let what = match why {
                     Stop::Lost => format!(
                         "lock {name} was lost while the command ran (the backend let it go: it \
