@@ -49,6 +49,7 @@ LANES = {
     "lock-bench": "own-servers",
     "table-driver": "own-servers",
     "test-support": "own-servers",
+    "server-probes": "own-servers",
 }
 
 ROOT = Path(__file__).resolve().parent.parent

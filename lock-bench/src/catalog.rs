@@ -104,22 +104,22 @@ impl Endpoints {
         match backend {
             Backend::Memory => None,
             Backend::Redis | Backend::RedisPlain => {
-                test_support::redis_commands_processed(&self.redis_url).await
+                server_probes::redis_commands_processed(&self.redis_url).await
             }
             Backend::Redlock => {
                 let mut total = 0;
                 for url in redlock_masters(&self.redlock_url) {
-                    total += test_support::redis_commands_processed(&url).await?;
+                    total += server_probes::redis_commands_processed(&url).await?;
                 }
                 Some(total)
             }
             Backend::Zookeeper | Backend::ZookeeperEnsemble => {
-                test_support::zk_packets_received(self.zk(backend)?.0).await
+                server_probes::zk_packets_received(self.zk(backend)?.0).await
             }
             Backend::Etcd | Backend::EtcdCluster => {
-                test_support::etcd_grpc_messages_received(&self.etcd(backend)?.0).await
+                server_probes::etcd_grpc_messages_received(&self.etcd(backend)?.0).await
             }
-            Backend::Postgres => test_support::pg_statements(&self.pg_url).await,
+            Backend::Postgres => server_probes::pg_statements(&self.pg_url).await,
         }
     }
 }

@@ -38,7 +38,7 @@ impl PgFloor {
     }
 
     async fn open(&self) -> Result<FloorConn, String> {
-        let client = test_support::pg_client(&self.url)
+        let client = server_probes::pg_client(&self.url)
             .await
             .map_err(|e| e.to_string())?;
         let lock = client
