@@ -25,21 +25,13 @@ FOREIGN=${DISTLOCK_FOREIGN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/distlock-foreign
 FOREIGN_PIP=(kazoo==2.11.0 redis==8.1.0)
 ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
 
-# name:port. Redis: single, five Redlock masters, one with a password and an ACL user, one for
-# destructive fault tests (frozen, killed, restarted) so they never disturb the others, one that
-# speaks only TLS (certificates from a test CA made at start: $STATE/redis-tls/ca.crt), one that
-# evicts keys under memory pressure (maxmemory + allkeys-lru, as managed services often run), which
-# the drivers must refuse, and one that fsyncs every write to its append-only file (the only Redis
-# whose fencing is Strict; the conformance suite restarts it).
-REDIS=(redis:16379 redlock1:16380 redlock2:16381 redlock3:16382 redlock4:16383 redlock5:16384 redis-auth:16390 redis-fault:16391 redis-tls:16392 redis-evict:16393 redis-aof:16394)
-# ZooKeeper: single, a 3-node ensemble, one that enforces digest auth.
-ZK=(zk:12181 zk-ens1:12281 zk-ens2:12282 zk-ens3:12283 zk-auth:12191)
-# etcd: single, a 3-member cluster, one with auth enabled, one serving clients over TLS only.
-ETCD=(etcd:12379 etcd-c1:12479 etcd-c2:12579 etcd-c3:12679 etcd-auth:12779 etcd-tls:12879)
-# PostgreSQL 15: plain (trust on loopback), one that requires a password (scram-sha-256), one
-# that speaks only TLS; pgbouncer in front of `pg`, in transaction-pooling mode (which the driver
-# must refuse) and in session-pooling mode (which it must accept).
-PG=(pg:15432 pg-auth:15433 pg-tls:15434 pgbouncer:16432 pgbouncer-session:16433)
+# The servers, their kinds and client ports: scripts/servers.tsv, which the Rust tests read too
+# (what each server is for is said there).
+SERVERS=() # name:kind:port, in the table's order (the order of `up`)
+while IFS=$'\t' read -r name kind port _; do
+  case "$name" in '' | '#'*) continue ;; esac
+  SERVERS+=("$name:$kind:$port")
+done <"$(dirname "${BASH_SOURCE[0]}")/servers.tsv"
 PG_BIN=${DISTLOCK_PG_BIN:-/usr/lib/postgresql/15/bin}
 PG_USER=locker
 PG_PASSWORD=locker-pw
@@ -59,26 +51,29 @@ log() { echo "services.sh: $*" >&2; }
 
 all_names() {
   local e
-  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}" "${PG[@]}"; do echo "${e%%:*}"; done
+  for e in "${SERVERS[@]}"; do echo "${e%%:*}"; done
 }
 
-port_of() {
+# The table's entry of server $1 (name:kind:port), or an error naming the known ones.
+entry_of() {
   local e
-  for e in "${REDIS[@]}" "${ZK[@]}" "${ETCD[@]}" "${PG[@]}"; do
-    [ "${e%%:*}" = "$1" ] && { echo "${e##*:}"; return 0; }
+  for e in "${SERVERS[@]}"; do
+    [ "${e%%:*}" = "$1" ] && { echo "$e"; return 0; }
   done
   die "unknown server '$1' (known: $(all_names | tr '\n' ' '))"
 }
 
+port_of() {
+  local e
+  e=$(entry_of "$1")
+  echo "${e##*:}"
+}
+
 kind_of() {
-  case "$1" in
-    redis* | redlock*) echo redis ;;
-    zk*) echo zk ;;
-    etcd*) echo etcd ;;
-    pgbouncer*) echo pgbouncer ;;
-    pg*) echo pg ;;
-    *) die "unknown server '$1'" ;;
-  esac
+  local e
+  e=$(entry_of "$1")
+  e=${e#*:}
+  echo "${e%%:*}"
 }
 
 pidfile() { echo "$STATE/$1/pid"; }

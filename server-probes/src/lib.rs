@@ -1,10 +1,13 @@
 //! What the test servers say about themselves, read the way an operator would: request
 //! counters (Redis `INFO`, ZooKeeper's `srvr`, etcd's `/metrics`, PostgreSQL's
 //! `pg_stat_statements`), a ZooKeeper server's mode and sessions, an etcd member's leader.
+//! And [`servers`]: the table of the test servers, which `scripts/services.sh` reads too.
 //! The fault tests (through `test-support`) and `lock-bench` both read them; this crate
 //! depends on no test framework, so the bench does not build the conformance suite.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub mod servers;
 
 /// The one `int8` that `sql` selects, as a count.
 async fn pg_count(client: &tokio_postgres::Client, sql: &str) -> Option<u64> {
