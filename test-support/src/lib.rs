@@ -32,7 +32,10 @@ mod shim;
 
 pub use servers::ServicesSh;
 // The probes the fault tests read, where they always were.
-pub use server_probes::*;
+pub use server_probes::{
+    commands_processed, etcd_grpc_messages_received, etcd_status, pg_client, pg_statements,
+    redis_commands_processed, zk_mode, zk_packets_received, zk_serves_session,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
