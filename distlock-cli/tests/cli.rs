@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use test_support::servers;
 use test_support::{kill, scratch, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -362,7 +363,7 @@ fn refused_credentials_exit_77_without_running_the_command() {
     let dir = tmp("noperm");
     let (code, err, ran) = run_marked(
         &dir,
-        "redis://locker:WRONG-cli-secret@127.0.0.1:16390",
+        &servers::url("redis://locker:WRONG-cli-secret@{redis-auth}"),
         "ran",
     );
     assert_eq!(code, 77, "{err}");
@@ -378,11 +379,11 @@ fn refused_credentials_exit_77_without_running_the_command() {
 fn a_database_the_server_does_not_have_exits_64() {
     let dir = tmp("nodb");
     for (i, url) in [
-        "redis://127.0.0.1:16379/16",
-        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382/16",
-        "postgres://locker@127.0.0.1:15432/distlock_no_such_db",
-        "postgres://locker@127.0.0.1:15432/postgres?table=distlock_no_such_schema.fence",
-        "postgres://locker@127.0.0.1:15432/postgres?table=pg_catalog.pg_class",
+        &*servers::url("redis://{redis}/16"),
+        &*servers::url("redlock://{redlock1},{redlock2},{redlock3}/16"),
+        &*servers::url("postgres://locker@{pg}/distlock_no_such_db"),
+        &*servers::url("postgres://locker@{pg}/postgres?table=distlock_no_such_schema.fence"),
+        &*servers::url("postgres://locker@{pg}/postgres?table=pg_catalog.pg_class"),
     ]
     .into_iter()
     .enumerate()
@@ -401,16 +402,16 @@ fn a_database_the_server_does_not_have_exits_64() {
 fn credentials_a_server_does_not_check_are_accepted() {
     let dir = tmp("unchecked");
     let mut urls = vec![
-        "redis://:unchecked-pw@127.0.0.1:16379",
-        "redlock://:unchecked-pw@127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382",
+        servers::url("redis://:unchecked-pw@{redis}"),
+        servers::url("redlock://:unchecked-pw@{redlock1},{redlock2},{redlock3}"),
         // Its own chroot: with credentials, the nodes the driver makes are that user's alone.
-        "zk://bob:unchecked-pw@127.0.0.1:12181/distlock-cli-unchecked?session_timeout_ms=2000",
-        "postgres://locker:unchecked-pw@127.0.0.1:15432/postgres",
+        servers::url("zk://bob:unchecked-pw@{zk}/distlock-cli-unchecked?session_timeout_ms=2000"),
+        servers::url("postgres://locker:unchecked-pw@{pg}/postgres"),
     ];
     if cfg!(feature = "etcd") {
-        urls.push("etcd://bob:unchecked-pw@127.0.0.1:12379");
+        urls.push(servers::url("etcd://bob:unchecked-pw@{etcd}"));
     }
-    for (i, url) in urls.into_iter().enumerate() {
+    for (i, url) in urls.iter().enumerate() {
         let (code, err, ran) = run_marked(&dir, url, &format!("ran-{i}"));
         assert_eq!(code, 0, "{url}: {err}");
         assert!(ran, "{url}: the command did not run");
@@ -446,7 +447,7 @@ fn exit_status_environment_and_signals_pass_through() {
     // A token that can repeat after a restart says so: Redis without `appendfsync always`.
     let script = format!("echo \"$DISTLOCK_FENCING\" > {}", env_file.display());
     let o = output(distlock(
-        "redis://127.0.0.1:16379",
+        &test_support::servers::url("redis://{redis}"),
         &[
             "run",
             "--name",
@@ -528,10 +529,20 @@ fn a_lock_deleted_on_the_server_stops_the_command_and_exits_70() {
     let dir = tmp("lost-redis");
     let name = format!("lost-redis-{}", std::process::id());
     let args = ["--name", &name, "--ttl", "1s", "--grace", "1s"];
-    let holder = holding("redis://127.0.0.1:16379", &dir, &args, "exec sleep 30");
+    let holder = holding(
+        &servers::url("redis://{redis}"),
+        &dir,
+        &args,
+        "exec sleep 30",
+    );
     // An operator deletes the lock key: the next renewal is refused.
     let del = Command::new("redis-cli")
-        .args(["-p", "16379", "DEL", &format!("distlock:{{{name}}}")])
+        .args([
+            "-p",
+            &servers::port("redis").to_string(),
+            "DEL",
+            &format!("distlock:{{{name}}}"),
+        ])
         .output()
         .unwrap();
     assert_eq!(
@@ -588,22 +599,26 @@ fn never_overlap(url: &str, tag: &str) {
 }
 
 /// `pg` of `scripts/services.sh`.
-const PG: &str =
-    "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000";
+fn pg() -> String {
+    servers::url("postgres://locker@{pg}/postgres?sslmode=disable&session_timeout_ms=2000")
+}
 
 #[test]
 fn two_runs_never_overlap_on_every_backend() {
     let dir = tmp("overlap-file");
     never_overlap(&file_url(&dir), "file");
-    never_overlap("redis://127.0.0.1:16379", "redis");
+    never_overlap(&servers::url("redis://{redis}"), "redis");
     never_overlap(
-        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384",
+        &servers::url("redlock://{redlock1},{redlock2},{redlock3},{redlock4},{redlock5}"),
         "redlock",
     );
-    never_overlap("zk://127.0.0.1:12181?session_timeout_ms=2000", "zookeeper");
-    never_overlap(PG, "postgres");
+    never_overlap(
+        &servers::url("zk://{zk}?session_timeout_ms=2000"),
+        "zookeeper",
+    );
+    never_overlap(&pg(), "postgres");
     #[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
-    never_overlap("etcd://127.0.0.1:12379", "etcd");
+    never_overlap(&servers::url("etcd://{etcd}"), "etcd");
 }
 
 /// A holder killed with SIGKILL: the next `run` gets the lock once the backend lets go.
@@ -630,11 +645,19 @@ fn a_killed_holder_frees_the_lock() {
     // The kernel releases a dead process's flock at once.
     killed_holder_frees(&file_url(&dir), "file", Duration::from_secs(1));
     // Servers: within the TTL (2 s) plus a margin.
-    killed_holder_frees("redis://127.0.0.1:16379", "redis", Duration::from_secs(4));
+    killed_holder_frees(
+        &servers::url("redis://{redis}"),
+        "redis",
+        Duration::from_secs(4),
+    );
     // The kernel closes a dead process's connection, and the server ends its session at once.
-    killed_holder_frees(PG, "postgres", Duration::from_secs(1));
+    killed_holder_frees(&pg(), "postgres", Duration::from_secs(1));
     #[cfg(feature = "etcd")]
-    killed_holder_frees("etcd://127.0.0.1:12379", "etcd", Duration::from_secs(5));
+    killed_holder_frees(
+        &servers::url("etcd://{etcd}"),
+        "etcd",
+        Duration::from_secs(5),
+    );
 }
 
 /// The keeper holds a `file://` lock's descriptors (so the lock outlives a killed distlock),

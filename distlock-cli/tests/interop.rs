@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use test_support::servers;
 use test_support::{scratch, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -44,7 +45,7 @@ enum Client {
 /// A backend and the name of one lock on it, as each client spells it.
 struct Lock {
     /// distlock's URL: the key layout the foreign clients use.
-    url: &'static str,
+    url: String,
     name: String,
     dir: Scratch,
     /// Classes compiled for Curator, when a test uses it.
@@ -54,15 +55,18 @@ struct Lock {
 impl Lock {
     #[cfg(feature = "etcd")]
     fn etcd(tag: &str) -> Lock {
-        Lock::new("etcd://127.0.0.1:12379?prefix=", tag)
+        Lock::new(servers::url("etcd://{etcd}?prefix="), tag)
     }
     fn zk(tag: &str) -> Lock {
-        Lock::new("zk://127.0.0.1:12181?base=/&session_timeout_ms=4000", tag)
+        Lock::new(
+            servers::url("zk://{zk}?base=/&session_timeout_ms=4000"),
+            tag,
+        )
     }
     /// Any URL: every distlock lock `n` is the advisory lock on the key of `n`.
     fn pg(tag: &str) -> Lock {
         Lock::new(
-            "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+            servers::url("postgres://locker@{pg}/postgres?sslmode=disable&session_timeout_ms=2000"),
             tag,
         )
     }
@@ -75,9 +79,9 @@ impl Lock {
     }
     /// Plain keys with no prefix: distlock's lock `n` is redis-py's `r.lock("n")`.
     fn redis(tag: &str) -> Lock {
-        Lock::new("redis://127.0.0.1:16379?keys=plain&prefix=", tag)
+        Lock::new(servers::url("redis://{redis}?keys=plain&prefix="), tag)
     }
-    fn new(url: &'static str, tag: &str) -> Lock {
+    fn new(url: String, tag: &str) -> Lock {
         Lock {
             url,
             name: format!("interop-{tag}-{}", std::process::id()),
@@ -95,7 +99,7 @@ impl Lock {
         let mut cmd = match client {
             Client::Distlock => {
                 let mut c = Command::new(BIN);
-                c.env("DISTLOCK_URL", self.url)
+                c.env("DISTLOCK_URL", &self.url)
                     .env("RUST_LOG", "error")
                     .args(["run", "--name", &self.name, "--wait", "60s"])
                     .args(["--", "sh", "-c", &hold]);
@@ -105,12 +109,12 @@ impl Lock {
             Client::Etcdctl => {
                 let mut c = Command::new("etcdctl");
                 c.env("ETCDCTL_API", "3")
-                    .args(["--endpoints=127.0.0.1:12379", "lock", &self.name])
+                    .args([&*servers::url("--endpoints={etcd}"), "lock", &self.name])
                     .args(["--", "sh", "-c", &hold]);
                 c
             }
             Client::Kazoo => python("kazoo_hold.py", [ZK_HOSTS, &path, &r]),
-            Client::RedisPy => python("redis_hold.py", ["127.0.0.1:16379", &self.name, &r]),
+            Client::RedisPy => python("redis_hold.py", [&*servers::url("{redis}"), &self.name, &r]),
             Client::Psql => {
                 // One session: lock (waiting in the server's queue), then hold until released.
                 let mut c = psql();
@@ -154,7 +158,7 @@ impl Lock {
     /// `distlock run --no-wait` on the held lock exits 75 (busy) within a few seconds.
     fn no_wait_is_busy(&self, holder: &str) {
         let out = Command::new(BIN)
-            .env("DISTLOCK_URL", self.url)
+            .env("DISTLOCK_URL", &self.url)
             .env("RUST_LOG", "error")
             .args(["run", "--name", &self.name, "--no-wait", "--", "true"])
             .stdin(Stdio::null())
@@ -192,7 +196,7 @@ impl Lock {
             let out = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
                 .args([
-                    "--endpoints=127.0.0.1:12379",
+                    &*servers::url("--endpoints={etcd}"),
                     "get",
                     "--prefix",
                     "--keys-only",
@@ -438,9 +442,9 @@ fn etcdctl_and_distlock_waiters_are_served_in_arrival_order() {
 fn distlock_key_is_the_key_etcdctl_sees() {
     let lock = Lock::etcd("key");
     let out = Command::new(BIN)
-        .env("DISTLOCK_URL", lock.url)
+        .env("DISTLOCK_URL", &lock.url)
         .args(["run", "--name", &lock.name, "--", "sh", "-c"])
-        .arg("ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:12379 get --prefix --keys-only \"$DISTLOCK_NAME/\"; echo \"key=$DISTLOCK_KEY\"")
+        .arg(servers::url("ETCDCTL_API=3 etcdctl --endpoints={etcd} get --prefix --keys-only \"$DISTLOCK_NAME/\"; echo \"key=$DISTLOCK_KEY\""))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -502,7 +506,7 @@ fn psql_and_distlock_waiters_are_served_in_arrival_order() {
 fn distlock_key_is_the_key_psql_computes() {
     let lock = Lock::pg("pg-key");
     let out = Command::new(BIN)
-        .env("DISTLOCK_URL", lock.url)
+        .env("DISTLOCK_URL", &lock.url)
         .args([
             "run",
             "--name",
@@ -541,7 +545,7 @@ fn status_names_a_redis_py_holder_as_another_client() {
     let f = lock.start(Client::RedisPy, 1);
     f.holds();
     let out = Command::new(BIN)
-        .env("DISTLOCK_URL", lock.url)
+        .env("DISTLOCK_URL", &lock.url)
         .args(["status", "--name", &lock.name, "--json"])
         .output()
         .unwrap();

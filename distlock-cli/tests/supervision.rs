@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::FaultProxy;
 use test_support::clock::skew_monotonic;
+use test_support::servers;
 use test_support::{kill, scratch, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -318,7 +319,7 @@ fn lost_lock_etcd() {
 /// earliest moment the server could (see `FaultProxy::server_keepalive`).
 #[test]
 fn lost_lock_postgres() {
-    let p = proxy(15432);
+    let p = proxy(servers::port("pg"));
     p.server_keepalive(Some(Duration::from_secs(2)));
     lost_lock_kills_before_the_next_holder(
         "lost-pg",
@@ -326,18 +327,18 @@ fn lost_lock_postgres() {
             "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms=2000",
             p.addr()
         ),
-        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+        &servers::url("postgres://locker@{pg}/postgres?sslmode=disable&session_timeout_ms=2000"),
         &[p],
     );
 }
 
 #[test]
 fn lost_lock_zookeeper() {
-    let p = proxy(12181);
+    let p = proxy(servers::port("zk"));
     lost_lock_kills_before_the_next_holder(
         "lost-zk",
         &format!("zk://{}?session_timeout_ms=2000", p.addr()),
-        "zk://127.0.0.1:12181?session_timeout_ms=2000",
+        &servers::url("zk://{zk}?session_timeout_ms=2000"),
         &[p],
     );
 }
@@ -400,7 +401,7 @@ fn run_tool(program: &str, args: &[&str]) {
 fn lost_by_the_backend_postgres() {
     lost_by_the_backend(
         "letgo-pg",
-        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+        &servers::url("postgres://locker@{pg}/postgres?sslmode=disable&session_timeout_ms=2000"),
         terminate_holder,
     );
 }
@@ -456,7 +457,9 @@ fn a_fork_loop_dies_at_once_when_the_lock_is_lost() {
     for round in 1..=2 {
         lost_by_the_backend_running(
             &format!("forkloop-pg-{round}"),
-            "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+            &servers::url(
+                "postgres://locker@{pg}/postgres?sslmode=disable&session_timeout_ms=2000",
+            ),
             fork_loop,
             terminate_holder,
         );
@@ -467,8 +470,11 @@ fn a_fork_loop_dies_at_once_when_the_lock_is_lost() {
 /// The second run, which saw the key's time to live, tries again once it would have run out.
 #[test]
 fn lost_by_the_backend_redis() {
-    lost_by_the_backend("letgo-redis", "redis://127.0.0.1:16379", |key| {
-        run_tool("redis-cli", &["-p", "16379", "DEL", key])
+    lost_by_the_backend("letgo-redis", &servers::url("redis://{redis}"), |key| {
+        run_tool(
+            "redis-cli",
+            &["-p", &servers::port("redis").to_string(), "DEL", key],
+        )
     });
 }
 
@@ -493,7 +499,7 @@ fn supervisor_killed_file() {
 
 #[test]
 fn supervisor_killed_redis() {
-    supervisor_killed("killed-redis", "redis://127.0.0.1:16379");
+    supervisor_killed("killed-redis", &servers::url("redis://{redis}"));
 }
 
 /// distlock is frozen (SIGSTOP; Ctrl-Z stops it the same way, and no stop of distlock reaches
@@ -502,7 +508,7 @@ fn supervisor_killed_redis() {
 /// SIGTERM) must be dead before the second starts. Resumed, distlock exits 70.
 #[test]
 fn frozen_supervisor_cannot_outlive_the_lease() {
-    let (tag, url) = ("frozen-redis", "redis://127.0.0.1:16379");
+    let (tag, url) = ("frozen-redis", &*servers::url("redis://{redis}"));
     let dir = tmp(tag);
     let name = unique(tag);
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
@@ -534,7 +540,7 @@ fn frozen_supervisor_cannot_outlive_the_lease() {
 #[test]
 fn frozen_keeper_cannot_outlive_the_lease() {
     let tag = "frozen-keeper";
-    let p = proxy(16379);
+    let p = proxy(servers::port("redis"));
     let dir = tmp(tag);
     let name = unique(tag);
     let (hb, start2) = (dir.join("hb"), dir.join("start2"));
@@ -542,7 +548,7 @@ fn frozen_keeper_cannot_outlive_the_lease() {
     let via = format!("redis://{}", p.addr());
     let holder = holding(&via, &name, "10s", &script, &hb, 4);
     p.blackhole();
-    let second = second_run("redis://127.0.0.1:16379", &name, &start2, "60s");
+    let second = second_run(&servers::url("redis://{redis}"), &name, &start2, "60s");
     let alone = std::panic::catch_unwind(|| {
         second_ran_alone(tag, second, Duration::from_secs(60), &hb, &start2);
     });
@@ -567,7 +573,7 @@ fn frozen_keeper_cannot_outlive_the_lease() {
 #[test]
 fn ctrl_z_does_not_suspend_a_holder() {
     let name = unique("tstp");
-    let url = "redis://127.0.0.1:16379";
+    let url = &*servers::url("redis://{redis}");
     let holder = distlock(
         url,
         &["run", "--name", &name, "--ttl", "2s", "--", "sleep", "4"],
@@ -971,27 +977,27 @@ fn a_signal_in_min_hold_leaves_the_lock_to_the_backend() {
     );
     min_hold_signal(
         "minhold-sig-pg",
-        "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
+        &servers::url("postgres://locker@{pg}/postgres?sslmode=disable&session_timeout_ms=2000"),
         None,
     );
     // --ttl 3s; the grant's TTL counts from before distlock's exit.
     let ttl = Some(Duration::from_secs(4));
-    min_hold_signal("minhold-sig-redis", "redis://127.0.0.1:16379", ttl);
+    min_hold_signal("minhold-sig-redis", &servers::url("redis://{redis}"), ttl);
     min_hold_signal(
         "minhold-sig-redlock",
-        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382",
+        &servers::url("redlock://{redlock1},{redlock2},{redlock3}"),
         ttl,
     );
     // The session's timeout (2 s) from distlock's exit, and the server's expiry tick.
     min_hold_signal(
         "minhold-sig-zk",
-        "zk://127.0.0.1:12181?session_timeout_ms=2000",
+        &servers::url("zk://{zk}?session_timeout_ms=2000"),
         Some(Duration::from_secs(5)),
     );
     #[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
     min_hold_signal(
         "minhold-sig-etcd",
-        "etcd://127.0.0.1:12379",
+        &servers::url("etcd://{etcd}"),
         Some(Duration::from_secs(6)),
     );
 }
@@ -1042,7 +1048,7 @@ fn a_command_that_changed_user_is_reported_at_once() {
     let cleanup = Cleanup(job.display().to_string());
     let name = unique("setuid");
     let mut holder = distlock(
-        "redis://127.0.0.1:16379",
+        &servers::url("redis://{redis}"),
         &["run", "--name", &name, "--ttl", "3s", "--"],
     );
     holder
@@ -1060,7 +1066,10 @@ fn a_command_that_changed_user_is_reported_at_once() {
             _ => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    run_tool("redis-cli", &["-p", "16379", "DEL", &key]);
+    run_tool(
+        "redis-cli",
+        &["-p", &servers::port("redis").to_string(), "DEL", &key],
+    );
     let deleted = Instant::now();
     // The root process holds distlock's stderr open: it must be gone before the output can be
     // read to its end.

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use distlock::{Error, LockName, LockOptions};
+use test_support::servers;
 
 /// Acquire and release once through the facade: the URL reached a working driver.
 #[cfg_attr(not(feature = "file"), allow(dead_code))] // every driver test is feature-gated
@@ -91,7 +92,8 @@ async fn file_urls_connect() {
 #[cfg(not(feature = "zookeeper"))]
 #[tokio::test]
 async fn a_disabled_driver_names_its_feature() {
-    let Err(Error::Config { message: msg, .. }) = distlock::connect("zk://127.0.0.1:12181").await
+    let Err(Error::Config { message: msg, .. }) =
+        distlock::connect(&servers::url("zk://{zk}")).await
     else {
         panic!("zk:// connected without the zookeeper feature")
     };
@@ -104,8 +106,8 @@ async fn redis_urls_connect() {
     round_trips(
         "redis",
         &[
-            "redis://127.0.0.1:16379",
-            "redis://locker:locker-pw@127.0.0.1:16390",
+            &*servers::url("redis://{redis}"),
+            &*servers::url("redis://locker:locker-pw@{redis-auth}"),
         ],
     )
     .await;
@@ -140,7 +142,9 @@ async fn etcd_over_tls_connects() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_wrong_redis_password_is_not_echoed() {
-    let Err(e) = distlock::connect("redis://locker:wrong-secret-pw@127.0.0.1:16390").await else {
+    let Err(e) =
+        distlock::connect(&servers::url("redis://locker:wrong-secret-pw@{redis-auth}")).await
+    else {
         panic!("connected with a wrong password")
     };
     assert!(!format!("{e} {e:?}").contains("wrong-secret-pw"), "{e:?}");
@@ -150,7 +154,7 @@ async fn a_wrong_redis_password_is_not_echoed() {
 #[tokio::test]
 async fn redlock_urls_connect() {
     round_trip(
-        "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384",
+        &servers::url("redlock://{redlock1},{redlock2},{redlock3},{redlock4},{redlock5}"),
         "redlock",
     )
     .await;
@@ -162,8 +166,8 @@ async fn zookeeper_urls_connect() {
     round_trips(
         "zookeeper",
         &[
-            "zk://127.0.0.1:12181?session_timeout_ms=2000",
-            "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283/facade?session_timeout_ms=2000",
+            &*servers::url("zk://{zk}?session_timeout_ms=2000"),
+            &*servers::url("zk://{zk-ens1},{zk-ens2},{zk-ens3}/facade?session_timeout_ms=2000"),
         ],
     )
     .await;
@@ -175,8 +179,10 @@ async fn postgres_urls_connect() {
     round_trips(
         "postgres",
         &[
-            "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable&session_timeout_ms=2000",
-            "postgresql://locker:locker-pw@127.0.0.1:15433/postgres?sslmode=disable",
+            &*servers::url(
+                "postgres://locker@{pg}/postgres?sslmode=disable&session_timeout_ms=2000",
+            ),
+            &*servers::url("postgresql://locker:locker-pw@{pg-auth}/postgres?sslmode=disable"),
         ],
     )
     .await;
@@ -188,9 +194,9 @@ async fn etcd_urls_connect() {
     round_trips(
         "etcd",
         &[
-            "etcd://127.0.0.1:12379",
-            "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679/facade",
-            "etcd://locker:locker-pw@127.0.0.1:12779/distlock-auth",
+            &*servers::url("etcd://{etcd}"),
+            &*servers::url("etcd://{etcd-c1},{etcd-c2},{etcd-c3}/facade"),
+            &*servers::url("etcd://locker:locker-pw@{etcd-auth}/distlock-auth"),
         ],
     )
     .await;

@@ -17,6 +17,7 @@ use distlock::lock_redis::{RedisConfig, RedisLock};
 use distlock::lock_redlock::{RedlockConfig, RedlockLock};
 use distlock::lock_zookeeper::{ZkConfig, ZkLock};
 use distlock::{DistributedLock, Error, LockName, LockOptions, Result};
+use test_support::servers;
 
 const MAX: Duration = Duration::MAX;
 /// One millisecond above the longest timeout accepted.
@@ -102,7 +103,11 @@ macro_rules! two_timeouts {
 
 #[tokio::test]
 async fn redis_timeouts_at_their_extremes() {
-    two_timeouts!("redis", || RedisConfig::new("127.0.0.1", 16379), RedisLock);
+    two_timeouts!(
+        "redis",
+        || RedisConfig::new("127.0.0.1", servers::port("redis")),
+        RedisLock
+    );
 }
 
 #[tokio::test]
@@ -147,7 +152,7 @@ async fn redlock_durations_at_their_extremes() {
 
 #[tokio::test]
 async fn zookeeper_session_timeout_at_its_extremes() {
-    let base = || ZkConfig::new("127.0.0.1:12181");
+    let base = || ZkConfig::new(servers::url("{zk}"));
     // The server fits a day to its own maximum.
     let day = base().with_session_timeout(MAX_TIMEOUT);
     works("zk, session timeout a day", arc(ZkLock::connect(day).await)).await;
@@ -157,14 +162,23 @@ async fn zookeeper_session_timeout_at_its_extremes() {
             ZkLock::connect(base().with_session_timeout(d)).await,
         );
     }
-    urls_refused("zk://127.0.0.1:12181", &["session_timeout_ms"], &MS_OVER).await;
+    urls_refused(
+        &servers::url("zk://{zk}"),
+        &["session_timeout_ms"],
+        &MS_OVER,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn etcd_timeouts_at_their_extremes() {
-    two_timeouts!("etcd", || EtcdConfig::new(["127.0.0.1:12379"]), EtcdLock);
+    two_timeouts!(
+        "etcd",
+        || EtcdConfig::new([&*servers::url("{etcd}")]),
+        EtcdLock
+    );
     let params = ["timeout_ms", "connect_timeout_ms"];
-    urls_refused("etcd://127.0.0.1:12379", &params, &MS_OVER).await;
+    urls_refused(&servers::url("etcd://{etcd}"), &params, &MS_OVER).await;
 }
 
 #[tokio::test]

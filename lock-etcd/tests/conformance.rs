@@ -14,6 +14,7 @@ use conformance_tests::{
 use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_etcd::{EtcdConfig, EtcdLock};
+use test_support::servers;
 use test_support::ServicesSh;
 
 struct Etcd {
@@ -85,11 +86,15 @@ impl Harness for Etcd {
                 p.server
             )
         })
-        .with_auth(test_support::loopback(12779), "locker", "locker-pw");
+        .with_auth(
+            test_support::loopback(servers::port("etcd-auth")),
+            "locker",
+            "locker-pw",
+        );
         Some(if cfg!(feature = "tls") {
             secured
                 .with_tls(
-                    test_support::loopback(12879),
+                    test_support::loopback(servers::port("etcd-tls")),
                     test_support::test_ca("etcd-tls"),
                 )
                 .with_tls_ca_pem(|server, pem| {
@@ -122,9 +127,9 @@ impl Harness for Etcd {
 }
 
 fn main() -> ExitCode {
-    let single = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
+    let single = std::env::var("ETCD_URL").unwrap_or_else(|_| servers::url("etcd://{etcd}"));
     let cluster = std::env::var("ETCD_CLUSTER_URL")
-        .unwrap_or_else(|_| "etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679".into());
+        .unwrap_or_else(|_| servers::url("etcd://{etcd-c1},{etcd-c2},{etcd-c3}"));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut trials = Vec::new();
     let cluster_servers: &'static [&'static str] = &["etcd-c1", "etcd-c2", "etcd-c3"];

@@ -11,10 +11,11 @@ use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, Lease, LockName, LockOptions};
 use lock_etcd::etcd_client::TxnOp;
 use lock_etcd::{EtcdConfig, EtcdLock};
+use test_support::servers;
 
 /// A client of the single member with key prefix `prefix`.
 async fn with_prefix(prefix: &str) -> EtcdLock {
-    let url = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
+    let url = std::env::var("ETCD_URL").unwrap_or_else(|_| servers::url("etcd://{etcd}"));
     let config = EtcdConfig::from_url(&url)
         .unwrap()
         .with_prefix(prefix)

@@ -15,6 +15,7 @@ use conformance_tests::{
 use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_postgres::{advisory_key, PgConfig, PgLock};
+use test_support::servers;
 use test_support::ServicesSh;
 
 const SESSION: Duration = Duration::from_millis(2000);
@@ -118,11 +119,15 @@ impl Harness for Pg {
                 .map_or("locker@".to_string(), |u| format!("{u}@"));
             format!("postgres://{user}{}/postgres{query}", p.server)
         })
-        .with_auth(test_support::loopback(15433), "locker", "locker-pw");
+        .with_auth(
+            test_support::loopback(servers::port("pg-auth")),
+            "locker",
+            "locker-pw",
+        );
         Some(if cfg!(feature = "tls") {
             secured
                 .with_tls(
-                    test_support::loopback(15434),
+                    test_support::loopback(servers::port("pg-tls")),
                     test_support::test_ca("pg-tls"),
                 )
                 .with_tls_ca_pem(|server, pem| {
@@ -160,7 +165,7 @@ impl Harness for Pg {
 
 fn main() -> ExitCode {
     let url = std::env::var("PG_URL")
-        .unwrap_or_else(|_| "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable".into());
+        .unwrap_or_else(|_| servers::url("postgres://locker@{pg}/postgres?sslmode=disable"));
     let config = PgConfig::from_url(&url)
         .expect("PostgreSQL URL")
         .with_session_timeout(SESSION)

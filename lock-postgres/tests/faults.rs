@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Error, LeaseState, LockName, LockOptions};
 use lock_postgres::{advisory_key, PgConfig, PgLock};
 use test_support::serial;
+use test_support::servers;
 
 const PG: &str = "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable";
 const SESSION: Duration = Duration::from_secs(2);
@@ -42,7 +43,8 @@ fn opts() -> LockOptions {
 /// A fault proxy in front of `pg`, and the configuration of a client through it (`query`:
 /// more of the URL's query, each part starting with `&`).
 fn proxied(query: &str) -> (conformance_tests::FaultProxy, PgConfig) {
-    let proxy = conformance_tests::FaultProxy::start("127.0.0.1:15432".parse().unwrap()).unwrap();
+    let proxy =
+        conformance_tests::FaultProxy::start(servers::url("{pg}").parse().unwrap()).unwrap();
     let config = PgConfig::from_url(&format!(
         "postgres://locker@{}/postgres?sslmode=disable{query}",
         proxy.addr()
@@ -160,8 +162,10 @@ fn a_transaction_pooler_is_refused() {
 const POOLER_PROBES: usize = 15;
 
 async fn a_transaction_pooler_is_refused_case() {
-    let pooled =
-        PgConfig::from_url("postgres://locker@127.0.0.1:16432/postgres?sslmode=disable").unwrap();
+    let pooled = PgConfig::from_url(&servers::url(
+        "postgres://locker@{pgbouncer}/postgres?sslmode=disable",
+    ))
+    .unwrap();
     let accepted = times_accepted(&pooled).await;
     assert_eq!(
         accepted, 0,
@@ -213,10 +217,12 @@ fn a_session_pooler_is_accepted() {
 }
 
 async fn a_session_pooler_is_accepted_case() {
-    let pooled = PgConfig::from_url("postgres://locker@127.0.0.1:16433/postgres?sslmode=disable")
-        .unwrap()
-        .with_session_timeout(SESSION)
-        .unwrap();
+    let pooled = PgConfig::from_url(&servers::url(
+        "postgres://locker@{pgbouncer-session}/postgres?sslmode=disable",
+    ))
+    .unwrap()
+    .with_session_timeout(SESSION)
+    .unwrap();
     let accepted = times_accepted(&pooled).await;
     assert_eq!(
         accepted, POOLER_PROBES,

@@ -14,6 +14,7 @@ use lock_core::driver::connecting;
 use lock_core::{DistributedLock, LockName};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, RedisLock};
+use test_support::servers;
 use test_support::ServicesSh;
 
 struct Redis {
@@ -74,12 +75,16 @@ impl Harness for Redis {
             let query = p.query(&[], None, "tls_ca_file");
             format!("{scheme}://{}{}{query}", p.userinfo_at(), p.server)
         })
-        .with_auth(test_support::loopback(16390), "locker", "locker-pw")
+        .with_auth(
+            test_support::loopback(servers::port("redis-auth")),
+            "locker",
+            "locker-pw",
+        )
         .with_account("", "distlock-test-pw");
         Some(if cfg!(feature = "tls") {
             secured
                 .with_tls(
-                    test_support::loopback(16392),
+                    test_support::loopback(servers::port("redis-tls")),
                     test_support::test_ca("redis-tls"),
                 )
                 .with_tls_ca_pem(|server, pem| {
@@ -111,7 +116,7 @@ impl Harness for Redis {
 }
 
 fn main() -> ExitCode {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into());
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| servers::url("redis://{redis}"));
     let config = RedisConfig::from_url(&url).expect("REDIS_URL");
     // Without persistence a restart forgets every lock: the nemesis only freezes it.
     let mut trials = conformance_tests::trials(Arc::new(Redis {
@@ -121,7 +126,7 @@ fn main() -> ExitCode {
     }));
     // The server that fsyncs every write (appendfsync always): fencing is Strict, and the suite
     // crashes and restarts it to prove it.
-    let aof = RedisConfig::from_url("redis://127.0.0.1:16394").expect("redis-aof URL");
+    let aof = RedisConfig::from_url(&servers::url("redis://{redis-aof}")).expect("redis-aof URL");
     trials.extend(conformance_tests::trials_prefixed(
         Arc::new(Redis {
             config: aof,

@@ -12,13 +12,14 @@ use std::time::Duration;
 use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Error, Fencing, LockOptions};
 use lock_redis::{RedisConfig, RedisLock};
+use test_support::servers;
 
 fn evicting_url() -> String {
-    std::env::var("REDIS_EVICT_URL").unwrap_or_else(|_| "redis://127.0.0.1:16393".into())
+    std::env::var("REDIS_EVICT_URL").unwrap_or_else(|_| servers::url("redis://{redis-evict}"))
 }
 
 fn safe_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into())
+    std::env::var("REDIS_URL").unwrap_or_else(|_| servers::url("redis://{redis}"))
 }
 
 fn addr(url: &str) -> SocketAddr {

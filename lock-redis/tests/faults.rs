@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, Error, Fencing, LeaseState, LockOptions};
 use lock_redis::{RedisConfig, RedisLock};
+use test_support::servers;
 use test_support::{kill, serial, services};
 
 fn url() -> String {
-    std::env::var("REDIS_FAULT_URL").unwrap_or_else(|_| "redis://127.0.0.1:16391".into())
+    std::env::var("REDIS_FAULT_URL").unwrap_or_else(|_| servers::url("redis://{redis-fault}"))
 }
 
 fn config() -> RedisConfig {

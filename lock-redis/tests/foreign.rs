@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, Fencing, LockName, LockOptions};
 use lock_redis::{RedisConfig, RedisLock};
+use test_support::servers;
 
 fn url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into())
+    std::env::var("REDIS_URL").unwrap_or_else(|_| servers::url("redis://{redis}"))
 }
 
 async fn locks(plain: bool) -> RedisLock {

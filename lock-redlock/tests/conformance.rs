@@ -15,10 +15,12 @@ use conformance_tests::{
 use lock_core::{DistributedLock, LockName};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redlock::{RedlockConfig, RedlockLock};
+use test_support::servers;
 use test_support::ServicesSh;
 
-const DEFAULT_URL: &str =
-    "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384";
+fn default_url() -> String {
+    servers::url("redlock://{redlock1},{redlock2},{redlock3},{redlock4},{redlock5}")
+}
 
 struct Redlock {
     config: RedlockConfig,
@@ -83,11 +85,15 @@ impl Harness for Redlock {
             let query = p.query(&[], Some("tls"), "tls_ca_file");
             format!("redlock://{}{}{query}", p.userinfo_at(), p.server)
         })
-        .with_auth(test_support::loopback(16390), "locker", "locker-pw")
+        .with_auth(
+            test_support::loopback(servers::port("redis-auth")),
+            "locker",
+            "locker-pw",
+        )
         .with_account("", "distlock-test-pw");
         Some(if cfg!(feature = "tls") {
             secured.with_tls(
-                test_support::loopback(16392),
+                test_support::loopback(servers::port("redis-tls")),
                 test_support::test_ca("redis-tls"),
             )
         } else {
@@ -126,7 +132,7 @@ impl Harness for Redlock {
 }
 
 fn main() -> ExitCode {
-    let url = std::env::var("REDLOCK_URL").unwrap_or_else(|_| DEFAULT_URL.into());
+    let url = std::env::var("REDLOCK_URL").unwrap_or_else(|_| default_url());
     let config = RedlockConfig::from_url(&url).expect("REDLOCK_URL");
     conformance_tests::run(Redlock {
         config,

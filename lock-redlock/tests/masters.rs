@@ -11,6 +11,7 @@ use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Error, LockOptions};
 use lock_redis::RedisConfig;
 use lock_redlock::{RedlockConfig, RedlockLock};
+use test_support::servers;
 
 fn is_config(e: &Error, needle: &str) -> bool {
     matches!(e, Error::Config { message: m, .. } if m.contains(needle))
@@ -20,7 +21,7 @@ fn is_config(e: &Error, needle: &str) -> bool {
 /// that server alone is a majority.
 #[tokio::test]
 async fn one_server_under_two_names_is_refused() {
-    let url = "redlock://127.0.0.1:16380,localhost:16380,127.0.0.1:16381";
+    let url = &*servers::url("redlock://{redlock1},localhost:16380,{redlock2}");
     match RedlockLock::from_url(url).await {
         Err(e) => assert!(is_config(&e, "same Redis server"), "{e:?}"),
         Ok(lock) => {
@@ -39,9 +40,9 @@ async fn one_server_under_two_names_is_refused() {
 #[tokio::test]
 async fn one_server_under_two_database_numbers_is_refused() {
     let masters = vec![
-        RedisConfig::new("127.0.0.1", 16380),
-        RedisConfig::new("127.0.0.1", 16380).with_database(1),
-        RedisConfig::new("127.0.0.1", 16381),
+        RedisConfig::new("127.0.0.1", servers::port("redlock1")),
+        RedisConfig::new("127.0.0.1", servers::port("redlock1")).with_database(1),
+        RedisConfig::new("127.0.0.1", servers::port("redlock2")),
     ];
     let e = RedlockConfig::new(masters).unwrap_err();
     assert!(is_config(&e, "listed twice"), "{e:?}");
@@ -51,12 +52,12 @@ async fn one_server_under_two_database_numbers_is_refused() {
 /// caught before the next grant, not counted.
 #[tokio::test]
 async fn a_master_that_becomes_a_duplicate_is_refused_before_a_grant() {
-    let up: SocketAddr = "127.0.0.1:16382".parse().unwrap();
+    let up: SocketAddr = servers::url("{redlock3}").parse().unwrap();
     let proxy = FaultProxy::start(up).unwrap();
     let p = proxy.addr();
     let masters = vec![
-        RedisConfig::new("127.0.0.1", 16380),
-        RedisConfig::new("127.0.0.1", 16381),
+        RedisConfig::new("127.0.0.1", servers::port("redlock1")),
+        RedisConfig::new("127.0.0.1", servers::port("redlock2")),
         RedisConfig::new(p.ip().to_string(), p.port()),
     ];
     let lock = RedlockLock::connect(RedlockConfig::new(masters).unwrap())
@@ -71,7 +72,7 @@ async fn a_master_that_becomes_a_duplicate_is_refused_before_a_grant() {
         .release()
         .await
         .unwrap();
-    proxy.redirect("127.0.0.1:16380".parse().unwrap());
+    proxy.redirect(servers::url("{redlock1}").parse().unwrap());
     proxy.cut();
     let mut last = String::new();
     for _ in 0..40 {
@@ -90,7 +91,7 @@ async fn a_master_that_becomes_a_duplicate_is_refused_before_a_grant() {
 
 #[tokio::test]
 async fn a_master_that_may_evict_is_refused_unless_accepted() {
-    let url = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16393";
+    let url = &*servers::url("redlock://{redlock1},{redlock2},{redis-evict}");
     let e = RedlockLock::from_url(url).await.unwrap_err();
     assert!(is_config(&e, "allkeys-lru"), "{e:?}");
     let lock = RedlockLock::from_url(&format!("{url}?allow_eviction=true"))
@@ -131,7 +132,7 @@ async fn a_replica_among_the_masters_is_refused() {
 /// driver's minimum TTL follows `min_validity_ms`.
 #[tokio::test]
 async fn a_ttl_that_cannot_outlast_min_validity_is_refused_at_once() {
-    let url = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382?min_validity_ms=5000";
+    let url = &*servers::url("redlock://{redlock1},{redlock2},{redlock3}?min_validity_ms=5000");
     let locks = RedlockLock::from_url(url).await.unwrap();
     let min = locks.capabilities().min_ttl;
     assert!(

@@ -13,6 +13,7 @@ use conformance_tests::{
 };
 use lock_core::{DistributedLock, LockName};
 use lock_zookeeper::{ZkConfig, ZkLock};
+use test_support::servers;
 use test_support::ServicesSh;
 
 const SESSION: Duration = Duration::from_millis(2000);
@@ -90,7 +91,11 @@ impl Harness for Zk {
         });
         Some(
             secured
-                .with_auth(test_support::loopback(12191), "locker", "locker-secret-pw")
+                .with_auth(
+                    test_support::loopback(servers::port("zk-auth")),
+                    "locker",
+                    "locker-secret-pw",
+                )
                 .wrong_password_is_another_identity(),
         )
     }
@@ -110,9 +115,9 @@ impl Harness for Zk {
 }
 
 fn main() -> ExitCode {
-    let single = std::env::var("ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:12181".into());
+    let single = std::env::var("ZK_URL").unwrap_or_else(|_| servers::url("zk://{zk}"));
     let ensemble = std::env::var("ZK_ENSEMBLE_URL")
-        .unwrap_or_else(|_| "zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283".into());
+        .unwrap_or_else(|_| servers::url("zk://{zk-ens1},{zk-ens2},{zk-ens3}"));
     let mut trials = Vec::new();
     let ensemble_servers: &'static [&'static str] = &["zk-ens1", "zk-ens2", "zk-ens3"];
     for (label, url, servers) in [

@@ -9,13 +9,19 @@ use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_zookeeper::zookeeper_client::{Acls, Client, CreateMode};
 use lock_zookeeper::{ZkConfig, ZkLock};
+use test_support::servers;
 
 const HOSTS: &str = "127.0.0.1:12181";
 
 async fn distlock() -> ZkLock {
     ZkLock::connect(ZkConfig::new(HOSTS).with_session_timeout(Duration::from_secs(4)))
         .await
-        .expect("ZooKeeper at 127.0.0.1:12181 (scripts/services.sh up zk)")
+        .unwrap_or_else(|_| {
+            panic!(
+                "{}",
+                servers::url("ZooKeeper at {zk} (scripts/services.sh up zk)",)
+            )
+        })
 }
 
 /// A foreign client's session with its contender node under `name`'s lock node.

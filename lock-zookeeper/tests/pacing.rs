@@ -10,6 +10,7 @@ use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, LockOptions};
 use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::serial;
+use test_support::servers;
 
 const SESSION: Duration = Duration::from_secs(2);
 
@@ -44,7 +45,7 @@ fn a_standalone_server_vouches_for_the_session_an_ensemble_for_half() {
         // least that past the call's start, and at most the call's own duration more.
         for (what, span) in ["grant", "renewal"]
             .into_iter()
-            .zip(<[Duration; 2]>::from(vouched("127.0.0.1:12181").await))
+            .zip(<[Duration; 2]>::from(vouched(&servers::url("{zk}")).await))
         {
             assert!(
                 span >= SESSION * 9 / 10,
@@ -52,7 +53,7 @@ fn a_standalone_server_vouches_for_the_session_an_ensemble_for_half() {
                  {SESSION:?} less drift"
             );
         }
-        let ensemble = "127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283";
+        let ensemble = &*servers::url("{zk-ens1},{zk-ens2},{zk-ens3}");
         for (what, span) in ["grant", "renewal"]
             .into_iter()
             .zip(<[Duration; 2]>::from(vouched(ensemble).await))

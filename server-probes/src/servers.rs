@@ -83,6 +83,27 @@ pub fn addr(name: &str) -> String {
     server(name).addr()
 }
 
+/// `template` with each `{NAME}` of a server replaced by its `127.0.0.1:PORT`:
+/// `url("redis://{redis}/0")` is `redis://127.0.0.1:16379/0`.
+///
+/// # Panics
+/// For a `{...}` that names no server, or an unclosed `{` (test code).
+pub fn url(template: &str) -> String {
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let close = after
+            .find('}')
+            .unwrap_or_else(|| panic!("unclosed {{ in {template:?}"));
+        out.push_str(&addr(&after[..close]));
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +134,9 @@ mod tests {
         assert_eq!(port("redis"), 16379);
         assert_eq!(addr("pg"), "127.0.0.1:15432");
         assert!(server("etcd-tls").tls && !server("etcd").tls);
+        assert_eq!(
+            url("redlock://{redlock1},{redlock2}/0?x=1"),
+            "redlock://127.0.0.1:16380,127.0.0.1:16381/0?x=1"
+        );
     }
 }

@@ -27,10 +27,11 @@ pub mod by_dialer;
 pub mod clock;
 pub mod partition;
 pub mod partition_history;
-mod servers;
+mod services_sh;
 mod shim;
 
-pub use servers::ServicesSh;
+pub use server_probes::servers;
+pub use services_sh::ServicesSh;
 // The probes the fault tests read, where they always were.
 pub use server_probes::{
     commands_processed, etcd_grpc_messages_received, etcd_status, pg_client, pg_statements,

@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use lock_etcd::etcd_client::Client;
 use lock_etcd::EtcdLock;
+use test_support::servers;
 
 /// A lock on the single member of `scripts/services.sh` (`ETCD_URL`, default port 12379).
 pub(crate) async fn single() -> EtcdLock {
-    let url = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
+    let url = std::env::var("ETCD_URL").unwrap_or_else(|_| servers::url("etcd://{etcd}"));
     EtcdLock::from_url(&url)
         .await
         .unwrap_or_else(|e| panic!("etcd (scripts/services.sh up etcd): {e}"))
