@@ -66,7 +66,7 @@ impl Faulty {
     /// # async fn f() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     /// use std::sync::Arc;
     /// use conformance_tests::{Fault, FaultProxy, Faulty};
-    /// let proxy = FaultProxy::start("127.0.0.1:16379".parse()?)?;
+    /// let proxy = FaultProxy::start("127.0.0.1:6379".parse()?)?;
     /// let lock = lock_core::memory::MemoryLock::new(); // a driver connected to proxy.addr()
     /// let faulty = Faulty::new(Arc::new(lock), vec![proxy]);
     /// faulty.link.set(Fault::Blackhole);

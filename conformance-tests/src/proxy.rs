@@ -69,7 +69,7 @@ const TRAP_LINGER: Duration = Duration::from_millis(100);
 /// ```no_run
 /// use std::time::Duration;
 /// use conformance_tests::FaultProxy;
-/// let proxy = FaultProxy::start("127.0.0.1:16379".parse()?)?;
+/// let proxy = FaultProxy::start("127.0.0.1:6379".parse()?)?;
 /// // connect a driver to proxy.addr() ...
 /// proxy.blackhole();               // partition: nothing flows, connections stay open
 /// proxy.heal();                    // held-back bytes flow again
@@ -209,7 +209,7 @@ impl FaultProxy {
     ///
     /// ```no_run
     /// # use conformance_tests::FaultProxy;
-    /// # let proxy = FaultProxy::start("127.0.0.1:12181".parse()?)?;
+    /// # let proxy = FaultProxy::start("127.0.0.1:2181".parse()?)?;
     /// proxy.lose_replies(b"/distlock/my-lock", 2); // e.g. a create, then the lookup after it
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

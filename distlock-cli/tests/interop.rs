@@ -22,7 +22,10 @@ use test_support::{scratch, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 const FOREIGN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/foreign");
-const ZK_HOSTS: &str = "127.0.0.1:12181";
+/// The `zk` server, as `host:port`.
+fn zk_hosts() -> String {
+    servers::addr("zk")
+}
 /// How soon after a release the next waiter must hold the lock: both backends wake waiters
 /// by a watch, in milliseconds; this leaves room for a busy machine.
 const PROMPT: Duration = Duration::from_secs(2);
@@ -113,7 +116,7 @@ impl Lock {
                     .args(["--", "sh", "-c", &hold]);
                 c
             }
-            Client::Kazoo => python("kazoo_hold.py", [ZK_HOSTS, &path, &r]),
+            Client::Kazoo => python("kazoo_hold.py", [&*zk_hosts(), &path, &r]),
             Client::RedisPy => python("redis_hold.py", [&*servers::url("{redis}"), &self.name, &r]),
             Client::Psql => {
                 // One session: lock (waiting in the server's queue), then hold until released.
@@ -128,7 +131,7 @@ impl Lock {
                 let classes = self.curator_classes();
                 let mut c = Command::new("java");
                 c.args(["-cp", &format!("{}:{}", classes.display(), curator_jars())])
-                    .args(["CuratorHold", ZK_HOSTS, &path, &r]);
+                    .args(["CuratorHold", &zk_hosts(), &path, &r]);
                 c
             }
         };
@@ -215,7 +218,7 @@ impl Lock {
                 .build()
                 .unwrap()
                 .block_on(async {
-                    let c = lock_zookeeper::zookeeper_client::Client::connect(ZK_HOSTS)
+                    let c = lock_zookeeper::zookeeper_client::Client::connect(&zk_hosts())
                         .await
                         .unwrap();
                     c.list_children(&path).await.map_or(0, |v| v.len())
@@ -248,7 +251,7 @@ fn psql() -> Command {
         "-h",
         "127.0.0.1",
         "-p",
-        "15432",
+        &servers::port("pg").to_string(),
         "-U",
         "locker",
         "-d",

@@ -291,12 +291,12 @@ fn lost_lock_behind_one_proxy(tag: &str, scheme: &str, port: u16) {
 
 #[test]
 fn lost_lock_redis() {
-    lost_lock_behind_one_proxy("lost-redis", "redis", 16379);
+    lost_lock_behind_one_proxy("lost-redis", "redis", servers::port("redis"));
 }
 
 #[test]
 fn lost_lock_redlock() {
-    let ports = [16380, 16381, 16382, 16383, 16384];
+    let ports: [u16; 5] = servers::numbered("redlock");
     let proxies: Vec<FaultProxy> = ports.iter().map(|p| proxy(*p)).collect();
     let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
     let direct: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -311,7 +311,7 @@ fn lost_lock_redlock() {
 #[cfg(feature = "etcd")] // not in the CLI's default features (protoc)
 #[test]
 fn lost_lock_etcd() {
-    lost_lock_behind_one_proxy("lost-etcd", "etcd", 12379);
+    lost_lock_behind_one_proxy("lost-etcd", "etcd", servers::port("etcd"));
 }
 
 /// The server's own keepalive (set by the driver to the session timeout) cannot see a
@@ -411,7 +411,10 @@ fn terminate_holder(key: &str) {
     run_tool(
         "psql",
         &[
-            "host=127.0.0.1 port=15432 user=locker dbname=postgres",
+            &format!(
+                "host=127.0.0.1 port={} user=locker dbname=postgres",
+                servers::port("pg")
+            ),
             "-Atc",
             &format!(
                 "SELECT pg_terminate_backend(pid) FROM pg_locks \
@@ -861,7 +864,7 @@ fn descendants(tag: &str, url: &str, how: &str) {
 fn on_file_and_redis(tag: &str, case: impl Fn(&str, &str)) {
     let dir = tmp(&format!("{tag}-locks"));
     case(&format!("{tag}-file"), &format!("file://{}", dir.display()));
-    case(&format!("{tag}-redis"), "redis://127.0.0.1:16379");
+    case(&format!("{tag}-redis"), &servers::url("redis://{redis}"));
 }
 
 #[test]
@@ -1169,16 +1172,16 @@ fn passwords_never_appear_in_any_output() {
     let encoded = "pwA1%2FpwB2%3FpwC3%23pwD4%40pwE5%3ApwF6";
     let dir = tmp("secrets");
     let templates = [
-        "redis://locker:{pw}@127.0.0.1:16390",
-        "redis://:{pw}@127.0.0.1:16390/0?prefix=x",
-        "rediss://locker:{pw}@127.0.0.1:16392",
-        "redlock://locker:{pw}@127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382",
-        "zk://locker:{pw}@127.0.0.1:12191/chroot",
-        "etcd://locker:{pw}@127.0.0.1:12779/prefix",
+        "redis://locker:{pw}@{redis-auth}",
+        "redis://:{pw}@{redis-auth}/0?prefix=x",
+        "rediss://locker:{pw}@{redis-tls}",
+        "redlock://locker:{pw}@{redlock1},{redlock2},{redlock3}",
+        "zk://locker:{pw}@{zk-auth}/chroot",
+        "etcd://locker:{pw}@{etcd-auth}/prefix",
         "etcd://locker:{pw}@127.0.0.1:1",
         "redis://locker:{pw}@127.0.0.1:1",
-        "redlock://locker:{pw}@127.0.0.1:1,127.0.0.1:16381,127.0.0.1:16382",
-        "postgres://locker:{pw}@127.0.0.1:15433/postgres?sslmode=disable",
+        "redlock://locker:{pw}@127.0.0.1:1,{redlock2},{redlock3}",
+        "postgres://locker:{pw}@{pg-auth}/postgres?sslmode=disable",
         "postgres://locker:{pw}@127.0.0.1:1/postgres",
         "memory://u:{pw}@store",
         "file://u:{pw}@/tmp/x",
@@ -1187,7 +1190,7 @@ fn passwords_never_appear_in_any_output() {
     ];
     for t in templates {
         for pw in [raw, encoded] {
-            let url = t.replace("{pw}", pw);
+            let url = servers::url(&t.replace("{pw}", pw)); // the password has no braces
             let runs: [(Vec<&str>, bool); 4] = [
                 (
                     vec![

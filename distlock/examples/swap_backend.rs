@@ -3,8 +3,8 @@
 //! ```sh
 //! cargo run -p distlock --example swap_backend
 //! DISTLOCK_URL=file:///tmp/locks cargo run -p distlock --example swap_backend
-//! DISTLOCK_URL=redis://127.0.0.1:16379 cargo run -p distlock --features redis --example swap_backend
-//! DISTLOCK_URL=etcd://127.0.0.1:12379 cargo run -p distlock --features etcd --example swap_backend
+//! DISTLOCK_URL=redis://127.0.0.1:6379 cargo run -p distlock --features redis --example swap_backend
+//! DISTLOCK_URL=etcd://127.0.0.1:2379 cargo run -p distlock --features etcd --example swap_backend
 //! ```
 
 use std::time::Duration;

@@ -117,10 +117,10 @@ async fn redis_urls_connect() {
 #[tokio::test]
 async fn rediss_urls_connect() {
     round_trip(
-        &format!(
-            "rediss://127.0.0.1:16392?tls_ca_file={}",
+        &servers::url(&format!(
+            "rediss://{{redis-tls}}?tls_ca_file={}",
             test_support::test_ca("redis-tls")
-        ),
+        )),
         "redis",
     )
     .await;
@@ -130,10 +130,10 @@ async fn rediss_urls_connect() {
 #[tokio::test]
 async fn etcd_over_tls_connects() {
     round_trip(
-        &format!(
-            "etcd://127.0.0.1:12879?tls=true&tls_ca_file={}",
+        &servers::url(&format!(
+            "etcd://{{etcd-tls}}?tls=true&tls_ca_file={}",
             test_support::test_ca("etcd-tls")
-        ),
+        )),
         "etcd",
     )
     .await;

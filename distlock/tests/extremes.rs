@@ -22,8 +22,15 @@ use test_support::servers;
 const MAX: Duration = Duration::MAX;
 /// One millisecond above the longest timeout accepted.
 const OVER: Duration = MAX_TIMEOUT.saturating_add(Duration::from_millis(1));
-const REDLOCK: &str = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382";
-const PG: &str = "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable";
+/// Three of the Redlock masters.
+fn redlock() -> String {
+    servers::url("redlock://{redlock1},{redlock2},{redlock3}")
+}
+
+/// The `pg` server.
+fn pg() -> String {
+    servers::url("postgres://locker@{pg}/postgres?sslmode=disable")
+}
 
 /// A grant, a renewal, a waiter that times out on the held lock, a release: all must work.
 async fn works(what: &str, connected: Result<Arc<dyn DistributedLock>>) {
@@ -112,7 +119,7 @@ async fn redis_timeouts_at_their_extremes() {
 
 #[tokio::test]
 async fn redlock_durations_at_their_extremes() {
-    let base = || RedlockConfig::from_url(REDLOCK).unwrap();
+    let base = || RedlockConfig::from_url(&redlock()).unwrap();
     let longest = base()
         .with_node_timeout(MAX_TIMEOUT)
         .with_retry_delay(MAX_TIMEOUT)
@@ -147,7 +154,7 @@ async fn redlock_durations_at_their_extremes() {
         RedlockLock::connect(base().with_min_validity(MAX_TTL + Duration::from_millis(1))).await,
     );
     let params = ["node_timeout_ms", "retry_delay_ms", "min_validity_ms"];
-    urls_refused(REDLOCK, &params, &MS_OVER).await;
+    urls_refused(&redlock(), &params, &MS_OVER).await;
 }
 
 #[tokio::test]
@@ -183,7 +190,7 @@ async fn etcd_timeouts_at_their_extremes() {
 
 #[tokio::test]
 async fn postgres_timeouts_at_their_extremes() {
-    let base = || PgConfig::from_url(PG).unwrap();
+    let base = || PgConfig::from_url(&pg()).unwrap();
     let day = base().with_connect_timeout(MAX_TIMEOUT);
     works("pg, connect timeout a day", arc(PgLock::connect(day).await)).await;
     for d in [OVER, MAX] {
@@ -194,8 +201,8 @@ async fn postgres_timeouts_at_their_extremes() {
     }
     // In whole seconds: u64::MAX of them overflowed the login's bound.
     let secs_over = [u64::MAX.into(), (MAX_TIMEOUT.as_secs() + 1).into()];
-    urls_refused(PG, &["connect_timeout"], &secs_over).await;
+    urls_refused(&pg(), &["connect_timeout"], &secs_over).await;
     // The session timeout has its own range (1 s ..= 1 h), refused by its setter.
     refused("pg session timeout", base().with_session_timeout(MAX));
-    urls_refused(PG, &["session_timeout_ms"], &MS_OVER).await;
+    urls_refused(&pg(), &["session_timeout_ms"], &MS_OVER).await;
 }

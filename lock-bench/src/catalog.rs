@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use lock_core::LockOptions;
+use server_probes::servers;
 
 use crate::memory_baselines::TokioMutex;
 use crate::subject::{Driver, Subject};
@@ -43,39 +44,31 @@ pub(crate) fn value_name(v: &impl ValueEnum) -> String {
         .map_or_else(String::new, |p| p.get_name().to_string())
 }
 
-/// Where the backends' servers are: one flag each, with services.sh's ports as defaults.
+/// Where the backends' servers are: one flag each, with services.sh's servers
+/// (`scripts/servers.tsv`) as defaults.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct Endpoints {
     /// Redis server for the `redis` backend and its baselines.
-    #[arg(long, default_value = "redis://127.0.0.1:16379")]
+    #[arg(long, default_value_t = servers::url("redis://{redis}"))]
     redis_url: String,
     /// Masters for the `redlock` backend; its baselines use the same masters.
-    #[arg(
-        long,
-        default_value = "redlock://127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384"
-    )]
+    #[arg(long, default_value_t = servers::url("redlock://{redlock1},{redlock2},{redlock3},{redlock4},{redlock5}"))]
     redlock_url: String,
     /// ZooKeeper single node for the `zookeeper` backend.
-    #[arg(long, default_value = "127.0.0.1:12181")]
+    #[arg(long, default_value_t = servers::addr("zk"))]
     zk_hosts: String,
     /// ZooKeeper ensemble for the `zookeeper-ensemble` backend.
-    #[arg(
-        long,
-        default_value = "127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283"
-    )]
+    #[arg(long, default_value_t = servers::url("{zk-ens1},{zk-ens2},{zk-ens3}"))]
     zk_ensemble_hosts: String,
     /// etcd single member for the `etcd` backend.
-    #[arg(long, default_value = "127.0.0.1:12379")]
+    #[arg(long, default_value_t = servers::addr("etcd"))]
     etcd_endpoints: String,
     /// etcd 3-member cluster for the `etcd-cluster` backend.
-    #[arg(
-        long,
-        default_value = "127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679"
-    )]
+    #[arg(long, default_value_t = servers::url("{etcd-c1},{etcd-c2},{etcd-c3}"))]
     etcd_cluster_endpoints: String,
     /// PostgreSQL server for the `postgres` backend and its baselines (libpq key=value or URL;
     /// the driver gets it as a URL).
-    #[arg(long, default_value = "postgres://locker@127.0.0.1:15432/postgres")]
+    #[arg(long, default_value_t = servers::url("postgres://locker@{pg}/postgres"))]
     pg_url: String,
 }
 

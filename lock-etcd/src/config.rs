@@ -14,8 +14,8 @@ pub(crate) const BACKEND: &str = "etcd";
 /// ```
 /// use std::time::Duration;
 /// use lock_etcd::EtcdConfig;
-/// let cfg = EtcdConfig::from_url("etcd://locker:s3cret@127.0.0.1:12479,127.0.0.1:12579/app/locks?timeout_ms=800")?;
-/// assert_eq!(cfg.endpoints(), ["127.0.0.1:12479", "127.0.0.1:12579"]);
+/// let cfg = EtcdConfig::from_url("etcd://locker:s3cret@10.0.0.1:2379,10.0.0.2:2379/app/locks?timeout_ms=800")?;
+/// assert_eq!(cfg.endpoints(), ["10.0.0.1:2379", "10.0.0.2:2379"]);
 /// assert_eq!(cfg.prefix(), "/app/locks");
 /// assert_eq!(cfg.request_timeout(), Duration::from_millis(800));
 /// assert!(!format!("{cfg:?} {cfg}").contains("s3cret"));

@@ -75,7 +75,8 @@ mod tests {
     /// `scripts/services.sh`).
     #[tokio::test]
     pub(crate) async fn guarded_write_refused_when_lost_after_the_lookup() {
-        let url = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:12379".into());
+        let url = std::env::var("ETCD_URL")
+            .unwrap_or_else(|_| test_support::servers::url("etcd://{etcd}"));
         let locks = EtcdLock::from_url(&url)
             .await
             .expect("etcd (scripts/services.sh up etcd)");

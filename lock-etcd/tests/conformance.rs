@@ -1,6 +1,6 @@
 //! The shared conformance suite against a real etcd: the single member (`ETCD_URL`, default
-//! `etcd://127.0.0.1:12379`) and the 3-member cluster (`ETCD_CLUSTER_URL`, default
-//! `etcd://127.0.0.1:12479,127.0.0.1:12579,127.0.0.1:12679`), both from `scripts/services.sh up`.
+//! `etcd://{etcd}`) and the 3-member cluster (`ETCD_CLUSTER_URL`, default
+//! `etcd://{etcd-c1},{etcd-c2},{etcd-c3}`), both from `scripts/services.sh up`.
 //! Cases are listed twice, prefixed `single::` and `cluster::`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -72,7 +72,7 @@ impl Harness for Etcd {
     fn servers(&self) -> Option<Arc<dyn Servers>> {
         Some(self.servers.clone())
     }
-    /// `etcd-auth` (12779) and, with the `tls` feature, `etcd-tls` (12879) of
+    /// `etcd-auth` and, with the `tls` feature, `etcd-tls` of
     /// `scripts/services.sh`.
     fn secured(&self) -> Option<Secured> {
         if !self.secured {
@@ -85,22 +85,14 @@ impl Harness for Etcd {
                 p.userinfo_at(),
                 p.server
             )
-        })
-        .with_auth(
-            test_support::loopback(servers::port("etcd-auth")),
-            "locker",
-            "locker-pw",
-        );
-        Some(if cfg!(feature = "tls") {
-            secured
-                .with_tls(
-                    test_support::loopback(servers::port("etcd-tls")),
-                    test_support::test_ca("etcd-tls"),
-                )
-                .with_tls_ca_pem(|server, pem| {
-                    let config = EtcdConfig::new([server.to_string()]);
-                    connecting(EtcdLock::connect(config.with_tls_ca_pem(pem)))
-                })
+        });
+        let tls = cfg!(feature = "tls").then_some("etcd-tls");
+        let secured = test_support::secured_servers(secured, "etcd-auth", tls);
+        Some(if tls.is_some() {
+            secured.with_tls_ca_pem(|server, pem| {
+                let config = EtcdConfig::new([server.to_string()]);
+                connecting(EtcdLock::connect(config.with_tls_ca_pem(pem)))
+            })
         } else {
             secured
         })

@@ -1,5 +1,5 @@
 //! etcd under failures: a waiter whose lease expires while it waits (through the suite's
-//! `FaultProxy` in front of the single member, 12379), the cluster's leader killed while a lock
+//! `FaultProxy` in front of the single member, `etcd`), the cluster's leader killed while a lock
 //! is held and waited for, the lock key moving to a lease of the new term when the leader
 //! freezes (a holder's, a waiter's, one on a spare lease), and a cancelled waiter in a queue
 //! of five. Run one at a time. (A
@@ -14,13 +14,20 @@ use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, Error, Lease, LeaseState, LockOptions};
 use lock_etcd::etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use lock_etcd::{EtcdConfig, EtcdLock};
-use test_support::{kill, serial, services};
+use test_support::{kill, serial, servers, services};
 
 mod common;
 use common::revoked;
 
-const SINGLE: u16 = 12379;
-const CLUSTER: [(&str, u16); 3] = [("etcd-c1", 12479), ("etcd-c2", 12579), ("etcd-c3", 12679)];
+/// The single member (`etcd` of `scripts/servers.tsv`).
+fn single() -> u16 {
+    servers::port("etcd")
+}
+
+/// The cluster's members: `services.sh` name and client port.
+fn cluster() -> [(&'static str, u16); 3] {
+    ["etcd-c1", "etcd-c2", "etcd-c3"].map(|s| (s, servers::port(s)))
+}
 
 async fn etcd(endpoints: &[String]) -> EtcdLock {
     EtcdLock::connect(EtcdConfig::new(endpoints.to_vec()))
@@ -35,10 +42,10 @@ fn local(port: u16) -> Vec<String> {
 #[test]
 fn a_waiter_whose_lease_expires_while_waiting_is_never_granted() {
     serial(async {
-        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
-        let holder = etcd(&local(SINGLE)).await;
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], single()))).unwrap();
+        let holder = etcd(&local(single())).await;
         let waiter = etcd(&[proxy.addr().to_string()]).await;
-        let third = etcd(&local(SINGLE)).await;
+        let third = etcd(&local(single())).await;
         let ttl = holder.capabilities().min_ttl;
         let name = fresh_name("etcd-waiter-expires");
         let hold = LockOptions::new(ttl).auto_renew(None);
@@ -85,8 +92,8 @@ fn a_waiter_whose_lease_expires_while_waiting_is_never_granted() {
 #[test]
 fn a_waiter_cut_off_for_good_gets_an_error_not_an_endless_wait() {
     serial(async {
-        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
-        let holder = etcd(&local(SINGLE)).await;
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], single()))).unwrap();
+        let holder = etcd(&local(single())).await;
         let timeout = Duration::from_secs(2);
         let config = EtcdConfig::new([proxy.addr().to_string()]).with_request_timeout(timeout);
         let waiter = EtcdLock::connect(config).await.unwrap();
@@ -129,7 +136,7 @@ async fn leader() -> Option<&'static str> {
 #[test]
 fn lock_and_queue_survive_the_cluster_leader_being_killed() {
     serial(async {
-        let eps: Vec<String> = CLUSTER
+        let eps: Vec<String> = cluster()
             .iter()
             .map(|(_, p)| format!("127.0.0.1:{p}"))
             .collect();
@@ -263,7 +270,7 @@ async fn renew_through(lease: &dyn lock_core::Lease, leader: &str) {
 
 /// The client endpoints of every member but `not`.
 fn endpoints_but(not: &str) -> Vec<String> {
-    let others = CLUSTER.iter().filter(|(s, _)| *s != not);
+    let others = cluster().into_iter().filter(|(s, _)| *s != not);
     others.map(|(_, p)| format!("127.0.0.1:{p}")).collect()
 }
 
@@ -304,7 +311,7 @@ async fn hold(locks: &EtcdLock, name: &lock_core::LockName, ttl: Duration) -> Bo
 /// The member that leads, asked of every member but `not` (frozen), each for 1 s at most (a
 /// frozen member never answers), by its `services.sh` name.
 async fn leader_but(not: &str) -> Option<&'static str> {
-    for (svc, port) in CLUSTER.into_iter().filter(|(s, _)| *s != not) {
+    for (svc, port) in cluster().into_iter().filter(|(s, _)| *s != not) {
         let ask = async {
             let mut c = Client::connect([format!("127.0.0.1:{port}")], None)
                 .await
@@ -481,7 +488,7 @@ impl Drop for Restart {
 fn a_cancelled_waiter_does_not_hold_up_the_queue() {
     serial(async {
         let long = Duration::from_secs(30); // far longer than the test may take
-        let holder = etcd(&local(SINGLE)).await;
+        let holder = etcd(&local(single())).await;
         let name = fresh_name("etcd-cancel");
         let lease = holder
             .acquire(&name, &LockOptions::new(long))
@@ -490,7 +497,7 @@ fn a_cancelled_waiter_does_not_hold_up_the_queue() {
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 1..=5 {
-            let w = etcd(&local(SINGLE)).await;
+            let w = etcd(&local(single())).await;
             let (n, order) = (name.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 let l = w

@@ -1,5 +1,5 @@
 //! `EtcdLock::guarded_txn`: writes that etcd applies only while the lease still holds its lock,
-//! against the single member of `scripts/services.sh` (`ETCD_URL`, default port 12379).
+//! against the single member of `scripts/services.sh` (`ETCD_URL`, default: its `etcd` server).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::time::Duration;

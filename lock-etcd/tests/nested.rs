@@ -2,7 +2,7 @@
 //! whose prefix nests inside it (`/distlock/jobs` beside the lock `jobs` under `/distlock`)
 //! puts its keys in that range too, and they belong to other locks. etcd's own recipe reads
 //! the whole range, so there such locks block each other. Against the single member of
-//! `scripts/services.sh` (`ETCD_URL`, default port 12379).
+//! `scripts/services.sh` (`ETCD_URL`, default: its `etcd` server).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! Leases kept as spares between locks (`spares.rs`), against the single member of
-//! `scripts/services.sh` (`ETCD_URL`, default port 12379): a lock taken on a spare is valid
+//! `scripts/services.sh` (`ETCD_URL`, default: its `etcd` server): a lock taken on a spare is valid
 //! for no longer than what is left of that lease, and a released lease the pool does not keep
 //! is revoked.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report

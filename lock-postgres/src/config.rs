@@ -18,9 +18,9 @@ pub(crate) const SCHEMES: &[&str] = &["postgres", "postgresql"];
 /// use std::time::Duration;
 /// use lock_postgres::PgConfig;
 /// let cfg = PgConfig::from_url(
-///     "postgres://locker:s3cret@127.0.0.1:15433/jobs?session_timeout_ms=3000&table=ops.fences",
+///     "postgres://locker:s3cret@10.0.0.1:5432/jobs?session_timeout_ms=3000&table=ops.fences",
 /// )?;
-/// assert_eq!(cfg.hosts(), ["127.0.0.1:15433"]);
+/// assert_eq!(cfg.hosts(), ["10.0.0.1:5432"]);
 /// assert_eq!(cfg.dbname(), Some("jobs"));
 /// assert_eq!(cfg.session_timeout(), Duration::from_secs(3));
 /// assert_eq!(cfg.table(), "ops.fences");

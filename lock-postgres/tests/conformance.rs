@@ -1,5 +1,5 @@
 //! The shared conformance suite against a real PostgreSQL 15 (`PG_URL`, default
-//! `postgres://locker@127.0.0.1:15432/postgres`, from `scripts/services.sh up`), with the
+//! `postgres://locker@{pg}/postgres`, from `scripts/services.sh up`), with the
 //! password server `pg-auth` and, with the `tls` feature, the TLS-only `pg-tls` for the
 //! `security` cases.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
@@ -104,7 +104,7 @@ impl Harness for Pg {
     fn can_restart_backend(&self) -> bool {
         true
     }
-    /// `pg-auth` (15433, scram) and, with the `tls` feature, the TLS-only `pg-tls` (15434).
+    /// `pg-auth` (scram) and, with the `tls` feature, the TLS-only `pg-tls`.
     fn secured(&self) -> Option<Secured> {
         let secured = Secured::new(lock_postgres::DRIVER.connect, |p: &UrlParts<'_>| {
             let extra: &[&str] = if p.tls {
@@ -118,25 +118,17 @@ impl Harness for Pg {
                 .userinfo
                 .map_or("locker@".to_string(), |u| format!("{u}@"));
             format!("postgres://{user}{}/postgres{query}", p.server)
-        })
-        .with_auth(
-            test_support::loopback(servers::port("pg-auth")),
-            "locker",
-            "locker-pw",
-        );
-        Some(if cfg!(feature = "tls") {
-            secured
-                .with_tls(
-                    test_support::loopback(servers::port("pg-tls")),
-                    test_support::test_ca("pg-tls"),
-                )
-                .with_tls_ca_pem(|server, pem| {
-                    let config = PgConfig::new(server.to_string())
-                        .with_credentials("locker", "")
-                        .with_dbname("postgres")
-                        .with_tls_ca_pem(pem);
-                    connecting(PgLock::connect(config))
-                })
+        });
+        let tls = cfg!(feature = "tls").then_some("pg-tls");
+        let secured = test_support::secured_servers(secured, "pg-auth", tls);
+        Some(if tls.is_some() {
+            secured.with_tls_ca_pem(|server, pem| {
+                let config = PgConfig::new(server.to_string())
+                    .with_credentials("locker", "")
+                    .with_dbname("postgres")
+                    .with_tls_ca_pem(pem);
+                connecting(PgLock::connect(config))
+            })
         } else {
             secured
         })

@@ -1,5 +1,5 @@
-//! PostgreSQL's own failure modes, against the servers of `scripts/services.sh` (`pg` on 15432,
-//! `pgbouncer` in transaction-pooling mode on 16432, `pgbouncer-session` on 16433): what an
+//! PostgreSQL's own failure modes, against the servers of `scripts/services.sh` (`pg`,
+//! `pgbouncer` in transaction-pooling mode, `pgbouncer-session`): what an
 //! operator's `pg_terminate_backend`, a restart, a pooler, a cancelled waiter and a foreign
 //! client do to a lease, observed on the server itself (`pg_locks`, `pg_stat_activity`, the
 //! kernel's socket table). One test at a time: one of them restarts the server.
@@ -12,11 +12,22 @@ use lock_postgres::{advisory_key, PgConfig, PgLock};
 use test_support::serial;
 use test_support::servers;
 
-const PG: &str = "postgres://locker@127.0.0.1:15432/postgres?sslmode=disable";
+/// The `pg` server's URL.
+fn pg() -> String {
+    servers::url("postgres://locker@{pg}/postgres?sslmode=disable")
+}
+
+/// A libpq conninfo for the server called `name`, as user `locker`.
+fn conninfo(name: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=locker dbname=postgres",
+        servers::port(name)
+    )
+}
 const SESSION: Duration = Duration::from_secs(2);
 
 fn config() -> PgConfig {
-    PgConfig::from_url(PG)
+    PgConfig::from_url(&pg())
         .unwrap()
         .with_session_timeout(SESSION)
         .unwrap()
@@ -56,9 +67,7 @@ fn proxied(query: &str) -> (conformance_tests::FaultProxy, PgConfig) {
 }
 
 async fn admin() -> tokio_postgres::Client {
-    test_support::pg_client("host=127.0.0.1 port=15432 user=locker dbname=postgres")
-        .await
-        .unwrap()
+    test_support::pg_client(&conninfo("pg")).await.unwrap()
 }
 
 const KEY_IS: &str = "locktype = 'advisory' AND objsubid = 1 \
@@ -178,10 +187,9 @@ async fn a_transaction_pooler_is_refused_case() {
     let mut busy = Vec::new();
     for _ in 0..2 {
         let stop = stop.clone();
-        let other =
-            test_support::pg_client("host=127.0.0.1 port=16432 user=locker dbname=postgres")
-                .await
-                .expect("pgbouncer of scripts/services.sh (scripts/services.sh up pgbouncer)");
+        let other = test_support::pg_client(&conninfo("pgbouncer"))
+            .await
+            .expect("pgbouncer of scripts/services.sh (scripts/services.sh up pgbouncer)");
         busy.push(tokio::spawn(async move {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 other.batch_execute("SELECT pg_sleep(0.002)").await.unwrap();
@@ -499,7 +507,7 @@ async fn the_servers_socket_probes_a_silent_holder_case() {
         .await
         .unwrap()
         .get(0);
-    let filter = format!("( sport = :15432 and dport = :{port} )");
+    let filter = format!("( sport = :{} and dport = :{port} )", servers::port("pg"));
     // The socket shows its retransmission timer while a reply is unacknowledged; between
     // exchanges, the keepalive timer.
     let mut seen = Vec::new();
@@ -662,9 +670,9 @@ async fn database_with(
         .batch_execute(&format!("ALTER DATABASE {db} SET {setting} = '{value}'"))
         .await
         .unwrap();
-    PgConfig::from_url(&format!(
-        "postgres://locker@127.0.0.1:15432/{db}?sslmode=disable"
-    ))
+    PgConfig::from_url(&servers::url(&format!(
+        "postgres://locker@{{pg}}/{db}?sslmode=disable"
+    )))
     .unwrap()
     .with_session_timeout(SESSION)
     .unwrap()

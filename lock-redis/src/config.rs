@@ -20,13 +20,13 @@ pub const DEFAULT_PREFIX: &str = "distlock:";
 /// ```
 /// use std::time::Duration;
 /// use lock_redis::RedisConfig;
-/// let cfg = RedisConfig::from_url("redis://locker:s3cret@127.0.0.1:16379/2?prefix=app:")?
+/// let cfg = RedisConfig::from_url("redis://locker:s3cret@10.0.0.1:6379/2?prefix=app:")?
 ///     .with_request_timeout(Duration::from_millis(500));
 /// assert_eq!(cfg.host(), "127.0.0.1");
 /// assert_eq!(cfg.db(), 2);
 /// assert_eq!(cfg.prefix(), "app:");
 /// assert!(!format!("{cfg:?}").contains("s3cret"));
-/// assert_eq!(cfg.redacted_url(), "redis://locker:***@127.0.0.1:16379/2");
+/// assert_eq!(cfg.redacted_url(), "redis://locker:***@10.0.0.1:6379/2");
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Clone)]

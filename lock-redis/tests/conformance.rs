@@ -1,6 +1,6 @@
 //! The shared conformance suite against a real redis-server.
 //!
-//! Server: `REDIS_URL` (default `redis://127.0.0.1:16379`, started by `scripts/services.sh up`).
+//! Server: `REDIS_URL` (default `redis://{redis}`, started by `scripts/services.sh up`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::process::ExitCode;
@@ -64,7 +64,7 @@ impl Harness for Redis {
     fn servers(&self) -> Option<Arc<dyn Servers>> {
         Some(self.servers.clone())
     }
-    /// `redis-auth` (16390) and, with the `tls` feature, `redis-tls` (16392) of
+    /// `redis-auth` and, with the `tls` feature, `redis-tls` of
     /// `scripts/services.sh`; for the main server's run only.
     fn secured(&self) -> Option<Secured> {
         if !self.secured {
@@ -74,23 +74,16 @@ impl Harness for Redis {
             let scheme = if p.tls { "rediss" } else { "redis" };
             let query = p.query(&[], None, "tls_ca_file");
             format!("{scheme}://{}{}{query}", p.userinfo_at(), p.server)
-        })
-        .with_auth(
-            test_support::loopback(servers::port("redis-auth")),
-            "locker",
-            "locker-pw",
-        )
-        .with_account("", "distlock-test-pw");
-        Some(if cfg!(feature = "tls") {
-            secured
-                .with_tls(
-                    test_support::loopback(servers::port("redis-tls")),
-                    test_support::test_ca("redis-tls"),
-                )
-                .with_tls_ca_pem(|server, pem| {
-                    let config = RedisConfig::new(server.ip().to_string(), server.port());
-                    connecting(RedisLock::connect(config.with_tls_ca_pem(pem)))
-                })
+        });
+        let tls = cfg!(feature = "tls").then_some("redis-tls");
+        // Redis's default user too: an empty user name with the `requirepass` password.
+        let secured = test_support::secured_servers(secured, "redis-auth", tls)
+            .with_account("", "distlock-test-pw");
+        Some(if tls.is_some() {
+            secured.with_tls_ca_pem(|server, pem| {
+                let config = RedisConfig::new(server.ip().to_string(), server.port());
+                connecting(RedisLock::connect(config.with_tls_ca_pem(pem)))
+            })
         } else {
             secured
         })

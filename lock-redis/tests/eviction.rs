@@ -1,9 +1,9 @@
 //! A Redis that may evict keys under memory pressure is refused: at connect and after every
 //! reconnect, unless the URL accepts it explicitly, and then without fencing tokens.
 //!
-//! Servers: `REDIS_EVICT_URL` (default `redis://127.0.0.1:16393`, the `redis-evict` server of
+//! Servers: `REDIS_EVICT_URL` (default `redis://{redis-evict}`, the `redis-evict` server of
 //! `scripts/services.sh`: `maxmemory 64mb`, `maxmemory-policy allkeys-lru`) and `REDIS_URL`
-//! (default `redis://127.0.0.1:16379`, `noeviction`).
+//! (default `redis://{redis}`, `noeviction`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::net::SocketAddr;

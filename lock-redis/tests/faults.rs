@@ -2,7 +2,7 @@
 //! restarted. (A partitioned holder, a dropped connection and a request cancelled in flight are
 //! the conformance suite's `faults` and `waiting` cases.)
 //!
-//! Server: `REDIS_FAULT_URL` (default `redis://127.0.0.1:16391`, the `redis-fault` server of
+//! Server: `REDIS_FAULT_URL` (default `redis://{redis-fault}`, the `redis-fault` server of
 //! `scripts/services.sh`, which nothing else uses). The tests freeze and kill it, so they run
 //! one at a time.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report

@@ -2,7 +2,7 @@
 //! `SET key token NX PX`, compare-and-delete), simulated here with raw commands, in both key
 //! layouts. It announces no release, so a distlock waiter must look again on its own, soon;
 //! `inspect` must call it another client and never show a token of ours for it.
-//! Server: `REDIS_URL` (default `redis://127.0.0.1:16379`, `scripts/services.sh up redis`).
+//! Server: `REDIS_URL` (default `redis://{redis}`, `scripts/services.sh up redis`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::time::{Duration, Instant};

@@ -14,7 +14,7 @@ pub(crate) const BACKEND: &str = "redlock";
 ///
 /// ```
 /// use lock_redlock::RedlockConfig;
-/// let cfg = RedlockConfig::from_url("redlock://:pw@127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382?node_timeout_ms=30")?;
+/// let cfg = RedlockConfig::from_url("redlock://:pw@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379?node_timeout_ms=30")?;
 /// assert_eq!(cfg.masters().len(), 3);
 /// assert_eq!(cfg.quorum(), 2);
 /// assert!(!format!("{cfg:?}").contains("pw@"));

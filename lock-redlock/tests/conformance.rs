@@ -1,6 +1,6 @@
 //! The shared conformance suite against five real, independent redis-server masters.
 //!
-//! Masters: `REDLOCK_URL` (default `redlock://127.0.0.1:16380,...,127.0.0.1:16384`, started by
+//! Masters: `REDLOCK_URL` (default `redlock://{redlock1},...,{redlock5}`, started by
 //! `scripts/services.sh up`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -78,27 +78,19 @@ impl Harness for Redlock {
         let found = test_support::redis_exists(urls, key).await;
         Some(found.map(|n| n >= majority).map_err(Into::into))
     }
-    /// `redis-auth` (16390) and, with the `tls` feature, `redis-tls` (16392) of
+    /// `redis-auth` and, with the `tls` feature, `redis-tls` of
     /// `scripts/services.sh`, each as a one-master Redlock.
     fn secured(&self) -> Option<Secured> {
         let secured = Secured::new(lock_redlock::DRIVER.connect, |p: &UrlParts<'_>| {
             let query = p.query(&[], Some("tls"), "tls_ca_file");
             format!("redlock://{}{}{query}", p.userinfo_at(), p.server)
-        })
-        .with_auth(
-            test_support::loopback(servers::port("redis-auth")),
-            "locker",
-            "locker-pw",
+        });
+        let tls = cfg!(feature = "tls").then_some("redis-tls");
+        // Redis's default user too: an empty user name with the `requirepass` password.
+        Some(
+            test_support::secured_servers(secured, "redis-auth", tls)
+                .with_account("", "distlock-test-pw"),
         )
-        .with_account("", "distlock-test-pw");
-        Some(if cfg!(feature = "tls") {
-            secured.with_tls(
-                test_support::loopback(servers::port("redis-tls")),
-                test_support::test_ca("redis-tls"),
-            )
-        } else {
-            secured
-        })
     }
     async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
         Some(

@@ -1,4 +1,4 @@
-//! Redlock under failures, against the five real masters of `scripts/services.sh` (16380–16384):
+//! Redlock under failures, against the five real masters of `scripts/services.sh` (`redlock1`–`redlock5`):
 //! minorities and majorities blackholed through the suite's `FaultProxy`, a slow majority,
 //! competing clients each cut from a different minority, a master killed and restarted.
 //! The tests share the masters (and one kills a master), so they run one at a time.
@@ -14,9 +14,12 @@ use lock_core::{DistributedLock, Error, LockName, LockOptions};
 use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, DEFAULT_PREFIX};
 use lock_redlock::{RedlockConfig, RedlockLock};
-use test_support::{kill, serial, services};
+use test_support::{kill, serial, servers, services};
 
-const PORTS: [u16; 5] = [16380, 16381, 16382, 16383, 16384];
+/// The five masters' ports (`redlock1` to `redlock5` of `scripts/servers.tsv`).
+fn ports() -> [u16; 5] {
+    servers::numbered("redlock")
+}
 
 fn master(port: u16) -> RedisConfig {
     RedisConfig::new("127.0.0.1", port)
@@ -25,7 +28,7 @@ fn master(port: u16) -> RedisConfig {
 }
 
 async fn direct() -> RedlockLock {
-    let cfg = RedlockConfig::new(PORTS.iter().map(|p| master(*p)).collect()).unwrap();
+    let cfg = RedlockConfig::new(ports().iter().map(|p| master(*p)).collect()).unwrap();
     RedlockLock::connect(cfg)
         .await
         .expect("Redlock masters (start them: scripts/services.sh up)")
@@ -33,7 +36,7 @@ async fn direct() -> RedlockLock {
 
 /// A client whose five masters each sit behind a proxy of their own.
 async fn proxied(node_timeout: Duration) -> (RedlockLock, Vec<FaultProxy>) {
-    let proxies: Vec<FaultProxy> = PORTS
+    let proxies: Vec<FaultProxy> = ports()
         .iter()
         .map(|p| FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], *p))).unwrap())
         .collect();
@@ -99,7 +102,7 @@ async fn keys_present(name: &LockName) -> usize {
 async fn keys_on(name: &LockName) -> Vec<u16> {
     let keys = LockKeys::new(DEFAULT_PREFIX, name);
     let mut on = Vec::new();
-    for p in PORTS {
+    for p in ports() {
         let mut c = direct_conn(p).await;
         let exists: i64 = redis::cmd("EXISTS")
             .arg(&keys.lock)
@@ -350,7 +353,7 @@ fn slow_minority_does_not_hold_up_a_grant_and_still_gets_every_request() {
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(
             keys_on(&name).await,
-            PORTS,
+            ports(),
             "600 ms after the grant, the acquire request had not reached every slow master \
              (they answer in 300 ms)"
         );
@@ -411,7 +414,7 @@ fn inspect_reads_a_majority_and_needs_one() {
         // The grant returned at the first majority; the other masters' writes may still be on
         // their way. Which three masters inspect reads must not depend on that race.
         let deadline = Instant::now() + Duration::from_secs(2);
-        while keys_present(&name).await < PORTS.len() {
+        while keys_present(&name).await < ports().len() {
             assert!(
                 Instant::now() < deadline,
                 "the holder's key reached only {} of 5 masters within 2 s of the grant",
@@ -452,7 +455,7 @@ fn inspect_reads_a_majority_and_needs_one() {
 
 /// Flushes the script cache of every master, as a restart or failover would.
 async fn flush_scripts() {
-    for p in PORTS {
+    for p in ports() {
         let mut c = direct_conn(p).await;
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
@@ -512,13 +515,14 @@ fn every_master_gets_the_acquire_request_not_just_the_first_majority() {
             let deadline = Instant::now() + Duration::from_secs(1);
             loop {
                 let on = keys_on(&name).await;
-                if on == PORTS {
+                if on == ports() {
                     break;
                 }
                 assert!(
                     Instant::now() < deadline,
                     "round {round}: 1 s after the grant the lock key is only on masters {on:?} \
-                     of {PORTS:?}: the acquire was not sent to every master"
+                     of {:?}: the acquire was not sent to every master",
+                    ports()
                 );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

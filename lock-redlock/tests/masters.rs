@@ -1,7 +1,7 @@
 //! Each master is one independent server: one server under two names or two database numbers
 //! is refused (it would count twice towards the majority), and so is a master that may evict
-//! keys. Masters: the `redlock1`..`redlock3` servers (16380–16382) and `redis-evict` (16393,
-//! `allkeys-lru`) of `scripts/services.sh`.
+//! keys. Masters: the `redlock1`..`redlock3` servers and `redis-evict`
+//! (`allkeys-lru`) of `scripts/services.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::net::SocketAddr;
@@ -21,7 +21,10 @@ fn is_config(e: &Error, needle: &str) -> bool {
 /// that server alone is a majority.
 #[tokio::test]
 async fn one_server_under_two_names_is_refused() {
-    let url = &*servers::url("redlock://{redlock1},localhost:16380,{redlock2}");
+    let url = &*servers::url(&format!(
+        "redlock://{{redlock1}},localhost:{},{{redlock2}}",
+        servers::port("redlock1")
+    ));
     match RedlockLock::from_url(url).await {
         Err(e) => assert!(is_config(&e, "same Redis server"), "{e:?}"),
         Ok(lock) => {
@@ -115,10 +118,10 @@ async fn a_master_that_may_evict_is_refused_unless_accepted() {
 async fn a_replica_among_the_masters_is_refused() {
     for writable in [false, true] {
         let replica = test_support::redis_replica(writable).await.unwrap();
-        let url = format!(
-            "redlock://127.0.0.1:16380,127.0.0.1:16381,{}",
+        let url = servers::url(&format!(
+            "redlock://{{redlock1}},{{redlock2}},{}",
             replica.addr()
-        );
+        ));
         match RedlockLock::from_url(&url).await {
             Err(e) => assert!(is_config(&e, "replica"), "writable {writable}: {e:?}"),
             Ok(_) => panic!("a replica (writable {writable}) was accepted as a master"),

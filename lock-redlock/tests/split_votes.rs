@@ -1,7 +1,7 @@
 //! Split votes: when racers each take a minority of the masters, no holder has a majority and
 //! nobody holds the lock. Refusals from a majority of masters are then not "held": a racer that
 //! gave up on them would leave the lock to nobody. Masters: `redlock1`..`redlock5`
-//! (16380–16384) of `scripts/services.sh`.
+//! (`redlock1`–`redlock5`) of `scripts/services.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::net::SocketAddr;
@@ -14,11 +14,14 @@ use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, DEFAULT_PREFIX};
 use lock_redlock::{RedlockConfig, RedlockLock};
 
-const PORTS: [u16; 5] = [16380, 16381, 16382, 16383, 16384];
+/// The five masters' ports (`redlock1` to `redlock5` of `scripts/servers.tsv`).
+fn ports() -> [u16; 5] {
+    test_support::servers::numbered("redlock")
+}
 
 fn config() -> RedlockConfig {
     RedlockConfig::new(
-        PORTS
+        ports()
             .iter()
             .map(|p| RedisConfig::new("127.0.0.1", *p))
             .collect(),
@@ -65,9 +68,9 @@ async fn refusals_from_a_majority_of_different_holders_are_a_split_not_a_holder(
     let name = fresh_name("split");
     let ttl = Duration::from_millis(100);
     let planted = Instant::now();
-    plant(PORTS[0], &name, "distlock-racer-a", ttl).await;
-    plant(PORTS[1], &name, "distlock-racer-a", ttl).await;
-    plant(PORTS[2], &name, "distlock-racer-b", ttl).await;
+    plant(ports()[0], &name, "distlock-racer-a", ttl).await;
+    plant(ports()[1], &name, "distlock-racer-a", ttl).await;
+    plant(ports()[2], &name, "distlock-racer-b", ttl).await;
     let inspected = lock.inspect(&name).await.unwrap();
     assert!(
         inspected.is_none(),
@@ -93,7 +96,7 @@ async fn refusals_from_a_majority_of_different_holders_are_a_split_not_a_holder(
 async fn refusals_from_a_majority_for_one_holder_are_held() {
     let lock = patient().await;
     let name = fresh_name("held");
-    for p in &PORTS[..3] {
+    for p in &ports()[..3] {
         plant(*p, &name, "distlock-holder", Duration::from_secs(5)).await;
     }
     let started = Instant::now();
@@ -117,9 +120,9 @@ async fn split_by_latency(retry_count: u32) -> (Vec<Arc<RedlockLock>>, Vec<Fault
     let far = Duration::from_millis(20);
     let mut proxies = Vec::new();
     let mut clients = Vec::new();
-    for racer in 0..PORTS.len() {
+    for racer in 0..ports().len() {
         let mut masters = Vec::new();
-        for (m, port) in PORTS.iter().enumerate() {
+        for (m, port) in ports().iter().enumerate() {
             let p = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], *port))).unwrap();
             if m != racer {
                 p.delay(far);

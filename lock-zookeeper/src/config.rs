@@ -14,8 +14,8 @@ pub(crate) const BACKEND: &str = "zookeeper";
 /// ```
 /// use std::time::Duration;
 /// use lock_zookeeper::ZkConfig;
-/// let cfg = ZkConfig::from_url("zk://locker:s3cret@127.0.0.1:12281,127.0.0.1:12282/app?session_timeout_ms=4000")?;
-/// assert_eq!(cfg.hosts(), "127.0.0.1:12281,127.0.0.1:12282");
+/// let cfg = ZkConfig::from_url("zk://locker:s3cret@10.0.0.1:2181,10.0.0.2:2181/app?session_timeout_ms=4000")?;
+/// assert_eq!(cfg.hosts(), "10.0.0.1:2181,10.0.0.2:2181");
 /// assert_eq!(cfg.chroot(), Some("/app"));
 /// assert_eq!(cfg.session_timeout(), Duration::from_secs(4));
 /// assert!(!format!("{cfg:?} {cfg}").contains("s3cret"));

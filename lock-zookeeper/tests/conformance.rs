@@ -1,6 +1,6 @@
 //! The shared conformance suite against a real ZooKeeper: the single node (`ZK_URL`, default
-//! `zk://127.0.0.1:12181`) and the 3-node ensemble (`ZK_ENSEMBLE_URL`, default
-//! `zk://127.0.0.1:12281,127.0.0.1:12282,127.0.0.1:12283`), both from `scripts/services.sh up`.
+//! `zk://{zk}`) and the 3-node ensemble (`ZK_ENSEMBLE_URL`, default
+//! `zk://{zk-ens1},{zk-ens2},{zk-ens3}`), both from `scripts/services.sh up`.
 //! Cases are listed twice, prefixed `single::` and `ensemble::`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -74,7 +74,7 @@ impl Harness for Zk {
     fn servers(&self) -> Option<Arc<dyn Servers>> {
         Some(self.servers.clone())
     }
-    /// `zk-auth` (12191) of `scripts/services.sh`, which enforces digest authentication. A
+    /// `zk-auth` of `scripts/services.sh`, which enforces digest authentication. A
     /// digest identity is not checked against a user list: a wrong password is another
     /// identity, which the lock nodes' ACLs keep out.
     fn secured(&self) -> Option<Secured> {
@@ -90,12 +90,7 @@ impl Harness for Zk {
             format!("zk://{}{}{query}", p.userinfo_at(), p.server)
         });
         Some(
-            secured
-                .with_auth(
-                    test_support::loopback(servers::port("zk-auth")),
-                    "locker",
-                    "locker-secret-pw",
-                )
+            test_support::secured_servers(secured, "zk-auth", None)
                 .wrong_password_is_another_identity(),
         )
     }

@@ -1,5 +1,5 @@
 //! ZooKeeper under failures: a holder's connection blackholed longer and shorter than the
-//! session timeout (through the suite's `FaultProxy` in front of the single node, 12181; that
+//! session timeout (through the suite's `FaultProxy` in front of the single node, `zk`; that
 //! another client is granted the lock only after the holder knows it lost it is the
 //! conformance suite's `faults` case), the
 //! ensemble's leader killed while a lock is held and waited for, the lock's parent deleted and
@@ -13,10 +13,17 @@ use std::time::{Duration, Instant};
 use conformance_tests::{fresh_name, record_states, FaultProxy};
 use lock_core::{DistributedLock, Error, LeaseState, LockOptions};
 use lock_zookeeper::{ZkConfig, ZkLock};
-use test_support::{kill, serial, services, zk_mode};
+use test_support::{kill, serial, servers, services, zk_mode};
 
-const SINGLE: u16 = 12181;
-const ENSEMBLE: [u16; 3] = [12281, 12282, 12283];
+/// The single node (`zk` of `scripts/servers.tsv`).
+fn single() -> u16 {
+    servers::port("zk")
+}
+
+/// The ensemble's members' client ports (`zk-ens1` to `zk-ens3`).
+fn ensemble() -> [u16; 3] {
+    servers::numbered("zk-ens")
+}
 
 async fn zk(hosts: &str, session: Duration) -> ZkLock {
     ZkLock::connect(ZkConfig::new(hosts).with_session_timeout(session))
@@ -26,22 +33,22 @@ async fn zk(hosts: &str, session: Duration) -> ZkLock {
 
 /// A fault proxy in front of the single node, a client through it and one straight to the node.
 async fn behind_proxy(session: Duration) -> (FaultProxy, ZkLock, ZkLock) {
-    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], single()))).unwrap();
     let through = zk(&proxy.addr().to_string(), session).await;
-    let direct = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+    let direct = zk(&servers::addr("zk"), session).await;
     (proxy, through, direct)
 }
 
 /// Every ensemble member's mode (`None`: it does not serve now).
 async fn ensemble_modes() -> Vec<Option<String>> {
     let mut modes = Vec::new();
-    for port in ENSEMBLE {
+    for port in ensemble() {
         modes.push(zk_mode(&format!("127.0.0.1:{port}")).await);
     }
     modes
 }
 
-/// The index in `ENSEMBLE` of the leader, once the ensemble agrees: one member leads and the
+/// The index in [`ensemble`] of the leader, once the ensemble agrees: one member leads and the
 /// others follow. (A member that alone says it leads may be an old leader that has not yet
 /// noticed the others elected another, after a restart or a freeze of an earlier test.)
 async fn ensemble_leader() -> usize {
@@ -59,7 +66,8 @@ async fn ensemble_leader() -> usize {
         }
         assert!(
             Instant::now() < until,
-            "the ensemble {ENSEMBLE:?} agreed on no leader within 30 s: {modes:?}"
+            "the ensemble {:?} agreed on no leader within 30 s: {modes:?}",
+            ensemble()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -72,7 +80,7 @@ async fn ensemble_leader() -> usize {
 fn a_session_lost_to_a_partition_is_replaced_by_one_with_the_same_timeout() {
     serial(async {
         let session = Duration::from_secs(2);
-        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], SINGLE))).unwrap();
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], single()))).unwrap();
         let holder = zk(&proxy.addr().to_string(), session).await;
         let first_timeout = holder.session_timeout();
         let name = fresh_name("zk-partition");
@@ -190,7 +198,10 @@ fn short_blackhole_is_survived_and_nobody_else_gets_the_lock() {
 fn lock_and_queue_survive_the_ensemble_leader_being_killed() {
     serial(async {
         let session = Duration::from_secs(8);
-        let hosts: Vec<String> = ENSEMBLE.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let hosts: Vec<String> = ensemble()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
         let holder = zk(&hosts.join(","), session).await;
         let waiter = zk(&hosts.join(","), session).await;
         let name = fresh_name("zk-leader");
@@ -246,7 +257,7 @@ fn lock_and_queue_survive_the_ensemble_leader_being_killed() {
 fn token_increases_when_the_parent_node_is_recreated() {
     serial(async {
         let session = Duration::from_secs(4);
-        let lock = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let lock = zk(&servers::addr("zk"), session).await;
         let name = fresh_name("zk-parent");
         let first = lock
             .acquire(&name, &LockOptions::new(session))
@@ -274,7 +285,7 @@ fn token_increases_when_the_parent_node_is_recreated() {
 fn twenty_waiters_are_woken_once_each() {
     serial(async {
         let session = Duration::from_secs(4);
-        let lock = zk(&format!("127.0.0.1:{SINGLE}"), session).await;
+        let lock = zk(&servers::addr("zk"), session).await;
         let name = fresh_name("zk-herd");
         let holder = lock
             .acquire(&name, &LockOptions::new(session))
@@ -436,7 +447,7 @@ fn a_stalled_leader_does_not_free_a_lock_its_holder_still_believes() {
         let (mut freezes, mut void) = (vec![4000, 2500, 1500], 0);
         while let Some(freeze_ms) = freezes.pop() {
             let li = ensemble_leader().await;
-            let followers: Vec<String> = ENSEMBLE
+            let followers: Vec<String> = ensemble()
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| *i != li)

@@ -11,10 +11,13 @@ use lock_zookeeper::zookeeper_client::{Acls, Client, CreateMode};
 use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::servers;
 
-const HOSTS: &str = "127.0.0.1:12181";
+/// The `zk` server, as `host:port`.
+fn hosts() -> String {
+    servers::addr("zk")
+}
 
 async fn distlock() -> ZkLock {
-    ZkLock::connect(ZkConfig::new(HOSTS).with_session_timeout(Duration::from_secs(4)))
+    ZkLock::connect(ZkConfig::new(hosts()).with_session_timeout(Duration::from_secs(4)))
         .await
         .unwrap_or_else(|_| {
             panic!(
@@ -26,7 +29,7 @@ async fn distlock() -> ZkLock {
 
 /// A foreign client's session with its contender node under `name`'s lock node.
 async fn foreign_holder(lock: &ZkLock, name: &LockName, prefix: &str) -> (Client, String) {
-    let client = Client::connect(HOSTS).await.unwrap();
+    let client = Client::connect(&hosts()).await.unwrap();
     let parent = lock.config().lock_path(name);
     let _ = client
         .create(
@@ -131,7 +134,8 @@ async fn a_later_foreign_node_queues_behind_the_holder() {
 async fn base_root_and_persistent_parents() {
     for persistent in [false, true] {
         let url = format!(
-            "zk://{HOSTS}?base=/&session_timeout_ms=4000{}",
+            "zk://{}?base=/&session_timeout_ms=4000{}",
+            hosts(),
             if persistent {
                 "&parents=persistent"
             } else {
@@ -150,7 +154,7 @@ async fn base_root_and_persistent_parents() {
             .await
             .unwrap()
             .unwrap();
-        let admin = Client::connect(HOSTS).await.unwrap();
+        let admin = Client::connect(&hosts()).await.unwrap();
         let children = admin.list_children(&path).await.unwrap();
         assert_eq!(children.len(), 1, "{url}: the holder's node under {path}");
         lease.release().await.unwrap();
@@ -173,12 +177,12 @@ async fn base_root_and_persistent_parents() {
 #[tokio::test]
 async fn the_reserved_tree_is_no_lock_at_the_root() {
     let at_root = ZkLock::connect(
-        ZkConfig::from_url(&format!("zk://{HOSTS}?base=/&session_timeout_ms=4000")).unwrap(),
+        ZkConfig::from_url(&format!("zk://{}?base=/&session_timeout_ms=4000", hosts())).unwrap(),
     )
     .await
     .unwrap();
     let name = LockName::new("zookeeper").unwrap();
-    let admin = Client::connect(HOSTS).await.unwrap();
+    let admin = Client::connect(&hosts()).await.unwrap();
     let before = admin.list_children("/zookeeper").await.unwrap();
     let got = at_root
         .try_acquire(&name, &LockOptions::new(Duration::from_secs(4)))
@@ -194,7 +198,7 @@ async fn the_reserved_tree_is_no_lock_at_the_root() {
     );
     assert_eq!(admin.list_children("/zookeeper").await.unwrap(), before);
     let chroot = fresh_name("reserved-chroot");
-    let chrooted = format!("zk://{HOSTS}/{chroot}?base=/&session_timeout_ms=4000");
+    let chrooted = format!("zk://{}/{chroot}?base=/&session_timeout_ms=4000", hosts());
     let below = ZkLock::connect(ZkConfig::from_url(&chrooted).unwrap())
         .await
         .unwrap();

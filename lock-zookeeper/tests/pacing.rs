@@ -1,5 +1,5 @@
 //! How long a ZooKeeper grant and a confirmation vouch for: the session timeout on the
-//! standalone server (12181), half of it on the ensemble (12281–12283), where a follower's read
+//! standalone server (`zk`), half of it on the ensemble (`zk-ens1`–`zk-ens3`), where a follower's read
 //! alone cannot vouch for a session (RELIABILITY.md, "ZooKeeper ensemble: stale followers and a
 //! stalled leader"). The driver tells the two apart by the servers' `/zookeeper/config`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report

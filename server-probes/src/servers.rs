@@ -83,6 +83,15 @@ pub fn addr(name: &str) -> String {
     server(name).addr()
 }
 
+/// The ports of the servers `STEM1` to `STEMN`, in order: `numbered::<5>("redlock")` is the
+/// five Redlock masters', `numbered::<3>("zk-ens")` the ZooKeeper ensemble's.
+///
+/// # Panics
+/// If one of them is not in the table (test code).
+pub fn numbered<const N: usize>(stem: &str) -> [u16; N] {
+    std::array::from_fn(|i| port(&format!("{stem}{}", i + 1)))
+}
+
 /// `template` with each `{NAME}` of a server replaced by its `127.0.0.1:PORT`:
 /// `url("redis://{redis}/0")` is `redis://127.0.0.1:16379/0`.
 ///

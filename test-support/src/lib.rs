@@ -69,6 +69,31 @@ pub fn loopback(port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+/// `secured` with the secured servers of `scripts/servers.tsv`: `auth` (a server that wants a
+/// password) with the account the table gives, and `tls` (a TLS-only server) with the CA
+/// `services.sh` made for it, where given — the one recipe every harness's
+/// [`Harness::secured`](conformance_tests::Harness::secured) uses.
+///
+/// # Panics
+/// If the table lacks a server named here or `auth`'s account (test code).
+#[allow(clippy::expect_used)]
+pub fn secured_servers(
+    secured: conformance_tests::Secured,
+    auth: &str,
+    tls: Option<&str>,
+) -> conformance_tests::Secured {
+    let a = servers::server(auth);
+    let (user, password) = a
+        .user
+        .zip(a.password)
+        .expect("the auth server's account in scripts/servers.tsv");
+    let secured = secured.with_auth(a.socket(), user, password);
+    match tls {
+        Some(tls) => secured.with_tls(servers::server(tls).socket(), test_ca(tls)),
+        None => secured,
+    }
+}
+
 /// Runs `scripts/services.sh ARGS` and returns its trimmed stdout.
 ///
 /// # Panics

@@ -7,7 +7,7 @@ use lock_etcd::etcd_client::Client;
 use lock_etcd::EtcdLock;
 use test_support::servers;
 
-/// A lock on the single member of `scripts/services.sh` (`ETCD_URL`, default port 12379).
+/// A lock on the single member of `scripts/services.sh` (`ETCD_URL`, default: its `etcd` server).
 pub(crate) async fn single() -> EtcdLock {
     let url = std::env::var("ETCD_URL").unwrap_or_else(|_| servers::url("etcd://{etcd}"));
     EtcdLock::from_url(&url)
