@@ -22,7 +22,7 @@ pub const DEFAULT_PREFIX: &str = "distlock:";
 /// use lock_redis::RedisConfig;
 /// let cfg = RedisConfig::from_url("redis://locker:s3cret@10.0.0.1:6379/2?prefix=app:")?
 ///     .with_request_timeout(Duration::from_millis(500));
-/// assert_eq!(cfg.host(), "127.0.0.1");
+/// assert_eq!(cfg.host(), "10.0.0.1");
 /// assert_eq!(cfg.db(), 2);
 /// assert_eq!(cfg.prefix(), "app:");
 /// assert!(!format!("{cfg:?}").contains("s3cret"));
