@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use conformance_tests::controls::{Flaw, FlawedHarness};
-use conformance_tests::safety::{self, Kind, Workload};
+use conformance_tests::safety::{self, Family, Kind, Workload};
 use conformance_tests::{run_case, CASES};
 use libtest_mimic::{Failed, Trial};
 use std::time::Duration;
@@ -34,22 +34,70 @@ const SAFETY_CASE: &str = "safety::history_is_clean";
 /// short run could miss it: the nemesis is random). A flaw that only one kind of fault shows
 /// is run under that kind alone: among every kind, the three cuts or so of a run missed
 /// `SessionLostByPolling` on all three seeds in 1 of 5 trials here (2026-11-28).
-const CHECKER: &[(Flaw, Kind, Option<&[&str]>)] = &[
-    (Flaw::NoMutualExclusion, Kind::Overlap, None),
-    (Flaw::EarlyExpiry, Kind::Overlap, None),
-    (Flaw::LostSignalNeverFires, Kind::LossNotSeen, None),
-    (Flaw::NonMonotonicFencing, Kind::Fencing, None),
-    (Flaw::RenewResurrects, Kind::Overlap, None),
+const CHECKER: &[(Flaw, Kind, Option<&[&str]>, Family)] = &[
+    (
+        Flaw::NoMutualExclusion,
+        Kind::Overlap,
+        None,
+        Family::Exclusive,
+    ),
+    (Flaw::EarlyExpiry, Kind::Overlap, None, Family::Exclusive),
+    (
+        Flaw::LostSignalNeverFires,
+        Kind::LossNotSeen,
+        None,
+        Family::Exclusive,
+    ),
+    (
+        Flaw::NonMonotonicFencing,
+        Kind::Fencing,
+        None,
+        Family::Exclusive,
+    ),
+    (
+        Flaw::RenewResurrects,
+        Kind::Overlap,
+        None,
+        Family::Exclusive,
+    ),
     // A session-bound lock whose lease notices a cut only by polling: the cut race excused
     // nothing wider than what was measured.
-    (Flaw::SessionLostByPolling, Kind::Overlap, Some(&["cut"])),
+    (
+        Flaw::SessionLostByPolling,
+        Kind::Overlap,
+        Some(&["cut"]),
+        Family::Exclusive,
+    ),
     // Two uncut waiters granted together right after a cut: the excuse of the cut holder's
     // race must not hide them.
-    (Flaw::CutGrantsTwoWaiters, Kind::Overlap, Some(&["cut"])),
+    (
+        Flaw::CutGrantsTwoWaiters,
+        Kind::Overlap,
+        Some(&["cut"]),
+        Family::Exclusive,
+    ),
     // An acquisition that never returns on one client: (d) judges every acquisition.
-    (Flaw::DeadlineHangsOnOneClient, Kind::Liveness, None),
+    (
+        Flaw::DeadlineHangsOnOneClient,
+        Kind::Liveness,
+        None,
+        Family::Exclusive,
+    ),
     // A client that never reconnects while the others are granted: (d) judges every client.
-    (Flaw::NeverReconnects, Kind::Liveness, None),
+    (
+        Flaw::NeverReconnects,
+        Kind::Liveness,
+        None,
+        Family::Exclusive,
+    ),
+    // A semaphore of 2 whose waiters are granted at once after any cut, however many hold:
+    // the cut holder's race must not excuse the K + 1st holder.
+    (
+        Flaw::CutGrantsPermitBeyondK,
+        Kind::Overlap,
+        Some(&["cut"]),
+        Family::Permits(2),
+    ),
 ];
 
 fn unbroken_wrapper_passes_every_case() -> Result<(), Failed> {
@@ -129,7 +177,7 @@ fn every_case_has_a_control() -> Result<(), Failed> {
 fn safety_case_controls_are_checker_trials() -> Result<(), Failed> {
     let missing: Vec<String> = (Flaw::ALL.iter())
         .filter(|f| f.caught_by().contains(&SAFETY_CASE))
-        .filter(|f| CHECKER.iter().all(|(c, _, _)| c != *f))
+        .filter(|f| CHECKER.iter().all(|(c, _, _, _)| c != *f))
         .map(|f| format!("{f:?}"))
         .collect();
     if missing.is_empty() {
@@ -175,6 +223,7 @@ fn checker_reports(
     flaw: Flaw,
     kind: Kind,
     fault_kinds: Option<&'static [&'static str]>,
+    family: Family,
 ) -> Result<(), Failed> {
     let rt = tokio::runtime::Runtime::new()?;
     let mut misses = Vec::new();
@@ -189,6 +238,7 @@ fn checker_reports(
             limit: Duration::from_secs(20),
             hold: Duration::from_millis(400),
             fault_kinds,
+            family,
             ..Workload::short(seed)
         };
         let report = rt.block_on(safety::run(&h, &w))?;
@@ -226,9 +276,9 @@ fn main() -> ExitCode {
             .filter(|f| **f != Flaw::None && f.caught_by() != [SAFETY_CASE])
             .map(|&flaw| Trial::test(format!("catches::{flaw:?}"), move || caught(flaw))),
     );
-    for &(flaw, kind, faults) in CHECKER {
+    for &(flaw, kind, faults, family) in CHECKER {
         trials.push(Trial::test(format!("checker::{flaw:?}"), move || {
-            checker_reports(flaw, kind, faults)
+            checker_reports(flaw, kind, faults, family)
         }));
     }
     // One control at a time: the cases' timing margins (slack 150 ms on a 200 ms TTL) assume

@@ -67,6 +67,12 @@ impl<'a> Acquisition<'a> {
         self.opts
     }
 
+    /// How the acquisition shares its name: `opts().mode`, which the trait's `try_acquire`
+    /// and `acquire` have checked against the driver's capabilities.
+    pub fn mode(&self) -> crate::Mode {
+        self.opts.mode
+    }
+
     /// The effective TTL: the caller's, validated and rounded up to the backend's granularity.
     pub fn ttl(&self) -> Duration {
         self.ttl

@@ -90,6 +90,13 @@ pub struct Capabilities {
     pub survives_restart: bool,
     /// What ends a lock whose holder stopped renewing ([`ExpiryClock`]).
     pub expires_by: ExpiryClock,
+    /// The driver grants [`Mode::Shared`](crate::Mode::Shared) (readers beside readers).
+    /// Where false, a shared request is [`Error::Unsupported`](crate::Error::Unsupported),
+    /// never an exclusive lock in its place.
+    pub shared: bool,
+    /// The driver grants [`Mode::Permits`](crate::Mode::Permits) (semaphores). Where false,
+    /// a permit request is [`Error::Unsupported`](crate::Error::Unsupported).
+    pub permits: bool,
 }
 
 /// `with_<field>` setters of [`Capabilities`], one per field, each `const`.
@@ -108,7 +115,7 @@ macro_rules! setters {
 impl Capabilities {
     /// The most conservative description: no fencing, no FIFO, per-lock TTLs from 1 ms to
     /// [`MAX_TTL`] at millisecond granularity, lost notification, locks that a restart of the
-    /// backend may forget and that end by the server's time of day.
+    /// backend may forget and that end by the server's time of day, exclusive mode only.
     pub const fn new() -> Self {
         Capabilities {
             fencing: Fencing::None,
@@ -122,6 +129,8 @@ impl Capabilities {
             outlives_connection: true,
             survives_restart: false,
             expires_by: ExpiryClock::TimeOfDay,
+            shared: false,
+            permits: false,
         }
     }
     setters! {
@@ -136,6 +145,8 @@ impl Capabilities {
         with_outlives_connection => outlives_connection: bool;
         with_survives_restart => survives_restart: bool;
         with_expires_by => expires_by: ExpiryClock;
+        with_shared => shared: bool;
+        with_permits => permits: bool;
     }
 }
 

@@ -86,6 +86,17 @@ pub enum Error {
         /// What was asked for.
         operation: &'static str,
     },
+    /// A semaphore's holders or waiters use `name` with `held` permits, and this request asked
+    /// with `asked`: one name has one limit. Not transient while they hold or wait.
+    #[error("lock {name} is used with {held} permits, asked with {asked}")]
+    PermitsMismatch {
+        /// The semaphore.
+        name: LockName,
+        /// The number of permits its current holders or waiters use.
+        held: u32,
+        /// The number this request asked with.
+        asked: u32,
+    },
     /// A configuration or URL problem. Never contains secrets.
     #[error("configuration error: {message}")]
     Config {

@@ -4,7 +4,8 @@
 //!
 //! - the traits [`DistributedLock`] (a lock service) and [`Lease`] (a held lock), object safe so
 //!   applications hold an `Arc<dyn DistributedLock>` and pick the backend from configuration;
-//! - validated [`LockName`]s, [`LockOptions`] (TTL, [`Wait`], [`Renewal`]), [`FencingToken`]s,
+//! - validated [`LockName`]s, [`LockOptions`] (TTL, [`Wait`], [`Renewal`], [`Mode`]: exclusive,
+//!   shared or one of K permits), [`FencingToken`]s,
 //!   [`Capabilities`] and one [`Error`] enum;
 //! - the lease states a holder watches ([`LeaseState`], [`LostSignal`]);
 //! - [`memory::MemoryLock`], the in-memory reference driver;
@@ -45,6 +46,7 @@ mod endpoint;
 mod error;
 mod managed;
 pub mod memory;
+mod mode;
 mod name;
 mod name_rules;
 mod ops;
@@ -57,9 +59,15 @@ mod token;
 mod traits;
 mod watchdog;
 
+// The guide's Rust examples are compiled and run as this crate's doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/lock-family.md")]
+struct LockFamilyGuide;
+
 pub use async_trait::async_trait;
 pub use caps::{Capabilities, ExpiryClock, Fencing, MAX_TTL};
 pub use error::{BoxError, Error, Result};
+pub use mode::Mode;
 pub use name::{LockName, MAX_NAME_LEN, NAME_PUNCTUATION};
 pub use options::{Deadline, LockOptions, Renewal, Wait};
 pub use state::{LeaseState, LostSignal};

@@ -1,7 +1,9 @@
 //! The in-memory reference driver.
 //!
-//! [`MemoryLock`] keeps every rule of the contract inside one process: TTL expiry, strictly
-//! increasing fencing tokens per name, FIFO waiters woken by notification (a waiter sleeps until
+//! [`MemoryLock`] keeps every rule of the contract inside one process, for every [`Mode`]
+//! (exclusive, shared, permits): TTL expiry, strictly increasing fencing tokens per name, FIFO
+//! waiters across modes (a reader that comes after a waiting writer waits behind it) woken by
+//! notification (a waiter sleeps until
 //! it is notified, until the holder's expiry, or until its own deadline — it never polls),
 //! cancel-safe `acquire`, and a lost signal at expiry. Use it in examples and in your own unit
 //! tests; clones share one store and behave like independent clients of one server.
@@ -16,10 +18,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::driver::{Acquisition, LeaseOps, ManagedLease};
+use crate::driver::{Acquisition, Admission, LeaseOps, ManagedLease};
 use crate::{
     Capabilities, Deadline, DistributedLock, Error, ExpiryClock, Fencing, FencingToken, HolderInfo,
-    Lease, LockName, LockOptions, Result,
+    Lease, LockName, LockOptions, Mode, Result,
 };
 
 /// An in-process lock service. Cheap to clone; clones share the same locks.
@@ -53,20 +55,29 @@ struct Store {
 
 #[derive(Default)]
 struct Slot {
-    holder: Option<Holder>,
+    /// In grant order.
+    holders: Vec<Holder>,
     /// Last fencing token handed out; kept after release so tokens never repeat.
     fence: u64,
-    queue: VecDeque<(u64, Arc<Notify>)>,
+    queue: VecDeque<Waiter>,
 }
 
 struct Holder {
     owner: u64,
     expires_at: Instant,
+    mode: Mode,
+    fence: u64,
+}
+
+struct Waiter {
+    id: u64,
+    notify: Arc<Notify>,
+    mode: Mode,
 }
 
 enum Attempt {
     Granted(Granted),
-    /// Busy until `expires_at` (`None`: free, but waiters queued ahead).
+    /// Busy until `expires_at` (`None`: not this waiter's turn yet, or waiters queued ahead).
     Busy {
         expires_at: Option<Instant>,
     },
@@ -74,14 +85,52 @@ enum Attempt {
 
 impl Slot {
     fn expire(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| now >= h.expires_at) {
-            self.holder = None;
+        self.holders.retain(|h| now < h.expires_at);
+    }
+    /// Wakes the first waiter; a waiter granted wakes the next, so compatible waiters (readers,
+    /// permits) are granted one after another.
+    fn wake_head(&self) {
+        if let Some(w) = self.queue.front() {
+            w.notify.notify_one();
         }
     }
-    fn wake_head(&self) {
-        if let Some((_, n)) = self.queue.front() {
-            n.notify_one();
+    /// When the first holder's lease ends: when a blocked waiter may have its turn.
+    fn first_expiry(&self) -> Option<Instant> {
+        self.holders.iter().map(|h| h.expires_at).min()
+    }
+    /// Whether `mode` may join the holders now; a mismatch of permits against holders and
+    /// waiters is an error.
+    fn admits(&self, name: &LockName, mode: Mode) -> Result<bool> {
+        let holders = self.holders.iter().map(|h| h.mode);
+        let users = holders.clone().chain(self.queue.iter().map(|w| w.mode));
+        match mode.admits(holders, users) {
+            Admission::Yes => Ok(true),
+            Admission::No => Ok(false),
+            Admission::Mismatch { held } => Err(permits_mismatch(name, held, mode)),
         }
+    }
+    fn grant(&mut self, owner: u64, mode: Mode, now: Instant, ttl: Duration) -> Granted {
+        self.fence += 1;
+        let expires_at = now + ttl;
+        self.holders.push(Holder {
+            owner,
+            expires_at,
+            mode,
+            fence: self.fence,
+        });
+        Granted {
+            owner,
+            fence: self.fence,
+            expires_at,
+        }
+    }
+}
+
+fn permits_mismatch(name: &LockName, held: u32, mode: Mode) -> Error {
+    Error::PermitsMismatch {
+        name: name.clone(),
+        held,
+        asked: mode.limit().unwrap_or(0),
     }
 }
 
@@ -92,36 +141,62 @@ impl Store {
     }
 
     /// One grant attempt. `waiter`: the caller's queue id, if it is queued.
-    fn attempt(&self, name: &LockName, ttl: Duration, waiter: Option<u64>) -> Attempt {
+    fn attempt(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        mode: Mode,
+        waiter: Option<u64>,
+    ) -> Result<Attempt> {
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.entry(name.clone()).or_default();
         slot.expire(now);
-        if let Some(h) = &slot.holder {
-            return Attempt::Busy {
-                expires_at: Some(h.expires_at),
-            };
-        }
+        let admitted = slot.admits(name, mode)?;
         let my_turn = match (slot.queue.front(), waiter) {
             (None, _) => true,
-            (Some((head, _)), Some(me)) => *head == me,
+            (Some(head), Some(me)) => head.id == me,
             (Some(_), None) => false,
         };
         if !my_turn {
-            return Attempt::Busy { expires_at: None };
+            return Ok(Attempt::Busy { expires_at: None });
+        }
+        if !admitted {
+            return Ok(Attempt::Busy {
+                expires_at: slot.first_expiry(),
+            });
         }
         if waiter.is_some() {
             slot.queue.pop_front();
+            slot.wake_head();
         }
-        slot.fence += 1;
         let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let expires_at = now + ttl;
-        slot.holder = Some(Holder { owner, expires_at });
-        Attempt::Granted(Granted {
-            owner,
-            fence: slot.fence,
-            expires_at,
-        })
+        Ok(Attempt::Granted(slot.grant(owner, mode, now, ttl)))
+    }
+
+    /// Takes the lock, or joins the queue, in one step: no release can slip in between.
+    /// `Ok(Err(first_expiry))` once queued.
+    fn enter(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        mode: Mode,
+        waiter: &Waiter,
+    ) -> Result<std::result::Result<Granted, Option<Instant>>> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let slot = slots.entry(name.clone()).or_default();
+        slot.expire(now);
+        if slot.admits(name, mode)? && slot.queue.is_empty() {
+            let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
+            return Ok(Ok(slot.grant(owner, mode, now, ttl)));
+        }
+        slot.queue.push_back(Waiter {
+            id: waiter.id,
+            notify: waiter.notify.clone(),
+            mode,
+        });
+        Ok(Err(slot.first_expiry()))
     }
 }
 
@@ -137,8 +212,8 @@ impl Drop for QueueGuard<'_> {
     fn drop(&mut self) {
         let mut slots = self.store.slots();
         if let Some(slot) = slots.get_mut(self.name) {
-            let was_head = slot.queue.front().is_some_and(|(id, _)| *id == self.id);
-            slot.queue.retain(|(id, _)| *id != self.id);
+            let was_head = slot.queue.front().is_some_and(|w| w.id == self.id);
+            slot.queue.retain(|w| w.id != self.id);
             if was_head {
                 slot.wake_head();
             }
@@ -187,7 +262,7 @@ impl MemoryLock {
         Ok(stores.entry(name.to_string()).or_default().clone())
     }
 
-    /// Administrative break: frees `name` whoever holds it, like deleting the key by hand on a
+    /// Administrative break: frees `name` whoever holds it (every holder, in any mode), like deleting the key by hand on a
     /// server. The holder's next renew or release returns `NotHeld`. Returns whether it was held.
     pub fn break_lock(&self, name: &LockName) -> bool {
         let mut slots = self.store.slots();
@@ -195,7 +270,8 @@ impl MemoryLock {
             return false;
         };
         slot.expire(Instant::now());
-        let was_held = slot.holder.take().is_some();
+        let was_held = !slot.holders.is_empty();
+        slot.holders.clear();
         slot.wake_head();
         was_held
     }
@@ -244,7 +320,9 @@ const CAPS: Capabilities = Capabilities::new()
     .with_fifo(true)
     .with_inspect(true)
     .with_survives_restart(true)
-    .with_expires_by(ExpiryClock::Elapsed);
+    .with_expires_by(ExpiryClock::Elapsed)
+    .with_shared(true)
+    .with_permits(true);
 
 #[async_trait]
 impl DistributedLock for MemoryLock {
@@ -256,56 +334,50 @@ impl DistributedLock for MemoryLock {
         CAPS
     }
 
+    /// The newest holder (the last grant), in any mode.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        Ok(self.holders(name).await?.pop())
+    }
+
+    async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let now = Instant::now();
         let mut slots = self.store.slots();
         let Some(slot) = slots.get_mut(name) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         slot.expire(now);
-        // The last token handed out is the holder's: a later grant would have replaced it.
-        Ok(slot.holder.as_ref().map(|h| {
-            HolderInfo::new(
-                Some(FencingToken::new(slot.fence)),
-                Some(h.expires_at - now),
-            )
-        }))
+        Ok(slot
+            .holders
+            .iter()
+            .map(|h| {
+                let token = Some(FencingToken::new(h.fence));
+                HolderInfo::new(token, Some(h.expires_at - now)).with_mode(h.mode)
+            })
+            .collect())
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
+        let mode = req.mode();
         if deadline == Deadline::Now {
-            return Ok(match self.store.attempt(name, ttl, None) {
+            return Ok(match self.store.attempt(name, ttl, mode, None)? {
                 Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
                 Attempt::Busy { .. } => None,
             });
         }
-        let id = self.store.next_id.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
-        // Join the queue (or take the lock) in one step, so no release can slip in between.
-        let expires_at = {
-            let mut slots = self.store.slots();
-            let slot = slots.entry(name.clone()).or_default();
-            slot.expire(Instant::now());
-            if slot.holder.is_none() && slot.queue.is_empty() {
-                None
-            } else {
-                let e = slot.holder.as_ref().map(|h| h.expires_at);
-                slot.queue.push_back((id, notify.clone()));
-                Some(e)
-            }
+        let me = Waiter {
+            id: self.store.next_id.fetch_add(1, Ordering::Relaxed),
+            notify: Arc::new(Notify::new()),
+            mode,
         };
-        let Some(mut expires_at) = expires_at else {
-            return match self.store.attempt(name, ttl, None) {
-                Attempt::Granted(grant) => Ok(Some(self.lease(name, ttl, opts, grant))),
-                // Lost a race with another client between the two steps: wait like the rest.
-                Attempt::Busy { .. } => Box::pin(self.acquire_until(req)).await,
-            };
+        let mut expires_at = match self.store.enter(name, ttl, mode, &me)? {
+            Ok(grant) => return Ok(Some(self.lease(name, ttl, opts, grant))),
+            Err(first_expiry) => first_expiry,
         };
         let _guard = QueueGuard {
             store: &self.store,
             name,
-            id,
+            id: me.id,
         };
         loop {
             if deadline.passed() {
@@ -318,11 +390,11 @@ impl DistributedLock for MemoryLock {
                 }
             };
             tokio::select! {
-                _ = notify.notified() => {}
+                _ = me.notify.notified() => {}
                 _ = expiry => {}
                 _ = deadline.sleep() => return Ok(None),
             }
-            match self.store.attempt(name, ttl, Some(id)) {
+            match self.store.attempt(name, ttl, mode, Some(me.id))? {
                 Attempt::Granted(grant) => return Ok(Some(self.lease(name, ttl, opts, grant))),
                 Attempt::Busy { expires_at: e } => expires_at = e,
             }
@@ -344,8 +416,9 @@ impl MemoryLeaseOps {
         match slot {
             Some(slot) => {
                 slot.expire(Instant::now());
-                if slot.holder.as_ref().is_some_and(|h| h.owner == self.owner) {
-                    slot.holder = None;
+                let before = slot.holders.len();
+                slot.holders.retain(|h| h.owner != self.owner);
+                if slot.holders.len() < before {
                     slot.wake_head();
                     Ok(())
                 } else {
@@ -364,8 +437,8 @@ impl LeaseOps for MemoryLeaseOps {
         let mut slots = self.store.slots();
         let holder = slots
             .get_mut(&self.name)
-            .and_then(|s| s.holder.as_mut())
-            .filter(|h| h.owner == self.owner && now < h.expires_at);
+            .and_then(|s| s.holders.iter_mut().find(|h| h.owner == self.owner))
+            .filter(|h| now < h.expires_at);
         match holder {
             Some(h) => {
                 h.expires_at = now + self.ttl;

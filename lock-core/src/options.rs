@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Capabilities, Error, Result, MAX_TTL};
+use crate::{Capabilities, Error, Mode, Result, MAX_TTL};
 
 /// How long [`DistributedLock::acquire`](crate::DistributedLock::acquire) waits for a busy lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,6 +145,8 @@ pub struct LockOptions {
     pub wait: Wait,
     /// Who renews. Default [`Renewal::Manual`].
     pub renewal: Renewal,
+    /// Exclusive, shared, or one of K permits. Default [`Mode::Exclusive`].
+    pub mode: Mode,
 }
 
 impl Default for LockOptions {
@@ -153,6 +155,7 @@ impl Default for LockOptions {
             ttl: Duration::from_secs(30),
             wait: Wait::Forever,
             renewal: Renewal::Manual,
+            mode: Mode::Exclusive,
         }
     }
 }
@@ -197,6 +200,55 @@ impl LockOptions {
         self.renewal = Renewal::Manual;
         self
     }
+    /// Sets the [`Mode`].
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// The only holder ([`Mode::Exclusive`], the default).
+    pub fn exclusive(self) -> Self {
+        self.mode(Mode::Exclusive)
+    }
+    /// One of any number of shared holders ([`Mode::Shared`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{memory::MemoryLock, DistributedLock, LockName, LockOptions};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// let locks = MemoryLock::new();
+    /// let schema = LockName::new("schema")?;
+    /// let read = LockOptions::new(Duration::from_secs(10)).shared();
+    /// let a = locks.try_acquire(&schema, &read).await?.expect("free");
+    /// let b = locks.try_acquire(&schema, &read).await?.expect("readers share");
+    /// let write = LockOptions::new(Duration::from_secs(10));
+    /// assert!(locks.try_acquire(&schema, &write).await?.is_none(), "a writer waits for readers");
+    /// # a.release().await?; b.release().await?; Ok(()) }
+    /// ```
+    pub fn shared(self) -> Self {
+        self.mode(Mode::Shared)
+    }
+    /// One of `k` permits ([`Mode::Permits`]): at most `k` holders at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{memory::MemoryLock, DistributedLock, Error, LockName, LockOptions};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// let locks = MemoryLock::new();
+    /// let exports = LockName::new("exports")?;
+    /// let two = LockOptions::new(Duration::from_secs(10)).permits(2);
+    /// let a = locks.try_acquire(&exports, &two).await?.expect("a permit");
+    /// let b = locks.try_acquire(&exports, &two).await?.expect("the other permit");
+    /// assert!(locks.try_acquire(&exports, &two).await?.is_none(), "both taken");
+    /// let three = LockOptions::new(Duration::from_secs(10)).permits(3);
+    /// let err = locks.try_acquire(&exports, &three).await.unwrap_err();
+    /// assert!(matches!(err, Error::PermitsMismatch { held: 2, asked: 3, .. }));
+    /// # a.release().await?; b.release().await?; Ok(()) }
+    /// ```
+    pub fn permits(self, k: u32) -> Self {
+        self.mode(Mode::Permits(k))
+    }
 
     /// Checks the options against a driver's capabilities and returns the effective TTL: the
     /// requested TTL rounded *up* to the backend's granularity, never shortened.
@@ -230,6 +282,11 @@ impl LockOptions {
                 "ttl {ttl:?} is below this backend's minimum {:?}",
                 caps.min_ttl
             )));
+        }
+        if self.mode == Mode::Permits(0) {
+            return Err(Error::InvalidOptions(
+                "a semaphore needs at least one permit".into(),
+            ));
         }
         if let Renewal::Auto {
             max_hold: Some(max_hold),
@@ -267,6 +324,7 @@ mod tests {
             LockOptions::new(Duration::from_millis(5)),
             LockOptions::new(MAX_TTL + Duration::from_secs(1)),
             LockOptions::new(Duration::from_secs(1)).auto_renew(Some(Duration::ZERO)),
+            LockOptions::new(Duration::from_secs(1)).permits(0),
         ] {
             assert!(
                 matches!(bad.validate(&caps), Err(Error::InvalidOptions(_))),

@@ -8,7 +8,8 @@ use async_trait::async_trait;
 
 use crate::driver::Acquisition;
 use crate::{
-    Capabilities, Deadline, FencingToken, LeaseState, LockName, LockOptions, LostSignal, Result,
+    Capabilities, Deadline, FencingToken, LeaseState, LockName, LockOptions, LostSignal, Mode,
+    Result,
 };
 
 /// A lock service: one backend, one client (connection, session) shared by all its leases.
@@ -83,7 +84,9 @@ pub trait DistributedLock: Send + Sync + Debug {
         name: &LockName,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let req = Acquisition::new(name, opts, &self.capabilities(), Deadline::Now)?;
+        let caps = self.capabilities();
+        supports(self.backend(), &caps, opts)?;
+        let req = Acquisition::new(name, opts, &caps, Deadline::Now)?;
         self.acquire_until(req).await
     }
 
@@ -93,7 +96,9 @@ pub trait DistributedLock: Send + Sync + Debug {
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
         let start = Instant::now();
         let deadline = Deadline::from_wait(opts.wait, start);
-        let req = Acquisition::new(name, opts, &self.capabilities(), deadline)?;
+        let caps = self.capabilities();
+        supports(self.backend(), &caps, opts)?;
+        let req = Acquisition::new(name, opts, &caps, deadline)?;
         match self.acquire_until(req).await? {
             Some(lease) => Ok(lease),
             None => Err(crate::Error::Timeout {
@@ -115,6 +120,42 @@ pub trait DistributedLock: Send + Sync + Debug {
             operation: "inspect",
         })
     }
+
+    /// Every current holder of `name` (shared holders, permit holders), newest grant last;
+    /// empty if it is free. Like [`inspect`](Self::inspect), which names one of them, read
+    /// without acquiring and possibly stale by the time it arrives.
+    ///
+    /// The default answers from [`inspect`](Self::inspect): right for drivers that grant the
+    /// exclusive mode only; drivers of the lock family override it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{memory::MemoryLock, DistributedLock, LockName, LockOptions, Mode};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// let locks = MemoryLock::new();
+    /// let name = LockName::new("schema")?;
+    /// let read = LockOptions::new(Duration::from_secs(10)).shared();
+    /// let (a, b) = (locks.acquire(&name, &read).await?, locks.acquire(&name, &read).await?);
+    /// let holders = locks.holders(&name).await?;
+    /// assert_eq!(holders.len(), 2);
+    /// assert!(holders.iter().all(|h| h.mode == Mode::Shared));
+    /// # a.release().await?; b.release().await?; Ok(()) }
+    /// ```
+    async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        Ok(self.inspect(name).await?.into_iter().collect())
+    }
+}
+
+/// [`Error::Unsupported`](crate::Error::Unsupported) for a mode the driver does not declare
+/// in `caps`: a shared or permit request is never served as an exclusive lock instead.
+fn supports(backend: &'static str, caps: &Capabilities, opts: &LockOptions) -> Result<()> {
+    let operation = match opts.mode {
+        Mode::Shared if !caps.shared => "shared mode",
+        Mode::Permits(_) if !caps.permits => "permits (semaphores)",
+        _ => return Ok(()),
+    };
+    Err(crate::Error::Unsupported { backend, operation })
 }
 
 /// What [`DistributedLock::inspect`] can tell about a lock's current holder.
@@ -140,6 +181,8 @@ pub struct HolderInfo {
     /// Held by another client than distlock on the same key (redis-py, redsync, ...), where
     /// the backend can tell; then there is no fencing token to report.
     pub foreign: bool,
+    /// How it holds the name: exclusive (the default), shared, or one of K permits.
+    pub mode: Mode,
 }
 
 impl HolderInfo {
@@ -149,6 +192,7 @@ impl HolderInfo {
             fencing_token,
             remaining,
             foreign: false,
+            mode: Mode::Exclusive,
         }
     }
     /// A holder that is another client than distlock.
@@ -157,7 +201,13 @@ impl HolderInfo {
             fencing_token: None,
             remaining,
             foreign: true,
+            mode: Mode::Exclusive,
         }
+    }
+    /// The same holder, holding in `mode`.
+    pub const fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 }
 
@@ -271,6 +321,9 @@ macro_rules! forward {
             }
             async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
                 (**self).inspect(name).await
+            }
+            async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+                (**self).holders(name).await
             }
         }
     };

@@ -90,6 +90,9 @@ pub async fn rejects_bad_options_without_side_effects(h: &dyn Harness) -> Result
         LockOptions::new(MAX_TTL + Duration::from_secs(1)),
         opts(h).auto_renew(Some(Duration::ZERO)),
     ];
+    if a.capabilities().permits {
+        bad.push(opts(h).permits(0));
+    }
     let min = a.capabilities().min_ttl;
     if min > Duration::from_nanos(1) {
         bad.push(LockOptions::new(min - Duration::from_nanos(1)));
@@ -115,6 +118,37 @@ pub async fn rejects_bad_options_without_side_effects(h: &dyn Harness) -> Result
     let l = held(
         a.try_acquire(&name, &opts(h)).await?,
         "after rejected options (did one of them acquire?)",
+    )?;
+    l.release().await?;
+    Ok(())
+}
+
+/// A mode the driver does not declare (`Capabilities::shared`, `Capabilities::permits`) is
+/// `Unsupported` from `try_acquire` and `acquire`, never served as an exclusive lock instead,
+/// and leaves the name free.
+pub async fn undeclared_modes_are_unsupported(h: &dyn Harness) -> Result<(), Failure> {
+    let a = client(h).await?;
+    let caps = a.capabilities();
+    let name = fresh_name("undeclared-mode");
+    let undeclared = [
+        (!caps.shared).then(|| opts(h).shared()),
+        (!caps.permits).then(|| opts(h).permits(2)),
+    ];
+    for o in undeclared.into_iter().flatten() {
+        let tried = a.try_acquire(&name, &o).await.map(|l| l.is_some());
+        let waited = a.acquire(&name, &o.clone().no_wait()).await.map(|_| true);
+        for (how, r) in [("try_acquire", tried), ("acquire", waited)] {
+            ensure!(
+                matches!(r, Err(Error::Unsupported { .. })),
+                "{how} in {:?}, which the driver does not declare, gave {r:?}: expected \
+                 Unsupported",
+                o.mode
+            );
+        }
+    }
+    let l = held(
+        a.try_acquire(&name, &opts(h)).await?,
+        "after refused requests in undeclared modes (did one acquire?)",
     )?;
     l.release().await?;
     Ok(())

@@ -19,12 +19,14 @@ pub mod input;
 pub mod inspect;
 pub mod lost;
 pub mod ownership;
+pub mod permits;
 pub mod renewal;
 pub mod repeated;
 pub mod runtime;
 pub mod safety;
 pub mod security;
 pub mod server;
+pub mod shared;
 pub mod waiting;
 
 mod requires;
@@ -213,6 +215,7 @@ pub static CASES: &[Case] = &[
     case!(input::rejects_bad_names, always),
     case!(input::every_valid_name_is_its_own_key, always),
     case!(input::rejects_bad_options_without_side_effects, always),
+    case!(input::undeclared_modes_are_unsupported, always),
     case!(input::effective_ttl_never_shorter, always),
     case!(
         input::max_length_names_differing_at_the_end_are_independent,
@@ -252,6 +255,33 @@ pub static CASES: &[Case] = &[
     case!(faults::cut_off_holder_gets_answers_not_hangs, delays),
     case!(repeated::every_grant_keeps_its_promises, always),
     case!(safety::history_is_clean, always),
+    case!(shared::shared_holders_overlap, shared),
+    case!(shared::exclusive_excludes_shared, shared),
+    case!(shared::shared_excludes_exclusive, shared),
+    case!(shared::waiting_writer_is_not_starved, shared_and_fifo),
+    case!(
+        shared::abandoned_shared_lease_frees_after_ttl,
+        shared_and_ttl
+    ),
+    case!(
+        shared::stale_shared_release_keeps_the_others,
+        shared_and_ttl
+    ),
+    case!(shared::cancelled_shared_waiter_leaves_nothing, shared),
+    case!(shared::tokens_increase_across_modes, shared_and_fencing),
+    case!(shared::shared_waiting_is_idle, shared_and_counts),
+    case!(permits::at_most_k_holders, permits),
+    case!(permits::released_permit_goes_to_a_waiter, permits),
+    case!(permits::abandoned_permit_comes_back, permits_and_ttl),
+    case!(
+        permits::stale_release_keeps_the_successors_permit,
+        permits_and_ttl
+    ),
+    case!(permits::permit_count_mismatch_is_refused, permits),
+    case!(permits::tokens_increase_across_permits, permits_and_fencing),
+    case!(permits::cancelled_permit_waiter_leaves_nothing, permits),
+    case!(permits::permits_and_other_modes_exclude, permits),
+    case!(permits::permit_waiting_is_idle, permits_and_counts),
     case!(security::right_credentials_lock_and_never_show, auth),
     case!(
         security::wrong_password_is_unauthenticated,

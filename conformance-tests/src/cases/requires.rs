@@ -148,3 +148,36 @@ pub(super) fn tls_pem(f: &Facts) -> Need {
     tls(f)?;
     need(f.tls_pem, "harness gives no way to pass the CA as PEM")
 }
+pub(super) fn shared(f: &Facts) -> Need {
+    need(
+        f.caps.shared,
+        "shared = false: the driver grants the exclusive mode only",
+    )
+}
+pub(super) fn shared_and_fifo(f: &Facts) -> Need {
+    shared(f).and(fifo(f))
+}
+pub(super) fn shared_and_ttl(f: &Facts) -> Need {
+    shared(f).and(ttl(f))
+}
+pub(super) fn shared_and_fencing(f: &Facts) -> Need {
+    shared(f).and(fencing(f))
+}
+pub(super) fn shared_and_counts(f: &Facts) -> Need {
+    shared(f).and(counts(f))
+}
+pub(super) fn permits(f: &Facts) -> Need {
+    need(
+        f.caps.permits,
+        "permits = false: the driver has no semaphores",
+    )
+}
+pub(super) fn permits_and_ttl(f: &Facts) -> Need {
+    permits(f).and(ttl(f))
+}
+pub(super) fn permits_and_fencing(f: &Facts) -> Need {
+    permits(f).and(fencing(f))
+}
+pub(super) fn permits_and_counts(f: &Facts) -> Need {
+    permits(f).and(counts(f))
+}

@@ -89,8 +89,18 @@ pub async fn try_acquire_does_not_wait(h: &dyn Harness) -> Result<(), Failure> {
 /// holder alone (both clients connected) sets the baseline, one quiet window of three is proof
 /// enough, and a poller is busy in all three.
 pub async fn waiting_is_idle(h: &dyn Harness) -> Result<(), Failure> {
-    let Scene { t, a, b, name } = scene(h, "idle").await?;
-    let holder = held(a.try_acquire(&name, &long_opts(h)).await?, "holder")?;
+    idle_while_waiting(h, "idle", long_opts(h), long_opts(h)).await
+}
+
+/// [`waiting_is_idle`] for a holder and a waiter of any modes (the waiter's must conflict).
+pub(crate) async fn idle_while_waiting(
+    h: &dyn Harness,
+    tag: &str,
+    holder_opts: LockOptions,
+    waiter_opts: LockOptions,
+) -> Result<(), Failure> {
+    let Scene { t, a, b, name } = scene(h, tag).await?;
+    let holder = held(a.try_acquire(&name, &holder_opts).await?, "holder")?;
     let window = t.ttl.max(Duration::from_millis(500));
     let served = || async {
         let count = || async {
@@ -109,7 +119,7 @@ pub async fn waiting_is_idle(h: &dyn Harness) -> Result<(), Failure> {
     if alone > 6 {
         alone = alone.min(served().await?);
     }
-    let (n, o) = (name.clone(), long_opts(h));
+    let (n, o) = (name.clone(), waiter_opts);
     let waiter = tokio::spawn(async move { b.acquire(&n, &o).await });
     sleep(t.ttl / 2).await; // let the waiter settle
     let mut windows = Vec::new();

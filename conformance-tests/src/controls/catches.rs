@@ -185,7 +185,9 @@ impl Flaw {
             ],
             // Only a history under faults shows these: the suite's `checker::` trials run
             // the safety case's workload on them, seeded, until it does.
-            Flaw::CutGrantsTwoWaiters | Flaw::DeadlineHangsOnOneClient => {
+            Flaw::CutGrantsTwoWaiters
+            | Flaw::DeadlineHangsOnOneClient
+            | Flaw::CutGrantsPermitBeyondK => {
                 cases![safety::history_is_clean]
             }
             Flaw::IntermittentRepeatedToken
@@ -213,6 +215,41 @@ impl Flaw {
             Flaw::RenewInDriftRevives => {
                 cases![renewal::renew_at_valid_until_fails_though_the_server_still_has_the_lock]
             }
+            Flaw::SharedIsExclusive => cases![shared::shared_holders_overlap],
+            Flaw::HoldersShowsOne => {
+                cases![shared::shared_holders_overlap, permits::at_most_k_holders]
+            }
+            Flaw::FamilyKeysSeparate => cases![
+                shared::exclusive_excludes_shared,
+                shared::shared_excludes_exclusive,
+                permits::permits_and_other_modes_exclude
+            ],
+            Flaw::ReadersJumpWriters => cases![shared::waiting_writer_is_not_starved],
+            Flaw::FamilyNeverExpires => cases![
+                shared::abandoned_shared_lease_frees_after_ttl,
+                permits::abandoned_permit_comes_back
+            ],
+            Flaw::StaleReleaseFreesAll => cases![
+                shared::stale_shared_release_keeps_the_others,
+                permits::stale_release_keeps_the_successors_permit
+            ],
+            Flaw::CancelledFamilyWaiterStays => cases![
+                shared::cancelled_shared_waiter_leaves_nothing,
+                permits::cancelled_permit_waiter_leaves_nothing
+            ],
+            Flaw::TokensPerMode => cases![shared::tokens_increase_across_modes],
+            Flaw::PermitTokensWrap => cases![permits::tokens_increase_across_permits],
+            Flaw::FamilyWaiterPolls => cases![
+                shared::shared_waiting_is_idle,
+                permits::permit_waiting_is_idle
+            ],
+            Flaw::FamilyMissedWakeup => cases![
+                shared::exclusive_excludes_shared,
+                permits::released_permit_goes_to_a_waiter
+            ],
+            Flaw::PermitsOffByOne => cases![permits::at_most_k_holders],
+            Flaw::PermitCountIgnored => cases![permits::permit_count_mismatch_is_refused],
+            Flaw::ModeServedExclusive => cases![input::undeclared_modes_are_unsupported],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,

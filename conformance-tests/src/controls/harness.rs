@@ -68,6 +68,8 @@ pub(super) struct Shared {
     pub(super) granted: Mutex<HashMap<u64, u64>>,
     /// The store's time of day, away from the real time ([`Harness::step_clock`]).
     pub(super) clock_step: Mutex<Option<ClockStep>>,
+    /// Grants per name and kind of mode so far ([`Flaw::TokensPerMode`]).
+    pub(super) family: Mutex<HashMap<(LockName, u8), u64>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +101,10 @@ impl FlawedHarness {
             shared: Arc::new(Shared {
                 session_bound: matches!(
                     flaw,
-                    Flaw::SessionLostLate | Flaw::SessionLostByPolling | Flaw::CutGrantsTwoWaiters
+                    Flaw::SessionLostLate
+                        | Flaw::SessionLostByPolling
+                        | Flaw::CutGrantsTwoWaiters
+                        | Flaw::CutGrantsPermitBeyondK
                 ),
                 ..Shared::default()
             }),
@@ -290,6 +295,9 @@ impl DistributedLock for EndsLeasesOnDrop {
     }
     async fn inspect(&self, name: &LockName) -> lock_core::Result<Option<lock_core::HolderInfo>> {
         self.0.inspect(name).await
+    }
+    async fn holders(&self, name: &LockName) -> lock_core::Result<Vec<lock_core::HolderInfo>> {
+        self.0.holders(name).await
     }
 }
 

@@ -325,6 +325,11 @@ impl Lease for FlawedLease {
                 lock.inner.break_lock(&name);
                 Ok(())
             }
+            // A stale release of a reader or a permit takes every holder of the name with it.
+            Flaw::StaleReleaseFreesAll if r.is_err() && opts.mode != lock_core::Mode::Exclusive => {
+                lock.inner.break_lock(&name);
+                r
+            }
             Flaw::OwnerIsTheClient
                 if r.is_err()
                     && lock

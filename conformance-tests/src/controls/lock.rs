@@ -56,6 +56,7 @@ impl FlawedLock {
             .with_outlives_connection(!self.shared.session_bound);
         match self.flaw {
             Flaw::FencingUndeclared => caps.with_fencing(Fencing::None),
+            Flaw::ModeServedExclusive => caps.with_shared(false).with_permits(false),
             _ => caps,
         }
     }
@@ -88,7 +89,7 @@ impl FlawedLock {
             Flaw::MaxHoldIgnored if matches!(opts.renewal, Renewal::Auto { .. }) => {
                 opts.clone().auto_renew(None)
             }
-            _ => opts.clone(),
+            _ => self.family_opts(&opts),
         }
     }
 
@@ -214,6 +215,8 @@ impl FlawedLock {
                 offset += 1;
             }
         }
+        let store_token = lease.fencing_token().map(|t| t.get());
+        offset += self.family_offset(&name, opts.mode, store_token);
         let token = lease
             .fencing_token()
             .map(|t| FencingToken::new(t.get().saturating_sub(offset).max(1)));
@@ -456,6 +459,9 @@ impl DistributedLock for FlawedLock {
             (_, None) => Ok(None),
         }
     }
+    async fn holders(&self, name: &LockName) -> Result<Vec<lock_core::HolderInfo>> {
+        self.holders_flawed(name).await
+    }
     /// The flawed paths live in `try_acquire` and `acquire` (overridden, so a flaw can skip the
     /// TTL validation the provided ones do); this maps a deadline onto them.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
@@ -478,7 +484,7 @@ impl DistributedLock for FlawedLock {
         name: &LockName,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let key = self.key(name)?;
+        let key = self.key_in(name, opts)?;
         self.validate(&key, opts).await?;
         if self.flaw == Flaw::BlocksTheRuntime {
             std::thread::sleep(BLOCKING_CALL);
@@ -524,6 +530,7 @@ impl DistributedLock for FlawedLock {
                 }
             }
             (None, Flaw::TryAcquireJumpsQueue) => self.jump_queue(&key, opts).await?,
+            (None, Flaw::ReadersJumpWriters) => self.jump_writers(&key, opts).await?,
             (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
             (Some(delay), _) => {
                 let (lease, landed) = self.in_flight(delay, &key, opts).await?;
@@ -546,7 +553,7 @@ impl DistributedLock for FlawedLock {
             }
             _ => opts,
         };
-        let key = self.key(name)?;
+        let key = self.key_in(name, opts)?;
         self.validate(&key, opts).await?;
         let started = Instant::now();
         self.cross().await?;

@@ -7,6 +7,7 @@
 //! worst bug this project can have.
 
 mod catches;
+mod family;
 mod harness;
 mod intermittent;
 mod lease;
@@ -325,6 +326,43 @@ pub enum Flaw {
     /// Tokens are the server's time of day at the grant (in milliseconds, plus the counter):
     /// a step behind makes them go down.
     TokensFollowTheClock,
+    /// Shared requests are granted as exclusive ones: readers never overlap.
+    SharedIsExclusive,
+    /// `holders` lists only the newest holder, like a single-holder `inspect`.
+    HoldersShowsOne,
+    /// Readers and permits are kept on keys of their own, apart from the exclusive lock of
+    /// the same name: a writer and readers (or permit holders) hold one name together.
+    FamilyKeysSeparate,
+    /// A reader's request beside readers is granted at once, ahead of a waiting writer.
+    ReadersJumpWriters,
+    /// Shared and permit holds never expire: a crashed reader or permit holder keeps the name.
+    FamilyNeverExpires,
+    /// A stale release of a reader or a permit holder (its lease expired) frees every holder
+    /// of the name, and still answers `NotHeld`.
+    StaleReleaseFreesAll,
+    /// A waiting reader or permit request cancelled before its grant is granted later anyway,
+    /// and held for many TTLs by nobody.
+    CancelledFamilyWaiterStays,
+    /// Tokens are counted per mode: a writer after readers can get a lower token.
+    TokensPerMode,
+    /// A permit's token is its slot, 1 to K: a later holder can get a lower token.
+    PermitTokensWrap,
+    /// A waiting reader or permit request polls every 5 ms.
+    FamilyWaiterPolls,
+    /// A waiting reader or permit request misses every wake-up and looks again a TTL later.
+    FamilyMissedWakeup,
+    /// A semaphore grants one permit more than asked.
+    PermitsOffByOne,
+    /// Each permit count is a semaphore of its own: a request with another count is granted
+    /// instead of refused.
+    PermitCountIgnored,
+    /// Declares neither shared mode nor permits, and serves both as exclusive locks instead of
+    /// `Unsupported`.
+    ModeServedExclusive,
+    /// The lock is its connection's session, and for a moment after any client's connection
+    /// is cut, every waiting permit request is granted at once, however many permits are
+    /// held: K + 1 holders, of whom only the cut one may be excused.
+    CutGrantsPermitBeyondK,
 }
 
 impl Flaw {
@@ -447,5 +485,20 @@ impl Flaw {
         Flaw::ExpiresByTimeOfDay,
         Flaw::ClockBehindKeepsLocks,
         Flaw::TokensFollowTheClock,
+        Flaw::SharedIsExclusive,
+        Flaw::HoldersShowsOne,
+        Flaw::FamilyKeysSeparate,
+        Flaw::ReadersJumpWriters,
+        Flaw::FamilyNeverExpires,
+        Flaw::StaleReleaseFreesAll,
+        Flaw::CancelledFamilyWaiterStays,
+        Flaw::TokensPerMode,
+        Flaw::PermitTokensWrap,
+        Flaw::FamilyWaiterPolls,
+        Flaw::FamilyMissedWakeup,
+        Flaw::PermitsOffByOne,
+        Flaw::PermitCountIgnored,
+        Flaw::ModeServedExclusive,
+        Flaw::CutGrantsPermitBeyondK,
     ];
 }

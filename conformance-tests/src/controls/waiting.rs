@@ -119,6 +119,9 @@ impl FlawedLock {
                 tokio::time::sleep_until(next.into()).await;
             }
         }
+        if let Some(r) = self.family_wait(name, &key, opts, started, deadline).await {
+            return r;
+        }
         match self.flaw {
             Flaw::DeadlineHangsOnOneClient if self.odd_one => {
                 match self.inner.acquire(&key, &self.inner_opts(opts)).await {

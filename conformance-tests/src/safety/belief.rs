@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use lock_core::Mode;
+
 use super::history::{Event, LeaseId, Op};
 
 /// One lease's belief: the spans during which its holder believed it held the lock.
@@ -14,7 +16,11 @@ pub(super) struct Belief {
     pub(super) client: usize,
     pub(super) name: usize,
     pub(super) granted: Instant,
+    /// When its client asked for it (its last `Acquire` before the grant).
+    pub(super) asked: Instant,
     pub(super) token: Option<u64>,
+    /// How it held: exclusive unless an [`Op::Mode`] says otherwise.
+    pub(super) mode: Mode,
     pub(super) spans: Vec<(Instant, Instant)>,
     /// Release or let-go, if the holder ended it itself.
     pub(super) let_go: Option<Instant>,
@@ -49,8 +55,12 @@ pub(super) fn beliefs(events: &[Event], end: Instant) -> HashMap<LeaseId, Belief
             }
         }
     };
+    let mut asked: HashMap<usize, Instant> = HashMap::new();
     for e in events {
         match &e.op {
+            Op::Acquire => {
+                asked.insert(e.client, e.at);
+            }
             Op::Granted {
                 lease,
                 token,
@@ -63,7 +73,9 @@ pub(super) fn beliefs(events: &[Event], end: Instant) -> HashMap<LeaseId, Belief
                         client: e.client,
                         name: e.name,
                         granted: e.at,
+                        asked: asked.get(&e.client).copied().unwrap_or(e.at),
                         token: *token,
+                        mode: Mode::Exclusive,
                         spans: Vec::new(),
                         let_go: None,
                         released_ok: false,
@@ -102,6 +114,11 @@ pub(super) fn beliefs(events: &[Event], end: Instant) -> HashMap<LeaseId, Belief
                         open.insert(*lease, (e.at, *valid_until));
                     }
                     None => {}
+                }
+            }
+            Op::Mode { lease, mode } => {
+                if let Some(b) = out.get_mut(lease) {
+                    b.mode = *mode;
                 }
             }
             Op::LostSignal { lease } => {

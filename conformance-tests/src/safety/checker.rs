@@ -2,67 +2,14 @@
 //! re-grant and (d) liveness, with the operations involved.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::time::{Duration, Instant};
+
+use lock_core::Mode;
 
 use super::belief::{beliefs, Belief};
 use super::history::{Event, LeaseId, Op, NOBODY};
-
-/// Which promise a violation breaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
-    /// (a) Two clients believed they held one name at the same instant.
-    Overlap,
-    /// (b) Tokens did not strictly increase in grant order, or the store accepted a write with
-    /// a token lower than one it had accepted.
-    Fencing,
-    /// (c) A holder that had not released was still believing it held (no lost signal, its
-    /// `valid_until` ahead) when the next holder's grant returned.
-    LossNotSeen,
-    /// (d) After the last fault healed (and the servers served again, where they say so), a
-    /// name was not granted within the bound, or a client was never answered by its backend
-    /// again; or an acquisition never finished, or overstayed its bounded wait by the
-    /// workload's whole margin.
-    Liveness,
-}
-
-/// One broken promise, with the evidence.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// Which promise.
-    pub kind: Kind,
-    /// The name (index into the run's names; [`NOBODY`] for a violation of one client's).
-    pub name: usize,
-    /// The leases involved, earlier first.
-    pub leases: Vec<LeaseId>,
-    /// When it happened.
-    pub at: Instant,
-    /// What happened, in words (times relative to the start of the history).
-    pub detail: String,
-}
-
-impl Violation {
-    /// A violation of (d): no lease is involved.
-    fn liveness(name: usize, at: Instant, detail: String) -> Self {
-        Violation {
-            kind: Kind::Liveness,
-            name,
-            leases: vec![],
-            at,
-            detail,
-        }
-    }
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.name == NOBODY {
-            write!(f, "{:?}: {}", self.kind, self.detail)
-        } else {
-            write!(f, "{:?} on name {}: {}", self.kind, self.name, self.detail)
-        }
-    }
-}
+use super::overlap::overlaps;
+pub use super::violation::{Kind, Violation};
 
 /// How long after a cut a grant that was answered on the connection being cut may still be
 /// recorded (see [`CUT_NOTICE`]).
@@ -154,97 +101,29 @@ pub(super) fn analyse(events: &[Event], rules: &Rules) -> (Vec<Violation>, Vec<D
     (out, races)
 }
 
-/// Judges every pair of overlapping belief spans of one name (not only each span against the
-/// one reaching furthest: an excused race must not hide two other clients' overlap).
-fn overlaps(
-    name: usize,
-    leases: &[&Belief],
-    rel: &dyn Fn(Instant) -> Duration,
-    raced: &dyn Fn(&Belief, Instant, Instant) -> bool,
-    out: &mut Vec<Violation>,
-    races: &mut Vec<Duration>,
-) {
-    let mut spans: Vec<(Instant, Instant, &Belief)> = leases
-        .iter()
-        .flat_map(|b| b.spans.iter().map(move |&(s, e)| (s, e, *b)))
-        .collect();
-    spans.sort_by_key(|s| s.0);
-    // The spans not yet over at the current start.
-    let mut open: Vec<(Instant, Instant, &Belief)> = Vec::new();
-    for span in spans {
-        let (s, e, b) = span;
-        open.retain(|&(_, re, _)| re > s);
-        for &(rs, re, rb) in &open {
-            if rb.lease == b.lease {
-                continue;
-            }
-            if b.granted == s && raced(rb, s, re) {
-                races.push(re.min(e) - s);
-                continue;
-            }
-            out.push(Violation {
-                kind: Kind::Overlap,
-                name,
-                leases: vec![rb.lease, b.lease],
-                at: s,
-                detail: format!(
-                    "client {} (lease {}, believing {:?}..{:?}) and client {} (lease {}, \
-                     believing from {:?}) both believed they held it for {:?}",
-                    rb.client,
-                    rb.lease,
-                    rel(rs),
-                    rel(re),
-                    b.client,
-                    b.lease,
-                    rel(s),
-                    re.min(e) - s
-                ),
-            });
-            // The earlier holder had lost the lock (it had not let go, and its release, if
-            // any, failed) yet did not know when the successor's grant returned.
-            if rb.let_go.map_or(true, |g| g > s) && !rb.released_ok && b.granted == s {
-                out.push(Violation {
-                    kind: Kind::LossNotSeen,
-                    name,
-                    leases: vec![rb.lease, b.lease],
-                    at: s,
-                    detail: format!(
-                        "lease {} of client {} had not released and still believed it held \
-                         (lost signal {}, valid until {:?}) when lease {} of client {} was \
-                         granted at {:?}",
-                        rb.lease,
-                        rb.client,
-                        rb.lost_signal
-                            .map_or("never".to_string(), |t| format!("at {:?}", rel(t))),
-                        rel(re),
-                        b.lease,
-                        b.client,
-                        rel(s)
-                    ),
-                });
-            }
-        }
-        open.push(span);
-    }
-}
-
 fn token_order(
     name: usize,
     leases: &[&Belief],
     rel: &dyn Fn(Instant) -> Duration,
     out: &mut Vec<Violation>,
 ) {
-    // A belief that starts again (a resurrected lease) after a newer grant holds an old token:
-    // its holder writes with a token the newer holder already superseded.
+    // A belief that starts again (a resurrected lease) after a newer grant of a mode that
+    // excludes it holds an old token: its holder writes with a token the newer holder already
+    // superseded. (Readers, or permits of one semaphore, hold beside newer grants: no rule.)
     let mut starts: Vec<(Instant, &Belief)> = leases
         .iter()
         .flat_map(|b| b.spans.iter().map(move |&(s, _)| (s, *b)))
         .collect();
     starts.sort_by_key(|s| s.0);
-    let mut newest: Option<(u64, LeaseId)> = None;
+    // The newest token per mode so far, and its lease.
+    let mut newest: Vec<(Mode, u64, LeaseId)> = Vec::new();
     for (s, b) in starts {
         let Some(t) = b.token else { continue };
-        match newest {
+        let superseded = (newest.iter())
+            .filter(|(m, _, _)| !Mode::hold_together([*m, b.mode]))
+            .map(|&(_, n, l)| (n, l))
+            .max();
+        match superseded {
             Some((n, l)) if t < n && s > b.granted => out.push(Violation {
                 kind: Kind::Fencing,
                 name,
@@ -259,17 +138,55 @@ fn token_order(
             }),
             _ => {}
         }
-        if newest.map_or(true, |(n, _)| t > n) {
-            newest = Some((t, b.lease));
+        match newest.iter_mut().find(|(m, _, _)| *m == b.mode) {
+            Some(slot) if t > slot.1 => *slot = (b.mode, t, b.lease),
+            Some(_) => {}
+            None => newest.push((b.mode, t, b.lease)),
         }
     }
+    grant_order(name, leases, rel, out);
+}
+
+/// Tokens increase in the order the backend granted, as far as the history shows that order:
+/// a lease granted after another returned, where the two modes exclude each other (the later
+/// grant came after the earlier hold ended), or where the later one was asked for after the
+/// earlier grant returned (readers and permits granted at nearly the same moment may return in
+/// either order). And no two leases of a name share a token.
+fn grant_order(
+    name: usize,
+    leases: &[&Belief],
+    rel: &dyn Fn(Instant) -> Duration,
+    out: &mut Vec<Violation>,
+) {
     // Grants that were believed at all, in the order they returned.
-    let mut held: Vec<&&Belief> = leases.iter().filter(|b| !b.spans.is_empty()).collect();
+    let mut held: Vec<&Belief> = leases
+        .iter()
+        .copied()
+        .filter(|b| !b.spans.is_empty())
+        .collect();
     held.sort_by_key(|b| b.granted);
-    for w in held.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        let ok = matches!((a.token, b.token), (Some(x), Some(y)) if y > x);
-        if !ok {
+    // Running maxima: per mode, and over every grant before each point (by return time).
+    let mut by_mode: Vec<(Mode, Option<u64>, &Belief)> = Vec::new();
+    let mut prefix: Vec<(Instant, Option<u64>, &Belief)> = Vec::new();
+    let mut seen: HashMap<u64, LeaseId> = HashMap::new();
+    for &b in &held {
+        // The newest token of a grant that must precede this one.
+        let excluded = (by_mode.iter())
+            .filter(|(m, _, _)| !Mode::hold_together([*m, b.mode]))
+            .map(|&(_, t, a)| (t, a));
+        let before_asked = prefix
+            .partition_point(|(g, _, _)| *g < b.asked)
+            .checked_sub(1)
+            .map(|i| (prefix[i].1, prefix[i].2));
+        let must_exceed = excluded
+            .chain(before_asked)
+            .max_by_key(|(t, _)| t.map_or(u64::MAX, |t| t));
+        let clash = match (must_exceed, b.token) {
+            (Some((Some(t), a)), Some(y)) if y <= t => Some(a),
+            (Some((None, a)), _) | (Some((_, a)), None) => Some(a),
+            _ => None,
+        };
+        if let Some(a) = clash {
             out.push(Violation {
                 kind: Kind::Fencing,
                 name,
@@ -286,7 +203,33 @@ fn token_order(
                     rel(a.granted)
                 ),
             });
+        } else if let Some(twin) = b.token.and_then(|t| seen.get(&t)) {
+            out.push(Violation {
+                kind: Kind::Fencing,
+                name,
+                leases: vec![*twin, b.lease],
+                at: b.granted,
+                detail: format!(
+                    "lease {} granted at {:?} has token {:?}, as lease {twin} has",
+                    b.lease,
+                    rel(b.granted),
+                    b.token
+                ),
+            });
         }
+        if let Some(t) = b.token {
+            seen.entry(t).or_insert(b.lease);
+        }
+        match by_mode.iter_mut().find(|(m, _, _)| *m == b.mode) {
+            Some(slot) if b.token > slot.1 => *slot = (b.mode, b.token, b),
+            Some(_) => {}
+            None => by_mode.push((b.mode, b.token, b)),
+        }
+        let top = match prefix.last() {
+            Some(&(_, t, a)) if t >= b.token => (b.granted, t, a),
+            _ => (b.granted, b.token, b),
+        };
+        prefix.push(top);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The history a safety run records: every operation of every client, on one monotonic clock
 //! (all clients run in this process, so "at the same instant" is exact).
 
+use lock_core::Mode;
 use parking_lot::Mutex;
 use std::time::Instant;
 
@@ -32,6 +33,14 @@ pub enum Op {
         woken: Option<Instant>,
         /// When that poll began.
         polled: Option<Instant>,
+    },
+    /// The mode lease `lease` holds in, recorded with its grant where it is not exclusive
+    /// (a lease with no such event is exclusive).
+    Mode {
+        /// The lease.
+        lease: LeaseId,
+        /// Shared, or one of K permits.
+        mode: Mode,
     },
     /// The attempt ended without a grant (timeout or error).
     Refused {

@@ -34,10 +34,12 @@ mod belief;
 mod checker;
 mod history;
 mod nemesis;
+mod overlap;
 mod polled;
 mod report;
 mod store;
 mod timeline;
+mod violation;
 mod workload;
 
 pub use checker::{check, cut_races, Kind, Rules, Violation, CUT_NOTICE};
@@ -46,4 +48,4 @@ pub use nemesis::{Rng, FAULT_KINDS};
 pub use report::{quantile, Report};
 pub use store::FencedStore;
 pub use timeline::draw;
-pub use workload::{run, seed, Workload};
+pub use workload::{run, seed, Family, Workload};

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::{DistributedLock, Fencing, Lease, LeaseState, LockName, LockOptions};
+use lock_core::{
+    Capabilities, DistributedLock, Fencing, Lease, LeaseState, LockName, LockOptions, Mode,
+};
 
 use super::checker::{analyse, Rules};
 use super::history::{History, LeaseId, Op, NOBODY};
@@ -54,6 +56,37 @@ pub struct Workload {
     /// are two members or more: off in the short run (a conformance case, whose faults are
     /// one at a time), on in the soak; `fault_kinds` naming `double` turns it on.
     pub two_at_once: bool,
+    /// The modes the clients take the names in ([`Family`]).
+    pub family: Family,
+}
+
+/// Which [`Mode`]s a run's names are taken in, as far as the driver declares them
+/// (`Capabilities::shared`, `Capabilities::permits`; an undeclared mode is taken exclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Family {
+    /// Every name exclusive.
+    Exclusive,
+    /// A third of the names each: exclusive; read-write (shared 3 times in 5, else
+    /// exclusive); semaphores of 2 permits. Shared holders and permit holders only read: the
+    /// fenced store is written by exclusive holders.
+    Mixed,
+    /// Every name a semaphore of this many permits.
+    Permits(u32),
+}
+
+impl Family {
+    /// The mode of one acquisition of name number `n`, drawing from `rng` only for a
+    /// read-write name of a driver that declares shared mode (so a seed's schedule on a driver
+    /// without the family is what it was before it).
+    fn mode(self, n: usize, caps: &Capabilities, rng: &mut Rng) -> Mode {
+        match self {
+            Family::Mixed if n % 3 == 1 && caps.shared && rng.chance(60) => Mode::Shared,
+            Family::Mixed if n % 3 == 2 && caps.permits => Mode::Permits(2),
+            Family::Permits(k) if caps.permits => Mode::Permits(k),
+            _ => Mode::Exclusive,
+        }
+    }
 }
 
 impl Workload {
@@ -75,6 +108,7 @@ impl Workload {
             min_faults: 6,
             fault_kinds: None,
             two_at_once: false,
+            family: Family::Mixed,
         }
     }
 
@@ -97,6 +131,7 @@ impl Workload {
             min_faults: 0,
             fault_kinds: None,
             two_at_once: true,
+            family: Family::Mixed,
         }
     }
 }
@@ -141,6 +176,7 @@ struct Shared {
     abandon: u64,
     drop: u64,
     long: u64,
+    family: Family,
 }
 
 /// Runs `w` against `h`'s driver and checks the history.
@@ -201,6 +237,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         abandon: w.abandon_per_mille,
         drop: w.drop_per_mille,
         long: w.long_per_mille,
+        family: w.family,
     });
     let pauses: Vec<Arc<AtomicBool>> = (0..w.clients).map(|_| Arc::default()).collect();
     let holding: Arc<Vec<AtomicBool>> =
@@ -361,9 +398,14 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
     // A bounded wait, and a limit of our own over it for a driver that overstays it.
     let wait = ttl * 3;
     let limit = wait + ttl * 4 + s.timing.slack * 2;
+    let caps = lock.capabilities();
     while !s.stop.load(Ordering::Relaxed) {
         let n = rng.below(s.names.len() as u64) as usize;
-        let opts = LockOptions::new(ttl).wait_for(wait).auto_renew(None);
+        let mode = s.family.mode(n, &caps, &mut rng);
+        let opts = LockOptions::new(ttl)
+            .wait_for(wait)
+            .auto_renew(None)
+            .mode(mode);
         s.history.record(c, n, Op::Acquire);
         let mut acquiring = Polled::new(lock.acquire(&s.names[n], &opts));
         let lease = match tokio::time::timeout(limit, &mut acquiring).await {
@@ -401,6 +443,10 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
                 valid_until: lease.valid_until(),
             },
         );
+        if mode != Mode::Exclusive {
+            s.history
+                .record_at(returned, c, n, Op::Mode { lease: id, mode });
+        }
         let schedule = acquiring.schedule();
         drop(acquiring);
         s.history.record_at(
@@ -427,7 +473,9 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
         } else {
             (Duration::ZERO, hold_max)
         };
-        hold(c, n, id, token, lease.as_ref(), &s, &me, &mut rng, span).await;
+        // Readers and permit holders read: only a writer's token goes to the fenced store.
+        let writes = (mode == Mode::Exclusive).then_some(token);
+        hold(c, n, id, writes, lease.as_ref(), &s, &me, &mut rng, span).await;
         me.set_holding(false);
         // Now and then a holder crashes (abandon: the lock stays until its TTL) or forgets its
         // lease (drop: freed in the background); most release.
@@ -468,8 +516,9 @@ fn look(c: usize, n: usize, id: LeaseId, lease: &dyn Lease, s: &Shared) -> bool 
     !lost && Instant::now() < valid_until
 }
 
-/// Holds lease `id` for a time drawn from `span`: a few writes, each after a look at the lease,
-/// only while its holder believes it holds. A paused holder stops between its look and its write
+/// Holds lease `id` for a time drawn from `span`: a few writes with `token` (reads where it is
+/// `None`: a reader or a permit holder), each after a look at the lease, only while its holder
+/// believes it holds. A paused holder stops between its look and its write
 /// for longer than the TTL, as a GC pause would, then writes with its old token: the store must
 /// refuse it if a newer holder wrote meanwhile.
 #[allow(clippy::too_many_arguments)]
@@ -477,7 +526,7 @@ async fn hold(
     c: usize,
     n: usize,
     id: LeaseId,
-    token: Option<u64>,
+    writes_with: Option<Option<u64>>,
     lease: &dyn Lease,
     s: &Shared,
     me: &Client,
@@ -512,19 +561,21 @@ async fn hold(
             // checked before the pause would.
             let _ = lease.renew().await;
         }
-        let accepted = s.store.write(n, token);
-        if !accepted {
-            s.stale.fetch_add(1, Ordering::Relaxed);
+        if let Some(token) = writes_with {
+            let accepted = s.store.write(n, token);
+            if !accepted {
+                s.stale.fetch_add(1, Ordering::Relaxed);
+            }
+            s.history.record(
+                c,
+                n,
+                Op::Write {
+                    lease: id,
+                    token,
+                    accepted,
+                },
+            );
         }
-        s.history.record(
-            c,
-            n,
-            Op::Write {
-                lease: id,
-                token,
-                accepted,
-            },
-        );
         if !each.is_zero() {
             tokio::time::sleep(each).await;
         }
