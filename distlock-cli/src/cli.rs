@@ -56,7 +56,8 @@ lock idly.
 Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy
 with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refused, or a
 command that changed its user, which distlock may not stop (see Supervision); 64 bad
-arguments, URL, name or default directory; 70 lock lost or at risk while the command ran (it was stopped), or
+arguments, URL, name or default directory, --shared or --permits on a backend without that
+mode (docs/lock-family.md), or another K than the name's runs use; 70 lock lost or at risk while the command ran (it was stopped), or
 --max-hold reached; 71 distlock could not supervise (signals, keeper); 127/126 command not
 found / not runnable. A closed stderr changes none of these. `status`: 0 (held or free: see
 its output), 74 if the answer cannot be written, else 64, 69 or 77 as for `run`.
@@ -84,9 +85,10 @@ pub(crate) enum Cmd {
     /// Acquire the lock, run the command while renewing it, release it when nothing of the
     /// command runs any more.
     Run(RunArgs),
-    /// Tell whether the lock is held, with the holder's fencing token and remaining time where
-    /// the backend records them (Redlock: no token, by a quorum read; a backend that cannot
-    /// inspect at all is probed with a non-waiting acquisition).
+    /// Tell whether the lock is held, with every holder (each reader, each permit), its mode,
+    /// fencing token and remaining time where the backend records them (Redlock: no token, by
+    /// a quorum read; a backend that cannot inspect at all is probed with a non-waiting
+    /// acquisition).
     Status(StatusArgs),
 }
 
@@ -125,6 +127,15 @@ pub(crate) struct RunArgs {
     /// connection or open file, ends with distlock).
     #[arg(long, value_parser = duration)]
     pub(crate) min_hold: Option<Duration>,
+    /// Take the lock shared: any number of shared runs at once, none beside an exclusive one
+    /// (a read lock; without it, the run is exclusive). Exit 64 where the backend has no shared
+    /// mode.
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) shared: bool,
+    /// Take one of K permits: at most K runs of the name at once (a semaphore). Every run of
+    /// the name must give the same K: another K while one runs or waits exits 64.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) permits: Option<u32>,
     /// Time between SIGTERM and SIGKILL when the command is stopped (see Supervision below).
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub(crate) grace: Duration,

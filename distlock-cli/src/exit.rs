@@ -23,7 +23,13 @@ pub(crate) const EX_IOERR: u8 = 74;
 /// The exit status for a backend error.
 fn code_of(e: &Error) -> u8 {
     match e {
-        Error::Config { .. } | Error::InvalidName { .. } | Error::InvalidOptions(_) => EX_USAGE,
+        // A mode the backend lacks, or another count of permits than the name's users ask
+        // with: the arguments, not the service, must change.
+        Error::Config { .. }
+        | Error::InvalidName { .. }
+        | Error::InvalidOptions(_)
+        | Error::Unsupported { .. }
+        | Error::PermitsMismatch { .. } => EX_USAGE,
         Error::Timeout { .. } => EX_TEMPFAIL,
         Error::Lost { .. } => EX_SOFTWARE,
         Error::Unauthenticated { .. } => EX_NOPERM,

@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use distlock::{Error, Lease, LeaseState, LockName, LockOptions, Wait};
+use distlock::{Error, Lease, LeaseState, LockName, LockOptions, Mode, Wait};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -44,7 +44,15 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     };
     // Renewal is never stopped by the watchdog: --max-hold stops the *command*, and the lock
     // is released once it is dead, so no lease ends while a process of the command runs.
-    let opts = LockOptions::new(a.ttl).wait(wait).auto_renew(None);
+    let mode = match (a.shared, a.permits) {
+        (true, _) => Mode::Shared,
+        (false, Some(k)) => Mode::Permits(k),
+        (false, None) => Mode::Exclusive,
+    };
+    let opts = LockOptions::new(a.ttl)
+        .wait(wait)
+        .auto_renew(None)
+        .mode(mode);
 
     // Acquire, showing what we wait for on a terminal; a signal while waiting gives up.
     let start = Instant::now();

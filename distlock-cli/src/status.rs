@@ -1,9 +1,10 @@
-//! `distlock status`: is the lock held, by which token, for how long.
+//! `distlock status`: is the lock held, by whom (every holder: shared ones, permits), with
+//! which token, for how long.
 
 use std::io::Write;
 use std::time::Duration;
 
-use distlock::{DistributedLock, Error, LockName, LockOptions};
+use distlock::{DistributedLock, Error, HolderInfo, LockName, LockOptions, Mode};
 
 use crate::cli::StatusArgs;
 use crate::exit::{say, Failure, EX_IOERR};
@@ -14,51 +15,21 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
         Ok(x) => x,
         Err(f) => return f.report(secrets),
     };
-    let info = match locks.inspect(&name).await {
-        Ok(info) => info.map(|h| (h.fencing_token.map(|t| t.get()), h.remaining, h.foreign)),
+    let holders = match locks.holders(&name).await {
+        Ok(holders) => holders,
         // Backends that cannot inspect (third-party drivers may not): probe with a non-waiting
         // acquisition.
         Err(Error::Unsupported { .. }) => match probe(locks.as_ref(), &name).await {
-            Ok(true) => Some((None, None, false)),
-            Ok(false) => None,
+            Ok(true) => vec![HolderInfo::new(None, None)],
+            Ok(false) => vec![],
             Err(error) => return query_failed(error).report(secrets),
         },
         Err(error) => return query_failed(error).report(secrets),
     };
-    let state = if info.is_some() { "held" } else { "free" };
-    let (token, remaining, foreign) = info.unwrap_or((None, None, false));
     let answer = if a.json {
-        format!(
-            "{}\n",
-            serde_json::json!({
-                "name": name.as_str(),
-                "backend": locks.backend(),
-                "state": state,
-                "fencing_token": token,
-                "foreign_holder": foreign,
-                "remaining_ms": remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            })
-        )
+        json(&name, locks.backend(), &holders)
     } else {
-        let mut details = Vec::new();
-        if foreign {
-            details.push("held by another client".to_string());
-        }
-        if let Some(t) = token {
-            details.push(format!("fencing token {t}"));
-        }
-        if let Some(r) = remaining {
-            details.push(format!(
-                "{} left",
-                humantime::format_duration(crate::round_ms(r))
-            ));
-        }
-        let details = if details.is_empty() {
-            String::new()
-        } else {
-            format!(", {}", details.join(", "))
-        };
-        format!("{name}: {state} ({} backend{details})\n", locks.backend())
+        sentence(&name, locks.backend(), &holders)
     };
     // A closed stdout is a status nobody read: say so in the exit status, not by a panic.
     let mut out = std::io::stdout();
@@ -69,6 +40,87 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
             EX_IOERR
         }
     }
+}
+
+/// One JSON object: the newest holder's fields at the top (as before the lock family), and
+/// every holder in `holders`.
+fn json(name: &LockName, backend: &str, holders: &[HolderInfo]) -> String {
+    let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let newest = holders.last();
+    let each: Vec<serde_json::Value> = (holders.iter())
+        .map(|h| {
+            serde_json::json!({
+                "mode": mode_name(h.mode),
+                "permits": h.mode.limit().filter(|_| matches!(h.mode, Mode::Permits(_))),
+                "fencing_token": h.fencing_token.map(|t| t.get()),
+                "foreign_holder": h.foreign,
+                "remaining_ms": ms(h.remaining),
+            })
+        })
+        .collect();
+    let value = serde_json::json!({
+        "name": name.as_str(),
+        "backend": backend,
+        "state": if holders.is_empty() { "free" } else { "held" },
+        "fencing_token": newest.and_then(|h| h.fencing_token).map(|t| t.get()),
+        "foreign_holder": newest.is_some_and(|h| h.foreign),
+        "remaining_ms": ms(newest.and_then(|h| h.remaining)),
+        "holders": each,
+    });
+    format!("{value}\n")
+}
+
+/// `exclusive`, `shared` or `permit`.
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Shared => "shared",
+        Mode::Permits(_) => "permit",
+        _ => "exclusive",
+    }
+}
+
+/// `NAME: held (BACKEND backend, DETAILS)`, or `free`; one holder's details as before the lock
+/// family, several holders' each after its mode.
+fn sentence(name: &LockName, backend: &str, holders: &[HolderInfo]) -> String {
+    let details = |h: &HolderInfo| {
+        let mut d = Vec::new();
+        if h.foreign {
+            d.push("held by another client".to_string());
+        }
+        if let Some(t) = h.fencing_token {
+            d.push(format!("fencing token {t}"));
+        }
+        if let Some(r) = h.remaining {
+            d.push(format!(
+                "{} left",
+                humantime::format_duration(crate::round_ms(r))
+            ));
+        }
+        d
+    };
+    let said = match holders {
+        [] => format!("free ({backend} backend)"),
+        [h] if h.mode == Mode::Exclusive => {
+            let d = details(h);
+            if d.is_empty() {
+                format!("held ({backend} backend)")
+            } else {
+                format!("held ({backend} backend, {})", d.join(", "))
+            }
+        }
+        many => {
+            let each: Vec<String> = (many.iter())
+                .map(|h| [vec![h.mode.to_string()], details(h)].concat().join(", "))
+                .collect();
+            format!(
+                "held ({backend} backend, {} holder{}: {})",
+                many.len(),
+                if many.len() == 1 { "" } else { "s" },
+                each.join("; ")
+            )
+        }
+    };
+    format!("{name}: {said}\n")
 }
 
 /// Held (`true`) or free, by trying to take the lock without waiting and letting go at once.

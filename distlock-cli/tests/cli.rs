@@ -131,6 +131,64 @@ fn bad_arguments_urls_and_names_exit_64_with_one_line() {
     }
 }
 
+/// `--shared` and `--permits K` take the lock in that mode where the backend has it (the
+/// memory driver, within its one process), and exit 64 without running the command where it
+/// has not (the file backend today), for `--permits 0`, and for both at once: never an
+/// exclusive lock in their place.
+#[test]
+fn shared_and_permits_run_where_the_backend_has_them_and_exit_64_elsewhere() {
+    let dir = tmp("modes");
+    let (marker, touch) = ran_marker(&dir, "ran");
+    for mode in [vec!["--shared"], vec!["--permits", "3"]] {
+        let args = [
+            &["run", "--name", "x"][..],
+            &mode,
+            &["--", "sh", "-c", &touch],
+        ]
+        .concat();
+        let o = output(distlock("memory://", &args));
+        assert_eq!(
+            code(&o),
+            0,
+            "{mode:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            marker.exists(),
+            "{mode:?}: the command did not run on memory://"
+        );
+        std::fs::remove_file(&marker).unwrap();
+        let o = output(distlock(&file_url(&dir), &args));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 64, "{mode:?} on file://: {err}");
+        assert!(err.contains("does not support"), "{mode:?}: {err}");
+        assert!(
+            !marker.exists(),
+            "{mode:?}: the command ran without its mode"
+        );
+    }
+    for bad in [
+        vec!["--permits", "0"],
+        vec!["--permits", "-1"],
+        vec!["--shared", "--permits", "2"],
+    ] {
+        let args = [
+            &["run", "--name", "x"][..],
+            &bad,
+            &["--", "sh", "-c", &touch],
+        ]
+        .concat();
+        let o = output(distlock("memory://", &args));
+        assert_eq!(
+            code(&o),
+            64,
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!marker.exists(), "{bad:?}: the command ran");
+    }
+}
+
 /// `memory://` is a lock inside one process: two `run`s would both hold it at once. Both
 /// commands say so on stderr (a warning: it has been a documented URL), and work as usual.
 #[test]
@@ -498,6 +556,13 @@ fn no_wait_on_a_held_lock_exits_75_within_a_second() {
     let status = String::from_utf8_lossy(&o.stdout);
     assert!(status.contains("\"held\""), "{status}");
     assert!(status.contains("\"fencing_token\":1"), "{status}");
+    // Every holder listed, each with its mode: here the one exclusive run.
+    assert_eq!(
+        status.matches("\"mode\":\"exclusive\"").count(),
+        1,
+        "{status}"
+    );
+    assert_eq!(status.matches("\"mode\"").count(), 1, "{status}");
     let o = output(distlock(
         &url,
         &["run", "--name", "busy", "--wait", "200ms", "--", "true"],

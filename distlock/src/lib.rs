@@ -44,8 +44,8 @@ pub use lock_core::driver::Driver;
 pub use lock_core;
 pub use lock_core::memory::MemoryLock;
 pub use lock_core::{
-    async_trait, Capabilities, DistributedLock, Error, Fencing, FencingToken, Lease, LeaseState,
-    LockName, LockOptions, LostSignal, Renewal, Result, Wait,
+    async_trait, Capabilities, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
+    LeaseState, LockName, LockOptions, LostSignal, Mode, Renewal, Result, Wait,
 };
 #[cfg(feature = "etcd")]
 pub use lock_etcd;

@@ -152,40 +152,21 @@ impl FlawedLock {
         }
     }
 
-    /// [`Flaw::CancelledFamilyWaiterStays`]: a waiter dropped before its grant leaves a request
-    /// behind that is granted later and held for many TTLs by nobody.
+    /// [`Flaw::CancelledFamilyWaiterStays`]: the request is queued as a server would keep it,
+    /// whatever its caller does; a caller gone before the grant leaves the grant to nobody
+    /// until its TTL (which the cases make 40 of theirs).
     async fn wait_leaving(&self, key: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        struct Leftover {
-            lock: FlawedLock,
-            key: LockName,
-            opts: LockOptions,
-            armed: bool,
-        }
-        impl Drop for Leftover {
-            fn drop(&mut self) {
-                if !self.armed {
-                    return;
-                }
-                let (inner, key) = (self.lock.inner.clone(), self.key.clone());
-                let opts = self.opts.clone().ttl(self.opts.ttl * 50).manual_renewal();
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        if let Ok(l) = inner.acquire(&key, &opts.wait_forever()).await {
-                            l.abandon();
-                        }
-                    });
-                }
-            }
-        }
-        let mut leftover = Leftover {
-            lock: self.clone(),
-            key: key.clone(),
-            opts: self.inner_opts(opts),
-            armed: true,
-        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (inner, queued, o) = (self.inner.clone(), key.clone(), self.inner_opts(opts));
         let started = Instant::now();
-        let r = self.inner.acquire(key, &self.inner_opts(opts)).await;
-        leftover.armed = false;
-        Ok(self.wrap(r?, opts, started, started))
+        tokio::spawn(async move {
+            if let Err(Ok(orphan)) = tx.send(inner.acquire(&queued, &o).await) {
+                orphan.abandon();
+            }
+        });
+        let granted = rx
+            .await
+            .map_err(|_| lock_core::Error::unavailable("flawed-memory", "the request vanished"))?;
+        Ok(self.wrap(granted?, opts, started, started))
     }
 }
