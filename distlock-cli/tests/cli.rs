@@ -131,42 +131,70 @@ fn bad_arguments_urls_and_names_exit_64_with_one_line() {
     }
 }
 
-/// `--shared` and `--permits K` take the lock in that mode where the backend has it (the
-/// memory driver, within its one process), and exit 64 without running the command where it
-/// has not (the file backend today), for `--permits 0`, and for both at once: never an
-/// exclusive lock in their place.
+/// `--shared` and `--permits K` take the lock in that mode where the backend has it (the file
+/// backend's shared mode, the memory driver's both, within its one process), and exit 64
+/// without running the command where it has not (the file backend's permits today), for
+/// `--permits 0`, and for both at once: never an exclusive lock in their place.
 #[test]
 fn shared_and_permits_run_where_the_backend_has_them_and_exit_64_elsewhere() {
     let dir = tmp("modes");
     let (marker, touch) = ran_marker(&dir, "ran");
-    for mode in [vec!["--shared"], vec!["--permits", "3"]] {
+    let file = file_url(&dir);
+    let shared: &[&str] = &["--shared"];
+    let permits: &[&str] = &["--permits", "3"];
+    for (url, mode, runs) in [
+        ("memory://", shared, true),
+        ("memory://", permits, true),
+        (file.as_str(), shared, true),
+        (file.as_str(), permits, false),
+    ] {
         let args = [
             &["run", "--name", "x"][..],
-            &mode,
+            mode,
             &["--", "sh", "-c", &touch],
         ]
         .concat();
-        let o = output(distlock("memory://", &args));
-        assert_eq!(
-            code(&o),
-            0,
-            "{mode:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        assert!(
-            marker.exists(),
-            "{mode:?}: the command did not run on memory://"
-        );
-        std::fs::remove_file(&marker).unwrap();
-        let o = output(distlock(&file_url(&dir), &args));
+        let o = output(distlock(url, &args));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(code(&o), 64, "{mode:?} on file://: {err}");
-        assert!(err.contains("does not support"), "{mode:?}: {err}");
-        assert!(
-            !marker.exists(),
-            "{mode:?}: the command ran without its mode"
-        );
+        if runs {
+            assert_eq!(code(&o), 0, "{url} {mode:?}: {err}");
+            assert!(marker.exists(), "{url} {mode:?}: the command did not run");
+            std::fs::remove_file(&marker).unwrap();
+        } else {
+            assert_eq!(code(&o), 64, "{url} {mode:?}: {err}");
+            assert!(err.contains("does not support"), "{mode:?}: {err}");
+            assert!(
+                !marker.exists(),
+                "{url} {mode:?}: the command ran without its mode"
+            );
+        }
     }
+    // Two shared runs of one name on the file backend at once; an exclusive one waits.
+    let mut reader = holding(&file, &dir, &["--name", "r", "--shared"], "sleep 2");
+    let o = output(distlock(
+        &file,
+        &["run", "--name", "r", "--shared", "--no-wait", "--", "true"],
+    ));
+    assert_eq!(
+        code(&o),
+        0,
+        "a second reader: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = output(distlock(
+        &file,
+        &["run", "--name", "r", "--no-wait", "--", "true"],
+    ));
+    assert_eq!(
+        code(&o),
+        75,
+        "a writer beside a reader: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = output(distlock(&file, &["status", "--name", "r", "--json"]));
+    let status = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(status.matches("\"mode\":\"shared\"").count(), 1, "{status}");
+    assert!(reader.wait().unwrap().success());
     for bad in [
         vec!["--permits", "0"],
         vec!["--permits", "-1"],

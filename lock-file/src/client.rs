@@ -5,15 +5,15 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use lock_core::{Error, FencingToken, Result};
+use lock_core::{Error, FencingToken, Mode, Result};
 
 use crate::counter;
 
 use crate::config::BACKEND;
 
-/// The holder of the lock file at `path`, read without taking the lock (see
-/// `DistributedLock::inspect`).
-pub(crate) async fn holder(path: PathBuf) -> Result<Option<lock_core::HolderInfo>> {
+/// The holders of the lock file at `path`, read without taking the lock (see
+/// `DistributedLock::holders`).
+pub(crate) async fn holders(path: PathBuf) -> Result<Vec<lock_core::HolderInfo>> {
     let p = path.clone();
     blocking(move || peek(&p))
         .await?
@@ -108,8 +108,9 @@ pub(crate) struct Held {
     pub(crate) _writer: File,
 }
 
-/// Takes the lock on `path` if free: the held handles, the new fencing token, the identity.
-pub(crate) fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> {
+/// Takes the lock on `path` in `mode` if it can: the held handles, the new fencing token, the
+/// identity. Shared: `flock(LOCK_SH)`, as `flock -s` takes it.
+pub(crate) fn lock_file(path: &Path, mode: Mode) -> io::Result<Option<(Held, u64, FileId)>> {
     ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     loop {
         let file = match open_lock_file(path, false) {
@@ -121,7 +122,11 @@ pub(crate) fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> 
             }
             Err(e) => return Err(e),
         };
-        match fs4::FileExt::try_lock(&file) {
+        let locked = match mode {
+            Mode::Shared => fs4::FileExt::try_lock_shared(&file),
+            _ => fs4::FileExt::try_lock(&file),
+        };
+        match locked {
             Ok(()) => {}
             Err(fs4::TryLockError::WouldBlock) => return Ok(None),
             Err(fs4::TryLockError::Error(e)) => return Err(e),
@@ -138,7 +143,11 @@ pub(crate) fn lock_file(path: &Path) -> io::Result<Option<(Held, u64, FileId)>> 
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        let token = counter::bump(&writer)?;
+        let token = match mode {
+            #[cfg(target_os = "linux")]
+            Mode::Shared => counter::bump_shared(&writer)?,
+            _ => counter::bump(&writer)?,
+        };
         return Ok(Some((
             Held {
                 _lock: file,
@@ -166,22 +175,65 @@ pub fn attempts() -> u64 {
     ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether someone holds `path`'s lock, and the counter it stores (a free lock is taken for
-/// an instant, its counter read, and let go).
-pub(crate) fn peek(path: &Path) -> io::Result<Option<lock_core::HolderInfo>> {
+/// Who holds `path`'s lock: one exclusive holder with the counter it stores (its token), or
+/// the shared holders, counted from the kernel's table of locks (`/proc/locks`; a reader's
+/// token is its own to know, the file keeps only the newest), or nobody.
+pub(crate) fn peek(path: &Path) -> io::Result<Vec<lock_core::HolderInfo>> {
     let file = match open_lock_file(path, false) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
         Err(e) => return Err(e),
-    };
-    let free = match fs4::FileExt::try_lock(&file) {
-        Ok(()) => true, // dropping the file lets go at once
-        Err(fs4::TryLockError::WouldBlock) => false,
-        Err(fs4::TryLockError::Error(e)) => return Err(e),
     };
     // Read even when free: a damaged counter is reported here, not only at the next grant.
     let token = FencingToken::new(counter::read(&file)?);
-    Ok((!free).then(|| lock_core::HolderInfo::new(Some(token), None)))
+    let exclusive = vec![lock_core::HolderInfo::new(Some(token), None)];
+    if let Some((writers, readers)) = kernel_locks(&file.metadata()?) {
+        return Ok(match (writers, readers) {
+            (0, n) => vec![lock_core::HolderInfo::new(None, None).with_mode(Mode::Shared); n],
+            _ => exclusive,
+        });
+    }
+    // No table to read: try the lock for an instant (dropping the file lets go at once).
+    Ok(match fs4::FileExt::try_lock(&file) {
+        Ok(()) => vec![],
+        Err(fs4::TryLockError::WouldBlock) => match fs4::FileExt::try_lock_shared(&file) {
+            Ok(()) => vec![lock_core::HolderInfo::new(None, None).with_mode(Mode::Shared)],
+            Err(_) => exclusive,
+        },
+        Err(fs4::TryLockError::Error(e)) => return Err(e),
+    })
+}
+
+/// The `flock` locks granted on the file `m` describes, as `(exclusive, shared)`, from
+/// `/proc/locks` (lines `N: FLOCK ADVISORY WRITE|READ PID MAJ:MIN:INODE 0 EOF`, waiters marked
+/// `->`); `None` where that table cannot be read.
+#[cfg(target_os = "linux")]
+fn kernel_locks(m: &std::fs::Metadata) -> Option<(usize, usize)> {
+    use std::os::unix::fs::MetadataExt;
+    let table = std::fs::read_to_string("/proc/locks").ok()?;
+    let (major, minor) = (
+        nix::sys::stat::major(m.dev()),
+        nix::sys::stat::minor(m.dev()),
+    );
+    let file = format!("{major:02x}:{minor:02x}:{}", m.ino());
+    let mut counts = (0, 0);
+    for line in table.lines().filter(|l| !l.contains("->")) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) != Some(&"FLOCK") || fields.get(5) != Some(&file.as_str()) {
+            continue;
+        }
+        match fields.get(3) {
+            Some(&"WRITE") => counts.0 += 1,
+            Some(&"READ") => counts.1 += 1,
+            _ => {}
+        }
+    }
+    Some(counts)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn kernel_locks(_m: &std::fs::Metadata) -> Option<(usize, usize)> {
+    None
 }
 
 /// The directory is on a tmpfs (`$XDG_RUNTIME_DIR`, often `/tmp`), emptied at every boot with

@@ -122,6 +122,35 @@ pub(crate) fn bump(mut file: &File) -> io::Result<u64> {
     Ok(next)
 }
 
+/// [`bump`] for a holder of the shared lock, beside other shared holders who may bump at the
+/// same moment: serialised by an exclusive lock on a byte past the counter's slots (an
+/// open-file-description lock, which no `flock` of the file touches and the kernel drops with
+/// the file), and by this process's own mutex.
+#[cfg(target_os = "linux")]
+pub(crate) fn bump_shared(file: &File) -> io::Result<u64> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    static IN_PROCESS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    let _one = IN_PROCESS.lock();
+    let range = |kind: libc::c_int| libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: GUARD_AT,
+        l_len: 1,
+        l_pid: 0,
+    };
+    let locked = range(libc::F_WRLCK);
+    fcntl(file, FcntlArg::F_OFD_SETLKW(&locked)).map_err(io::Error::from)?;
+    let bumped = bump(file);
+    let unlocked = range(libc::F_UNLCK);
+    // Closing the file drops the range lock too; an error here leaves it to that.
+    let _ = fcntl(file, FcntlArg::F_OFD_SETLK(&unlocked));
+    bumped
+}
+
+/// The byte the counter's writers lock ([`bump_shared`]): far past the two slots.
+#[cfg(target_os = "linux")]
+const GUARD_AT: libc::off_t = 1 << 40;
+
 /// Makes `path` a lock file with a counter of 0, atomically: complete and flushed under a
 /// temporary name, linked into place (never over an existing file), directory flushed.
 /// An existing file is left alone.

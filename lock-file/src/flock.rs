@@ -30,7 +30,8 @@ pub(crate) async fn try_once(
     opts: &LockOptions,
 ) -> Result<Option<Box<dyn Lease>>> {
     let p = path.clone();
-    let got = blocking(move || lock_file(&p))
+    let mode = opts.mode;
+    let got = blocking(move || lock_file(&p, mode))
         .await?
         .map_err(|e| io_error(&path, e))?;
     let Some((file, token, id)) = got else {

@@ -19,6 +19,18 @@
 //! default, is one per waiting `acquire`), waiters poll with a jittered back-off from 5 ms up
 //! to 100 ms. [`attempts`] counts this process's lock attempts.
 //!
+//! ## Shared mode (Linux)
+//!
+//! [`Mode::Shared`](lock_core::Mode::Shared) is `flock(LOCK_SH)` on the same file, so
+//! util-linux's `flock -s FILE` / `flock -x FILE` and distlock's shared and exclusive modes are
+//! one lock (`tests/flock_interop.rs`). Readers each take a token: the counter's writes among
+//! them are serialised by an open-file-description lock on a byte past the counter
+//! (`F_OFD_SETLKW`, which no `flock` touches), so tokens stay strictly increasing and unique.
+//! `holders` counts the readers from the kernel's lock table (`/proc/locks`); a reader's token
+//! is its own to know (the file keeps only the newest), so it is not reported. `flock` keeps
+//! no queue: a stream of readers can keep a writer waiting (`Capabilities::fifo` is false).
+//! Permits (semaphores) are not offered yet: `Error::Unsupported`.
+//!
 //! ## Keys
 //!
 //! `<dir>/<name>.lock`, one file per name ever used; it stays after release (it holds the

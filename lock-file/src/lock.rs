@@ -10,7 +10,7 @@ use lock_core::{
     Capabilities, DistributedLock, Error, ExpiryClock, Fencing, Lease, LockName, Result,
 };
 
-use crate::client::{blocking, forgets_at_boot, holder};
+use crate::client::{blocking, forgets_at_boot, holders};
 use crate::config::BACKEND;
 use crate::flock::contend;
 use crate::wakeup::Wakers;
@@ -146,6 +146,9 @@ impl DistributedLock for FileLock {
             // no clock ends it.
             .with_survives_restart(true)
             .with_expires_by(ExpiryClock::Elapsed)
+            // `flock(LOCK_SH)`; the counter's writes among readers are serialised by a lock
+            // that only Linux has per open file (see `counter::bump_shared`).
+            .with_shared(cfg!(target_os = "linux"))
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
@@ -153,10 +156,16 @@ impl DistributedLock for FileLock {
         contend(&self.inner.wakers, path, req).await
     }
 
-    /// Held if the file's advisory lock cannot be taken; the token is the counter in the file.
-    /// The lock lives as long as its process, so there is no remaining time to report.
+    /// Held if the file's advisory lock is taken; an exclusive holder's token is the counter
+    /// in the file; a shared holder's is its own (not reported). The lock lives as long as its
+    /// process, so there is no remaining time to report.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        holder(self.path_of(name)).await
+        Ok(holders(self.path_of(name)).await?.pop())
+    }
+
+    /// The exclusive holder, or every shared holder (counted by the kernel, without tokens).
+    async fn holders(&self, name: &LockName) -> Result<Vec<lock_core::HolderInfo>> {
+        holders(self.path_of(name)).await
     }
 }
 

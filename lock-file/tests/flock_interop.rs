@@ -1,0 +1,132 @@
+//! Shared mode is `flock(LOCK_SH)` on the lock file: util-linux's `flock -s` and `flock -x` and
+//! distlock's shared and exclusive modes are one lock, both ways, and a reader that dies frees
+//! its share at once.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_core::{DistributedLock, LockName, LockOptions, Mode};
+use lock_file::FileLock;
+
+/// `flock MODE -n FILE true`: whether the util-linux tool got the lock at once.
+fn flock_now(mode: &str, file: &Path) -> bool {
+    let status = Command::new("flock")
+        .args([mode, "-n"])
+        .arg(file)
+        .arg("true")
+        .status()
+        .expect("util-linux flock (apt-get install util-linux)");
+    status.success()
+}
+
+/// `flock -o MODE FILE CMD` in the background, once it holds the lock. `-o`: the lock is the
+/// tool's own (its command, which waits for its stdin to close, does not inherit it), so
+/// killing the tool is a holder dying.
+fn flock_holding(mode: &str, file: &Path) -> Child {
+    let ready = file.with_extension(format!("ready{}", mode.trim_start_matches('-')));
+    let _ = std::fs::remove_file(&ready);
+    let child = Command::new("flock")
+        .args(["-o", mode])
+        .arg(file)
+        .args([
+            "sh",
+            "-c",
+            &format!("touch {} && exec cat >/dev/null", ready.display()),
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < until,
+            "flock {mode} never held {}",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+/// Kills the tool (its lock goes with it) and ends its command by closing its stdin.
+fn stop(mut child: Child) {
+    let _ = child.kill();
+    drop(child.stdin.take());
+    let _ = child.wait();
+}
+
+#[tokio::test]
+async fn flock_s_and_x_and_distlocks_modes_are_one_lock() {
+    let dir = std::env::temp_dir().join(format!("lock-file-flock-{}", std::process::id()));
+    let locks = FileLock::open(&dir).await.unwrap();
+    let name = LockName::new("interop").unwrap();
+    let file = locks.path_of(&name);
+    let opts = LockOptions::new(Duration::from_secs(5));
+    let shared = opts.clone().shared();
+
+    // distlock reads: flock -s joins, flock -x is refused.
+    let reader = locks.try_acquire(&name, &shared).await.unwrap().unwrap();
+    assert!(
+        flock_now("-s", &file),
+        "flock -s refused beside a distlock reader"
+    );
+    assert!(
+        !flock_now("-x", &file),
+        "flock -x granted beside a distlock reader"
+    );
+    reader.release().await.unwrap();
+    // distlock writes: both are refused.
+    let writer = locks.try_acquire(&name, &opts).await.unwrap().unwrap();
+    assert!(
+        !flock_now("-s", &file),
+        "flock -s granted beside a distlock writer"
+    );
+    writer.release().await.unwrap();
+
+    // flock -s holds: distlock reads beside it, and lists both readers; a writer is refused.
+    let tool = flock_holding("-s", &file);
+    let reader = locks.try_acquire(&name, &shared).await.unwrap();
+    let reader = reader.expect("a distlock reader refused beside flock -s");
+    let holders = locks.holders(&name).await.unwrap();
+    assert!(
+        holders.len() == 2 && holders.iter().all(|h| h.mode == Mode::Shared),
+        "{holders:?}"
+    );
+    assert!(locks.try_acquire(&name, &opts).await.unwrap().is_none());
+    reader.release().await.unwrap();
+    assert!(locks.try_acquire(&name, &opts).await.unwrap().is_none());
+    // The tool dies: its share goes with it, and a writer gets the lock at once.
+    stop(tool);
+    let writer = locks.try_acquire(&name, &opts).await.unwrap();
+    let writer = writer.expect("the lock stayed held after flock -s died");
+    writer.release().await.unwrap();
+
+    // flock -x holds: distlock's reader is refused; its waiting reader gets the lock once the
+    // tool is gone.
+    let tool = flock_holding("-x", &file);
+    assert!(locks.try_acquire(&name, &shared).await.unwrap().is_none());
+    assert_eq!(locks.holders(&name).await.unwrap().len(), 1);
+    let waiting = {
+        let (locks, name, shared) = (locks.clone(), name.clone(), shared.clone());
+        tokio::spawn(async move {
+            locks
+                .acquire(&name, &shared.wait_for(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a reader was granted beside flock -x"
+    );
+    stop(tool);
+    let granted = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+    assert!(
+        matches!(granted, Ok(Ok(Ok(_)))),
+        "the waiting reader was not granted after flock -x died: {granted:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
