@@ -328,9 +328,20 @@ impl Opener {
                 c.prepare(&self.sql.wait_grant),
                 c.prepare(&self.sql.check),
                 c.prepare(&self.sql.unlock),
+                c.prepare(&self.sql.try_grant_shared),
+                c.prepare(&self.sql.wait_grant_shared),
+                c.prepare(&self.sql.unlock_shared),
             )
         };
-        let (try_grant, wait_grant, check, unlock) = self
+        let (
+            try_grant,
+            wait_grant,
+            check,
+            unlock,
+            try_grant_shared,
+            wait_grant_shared,
+            unlock_shared,
+        ) = self
             .answered("preparing the statements", self.request_bound(), prepared)
             .await?;
         let (task, closed) = o.driven;
@@ -344,6 +355,9 @@ impl Opener {
                 wait_grant,
                 check,
                 unlock,
+                try_grant_shared,
+                wait_grant_shared,
+                unlock_shared,
             },
         })
     }

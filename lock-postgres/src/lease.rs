@@ -18,6 +18,8 @@ pub(crate) struct PgLeaseOps {
     session: parking_lot::Mutex<Option<Arc<Session>>>,
     key: i64,
     name: LockName,
+    /// Exclusive or shared: which unlock undoes the grant.
+    mode: lock_core::Mode,
     /// The lease's current `valid_until`, as the confirmations moved it.
     valid_until: parking_lot::Mutex<Instant>,
 }
@@ -28,6 +30,7 @@ impl PgLeaseOps {
         session: Session,
         key: i64,
         name: LockName,
+        mode: lock_core::Mode,
         valid_until: Instant,
     ) -> Self {
         PgLeaseOps {
@@ -35,6 +38,7 @@ impl PgLeaseOps {
             session: parking_lot::Mutex::new(Some(Arc::new(session))),
             key,
             name,
+            mode,
             valid_until: parking_lot::Mutex::new(valid_until),
         }
     }
@@ -117,7 +121,9 @@ impl LeaseOps for PgLeaseOps {
         }
         let bound = self.opener.config.session_timeout();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
-        let unlock = session.client.query_one(&session.stmts.unlock, &params);
+        let unlock = session
+            .client
+            .query_one(session.stmts.unlock(self.mode), &params);
         let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
             // Closing the connection ends the session, and the lock with it, once the server
             // hears of it (or its keepalive gives up).

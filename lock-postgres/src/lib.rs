@@ -30,6 +30,18 @@
 //! vacuum) for as long as it waits, like any long-running statement. Every grant writes one
 //! row (the counter), so it costs a commit.
 //!
+//! ## Shared mode
+//!
+//! [`Mode::Shared`](lock_core::Mode::Shared) is `pg_advisory_lock_shared` on the same key, so
+//! another program's `pg_advisory_lock_shared(key)` / `pg_advisory_lock(key)` and distlock's
+//! shared and exclusive modes are one lock (`tests/shared.rs`). The server's one lock queue
+//! serves both modes in order: a reader that comes after a waiting writer waits (also a
+//! `try_acquire`, which the server refuses), so readers cannot starve a writer. Every grant,
+//! shared or not, takes the next token. `holders` lists every session that holds the key
+//! (`pg_locks`); the fencing table names only the newest grant's session, so only that
+//! reader's token is shown, and a foreign reader is not told apart from an earlier distlock
+//! reader. Permits (semaphores) are not offered yet: `Error::Unsupported`.
+//!
 //! ## Keys
 //!
 //! The advisory lock's key is [`advisory_key`]: the first 8 bytes of the name's SHA-256, a

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, ExpiryClock, Fencing, FencingToken, HolderInfo,
-    Lease, LockName, Renewal, Result,
+    Lease, LockName, Mode, Renewal, Result,
 };
 
 use crate::client::{advisory_key, Opener};
@@ -87,7 +87,9 @@ impl PgLock {
                     // turns Lost as its connection closes. No clock ends a session's lock.
                     .with_survives_restart(false)
                     .with_expires_by(ExpiryClock::Elapsed)
-                    .with_min_ttl(bound),
+                    .with_min_ttl(bound)
+                    // `pg_advisory_lock_shared`: the same lock, in the server's one queue.
+                    .with_shared(true),
                 opener: Arc::new(opener),
             }),
         })
@@ -139,17 +141,18 @@ impl PgLock {
         // One try first: an uncontended grant costs one round trip, and vouches for the
         // session by itself (sent just now). Only a busy lock takes the waiting path.
         let sent = Instant::now();
+        let (try_grant, wait_grant) = s.stmts.grants(req.mode());
         let tried = opener
             .answered(
                 "the lock request",
                 opener.request_bound(),
-                s.client.query_opt(&s.stmts.try_grant, &params),
+                s.client.query_opt(try_grant, &params),
             )
             .await;
         let waits = !matches!(req.deadline(), Deadline::Now) && !req.deadline().passed();
         let (granted, waited) = match tried {
             Ok(None) if waits => {
-                let wait = s.client.query_opt(&s.stmts.wait_grant, &params);
+                let wait = s.client.query_opt(wait_grant, &params);
                 let r = match req.deadline().at() {
                     Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
                         Ok(r) => r,
@@ -217,6 +220,7 @@ impl PgLock {
             session,
             key,
             name.clone(),
+            req.mode(),
             grant.valid_until,
         );
         // The session is confirmed in the background whatever the renewal option says: the
@@ -285,11 +289,18 @@ impl DistributedLock for PgLock {
         }
     }
 
-    /// The holder's token, from the fencing table, if the session that holds the advisory
-    /// lock is the one the table names; a holder that is not distlock (another program
-    /// locking the same key) is reported as foreign. The lock lives as long as its holder's
-    /// session, so there is no remaining time to report.
+    /// The newest holder ([`holders`](DistributedLock::holders)'s last).
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        Ok(self.holders(name).await?.pop())
+    }
+
+    /// Every session holding the advisory lock, from `pg_locks`. A holder's token comes from
+    /// the fencing table, which names the session of the newest grant: an exclusive holder
+    /// that is not that session is another program locking the same key (reported as
+    /// foreign); a shared holder that is not is an earlier reader or a foreign one, told apart
+    /// by nothing on the server (no token reported). The newest grant's holder comes last.
+    /// The lock lives as long as its holder's session: no remaining time to report.
+    async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let (session, _) = self.session().await?;
         let opener = &self.inner.opener;
         let rows = opener
@@ -303,15 +314,25 @@ impl DistributedLock for PgLock {
             .await?;
         // Only a session that answered goes back to the pool.
         opener.idle.put_back(session);
-        let Some(row) = rows.into_iter().next() else {
-            return Ok(None);
-        };
-        let token: Option<i64> = row.try_get(0).unwrap_or(None);
-        let ours: bool = row.try_get(1).unwrap_or(false);
-        Ok(Some(match token.and_then(|t| u64::try_from(t).ok()) {
-            Some(t) if ours => HolderInfo::new(Some(FencingToken::new(t)), None),
-            _ => HolderInfo::foreign(None),
-        }))
+        let mut holders: Vec<(bool, HolderInfo)> = (rows.iter())
+            .map(|row| {
+                let token: Option<i64> = row.try_get(0).unwrap_or(None);
+                let ours: bool = row.try_get(1).unwrap_or(false);
+                let shared: bool = row.try_get(2).unwrap_or(false);
+                let token = token
+                    .and_then(|t| u64::try_from(t).ok())
+                    .filter(|_| ours)
+                    .map(FencingToken::new);
+                let info = match (token, shared) {
+                    (_, true) => HolderInfo::new(token, None).with_mode(Mode::Shared),
+                    (Some(_), false) => HolderInfo::new(token, None),
+                    (None, false) => HolderInfo::foreign(None),
+                };
+                (ours, info)
+            })
+            .collect();
+        holders.sort_by_key(|(ours, _)| *ours);
+        Ok(holders.into_iter().map(|(_, h)| h).collect())
     }
 }
 

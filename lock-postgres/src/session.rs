@@ -99,13 +99,17 @@ impl Keepalive {
     }
 }
 
-/// The SQL of the four statements every session prepares, for one fencing table.
+/// The SQL of the statements every session prepares, for one fencing table (the shared
+/// mode's three beside the exclusive ones).
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) try_grant: String,
     pub(crate) wait_grant: String,
     pub(crate) check: String,
     pub(crate) unlock: String,
+    pub(crate) try_grant_shared: String,
+    pub(crate) wait_grant_shared: String,
+    pub(crate) unlock_shared: String,
     pub(crate) inspect: String,
     pub(crate) create_table: String,
 }
@@ -148,11 +152,16 @@ impl Sql {
                  WHERE {KEY_IS} AND l.granted AND l.pid = pg_backend_pid())"
             ),
             unlock: "SELECT pg_advisory_unlock($1)".into(),
+            // The server's lock queue serves both modes in order: a shared request behind a
+            // waiting exclusive one waits (also `pg_try_advisory_lock_shared`, which refuses).
+            try_grant_shared: grant("pg_try_advisory_lock_shared($1) AS got"),
+            wait_grant_shared: grant("pg_advisory_lock_shared($1), true AS got"),
+            unlock_shared: "SELECT pg_advisory_unlock_shared($1)".into(),
             // The holder is ours if the counter row names its session: same pid, and granted
             // after that backend started (a pid reused by a foreign session is not ours).
             inspect: format!(
                 "SELECT f.token, coalesce(f.holder_pid = l.pid \
-                 AND f.granted_at >= a.backend_start, false) \
+                 AND f.granted_at >= a.backend_start, false), l.mode = 'ShareLock' \
                  FROM pg_catalog.pg_locks l \
                  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
                  LEFT JOIN {t} f ON f.name = $2 \
@@ -173,6 +182,27 @@ pub(crate) struct Statements {
     pub(crate) wait_grant: Statement,
     pub(crate) check: Statement,
     pub(crate) unlock: Statement,
+    pub(crate) try_grant_shared: Statement,
+    pub(crate) wait_grant_shared: Statement,
+    pub(crate) unlock_shared: Statement,
+}
+
+impl Statements {
+    /// The grant statements of `mode`: one try, one waiting.
+    pub(crate) fn grants(&self, mode: lock_core::Mode) -> (&Statement, &Statement) {
+        match mode {
+            lock_core::Mode::Shared => (&self.try_grant_shared, &self.wait_grant_shared),
+            _ => (&self.try_grant, &self.wait_grant),
+        }
+    }
+
+    /// The unlock statement of `mode`.
+    pub(crate) fn unlock(&self, mode: lock_core::Mode) -> &Statement {
+        match mode {
+            lock_core::Mode::Shared => &self.unlock_shared,
+            _ => &self.unlock,
+        }
+    }
 }
 
 /// A server session: a connection the driver owns, set up and prepared. Dropping it closes
