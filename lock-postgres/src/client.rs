@@ -14,7 +14,7 @@ use lock_core::driver::ClientError;
 use lock_core::{Error, LockName, Result};
 
 use crate::config::BACKEND;
-use crate::session::{Keepalive, Pool, Session, Sql, Statements};
+use crate::session::{Keepalive, ModeStatements, Pool, Session, Sql, Statements};
 use crate::PgConfig;
 
 /// The advisory-lock key of a lock name: the first 8 bytes of the SHA-256 of its UTF-8 bytes,
@@ -324,24 +324,12 @@ impl Opener {
         let c = &o.client;
         let prepared = async {
             tokio::try_join!(
-                c.prepare(&self.sql.try_grant),
-                c.prepare(&self.sql.wait_grant),
+                ModeStatements::prepare(c, &self.sql.exclusive),
+                ModeStatements::prepare(c, &self.sql.shared),
                 c.prepare(&self.sql.check),
-                c.prepare(&self.sql.unlock),
-                c.prepare(&self.sql.try_grant_shared),
-                c.prepare(&self.sql.wait_grant_shared),
-                c.prepare(&self.sql.unlock_shared),
             )
         };
-        let (
-            try_grant,
-            wait_grant,
-            check,
-            unlock,
-            try_grant_shared,
-            wait_grant_shared,
-            unlock_shared,
-        ) = self
+        let (exclusive, shared, check) = self
             .answered("preparing the statements", self.request_bound(), prepared)
             .await?;
         let (task, closed) = o.driven;
@@ -351,13 +339,9 @@ impl Opener {
             closed,
             pid: o.pid,
             stmts: Statements {
-                try_grant,
-                wait_grant,
+                exclusive,
+                shared,
                 check,
-                unlock,
-                try_grant_shared,
-                wait_grant_shared,
-                unlock_shared,
             },
         })
     }

@@ -123,7 +123,7 @@ impl LeaseOps for PgLeaseOps {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
         let unlock = session
             .client
-            .query_one(session.stmts.unlock(self.mode), &params);
+            .query_one(&session.stmts.of(self.mode).unlock, &params);
         let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
             // Closing the connection ends the session, and the lock with it, once the server
             // hears of it (or its keepalive gives up).

@@ -141,7 +141,10 @@ impl PgLock {
         // One try first: an uncontended grant costs one round trip, and vouches for the
         // session by itself (sent just now). Only a busy lock takes the waiting path.
         let sent = Instant::now();
-        let (try_grant, wait_grant) = s.stmts.grants(req.mode());
+        let (try_grant, wait_grant) = {
+            let of = s.stmts.of(req.mode());
+            (&of.try_grant, &of.wait_grant)
+        };
         let tried = opener
             .answered(
                 "the lock request",

@@ -99,19 +99,23 @@ impl Keepalive {
     }
 }
 
-/// The SQL of the statements every session prepares, for one fencing table (the shared
-/// mode's three beside the exclusive ones).
+/// The SQL of the statements every session prepares, for one fencing table: a grant and an
+/// unlock per mode, and the check.
 #[derive(Debug)]
 pub(crate) struct Sql {
-    pub(crate) try_grant: String,
-    pub(crate) wait_grant: String,
+    pub(crate) exclusive: ModeSql,
+    pub(crate) shared: ModeSql,
     pub(crate) check: String,
-    pub(crate) unlock: String,
-    pub(crate) try_grant_shared: String,
-    pub(crate) wait_grant_shared: String,
-    pub(crate) unlock_shared: String,
     pub(crate) inspect: String,
     pub(crate) create_table: String,
+}
+
+/// One mode's statements: a try, a waiting grant, an unlock.
+#[derive(Debug)]
+pub(crate) struct ModeSql {
+    pub(crate) try_grant: String,
+    pub(crate) wait_grant: String,
+    pub(crate) unlock: String,
 }
 
 /// `"schema"."name"` from a validated `[schema.]name`.
@@ -145,18 +149,23 @@ impl Sql {
             )
         };
         Sql {
-            try_grant: grant("pg_try_advisory_lock($1) AS got"),
-            wait_grant: grant("pg_advisory_lock($1), true AS got"),
+            exclusive: ModeSql {
+                try_grant: grant("pg_try_advisory_lock($1) AS got"),
+                wait_grant: grant("pg_advisory_lock($1), true AS got"),
+                unlock: "SELECT pg_advisory_unlock($1)".into(),
+            },
+            // The server's lock queue serves both modes in order: a shared request behind a
+            // waiting exclusive one waits (also `pg_try_advisory_lock_shared`, which refuses).
+            shared: ModeSql {
+                try_grant: grant("pg_try_advisory_lock_shared($1) AS got"),
+                wait_grant: grant("pg_advisory_lock_shared($1), true AS got"),
+                unlock: "SELECT pg_advisory_unlock_shared($1)".into(),
+            },
             check: format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
                  WHERE {KEY_IS} AND l.granted AND l.pid = pg_backend_pid())"
             ),
-            unlock: "SELECT pg_advisory_unlock($1)".into(),
-            // The server's lock queue serves both modes in order: a shared request behind a
-            // waiting exclusive one waits (also `pg_try_advisory_lock_shared`, which refuses).
-            try_grant_shared: grant("pg_try_advisory_lock_shared($1) AS got"),
-            wait_grant_shared: grant("pg_advisory_lock_shared($1), true AS got"),
-            unlock_shared: "SELECT pg_advisory_unlock_shared($1)".into(),
+
             // The holder is ours if the counter row names its session: same pid, and granted
             // after that backend started (a pid reused by a foreign session is not ours).
             inspect: format!(
@@ -178,29 +187,43 @@ impl Sql {
 
 /// The prepared statements of one session.
 pub(crate) struct Statements {
+    pub(crate) exclusive: ModeStatements,
+    pub(crate) shared: ModeStatements,
+    pub(crate) check: Statement,
+}
+
+/// One mode's prepared statements ([`ModeSql`]).
+pub(crate) struct ModeStatements {
     pub(crate) try_grant: Statement,
     pub(crate) wait_grant: Statement,
-    pub(crate) check: Statement,
     pub(crate) unlock: Statement,
-    pub(crate) try_grant_shared: Statement,
-    pub(crate) wait_grant_shared: Statement,
-    pub(crate) unlock_shared: Statement,
+}
+
+impl ModeStatements {
+    /// Prepares `sql` on `c`, pipelined.
+    pub(crate) async fn prepare(
+        c: &Client,
+        sql: &ModeSql,
+    ) -> std::result::Result<Self, tokio_postgres::Error> {
+        let (try_grant, wait_grant, unlock) = tokio::try_join!(
+            c.prepare(&sql.try_grant),
+            c.prepare(&sql.wait_grant),
+            c.prepare(&sql.unlock)
+        )?;
+        Ok(ModeStatements {
+            try_grant,
+            wait_grant,
+            unlock,
+        })
+    }
 }
 
 impl Statements {
-    /// The grant statements of `mode`: one try, one waiting.
-    pub(crate) fn grants(&self, mode: lock_core::Mode) -> (&Statement, &Statement) {
+    /// The statements of `mode`.
+    pub(crate) fn of(&self, mode: lock_core::Mode) -> &ModeStatements {
         match mode {
-            lock_core::Mode::Shared => (&self.try_grant_shared, &self.wait_grant_shared),
-            _ => (&self.try_grant, &self.wait_grant),
-        }
-    }
-
-    /// The unlock statement of `mode`.
-    pub(crate) fn unlock(&self, mode: lock_core::Mode) -> &Statement {
-        match mode {
-            lock_core::Mode::Shared => &self.unlock_shared,
-            _ => &self.unlock,
+            lock_core::Mode::Shared => &self.shared,
+            _ => &self.exclusive,
         }
     }
 }
@@ -262,6 +285,7 @@ mod tests {
     fn table_names_are_quoted() {
         let sql = Sql::for_table("ops.fences");
         assert!(sql
+            .exclusive
             .try_grant
             .contains("INSERT INTO \"ops\".\"fences\" AS f"));
     }
