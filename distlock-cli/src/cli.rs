@@ -19,7 +19,11 @@ Examples:
   # On one machine, no server (the default when no URL is given):
   distlock run --name backup -- rsync -a /data /backup
 
-  # Is it held?
+  # Readers beside readers, never beside the migration (shared mode: file, PostgreSQL):
+  distlock run --url postgres://app@db/app --name schema --shared -- ./nightly-export.sh
+  distlock run --url postgres://app@db/app --name schema -- ./migrate.sh
+
+  # Is it held, and by whom?
   distlock status --name nightly-report --url redis://10.0.0.5:6379 --json
 
 Supervision (`run`, Linux): the command runs in a process group of its own, under a small
