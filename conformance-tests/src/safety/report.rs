@@ -88,11 +88,30 @@ impl Report {
         out
     }
 
+    /// The grants by mode (exclusive, shared, permits), from the history's [`Op::Mode`]
+    /// events: which of the lock family a run exercised.
+    pub fn grants_by_mode(&self) -> [u64; 3] {
+        let mut by = [0u64; 3];
+        for e in &self.events {
+            match e.op {
+                Op::Granted { .. } => by[0] += 1,
+                Op::Mode { mode, .. } => {
+                    by[0] = by[0].saturating_sub(1);
+                    by[if mode == lock_core::Mode::Shared { 1 } else { 2 }] += 1;
+                }
+                _ => {}
+            }
+        }
+        by
+    }
+
     /// One line for a log: grants, time, faults, figures, seed.
     pub fn summary(&self) -> String {
         let [a, b, c, d] = self.violations_by_kind();
+        let [excl, shared, permits] = self.grants_by_mode();
         format!(
-            "{} grants in {:.1?} (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
+            "{} grants ({excl} exclusive, {shared} shared, {permits} permits) in {:.1?} \
+             (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
              violations a/b/c/d {a}/{b}/{c}/{d}, cut-off holder to lost signal p50 {:?} p99 {:?} \
              (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), hand-off p50 {:?} p99 {:?} \
              (n={}), cut races {} (longest {:?}), servers serving again {:?} after the last heal, \
