@@ -96,8 +96,9 @@ impl Report {
             match e.op {
                 Op::Granted { .. } => by[0] += 1,
                 Op::Mode { mode, .. } => {
+                    let i = if mode == lock_core::Mode::Shared { 1 } else { 2 };
                     by[0] = by[0].saturating_sub(1);
-                    by[if mode == lock_core::Mode::Shared { 1 } else { 2 }] += 1;
+                    by[i] += 1;
                 }
                 _ => {}
             }
