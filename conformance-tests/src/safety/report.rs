@@ -96,7 +96,11 @@ impl Report {
             match e.op {
                 Op::Granted { .. } => by[0] += 1,
                 Op::Mode { mode, .. } => {
-                    let i = if mode == lock_core::Mode::Shared { 1 } else { 2 };
+                    let i = if mode == lock_core::Mode::Shared {
+                        1
+                    } else {
+                        2
+                    };
                     by[0] = by[0].saturating_sub(1);
                     by[i] += 1;
                 }
