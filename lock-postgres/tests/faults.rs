@@ -275,9 +275,10 @@ async fn times_accepted(pooled: &PgConfig) -> usize {
     accepted
 }
 
-/// An operator terminates the holder's backend: the lock is free at once on the server, and
-/// the lease turns Lost at once (its connection closed), not at its next confirmation; its
-/// late release fails and does not free the next holder.
+/// An operator terminates the holder's backend: the lease turns Lost at once (its connection
+/// closed), not at its next confirmation, and the lock is free on the server within a moment
+/// of that (the backend's last reply precedes its exit); the late release fails and does not
+/// free the next holder.
 #[test]
 fn a_terminated_backend_loses_the_lease_at_once() {
     serial(a_terminated_backend_loses_the_lease_at_once_case());
@@ -301,11 +302,13 @@ async fn a_terminated_backend_loses_the_lease_at_once_case() {
             panic!("lease not Lost within 300 ms of pg_terminate_backend (confirmations are every ~667 ms)")
         });
     assert_eq!(lease.state(), LeaseState::Lost);
+    // The backend's FATAL reply (which closes the holder's connection) leaves before the
+    // backend has exited and let go of its locks: the holder may hear of the loss a moment
+    // before the lock is free — the safe order. Free within a second of it, not at once.
     let next = b
-        .try_acquire(&n, &opts())
+        .acquire(&n, &opts().wait_for(Duration::from_secs(1)))
         .await
-        .unwrap()
-        .expect("lock free after terminate");
+        .expect("lock free within a second after terminate");
     assert!(
         lease.release().await.is_err(),
         "release after terminate succeeded"
