@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::driver::{scrub, ClientError};
-use lock_core::{Error, Result};
+use lock_core::{Error, Mode, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::BACKEND;
@@ -453,6 +453,7 @@ pub struct ReleaseOnDrop {
     keys: Arc<LockKeys>,
     token: Arc<str>,
     timeout: Duration,
+    mode: Mode,
     armed: bool,
 }
 
@@ -469,8 +470,15 @@ impl ReleaseOnDrop {
             keys,
             token,
             timeout,
+            mode: Mode::Exclusive,
             armed: true,
         }
+    }
+
+    /// For a request of `mode`: a shared holder or a permit is released from its group.
+    pub(crate) fn of_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// The outcome is settled (granted and owned by a lease, refused, or cleaned up): dropping
@@ -491,15 +499,26 @@ impl Drop for ReleaseOnDrop {
         for node in self.nodes.iter() {
             let (mut conn, keys, token) =
                 (node.connection(), self.keys.clone(), self.token.clone());
-            let timeout = self.timeout;
+            let (timeout, mode) = (self.timeout, self.mode);
             rt.spawn(async move {
-                let _ = tokio::time::timeout(
-                    timeout,
-                    crate::scripts::release(&mut conn, &keys, &token),
-                )
-                .await;
+                let _ = tokio::time::timeout(timeout, release_any(&mut conn, &keys, &token, mode))
+                    .await;
             });
         }
+    }
+}
+
+/// Releases `token`'s hold of `mode` on `keys`, whatever its fence: the release after a grant
+/// whose reply never came.
+pub(crate) async fn release_any<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+    token: &str,
+    mode: Mode,
+) -> redis::RedisResult<bool> {
+    match mode {
+        Mode::Exclusive => crate::scripts::release(conn, keys, token).await,
+        _ => crate::family::release(conn, keys, &crate::family::Held::Token(token), mode).await,
     }
 }
 

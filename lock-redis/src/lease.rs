@@ -1,20 +1,24 @@
-//! The backend half of a held Redis lock: renew and release, each one owner-checked script.
+//! The backend half of a held Redis lock: renew and release, each one owner-checked script —
+//! the lock key's for an exclusive holder, the group's member for a shared holder or a permit.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::driver::{lease_end, LeaseOps};
-use lock_core::{Error, Result};
+use lock_core::{Error, Mode, Result};
 use redis::aio::ConnectionManager;
 
 use crate::client::RedisNode;
+use crate::family::{self, Held};
 use crate::scripts::{self, LockKeys};
 
 pub(crate) struct RedisLeaseOps {
     pub(crate) conn: ConnectionManager,
     pub(crate) keys: Arc<LockKeys>,
+    /// The owner token (exclusive), or the group member `<fence>:<token>`.
     pub(crate) token: Arc<str>,
+    pub(crate) mode: Mode,
     pub(crate) ttl: Duration,
     pub(crate) timeout: Duration,
     pub(crate) node: RedisNode,
@@ -29,12 +33,15 @@ impl LeaseOps for RedisLeaseOps {
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(
-            self.timeout,
-            scripts::renew(&mut conn, &self.keys, &self.token, self.ttl),
-        )
-        .await
-        {
+        let renewing = async {
+            match self.mode {
+                Mode::Exclusive => {
+                    scripts::renew(&mut conn, &self.keys, &self.token, self.ttl).await
+                }
+                mode => family::renew(&mut conn, &self.keys, &self.token, self.ttl, mode).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout, renewing).await {
             Ok(Ok(true)) => Ok(lease_end(start, self.ttl)),
             Ok(Ok(false)) => Err(Error::not_held(&self.keys.name())),
             Ok(Err(e)) => Err(self.node.error(&e)),
@@ -44,12 +51,15 @@ impl LeaseOps for RedisLeaseOps {
 
     async fn release(&self) -> Result<()> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(
-            self.timeout,
-            scripts::release(&mut conn, &self.keys, &self.token),
-        )
-        .await
-        {
+        let releasing = async {
+            match self.mode {
+                Mode::Exclusive => scripts::release(&mut conn, &self.keys, &self.token).await,
+                mode => {
+                    family::release(&mut conn, &self.keys, &Held::Member(&self.token), mode).await
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, releasing).await {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(Error::not_held(&self.keys.name())),
             Ok(Err(e)) => Err(self.node.error(&e)),

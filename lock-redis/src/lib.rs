@@ -20,6 +20,22 @@
 //! - **Lost-lease signal**: `valid_until` = acquisition start + TTL − (TTL·1 % + 2 ms), on the
 //!   monotonic clock, so a holder that cannot renew knows before the key can expire on the server.
 //!
+//! ## Shared holders and permits
+//!
+//! [`Mode::Shared`](lock_core::Mode::Shared) and [`Mode::Permits`](lock_core::Mode::Permits)
+//! (not with plain keys: `Error::Unsupported`) form a *group* in the lock's own key: its value
+//! is `distlock-group:s` or `distlock-group:p<K>`, with an expiry never shorter than its
+//! longest-lived member's, so an exclusive `SET … NX` — distlock's or any other client's on the
+//! key — is refused while the group holds, and the mutex's own script is unchanged. Members are
+//! `<fence>:<token>` in the sorted set `<prefix>{<name>}:holders`, scored by their expiry in the
+//! server's milliseconds (`TIME`, the clock of the key's `PX`); each script drops the members
+//! whose score has passed before it counts, so a crashed holder's permit comes back at its
+//! TTL. Every grant takes the next fence value (tokens increase across modes). A release ends
+//! the group with its last member and announces itself on the lock's channel, as the mutex's
+//! does. An operator's `DEL` of the key ends every member (their renewals are refused). Redis
+//! has no queue: a request takes the lock if it is free when it tries, so readers that keep
+//! overlapping can keep a writer waiting (`Capabilities::fifo` is false).
+//!
 //! ## Keys
 //!
 //! `<prefix>{<name>}` (owner token, PX expiry) and `<prefix>{<name>}:fence` (counter, no expiry)
@@ -115,6 +131,7 @@
 
 mod client;
 mod config;
+mod family;
 mod lease;
 mod lock;
 mod scripts;

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::driver::{lease_end, Acquisition, Backoff, Grant, ManagedLease};
 use lock_core::{
-    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
-    LockOptions, Result,
+    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
+    LockName, LockOptions, Mode, Result,
 };
 use redis::aio::ConnectionManager;
 
-use crate::client::{RedisNode, ReleaseOnDrop};
+use crate::client::{release_any, RedisNode, ReleaseOnDrop};
 use crate::config::BACKEND;
 use crate::lease::RedisLeaseOps;
 use crate::scripts::{self, Acquired, LockKeys};
@@ -65,12 +65,16 @@ impl RedisLock {
             durable_fencing(&node.connection()).await
         };
         // A key's end is a time of day on the server; what makes the counter survive a
-        // restart (an fsync of every write) makes the lock survive it too.
+        // restart (an fsync of every write) makes the lock survive it too. Groups of shared
+        // holders and permits need the fence counter's layout (not plain keys).
+        let family = !node.config().plain_keys();
         let caps = Capabilities::new()
             .with_survives_restart(fencing == Fencing::Strict)
             .with_fencing(fencing)
             .with_inspect(true)
-            .with_min_ttl(Duration::from_millis(10));
+            .with_min_ttl(Duration::from_millis(10))
+            .with_shared(family)
+            .with_permits(family);
         Ok(RedisLock {
             inner: Arc::new(Inner {
                 nodes: Arc::from([node.clone()]),
@@ -112,6 +116,7 @@ impl RedisLock {
         ttl: Duration,
         opts: &LockOptions,
     ) -> Result<std::result::Result<Box<dyn Lease>, Busy>> {
+        let mode = opts.mode;
         let node = &self.inner.node;
         let cfg = node.config();
         // After a reconnect the server may be another one (a failover, a restart with another
@@ -124,14 +129,17 @@ impl RedisLock {
             keys.clone(),
             token.clone(),
             cfg.request_timeout(),
-        );
+        )
+        .of_mode(mode);
         let start = Instant::now();
         let mut conn = node.connection();
-        let reply = tokio::time::timeout(
-            cfg.request_timeout(),
-            scripts::acquire(&mut conn, keys, &token, ttl),
-        )
-        .await;
+        let asking = async {
+            match mode {
+                Mode::Exclusive => scripts::acquire(&mut conn.clone(), keys, &token, ttl).await,
+                mode => crate::family::acquire(&mut conn.clone(), keys, &token, ttl, mode).await,
+            }
+        };
+        let reply = tokio::time::timeout(cfg.request_timeout(), asking).await;
         let valid_until = lease_end(start, ttl);
         let failure = match reply {
             Ok(Ok(Acquired::Busy {
@@ -140,12 +148,25 @@ impl RedisLock {
                 undo.disarm(); // refused: nothing of ours is stored
                 return Ok(Err(Busy { remaining, foreign }));
             }
+            Ok(Ok(Acquired::Mismatch { held })) => {
+                undo.disarm();
+                return Err(Error::PermitsMismatch {
+                    name: name.clone(),
+                    held,
+                    asked: mode.limit().unwrap_or(0),
+                });
+            }
             Ok(Ok(Acquired::Granted { fence })) if Instant::now() < valid_until => {
                 undo.disarm(); // the lease owns the token from here
+                let token = match mode {
+                    Mode::Exclusive => token,
+                    _ => crate::family::member(fence, &token).into(),
+                };
                 let ops = RedisLeaseOps {
                     conn,
                     keys: keys.clone(),
                     token,
+                    mode,
                     ttl,
                     timeout: cfg.request_timeout(),
                     node: node.clone(),
@@ -171,7 +192,7 @@ impl RedisLock {
         // Ambiguous: the script may have run. Delete the lock if it is ours, then report.
         let cleanup = tokio::time::timeout(
             cfg.request_timeout(),
-            scripts::release(&mut conn, keys, &token),
+            release_any(&mut conn, keys, &token, mode),
         )
         .await;
         undo.disarm();
@@ -188,34 +209,41 @@ impl DistributedLock for RedisLock {
         BACKEND
     }
 
-    /// `PTTL` of the lock key and the fence counter (the last token handed out, which is the
-    /// holder's), in one pipelined round trip.
-    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+    /// The newest of [`holders`](DistributedLock::holders): the exclusive holder, or the
+    /// group's last granted member.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        Ok(self.holders(name).await?.pop())
+    }
+
+    /// The lock key, the fence counter (the exclusive holder's token is the last one handed
+    /// out) and a group's live members, read in one script.
+    async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let keys = self.keys(name);
         let mut conn = self.inner.node.connection();
-        let (pttl, fence, holder): (i64, Option<u64>, Option<String>) = redis::pipe()
-            .cmd("PTTL")
-            .arg(&keys.lock)
-            .cmd("GET")
-            .arg(&keys.fence)
-            .cmd("GET")
-            .arg(&keys.lock)
-            .query_async(&mut conn)
+        let l = crate::family::list(&mut conn, &keys)
             .await
             .map_err(|e| self.inner.node.error(&e))?;
-        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-        Ok(match pttl {
-            -2 => None, // no such key: free
-            // The counter counts distlock's grants only: never show it for another client.
-            _ if !holder.is_some_and(|h| h.starts_with(scripts::TOKEN_TAG)) => {
-                Some(lock_core::HolderInfo::foreign(remaining))
-            }
-            _ => Some(lock_core::HolderInfo::new(
-                fence
-                    .filter(|_| self.inner.caps.fencing != Fencing::None)
-                    .map(FencingToken::new),
-                remaining,
-            )),
+        let fenced = |f: Option<u64>| {
+            f.filter(|_| self.inner.caps.fencing != Fencing::None)
+                .map(FencingToken::new)
+        };
+        let remaining = u64::try_from(l.pttl).ok().map(Duration::from_millis);
+        Ok(match l.value.as_deref() {
+            _ if l.pttl == -2 => vec![], // no such key: free
+            Some(v) => match crate::family::group_mode(v) {
+                Some(mode) => (l.members.iter())
+                    .map(|(m, left)| {
+                        HolderInfo::new(fenced(crate::family::member_fence(m)), Some(*left))
+                            .with_mode(mode)
+                    })
+                    .collect(),
+                // The counter counts distlock's grants only: never show it for another client.
+                None if v.starts_with(scripts::TOKEN_TAG) => {
+                    vec![HolderInfo::new(fenced(l.fence), remaining)]
+                }
+                None => vec![HolderInfo::foreign(remaining)],
+            },
+            None => vec![HolderInfo::foreign(remaining)],
         })
     }
 

@@ -3,7 +3,8 @@
 //! Keys of one lock share a hash tag, so they live in one Redis Cluster slot:
 //! `<prefix>{<name>}` holds the owner token with a PX expiry, `<prefix>{<name>}:fence` the
 //! fencing counter (no expiry: a token must never repeat). Releases are announced on the
-//! channel `<prefix>{<name>}:released`. In plain-key mode the lock is `<prefix><name>`, the
+//! channel `<prefix>{<name>}:released`. Shared holders and permits keep their members in
+//! `<prefix>{<name>}:holders` (see the crate's `family` module). In plain-key mode the lock is `<prefix><name>`, the
 //! layout of redis-py, redsync and the redis.io recipe, and there is no counter.
 //!
 //! Owner tokens start with [`TOKEN_TAG`], so that a holder whose value lacks it is known to be
@@ -64,6 +65,8 @@ pub struct LockKeys {
     pub fence: String,
     /// Release announcements.
     pub channel: String,
+    /// The members of a group of shared holders or permits.
+    pub holders: String,
     /// Whether there is a fencing counter (not in plain-key mode).
     pub fenced: bool,
     name: LockName,
@@ -100,6 +103,7 @@ impl LockKeys {
         LockKeys {
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
+            holders: format!("{lock}:holders"),
             lock,
             fenced,
             name: name.clone(),
@@ -137,23 +141,29 @@ pub enum Acquired {
         /// majority held by one owner from a split among several.
         holder: Option<String>,
     },
+    /// The name's permit holders use another number of permits.
+    Mismatch {
+        /// Their number of permits.
+        held: u32,
+    },
 }
 
-fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// A Lua script and its SHA1 digest.
-struct Lua {
-    code: &'static str,
+pub(crate) struct Lua {
+    code: String,
     sha: String,
 }
 
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    pub(crate) fn new(code: impl Into<String>) -> Self {
+        let code = code.into();
         Lua {
+            sha: redis::Script::new(&code).get_hash().to_string(),
             code,
-            sha: redis::Script::new(code).get_hash().to_string(),
         }
     }
 }
@@ -167,7 +177,7 @@ static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
 /// after the cache was emptied, never the two of `SCRIPT LOAD` + `EVALSHA` — on a slow link
 /// those made every Redlock master miss its per-node timeout. Not `EVAL` every time: the server
 /// would hash the body on every call, which cost 16 % of the single-node throughput.
-async fn run<T: redis::FromRedisValue, C: ConnectionLike + Send>(
+pub(crate) async fn run<T: redis::FromRedisValue, C: ConnectionLike + Send>(
     conn: &mut C,
     lua: &Lua,
     keys: &[&str],
@@ -180,7 +190,7 @@ async fn run<T: redis::FromRedisValue, C: ConnectionLike + Send>(
     };
     match cmd("EVALSHA", &lua.sha).query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            cmd("EVAL", lua.code).query_async(conn).await
+            cmd("EVAL", &lua.code).query_async(conn).await
         }
         r => r,
     }
@@ -214,7 +224,7 @@ pub async fn acquire<C: ConnectionLike + Send>(
 }
 
 /// A refusal: the holder's PTTL (-1: no expiry; -2: gone) and value.
-fn busy(pttl: i64, holder: Option<String>) -> Acquired {
+pub(crate) fn busy(pttl: i64, holder: Option<String>) -> Acquired {
     // Read after the refusal, so the key may have expired in between: then nobody holds it.
     let holder = holder.filter(|_| pttl != -2);
     Acquired::Busy {
