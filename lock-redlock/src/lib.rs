@@ -32,6 +32,18 @@
 //! - `QuorumNotReached { granted, needed }` (too few masters answered) is reported apart from
 //!   `Timeout` (the lock stayed busy) and `Unavailable` (a majority granted too late).
 //!
+//! ## Shared mode and permits: `Error::Unsupported`
+//!
+//! **Permits cannot be made correct over independent masters.** Each master can count the
+//! permits it stores, but no master sees the others': with 3 masters and 2 permits, holders
+//! A on masters 1 and 2, B on 2 and 3 and C on 1 and 3 each have a majority, and no master
+//! stores more than 2 — yet 3 hold a semaphore of 2. A majority vote bounds holders only when
+//! the bound is 1 (the mutex), because two majorities always share a master. So a permit
+//! request is refused with [`Error::Unsupported`](lock_core::Error::Unsupported), never served
+//! as a weaker lock. **Shared mode** would be sound (a writer's majority and a reader's
+//! majority share a master, which refuses one of them) but is not built yet; it is refused the
+//! same way. Use `lock-redis` on one server for both.
+//!
 //! ## Keys
 //!
 //! On every master, the layout of `lock-redis`: `<prefix>{<name>}` holds the owner token with
