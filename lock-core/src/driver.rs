@@ -20,7 +20,7 @@ pub use crate::authority::{host_port, split_userinfo, Userinfo};
 pub use crate::backoff::{random_below, Backoff};
 pub use crate::endpoint::{percent_decode, percent_encode, redacted_url, MultiHostUrl, TlsCa};
 pub use crate::managed::{drift, lease_end, Grant, ManagedLease};
-pub use crate::mode::Admission;
+pub use crate::mode::{queue_turn, Admission, Turn};
 pub use crate::ops::{release_with_retries, retry_in_background, LeaseOps};
 pub use crate::params::{parse_bool_param, Param, Query, Value};
 pub use crate::registry::{connecting, ConnectFuture, Driver};

@@ -139,6 +139,99 @@ impl Mode {
     }
 }
 
+/// Where a request stands in a FIFO queue of one name's holders and waiters ([`queue_turn`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// It holds: it and every entry before it may hold together.
+    Granted,
+    /// It waits until the entry at this index goes (the newest one before it that it cannot
+    /// hold beside); then it looks again.
+    After(usize),
+    /// It waits for a permit: every entry before it holds or waits for one of the same `k`,
+    /// and `k` of them are before it. Any one of them going may give it its turn.
+    AfterAny,
+    /// An entry before it uses the name with another number of permits, `held`.
+    Mismatch {
+        /// The number of permits of the earlier entry.
+        held: u32,
+    },
+}
+
+/// The turn of entry `me` in `queue`, a FIFO queue of one name's requests in the order they
+/// arrived (holders first, as they were granted in order): a request holds exactly when it and
+/// every request before it may hold together ([`Mode::hold_together`]), so nobody overtakes an
+/// earlier waiter — a reader that arrives behind a waiting writer waits behind it. The rule of
+/// every driver whose backend keeps such a queue (etcd's revisions, ZooKeeper's sequence
+/// numbers); the first of two counts of permits wins, and the later one is a mismatch.
+///
+/// ```
+/// use lock_core::{driver::{queue_turn, Turn}, Mode::{Exclusive as X, Permits as P, Shared as S}};
+/// assert_eq!(queue_turn(&[S, S, S], 2), Turn::Granted);
+/// assert_eq!(queue_turn(&[S, X, S], 2), Turn::After(1)); // behind the waiting writer
+/// assert_eq!(queue_turn(&[S, S, X], 2), Turn::After(1));
+/// assert_eq!(queue_turn(&[P(2), P(2), P(2)], 2), Turn::AfterAny);
+/// assert_eq!(queue_turn(&[P(2), P(3)], 1), Turn::Mismatch { held: 2 });
+/// ```
+///
+/// # Panics
+/// Never; an index past the queue's end is treated as the queue's last entry.
+pub fn queue_turn(queue: &[Mode], me: usize) -> Turn {
+    let me = me.min(queue.len().saturating_sub(1));
+    let Some(&mode) = queue.get(me) else {
+        return Turn::Granted;
+    };
+    let before = &queue[..me];
+    if let Mode::Permits(k) = mode {
+        let other = before.iter().find_map(|m| match m {
+            Mode::Permits(j) if *j != k => Some(*j),
+            _ => None,
+        });
+        if let Some(held) = other {
+            return Turn::Mismatch { held };
+        }
+    }
+    if Mode::hold_together(queue[..=me].iter().copied()) {
+        return Turn::Granted;
+    }
+    let blocker = match mode {
+        Mode::Exclusive => me.checked_sub(1),
+        _ => before.iter().rposition(|m| *m != mode),
+    };
+    blocker.map_or(Turn::AfterAny, Turn::After)
+}
+
+impl Mode {
+    /// The mode as drivers write it beside a holder in the backend: `x`, `s`, `p<K>`.
+    ///
+    /// ```
+    /// use lock_core::Mode;
+    /// for m in [Mode::Exclusive, Mode::Shared, Mode::Permits(7)] {
+    ///     assert_eq!(Mode::from_code(&m.code()), Some(m));
+    /// }
+    /// assert_eq!(Mode::Permits(7).code(), "p7");
+    /// assert_eq!(Mode::from_code("p0"), None);
+    /// ```
+    pub fn code(self) -> String {
+        match self {
+            Mode::Exclusive => "x".into(),
+            Mode::Shared => "s".into(),
+            Mode::Permits(k) => format!("p{k}"),
+        }
+    }
+
+    /// The mode [`code`](Mode::code) wrote; `None` for anything else (and for `p0`).
+    pub fn from_code(code: &str) -> Option<Mode> {
+        match code {
+            "x" => Some(Mode::Exclusive),
+            "s" => Some(Mode::Shared),
+            p => {
+                let k: u32 = p.strip_prefix('p')?.parse().ok()?;
+                (k > 0 && p.len() == format!("p{k}").len()).then_some(Mode::Permits(k))
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for Mode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.describe())
@@ -193,6 +286,54 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn queue_turns_grant_prefixes_that_hold_together() {
+        // Every queue of up to 4 entries: an entry is granted exactly when the queue up to it
+        // may hold together; a waiter's blocker is before it and cannot hold beside it.
+        let modes = [Mode::Exclusive, Mode::Shared, Mode::Permits(2)];
+        let mut queues: Vec<Vec<Mode>> = vec![vec![]];
+        for _ in 0..4 {
+            let longer: Vec<Vec<Mode>> = (queues.iter())
+                .flat_map(|q| {
+                    modes.iter().map(move |m| {
+                        let mut q = q.clone();
+                        q.push(*m);
+                        q
+                    })
+                })
+                .collect();
+            queues.extend(longer);
+        }
+        for q in queues.iter().filter(|q| !q.is_empty()) {
+            for i in 0..q.len() {
+                let together = Mode::hold_together(q[..=i].iter().copied());
+                match queue_turn(q, i) {
+                    Turn::Granted => assert!(together, "{q:?} {i}"),
+                    Turn::After(j) => {
+                        assert!(!together && j < i, "{q:?} {i}");
+                        assert!(
+                            q[i] == Mode::Exclusive && j + 1 == i || q[j] != q[i],
+                            "{q:?} {i} waits for {j}"
+                        );
+                    }
+                    Turn::AfterAny => {
+                        assert!(q[..=i].iter().all(|m| *m == Mode::Permits(2)) && i >= 2)
+                    }
+                    Turn::Mismatch { .. } => panic!("one count of permits: {q:?}"),
+                }
+            }
+        }
+        assert_eq!(
+            queue_turn(&[Mode::Permits(3), Mode::Permits(2)], 1),
+            Turn::Mismatch { held: 3 }
+        );
+        // The earlier count wins: the later request is the mismatch, never the holder.
+        assert_eq!(
+            queue_turn(&[Mode::Permits(3), Mode::Permits(2)], 0),
+            Turn::Granted
+        );
     }
 
     #[test]

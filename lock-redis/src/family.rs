@@ -24,21 +24,15 @@ use crate::scripts::{ms, run, Acquired, LockKeys, Lua, TOKEN_TAG};
 /// a release message will come).
 pub(crate) const GROUP_TAG: &str = "distlock-group:";
 
-/// The lock value of a group of `mode`; `None` for the exclusive mode, which is no group.
+/// The lock value of a group of `mode` ([`Mode::code`]); `None` for the exclusive mode, which
+/// is no group.
 pub(crate) fn group_value(mode: Mode) -> Option<String> {
-    match mode {
-        Mode::Shared => Some(format!("{GROUP_TAG}s")),
-        Mode::Permits(k) => Some(format!("{GROUP_TAG}p{k}")),
-        _ => None,
-    }
+    (mode != Mode::Exclusive).then(|| format!("{GROUP_TAG}{}", mode.code()))
 }
 
 /// The mode of a group's lock value; `None` for any other value.
 pub(crate) fn group_mode(value: &str) -> Option<Mode> {
-    match value.strip_prefix(GROUP_TAG)? {
-        "s" => Some(Mode::Shared),
-        p => Some(Mode::Permits(p.strip_prefix('p')?.parse().ok()?)),
-    }
+    Mode::from_code(value.strip_prefix(GROUP_TAG)?).filter(|m| *m != Mode::Exclusive)
 }
 
 /// A member of the holders' set: `<fence>:<token>`.
@@ -292,7 +286,13 @@ mod tests {
             assert_eq!(group_mode(&v), Some(mode));
         }
         assert_eq!(group_value(Mode::Exclusive), None);
-        for other in ["distlock-abc", "distlock-group:", "distlock-group:px", "x"] {
+        for other in [
+            "distlock-abc",
+            "distlock-group:",
+            "distlock-group:px",
+            "distlock-group:x",
+            "x",
+        ] {
             assert_eq!(group_mode(other), None, "{other}");
         }
     }
