@@ -36,6 +36,8 @@ const EXCLUDED_FOR: Duration = Duration::from_millis(1500);
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Client {
     Distlock,
+    /// `distlock run --shared`.
+    DistlockShared,
     #[cfg(feature = "etcd")] // etcd is not in the CLI's default features
     Etcdctl,
     Curator,
@@ -43,6 +45,8 @@ enum Client {
     RedisPy,
     /// `psql` holding `pg_advisory_lock` on the key of the documented SQL expression.
     Psql,
+    /// `psql` holding `pg_advisory_lock_shared` on that key.
+    PsqlShared,
 }
 
 /// A backend and the name of one lock on it, as each client spells it.
@@ -100,12 +104,15 @@ impl Lock {
         let hold = format!("echo acquired; while [ ! -e {r} ]; do sleep 0.02; done");
         let path = format!("/{}", self.name);
         let mut cmd = match client {
-            Client::Distlock => {
+            Client::Distlock | Client::DistlockShared => {
                 let mut c = Command::new(BIN);
                 c.env("DISTLOCK_URL", &self.url)
                     .env("RUST_LOG", "error")
-                    .args(["run", "--name", &self.name, "--wait", "60s"])
-                    .args(["--", "sh", "-c", &hold]);
+                    .args(["run", "--name", &self.name, "--wait", "60s"]);
+                if client == Client::DistlockShared {
+                    c.arg("--shared");
+                }
+                c.args(["--", "sh", "-c", &hold]);
                 c
             }
             #[cfg(feature = "etcd")]
@@ -118,11 +125,15 @@ impl Lock {
             }
             Client::Kazoo => python("kazoo_hold.py", [&*zk_hosts(), &path, &r]),
             Client::RedisPy => python("redis_hold.py", [&*servers::url("{redis}"), &self.name, &r]),
-            Client::Psql => {
+            Client::Psql | Client::PsqlShared => {
                 // One session: lock (waiting in the server's queue), then hold until released.
+                let f = match client {
+                    Client::PsqlShared => "pg_advisory_lock_shared",
+                    _ => "pg_advisory_lock",
+                };
                 let mut c = psql();
                 c.arg("-c")
-                    .arg(format!("SELECT pg_advisory_lock({})", self.pg_key()))
+                    .arg(format!("SELECT {f}({})", self.pg_key()))
                     .arg("-c")
                     .arg(format!("\\! {hold}"));
                 c
@@ -386,12 +397,17 @@ fn hand_off(holder: Holder, waiter: &Holder) {
 }
 
 /// Promises 1–3 between distlock and `foreign`, both ways.
-fn exclusion_both_ways(mut lock: Lock, foreign: Client) {
+fn exclusion_both_ways(lock: Lock, foreign: Client) {
+    exclusion_both_ways_as(lock, foreign, Client::Distlock);
+}
+
+/// [`exclusion_both_ways`] with distlock taking the lock as `ours` (exclusive or shared).
+fn exclusion_both_ways_as(mut lock: Lock, foreign: Client, ours: Client) {
     // The foreign client holds: distlock is busy, then waits and is handed the lock.
     let f = lock.start(foreign, 1);
     f.holds();
     lock.no_wait_is_busy(&f.what);
-    let d = lock.start(Client::Distlock, 2);
+    let d = lock.start(ours, 2);
     lock.queued(2, &d.what);
     hand_off(f, &d);
     // distlock holds: the foreign client waits, and is handed the lock.
@@ -440,6 +456,32 @@ fn etcdctl_and_distlock_waiters_are_served_in_arrival_order() {
 }
 
 /// `DISTLOCK_KEY` is the key etcdctl sees: the holder's key under `<name>/`.
+/// Shared mode is the same queue: an `etcdctl lock` holder keeps a distlock reader out and the
+/// other way round.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcdctl_lock_and_distlock_readers_exclude_each_other() {
+    exclusion_both_ways_as(
+        Lock::etcd("etcdctl-shared"),
+        Client::Etcdctl,
+        Client::DistlockShared,
+    );
+}
+
+/// A reader that arrives behind a waiting `etcdctl lock` writer waits behind it (no writer
+/// starvation across clients), and readers hold together.
+#[cfg(feature = "etcd")]
+#[test]
+fn a_reader_waits_behind_a_waiting_etcdctl_writer() {
+    use Client::{DistlockShared as R, Etcdctl as W};
+    arrival_order(Lock::etcd("etcdctl-fifo-shared"), &[R, W, R]);
+    // Readers together: the second is granted while the first holds.
+    let mut lock = Lock::etcd("etcdctl-readers");
+    let (a, b) = (lock.start(R, 1), lock.start(R, 2));
+    a.holds();
+    b.holds();
+}
+
 #[cfg(feature = "etcd")]
 #[test]
 fn distlock_key_is_the_key_etcdctl_sees() {
@@ -505,6 +547,26 @@ fn psql_and_distlock_waiters_are_served_in_arrival_order() {
 
 /// `DISTLOCK_KEY` on PostgreSQL is the key the documented SQL expression gives, as `psql`
 /// computes it.
+/// `pg_advisory_lock_shared` from psql and `distlock run --shared` are the same lock: readers
+/// of both hold together, and each side's writer keeps the other's readers out.
+#[test]
+fn psql_and_distlock_readers_share_and_writers_exclude_them() {
+    let mut lock = Lock::pg("psql-readers");
+    let (a, b) = (
+        lock.start(Client::PsqlShared, 1),
+        lock.start(Client::DistlockShared, 2),
+    );
+    a.holds();
+    b.holds();
+    drop((a, b));
+    exclusion_both_ways_as(
+        Lock::pg("psql-writer"),
+        Client::Psql,
+        Client::DistlockShared,
+    );
+    exclusion_both_ways(Lock::pg("psql-reader"), Client::PsqlShared);
+}
+
 #[test]
 fn distlock_key_is_the_key_psql_computes() {
     let lock = Lock::pg("pg-key");

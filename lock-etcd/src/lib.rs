@@ -35,6 +35,20 @@
 //! nested prefix. Either way a holder's key is the oldest key of the name, so distlock and
 //! `etcdctl lock` on one name still exclude each other.
 //!
+//! ## Shared holders and permits
+//!
+//! [`Mode::Shared`](lock_core::Mode::Shared) and [`Mode::Permits`](lock_core::Mode::Permits)
+//! join the same queue: a contender's key says its mode in its value (empty for exclusive, as
+//! `etcdctl lock` writes it; `s`, or `p<K>`), and a contender holds once it and every key before
+//! it may hold together ([`queue_turn`](lock_core::driver::queue_turn)). So a reader that
+//! arrives behind a waiting writer waits behind it (writers are not starved), an
+//! `etcdctl lock` holder or waiter is a writer to distlock's readers and they are all older
+//! keys to it, and the first count of permits on a name wins (a later request with another
+//! count is `PermitsMismatch`). A reader waits for the deletion of the newest key before it
+//! that it cannot hold beside; a permit request behind `K` permit keys watches the name's range
+//! and looks again at each deletion under it. Each grant's token is its key's
+//! `create_revision`, as for the mutex.
+//!
 //! ## Fencing: `Strict`
 //!
 //! The key's `create_revision`: strictly increasing across the whole cluster, across restarts
@@ -91,6 +105,7 @@
 
 mod client;
 mod config;
+mod family;
 mod grant;
 mod guarded;
 mod lease;

@@ -6,15 +6,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, TxnOp};
-use lock_core::driver::Acquisition;
+use lock_core::driver::{queue_turn, Acquisition, Turn};
 use lock_core::{
-    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, Lease, LockName, Result,
+    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, HolderInfo, Lease, LockName,
+    Mode, Result,
 };
 
 use crate::client::Cluster;
 use crate::config::BACKEND;
+use crate::family;
 use crate::guarded::guarded_txn;
-use crate::queue::{contend, head_of};
+use crate::queue::contend;
 use crate::EtcdConfig;
 
 /// An etcd lock client. Cheap to clone (one gRPC channel, shared).
@@ -68,6 +70,9 @@ impl EtcdLock {
             .with_fencing(Fencing::Strict)
             .with_inspect(true)
             .with_fifo(true)
+            // A contender's key says its mode; one queue serves them all (`family.rs`).
+            .with_shared(true)
+            .with_permits(true)
             // Leases are kept by the quorum and counted on the leader's monotonic clock (a
             // restart or a new leader grants each its whole TTL again).
             .with_survives_restart(true)
@@ -146,25 +151,42 @@ impl DistributedLock for EtcdLock {
         contend(&self.inner.cluster, req).await
     }
 
-    /// The oldest key under the name (the holder): its `create_revision`, and its lease's
-    /// remaining TTL.
-    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        let Some(kv) = head_of(&self.inner.cluster, name).await? else {
-            return Ok(None);
-        };
-        let (rev, lease) = (kv.create_revision(), kv.lease());
-        let ttl = self
-            .inner
-            .cluster
-            .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
-            .await
-            .ok()
-            .and_then(|r| u64::try_from(r.ttl()).ok())
-            .map(Duration::from_secs);
-        Ok(Some(lock_core::HolderInfo::new(
-            u64::try_from(rev).ok().map(FencingToken::new),
-            ttl,
-        )))
+    /// The newest of [`holders`](DistributedLock::holders).
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        Ok(self.holders(name).await?.pop())
+    }
+
+    /// The keys under the name whose turn has come ([`queue_turn`]): each one's
+    /// `create_revision`, mode and lease's remaining TTL, oldest first.
+    async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        let c = &self.inner.cluster;
+        let dir = crate::queue::dir(&c.config, name);
+        let range = c
+            .call(|mut cl| {
+                let dir = dir.clone();
+                async move { cl.get(dir, Some(family::range_up_to(0))).await }
+            })
+            .await?;
+        let queue = family::contenders(&dir, range.kvs());
+        let modes: Vec<Mode> = queue.iter().map(|(_, m)| *m).collect();
+        let mut holders = Vec::new();
+        for (i, (kv, mode)) in queue.iter().enumerate() {
+            if queue_turn(&modes, i) != Turn::Granted {
+                break;
+            }
+            let lease = kv.lease();
+            let ttl = c
+                .call(|mut cl| async move { cl.lease_time_to_live(lease, None).await })
+                .await
+                .ok()
+                .and_then(|r| u64::try_from(r.ttl()).ok())
+                .map(Duration::from_secs);
+            let token = u64::try_from(kv.create_revision())
+                .ok()
+                .map(FencingToken::new);
+            holders.push(HolderInfo::new(token, ttl).with_mode(*mode));
+        }
+        Ok(holders)
     }
 }
 

@@ -5,19 +5,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use lock_core::driver::{drift, lease_end, Acquisition, Grant, ManagedLease};
-use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Result};
+use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Mode, Result};
 
 use crate::client::{malformed, txn_call, Cluster};
 use crate::config::BACKEND;
+use crate::family;
 use crate::grant::{grant, rehome};
 use crate::lease::EtcdLeaseOps;
 use crate::revoke::RevokeGuard;
 use crate::term::Tenure;
-use crate::waiting::{keep_alive, wait_for_delete, WaitingLease, Woken};
+use crate::waiting::{keep_alive, wait_for_delete, WaitingLease, Watched, Woken};
 use crate::EtcdConfig;
 
 /// The key a lease of `name` with lease id `lease` uses.
@@ -28,40 +28,6 @@ pub(crate) fn key(config: &EtcdConfig, name: &LockName, lease: i64) -> String {
 /// The range of `name`'s keys.
 pub(crate) fn dir(config: &EtcdConfig, name: &LockName) -> String {
     config.name_dir(name)
-}
-
-/// The keys (no values) under `name`, narrowed by `opts`: contenders' keys, and perhaps
-/// keys of nested prefixes (see [`contender`]).
-pub(crate) async fn keys_of(
-    c: &Cluster,
-    name: &LockName,
-    opts: GetOptions,
-) -> Result<etcd_client::GetResponse> {
-    let (dir, opts) = (dir(&c.config, name), opts.with_prefix().with_keys_only());
-    c.call(|mut c| {
-        let (dir, opts) = (dir.clone(), opts.clone());
-        async move { c.get(dir, Some(opts)).await }
-    })
-    .await
-}
-
-/// The oldest contender's key of `name` (its holder), if any: one key is read, and the
-/// whole range only when that one belongs to a nested prefix.
-pub(crate) async fn head_of(c: &Cluster, name: &LockName) -> Result<Option<KeyValue>> {
-    let dir = dir(&c.config, name);
-    let by_age = || GetOptions::new().with_sort(SortTarget::Create, SortOrder::Ascend);
-    let first = keys_of(c, name, by_age().with_limit(1)).await?;
-    match first.kvs().first() {
-        Some(kv) if !contender(&dir, kv.key()) => {
-            let all = keys_of(c, name, by_age()).await?;
-            Ok(all
-                .kvs()
-                .iter()
-                .find(|kv| contender(&dir, kv.key()))
-                .cloned())
-        }
-        kv => Ok(kv.cloned()),
-    }
 }
 
 /// The waiter's view after a wake-up: its own key, and the key just before it; and the
@@ -124,19 +90,29 @@ async fn check_in(
     Ok(Some((position, term)))
 }
 
-/// Puts `key` with lease `id` if absent and reads the queue's head, in one round trip:
-/// `(create_revision, whether the key is the head)`, and the term it was applied in.
+/// Puts `key` of `mode` with lease `id` if absent and reads the queue's head (the whole
+/// queue, for the lock family's modes), in one round trip: `(create_revision, whether the key
+/// holds)`, and the term it was applied in.
 pub(crate) async fn put_key(
     c: &Cluster,
     name: &LockName,
     key: &str,
     id: i64,
-) -> Result<((i64, bool), u64)> {
+    mode: Mode,
+) -> Result<((i64, Standing), u64)> {
+    let read = match mode {
+        Mode::Exclusive => queue_end(SortOrder::Ascend),
+        _ => family::range_up_to(0),
+    };
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
-            TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
-            TxnOp::get(dir(&c.config, name), Some(queue_end(SortOrder::Ascend))),
+            TxnOp::put(
+                key,
+                family::value_of(mode),
+                Some(PutOptions::new().with_lease(id)),
+            ),
+            TxnOp::get(dir(&c.config, name), Some(read)),
         ]);
     let resp = txn_call(&c.config, &c.client, txn).await?;
     if !resp.succeeded() {
@@ -151,6 +127,15 @@ pub(crate) async fn put_key(
     let Some(TxnOpResponse::Get(g)) = ops.get(1) else {
         return Err(malformed("acquire"));
     };
+    if mode != Mode::Exclusive {
+        let dir = dir(&c.config, name);
+        let standing = match family::position(&family::contenders(&dir, g.kvs()), key, rev) {
+            Position::Head => Standing::Holds,
+            Position::Mismatch { held } => Standing::Mismatch(held),
+            _ => Standing::Waits,
+        };
+        return Ok(((rev, standing), term));
+    }
     let head = match g.kvs().first() {
         Some(kv) if !contender(&dir(&c.config, name), kv.key()) => {
             // The oldest key is a nested prefix's: is any contender's older than this one?
@@ -158,12 +143,22 @@ pub(crate) async fn put_key(
         }
         kv => kv.map(|kv| kv.key()) == Some(key.as_bytes()),
     };
-    Ok(((rev, head), term))
+    let standing = if head {
+        Standing::Holds
+    } else {
+        Standing::Waits
+    };
+    Ok(((rev, standing), term))
 }
 
 /// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
 /// lock of this client) or a new grant.
-pub(crate) async fn enqueue(c: &Arc<Cluster>, name: &LockName, ttl: Duration) -> Result<Enqueued> {
+pub(crate) async fn enqueue(
+    c: &Arc<Cluster>,
+    name: &LockName,
+    ttl: Duration,
+    mode: Mode,
+) -> Result<Enqueued> {
     let config = &c.config;
     if let Some(spare) = c.spares.take(ttl) {
         let start = Instant::now();
@@ -174,20 +169,20 @@ pub(crate) async fn enqueue(c: &Arc<Cluster>, name: &LockName, ttl: Duration) ->
         // which `valid_until` reports exactly.
         let full = ttl.saturating_sub(drift(ttl));
         if spare.valid_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
-            if let Ok((put, _)) = put_key(c, name, &key, spare.id).await {
+            if let Ok((put, _)) = put_key(c, name, &key, spare.id, mode).await {
                 let lease = WaitingLease::new(name, spare, ttl);
                 return Ok(Enqueued::new(lease, key, put, guard));
             }
             // Not what it seemed (it expired, or a request failed): start over below.
             drop(guard);
-            return enqueue_new(c, name, ttl).await;
+            return enqueue_new(c, name, ttl, mode).await;
         }
         // A keep-alive, then the put: the put's term says which leader answered the
         // keep-alive (`term.rs`).
         let alive = keep_alive(&c.client, config, spare.id, ttl, config.request_timeout()).await;
         if let Ok(Some(ttl)) = alive {
             let answered = Instant::now();
-            if let Ok((put, term)) = put_key(c, name, &key, spare.id).await {
+            if let Ok((put, term)) = put_key(c, name, &key, spare.id, mode).await {
                 let mut lease = WaitingLease::new(name, spare, ttl);
                 lease.kept_alive(lease_end(start, ttl), answered);
                 lease.observed(term, answered);
@@ -197,7 +192,7 @@ pub(crate) async fn enqueue(c: &Arc<Cluster>, name: &LockName, ttl: Duration) ->
         // The spare had expired (or a request failed): the guard revokes it, which also
         // deletes a key put meanwhile; start over with a new lease.
     }
-    enqueue_new(c, name, ttl).await
+    enqueue_new(c, name, ttl, mode).await
 }
 
 /// Enqueues a key for `name` under a newly granted lease.
@@ -205,6 +200,7 @@ pub(crate) async fn enqueue_new(
     c: &Arc<Cluster>,
     name: &LockName,
     ttl: Duration,
+    mode: Mode,
 ) -> Result<Enqueued> {
     let granted = grant(c, ttl).await?;
     let id = granted.tenure.id;
@@ -212,7 +208,7 @@ pub(crate) async fn enqueue_new(
     // also deletes its key: no ghost stays in the queue.
     let guard = RevokeGuard::new(c, id, granted.ttl);
     let key = key(&c.config, name, id);
-    let (put, _) = put_key(c, name, &key, id).await?;
+    let (put, _) = put_key(c, name, &key, id, mode).await?;
     let lease = WaitingLease::new(name, granted.tenure, granted.ttl);
     Ok(Enqueued::new(lease, key, put, guard))
 }
@@ -224,7 +220,7 @@ pub(crate) struct Enqueued {
     /// The key's `create_revision`.
     pub(crate) rev: i64,
     /// Whether the key is the oldest (holds the lock).
-    pub(crate) head: bool,
+    pub(crate) standing: Standing,
     pub(crate) guard: RevokeGuard,
 }
 
@@ -232,14 +228,39 @@ impl Enqueued {
     /// `lease`'s `key`, put at revision `rev` (`head`: it holds the lock), revoked by `guard`
     /// unless granted. (A spare confirmed earlier brings its own end of validity: it must not
     /// be counted from the put again.)
-    fn new(lease: WaitingLease, key: String, (rev, head): (i64, bool), guard: RevokeGuard) -> Self {
+    fn new(
+        lease: WaitingLease,
+        key: String,
+        (rev, standing): (i64, Standing),
+        guard: RevokeGuard,
+    ) -> Self {
         Enqueued {
             lease,
             key,
             rev,
-            head,
+            standing,
             guard,
         }
+    }
+}
+
+/// Where a key stands right after it was put.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// It holds the lock.
+    Holds,
+    /// It waits its turn.
+    Waits,
+    /// A key before it asks with another number of permits.
+    Mismatch(u32),
+}
+
+/// The error of a request whose permits differ from an earlier contender's `held`.
+fn mismatch(req: &Acquisition<'_>, held: u32) -> Error {
+    Error::PermitsMismatch {
+        name: req.name().clone(),
+        held,
+        asked: req.mode().limit().unwrap_or(0),
     }
 }
 
@@ -250,6 +271,14 @@ pub(crate) enum Position {
     /// `pred` is the key just before (name and `create_revision`: a client that reuses a
     /// lease for the same name puts a key of the same name again, a different incarnation).
     Behind { pred: (Vec<u8>, i64), seen: i64 },
+    /// Any of the keys before it may give it its turn (a permit: `older`, names and
+    /// `create_revision`s); `seen` as above.
+    BehindAny {
+        older: Vec<(Vec<u8>, i64)>,
+        seen: i64,
+    },
+    /// A key before it asks for another number of permits, `held`.
+    Mismatch { held: u32 },
     /// The contender's key is gone (its lease expired or was revoked).
     Gone,
 }
@@ -263,9 +292,14 @@ pub(crate) async fn contend(
         mut lease,
         key,
         rev,
-        head: head_is_me,
+        standing,
         mut guard,
-    } = enqueue(c, name, ttl).await?;
+    } = enqueue(c, name, ttl, req.mode()).await?;
+    if let Standing::Mismatch(held) = standing {
+        guard.revoke_now().await;
+        return Err(mismatch(&req, held));
+    }
+    let head_is_me = standing == Standing::Holds;
     // At the head already, on a lease confirmed in its term: granted. (A spare's
     // keep-alive may have been answered in a term after the spare's own.)
     if !(head_is_me && lease.trusted_until > Instant::now()) {
@@ -282,8 +316,11 @@ pub(crate) async fn contend(
                 lease.keep_alive(c, deadline).await?;
             }
             let sent = Instant::now();
-            let checked = check(c, name, &key, rev).await;
-            let (pred, seen) = match checked {
+            let checked = match req.mode() {
+                Mode::Exclusive => check(c, name, &key, rev).await,
+                _ => family::check(c, name, &key, rev).await,
+            };
+            let (watched, seen) = match checked {
                 Ok((Position::Head, term)) => {
                     lease.observed(term, sent);
                     // Granted only on a lease confirmed to live now, in the term it
@@ -328,7 +365,16 @@ pub(crate) async fn contend(
                 }
                 Ok((Position::Behind { pred, seen }, term)) => {
                     lease.observed(term, sent);
-                    (pred, seen)
+                    (Watched::Key(pred.0, pred.1), seen)
+                }
+                Ok((Position::BehindAny { older, seen }, term)) => {
+                    lease.observed(term, sent);
+                    let dir = dir(&c.config, name);
+                    (Watched::Any { dir, older }, seen)
+                }
+                Ok((Position::Mismatch { held }, _)) => {
+                    guard.revoke_now().await;
+                    return Err(mismatch(&req, held));
                 }
                 Err(e) if e.is_retryable() => {
                     // Transient: keep the lease alive and try again shortly.
@@ -349,7 +395,7 @@ pub(crate) async fn contend(
                 guard.revoke_now().await;
                 return Ok(None);
             }
-            match wait_for_delete(c, pred, seen, &mut lease, deadline).await? {
+            match wait_for_delete(c, watched, seen, &mut lease, deadline).await? {
                 Woken::Deleted => woken = true,
                 Woken::Broken => {
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -11,11 +11,25 @@ use crate::config::BACKEND;
 use crate::term::Tenure;
 use crate::EtcdConfig;
 
-/// Sleeps until the predecessor's key is deleted (or the watch breaks: the caller
+/// What a waiter waits to see deleted.
+pub(crate) enum Watched {
+    /// The key before it that keeps it waiting (name, `create_revision`).
+    Key(Vec<u8>, i64),
+    /// Any of the keys before it (a permit: whichever holder goes first): a watch on the
+    /// name's range, which every deletion under the name wakes.
+    Any {
+        /// The name's range.
+        dir: String,
+        /// The keys before the waiter's own (names, `create_revision`s).
+        older: Vec<(Vec<u8>, i64)>,
+    },
+}
+
+/// Sleeps until the watched key (or one of them) is deleted (or the watch breaks: the caller
 /// re-checks either way), keeping the waiter's lease alive meanwhile.
 pub(crate) async fn wait_for_delete(
     c: &Cluster,
-    (pred, pred_rev): (Vec<u8>, i64),
+    watched: Watched,
     seen: i64,
     lease: &mut WaitingLease,
     deadline: Deadline,
@@ -25,9 +39,13 @@ pub(crate) async fn wait_for_delete(
     // unsynced group, served only every 100 ms. A deletion between the check and the
     // watch's creation is caught below by looking at the predecessor once more.
     let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+    let (target, opts) = match &watched {
+        Watched::Key(pred, _) => (pred.clone(), opts),
+        Watched::Any { dir, .. } => (dir.clone().into_bytes(), opts.with_prefix()),
+    };
     let watch = c.call(|mut c| {
-        let (pred, opts) = (pred.clone(), opts.clone());
-        async move { c.watch(pred, Some(opts)).await }
+        let (target, opts) = (target.clone(), opts.clone());
+        async move { c.watch(target, Some(opts)).await }
     });
     let mut stream = match watch.await {
         Ok(s) => s,
@@ -44,7 +62,11 @@ pub(crate) async fn wait_for_delete(
                         // Deleted before the watch began? Only a definite answer counts:
                         // an unanswered re-check sends the caller round again (it looks at
                         // the whole queue), never to sleep until its deadline.
-                        match still_there(c, &pred, pred_rev).await? {
+                        let there = match &watched {
+                            Watched::Key(pred, rev) => still_there(c, pred, *rev).await?,
+                            Watched::Any { dir, older } => all_still_there(c, dir, older).await?,
+                        };
+                        match there {
                             Some(true) => {}
                             Some(false) => return Ok(Woken::Deleted),
                             None => return Ok(Woken::Broken),
@@ -78,6 +100,27 @@ pub(crate) async fn still_there(c: &Cluster, key: &[u8], rev: i64) -> Result<Opt
         Ok(r) => Ok(Some(
             r.kvs().first().map(|kv| kv.create_revision()) == Some(rev),
         )),
+        Err(e) if e.is_retryable() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether every one of `older` (names, `create_revision`s) is still under `dir`; `None` when
+/// the server did not answer.
+async fn all_still_there(c: &Cluster, dir: &str, older: &[(Vec<u8>, i64)]) -> Result<Option<bool>> {
+    let opts = GetOptions::new().with_prefix().with_keys_only();
+    let r = c
+        .call(|mut c| {
+            let opts = opts.clone();
+            async move { c.get(dir, Some(opts)).await }
+        })
+        .await;
+    match r {
+        Ok(r) => Ok(Some(older.iter().all(|(key, rev)| {
+            r.kvs()
+                .iter()
+                .any(|kv| kv.key() == key.as_slice() && kv.create_revision() == *rev)
+        }))),
         Err(e) if e.is_retryable() => Ok(None),
         Err(e) => Err(e),
     }
