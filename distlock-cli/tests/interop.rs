@@ -41,6 +41,9 @@ enum Client {
     #[cfg(feature = "etcd")] // etcd is not in the CLI's default features
     Etcdctl,
     Curator,
+    /// Curator's `InterProcessReadWriteLock`: its read lock, and its write lock.
+    CuratorRead,
+    CuratorWrite,
     Kazoo,
     RedisPy,
     /// `psql` holding `pg_advisory_lock` on the key of the documented SQL expression.
@@ -67,6 +70,13 @@ impl Lock {
     fn zk(tag: &str) -> Lock {
         Lock::new(
             servers::url("zk://{zk}?base=/&session_timeout_ms=4000"),
+            tag,
+        )
+    }
+    /// distlock's exclusive nodes named as Curator's read-write lock names its writers.
+    fn zk_rw(tag: &str) -> Lock {
+        Lock::new(
+            servers::url("zk://{zk}?base=/&session_timeout_ms=4000&nodes=rwlock"),
             tag,
         )
     }
@@ -138,11 +148,16 @@ impl Lock {
                     .arg(format!("\\! {hold}"));
                 c
             }
-            Client::Curator => {
+            Client::Curator | Client::CuratorRead | Client::CuratorWrite => {
+                let kind = match client {
+                    Client::CuratorRead => "read",
+                    Client::CuratorWrite => "write",
+                    _ => "mutex",
+                };
                 let classes = self.curator_classes();
                 let mut c = Command::new("java");
                 c.args(["-cp", &format!("{}:{}", classes.display(), curator_jars())])
-                    .args(["CuratorHold", &zk_hosts(), &path, &r]);
+                    .args(["CuratorHold", &zk_hosts(), &path, &r, kind]);
                 c
             }
         };
@@ -515,6 +530,37 @@ fn curator_and_distlock_waiters_are_served_in_arrival_order() {
         Lock::zk("curator-fifo"),
         &[Curator, Distlock, Curator, Distlock],
     );
+}
+
+/// Curator's `InterProcessReadWriteLock` and distlock with `nodes=rwlock`: each side's writer
+/// keeps the other's readers out, both ways.
+#[test]
+fn curator_rwlock_and_distlock_exclude_each_other() {
+    exclusion_both_ways_as(
+        Lock::zk_rw("curator-w"),
+        Client::CuratorWrite,
+        Client::DistlockShared,
+    );
+    exclusion_both_ways(Lock::zk_rw("curator-r"), Client::CuratorRead);
+}
+
+/// One mixed FIFO queue: a reader behind a waiting writer waits behind it, whichever client
+/// each one is; readers of both clients hold together.
+#[test]
+fn curator_rwlock_and_distlock_share_one_fifo_queue() {
+    use Client::{CuratorRead, CuratorWrite, Distlock, DistlockShared};
+    arrival_order(
+        Lock::zk_rw("curator-fifo-1"),
+        &[CuratorRead, Distlock, CuratorRead],
+    );
+    arrival_order(
+        Lock::zk_rw("curator-fifo-2"),
+        &[DistlockShared, CuratorWrite, DistlockShared],
+    );
+    let mut lock = Lock::zk_rw("curator-readers");
+    let (a, b) = (lock.start(CuratorRead, 1), lock.start(DistlockShared, 2));
+    a.holds();
+    b.holds();
 }
 
 #[test]

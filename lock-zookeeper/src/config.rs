@@ -30,6 +30,8 @@ pub struct ZkConfig {
     session_timeout: Duration,
     base_path: String,
     persistent_parents: bool,
+    /// Exclusive nodes are named as Curator's `InterProcessReadWriteLock` names its writers.
+    rwlock_nodes: bool,
 }
 
 impl ZkConfig {
@@ -43,10 +45,11 @@ impl ZkConfig {
             session_timeout: Duration::from_secs(6),
             base_path: "/distlock".into(),
             persistent_parents: false,
+            rwlock_nodes: false,
         }
     }
 
-    /// Parses `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/path&parents=persistent]`.
+    /// Parses `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/path&parents=persistent&nodes=mutex|rwlock]`.
     ///
     /// ```
     /// use lock_core::LockName;
@@ -89,6 +92,9 @@ impl ZkConfig {
             Ok(c.with_session_timeout(v.millis()?))
         }),
         Param::new("base", |c: Self, v| c.with_base_path(v.raw())),
+        Param::new("nodes", |c: Self, v| {
+            Ok(c.with_rwlock_nodes(v.choice(&["mutex", "rwlock"])? == "rwlock"))
+        }),
     ];
 
     // Digest credentials (`addauth digest user:password`), with_credentials and user: lock
@@ -122,6 +128,34 @@ impl ZkConfig {
     pub fn with_persistent_parents(mut self, on: bool) -> Self {
         self.persistent_parents = on;
         self
+    }
+    /// Names exclusive contenders' nodes `_c_<uuid>-__WRIT__<seq>`, as Curator's
+    /// `InterProcessReadWriteLock` names its writers, instead of `_c_<uuid>-lock-<seq>`, as
+    /// its `InterProcessMutex` names its holders (URL: `nodes=rwlock`; default `nodes=mutex`).
+    /// Each Curator recipe orders only the nodes it names itself: Curator's readers wait only
+    /// for `__WRIT__` nodes, and its mutex sorts a `__WRIT__` node after its own. Share a lock
+    /// with one of the two. (distlock itself reads every recipe's nodes either way.)
+    ///
+    /// ```
+    /// let c = lock_zookeeper::ZkConfig::from_url("zk://h:1?nodes=rwlock")?;
+    /// assert!(c.rwlock_nodes());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn with_rwlock_nodes(mut self, on: bool) -> Self {
+        self.rwlock_nodes = on;
+        self
+    }
+    /// Whether exclusive nodes are named as Curator's read-write lock's writers.
+    pub fn rwlock_nodes(&self) -> bool {
+        self.rwlock_nodes
+    }
+    /// What separates an exclusive node's unique prefix from its sequence.
+    pub(crate) fn exclusive_mark(&self) -> &'static str {
+        if self.rwlock_nodes {
+            "-__WRIT__"
+        } else {
+            "-lock-"
+        }
     }
     /// Whether lock nodes are persistent rather than containers.
     pub fn persistent_parents(&self) -> bool {
@@ -233,7 +267,8 @@ fn valid_path(p: &str, what: &str) -> Result<String> {
 lock_core::driver::redacted_config!(ZkConfig {
     session_timeout,
     base_path,
-    persistent_parents
+    persistent_parents,
+    rwlock_nodes
 });
 
 #[cfg(test)]

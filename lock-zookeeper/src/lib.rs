@@ -17,7 +17,8 @@
 //!
 //! ## Keys
 //!
-//! `<chroot><base>/<name>/_c_<uuid>-lock-<seq>` (base `/distlock` by default). **Other clients'
+//! `<chroot><base>/<name>/_c_<uuid>-lock-<seq>` (base `/distlock` by default; other modes'
+//! marks below). **Other clients'
 //! nodes count**: every child of the lock node whose name ends in a ZooKeeper sequence suffix
 //! (ten digits) is a contender, ordered by that number, whoever made it — Curator's
 //! `_c_<uuid>-lock-`, kazoo's `<id>__lock__`, the WriteLock recipe's `x-<session>-`. A foreign
@@ -27,6 +28,23 @@
 //! distlock's nodes) are then the same lock; see the README's Interoperability section. Lock
 //! nodes are containers, which ZooKeeper removes once empty; `parents=persistent` keeps them
 //! (a reused kazoo `Lock` object needs its node to stay).
+//!
+//! ## Shared holders and permits
+//!
+//! A contender's node name says its mode: `_c_<uuid>-__READ__<seq>` for a shared holder (the
+//! name Curator's `InterProcessReadWriteLock` gives its readers), `_c_<uuid>-permit-<K>-<seq>`
+//! for one of `K` permits, and the exclusive mark otherwise; other clients' readers
+//! (`__READ__`, kazoo's `__rlock__`) count as shared, every other node as exclusive. A
+//! contender holds once it and every node before it may hold together
+//! ([`queue_turn`](lock_core::driver::queue_turn)): readers behind a waiting writer wait
+//! behind it, and the first count of permits wins. A reader watches the newest node before it
+//! that it cannot hold beside; a permit waiter behind `K` permits watches the name's children
+//! (any of them may go first). **Curator's read-write lock**: with `nodes=rwlock`, exclusive
+//! nodes are named `_c_<uuid>-__WRIT__<seq>`, as its writers are, and the two share one FIFO
+//! queue both ways. Each Curator recipe orders only nodes it names itself (its readers wait
+//! only for `__WRIT__` nodes; its mutex sorts any other node after its own), so one lock name
+//! is shared with either Curator's mutex (the default, `-lock-`) or its read-write lock, and
+//! distlock's shared or permit nodes must not meet a Curator mutex on one name.
 //!
 //! ## Fencing: `Strict`
 //!
@@ -60,7 +78,7 @@
 //!
 //! ## URL
 //!
-//! `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock&parents=container|persistent]`.
+//! `zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout_ms=N&base=/distlock&parents=container|persistent&nodes=mutex|rwlock]`.
 //! Digest credentials are sent before the first request, lock nodes then carry ACLs that only
 //! that user can delete, and the password never appears in `Debug`, `Display` or errors. The
 //! chroot and base path get the same ACLs when this driver creates them, so other users cannot
@@ -88,6 +106,7 @@ mod config;
 mod confirm;
 mod lease;
 mod lock;
+mod modes;
 mod queue;
 mod sequence;
 

@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::driver::Acquisition;
+use lock_core::driver::{queue_turn, Acquisition, Turn};
 use lock_core::{
-    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, Lease, LockName, Result,
+    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, HolderInfo, Lease, LockName,
+    Mode, Result,
 };
 use zookeeper_client::Client;
 
 use crate::client::Session;
 use crate::config::BACKEND;
+use crate::modes::mode_of;
 use crate::queue::{contend_on, parent};
 use crate::sequence::contenders;
 use crate::ZkConfig;
@@ -74,6 +76,9 @@ impl ZkLock {
             .with_fencing(Fencing::Strict)
             .with_inspect(true)
             .with_fifo(true)
+            // A node's name says its mode; one queue serves them all (`modes.rs`).
+            .with_shared(true)
+            .with_permits(true)
             .with_per_lock_ttl(false)
             // Sessions are on disk and counted in ticks of elapsed time: a restarted server
             // gives each its whole timeout again.
@@ -137,30 +142,39 @@ impl DistributedLock for ZkLock {
         }
     }
 
-    /// The lowest sequence node (the holder) and its `czxid`; the lock lives as long as its
-    /// holder's session, so there is no remaining time to report.
-    async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
+    /// The newest of [`holders`](DistributedLock::holders).
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        Ok(self.holders(name).await?.pop())
+    }
+
+    /// The nodes whose turn has come ([`queue_turn`]), oldest first: each one's `czxid` and
+    /// mode. A lock lives as long as its holder's session, so there is no remaining time to
+    /// report.
+    async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let session = &self.inner.session;
         let client = session.live().await?;
         let parent = parent(session, name)?;
         let children = match client.list_children(&parent).await {
-            Ok(c) => c,
-            Err(zookeeper_client::Error::NoNode) => return Ok(None),
+            Ok(c) => contenders(c),
+            Err(zookeeper_client::Error::NoNode) => return Ok(vec![]),
             Err(e) => return Err(session.error(e, None)),
         };
-        for (_, head) in contenders(children) {
-            match client.check_stat(&format!("{parent}/{head}")).await {
-                Ok(Some(stat)) => {
-                    return Ok(Some(lock_core::HolderInfo::new(
-                        u64::try_from(stat.czxid).ok().map(FencingToken::new),
-                        None,
-                    )))
-                }
-                Ok(None) => continue, // released meanwhile: the next one holds
+        let modes: Vec<Mode> = children.iter().map(|(_, c)| mode_of(c)).collect();
+        let mut holders = Vec::new();
+        for (i, (_, child)) in children.iter().enumerate() {
+            if queue_turn(&modes, i) != Turn::Granted {
+                break;
+            }
+            match client.check_stat(&format!("{parent}/{child}")).await {
+                Ok(Some(stat)) => holders.push(
+                    HolderInfo::new(u64::try_from(stat.czxid).ok().map(FencingToken::new), None)
+                        .with_mode(modes[i]),
+                ),
+                Ok(None) => continue, // released meanwhile
                 Err(e) => return Err(session.error(e, None)),
             }
         }
-        Ok(None)
+        Ok(holders)
     }
 }
 

@@ -4,17 +4,15 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use lock_core::driver::{Acquisition, Grant, ManagedLease};
-use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Renewal, Result};
+use lock_core::driver::{queue_turn, Acquisition, Grant, ManagedLease, Turn};
+use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Mode, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite, Session};
 use crate::confirm::Pace;
 use crate::lease::{delete_in_background, ZkLeaseOps};
+use crate::modes::{mark, mode_of};
 use crate::sequence::contenders;
-
-/// What separates a contender's unique prefix from the sequence number the server appends.
-pub(crate) const MARK: &str = "-lock-";
 
 /// The node whose children queue for `name`; never in the tree the server reserves
 /// (`/zookeeper`), which only lock `zookeeper` with `base=/` and no chroot could name
@@ -30,15 +28,20 @@ pub(crate) fn parent(s: &Session, name: &LockName) -> Result<String> {
     Ok(path)
 }
 
-/// Creates this contender's node; after a connection loss, finds it by its unique prefix
-/// instead of creating a second one.
+/// Creates this contender's node, its mode in its name; after a connection loss, finds it by
+/// its unique prefix instead of creating a second one.
 pub(crate) async fn enqueue(
     s: &Session,
     client: &Client,
     name: &LockName,
+    mode: Mode,
 ) -> Result<(String, Stat)> {
     let parent = &parent(s, name)?;
-    let prefix = format!("_c_{}{MARK}", uuid::Uuid::new_v4().simple());
+    let prefix = format!(
+        "_c_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        mark(mode, s.config.exclusive_mark())
+    );
     // Dropped while a create is in flight, the server may still create the node — an
     // ephemeral that would head the queue for as long as this session lives. The guard then
     // finds it by its unique prefix (see `definite_children`) and deletes it in the
@@ -132,9 +135,11 @@ pub(crate) async fn find_own(
     }
 }
 
-/// Waits until `me` is the lowest node. `Ok(Some(t))`: granted, valid until `t` (what the
-/// listing that found it first vouches for: see [`Pace`](crate::confirm::Pace)).
-/// `Ok(None)`: not granted by the deadline (at once, for `Deadline::Now`).
+/// Waits until `me`'s turn has come: it and every node before it may hold together
+/// ([`queue_turn`]; for the exclusive mode, `me` is the lowest node). `Ok(Some(t))`: granted,
+/// valid until `t` (what the listing that found it first vouches for: see
+/// [`Pace`](crate::confirm::Pace)). `Ok(None)`: not granted by the deadline (at once, for
+/// `Deadline::Now`).
 pub(crate) async fn wait_turn(
     s: &Session,
     client: &Client,
@@ -158,7 +163,9 @@ pub(crate) async fn wait_turn(
                 reason: "the contender's node vanished (session expired?)".into(),
             });
         };
-        if idx == 0 {
+        let modes: Vec<Mode> = children.iter().map(|(_, c)| mode_of(c)).collect();
+        let turn = queue_turn(&modes, idx);
+        if turn == Turn::Granted {
             if let Some(valid_until) = pace.vouched(asked) {
                 return Ok(Some(valid_until));
             }
@@ -170,17 +177,46 @@ pub(crate) async fn wait_turn(
             }
             continue;
         }
+        let blocker = match turn {
+            Turn::Mismatch { held } => {
+                return Err(Error::PermitsMismatch {
+                    name: name.clone(),
+                    held,
+                    asked: modes[idx].limit().unwrap_or(0),
+                })
+            }
+            Turn::After(j) => Some(j),
+            _ => None,
+        };
         if deadline.passed() {
             return Ok(None);
         }
-        let pred = format!("{parent}/{}", children[idx - 1].1);
-        let (stat, watcher) = client
-            .check_and_watch_stat(&pred)
-            .await
-            .map_err(|e| s.error(e, Some(name)))?;
-        if stat.is_none() {
-            continue; // gone between the listing and the watch
-        }
+        let watcher = match blocker {
+            // The node it waits for.
+            Some(j) => {
+                let pred = format!("{parent}/{}", children[j].1);
+                let (stat, watcher) = client
+                    .check_and_watch_stat(&pred)
+                    .await
+                    .map_err(|e| s.error(e, Some(name)))?;
+                if stat.is_none() {
+                    continue; // gone between the listing and the watch
+                }
+                watcher
+            }
+            // A permit: any node before it may go first. The children's watch also fires
+            // for newer waiters (a wake-up per change under the name, never a poll).
+            None => {
+                let (now, watcher) = client
+                    .list_and_watch_children(parent)
+                    .await
+                    .map_err(|e| s.error(e, Some(name)))?;
+                if children[..idx].iter().any(|(_, c)| !now.contains(c)) {
+                    continue; // one went between the listing and the watch
+                }
+                watcher
+            }
+        };
         let until = deadline.sleep();
         tokio::select! {
             _ = watcher.changed() => {
@@ -198,7 +234,7 @@ pub(crate) async fn contend_on(
 ) -> Result<Option<Box<dyn Lease>>> {
     let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
     let parent = parent(s, name)?;
-    let (me, stat) = enqueue(s, client, name).await?;
+    let (me, stat) = enqueue(s, client, name, req.mode()).await?;
     let path = format!("{parent}/{me}");
     // Until granted, a dropped (cancelled) future deletes the node in the background.
     let mut guard = NodeGuard {
