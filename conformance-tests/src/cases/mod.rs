@@ -278,6 +278,10 @@ pub static CASES: &[Case] = &[
         permits_and_ttl
     ),
     case!(permits::permit_count_mismatch_is_refused, permits),
+    case!(
+        permits::permit_count_mismatch_with_a_waiter,
+        permits_and_fifo
+    ),
     case!(permits::tokens_increase_across_permits, permits_and_fencing),
     case!(permits::cancelled_permit_waiter_leaves_nothing, permits),
     case!(permits::permits_and_other_modes_exclude, permits),

@@ -197,6 +197,41 @@ pub async fn permit_count_mismatch_is_refused(h: &dyn Harness) -> Result<(), Fai
     Ok(())
 }
 
+/// Where the driver queues (`fifo`), the waiters count too: with an exclusive holder and a
+/// request for a permit of 2 waiting behind it, a request with 3 permits is `PermitsMismatch`
+/// naming 2 — it could never share the queue's semaphore — not a busy refusal that waits. The
+/// waiter of 2 is then granted once the holder releases.
+pub async fn permit_count_mismatch_with_a_waiter(h: &dyn Harness) -> Result<(), Failure> {
+    let Scene { a, b, name, .. } = scene(h, "permits-mismatch-waiter").await?;
+    let c = client(h).await?;
+    let holder = held(
+        a.try_acquire(&name, &long_opts(h)).await?,
+        "the exclusive holder",
+    )?;
+    let waiter = spawn_waiter(b, &name, permit(h, 2));
+    sleep(super::shared::settle(h)).await;
+    match c.try_acquire(&name, &permit(h, 3)).await {
+        Err(Error::PermitsMismatch {
+            held: 2, asked: 3, ..
+        }) => {}
+        other => {
+            return Err(Failure(format!(
+                "a try_acquire with 3 permits behind a waiter that asks with 2: expected \
+                 PermitsMismatch {{ held: 2, asked: 3 }}, got {:?}",
+                other.map(|l| l.is_some())
+            )))
+        }
+    }
+    handed_on_promptly(
+        h,
+        holder,
+        waiter,
+        "the waiter for a permit of 2",
+        "the exclusive holder released",
+    )
+    .await
+}
+
 /// Tokens increase in grant order across permits: three holders at once, then a fourth after
 /// one released.
 pub async fn tokens_increase_across_permits(h: &dyn Harness) -> Result<(), Failure> {

@@ -172,6 +172,9 @@ pub(super) fn permits(f: &Facts) -> Need {
         "permits = false: the driver has no semaphores",
     )
 }
+pub(super) fn permits_and_fifo(f: &Facts) -> Need {
+    permits(f).and(fifo(f))
+}
 pub(super) fn permits_and_ttl(f: &Facts) -> Need {
     permits(f).and(ttl(f))
 }

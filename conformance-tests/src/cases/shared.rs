@@ -13,7 +13,7 @@ use super::support::{
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// Long enough for a waiter's request to reach the backend and settle in its queue.
-fn settle(h: &dyn Harness) -> Duration {
+pub(crate) fn settle(h: &dyn Harness) -> Duration {
     h.timing().slack / 2
 }
 

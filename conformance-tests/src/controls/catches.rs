@@ -249,6 +249,7 @@ impl Flaw {
             ],
             Flaw::PermitsOffByOne => cases![permits::at_most_k_holders],
             Flaw::PermitCountIgnored => cases![permits::permit_count_mismatch_is_refused],
+            Flaw::MismatchOnlyWithHolders => cases![permits::permit_count_mismatch_with_a_waiter],
             Flaw::ModeServedExclusive => cases![input::undeclared_modes_are_unsupported],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,

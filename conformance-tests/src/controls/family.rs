@@ -62,6 +62,26 @@ impl FlawedLock {
         }
     }
 
+    /// [`Flaw::MismatchOnlyWithHolders`]: a permit request whose count differs only from a
+    /// waiter's (no holder uses the other count) is refused as busy, not as a mismatch.
+    pub(super) async fn mismatch_with_holders(
+        &self,
+        key: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        match self.inner.try_acquire(key, &self.inner_opts(opts)).await {
+            Err(lock_core::Error::PermitsMismatch { held, .. }) => {
+                let holders = self.inner.holders(key).await?;
+                if holders.iter().any(|h| h.mode == Mode::Permits(held)) {
+                    self.inner.try_acquire(key, &self.inner_opts(opts)).await
+                } else {
+                    Ok(None)
+                }
+            }
+            r => r,
+        }
+    }
+
     /// [`DistributedLock::holders`] under the flaw.
     pub(super) async fn holders_flawed(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let key = self.key(name)?;

@@ -531,6 +531,7 @@ impl DistributedLock for FlawedLock {
             }
             (None, Flaw::TryAcquireJumpsQueue) => self.jump_queue(&key, opts).await?,
             (None, Flaw::ReadersJumpWriters) => self.jump_writers(&key, opts).await?,
+            (None, Flaw::MismatchOnlyWithHolders) => self.mismatch_with_holders(&key, opts).await?,
             (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
             (Some(delay), _) => {
                 let (lease, landed) = self.in_flight(delay, &key, opts).await?;

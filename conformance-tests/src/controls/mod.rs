@@ -356,6 +356,9 @@ pub enum Flaw {
     /// Each permit count is a semaphore of its own: a request with another count is granted
     /// instead of refused.
     PermitCountIgnored,
+    /// A permit count is checked against holders only: beside a waiter that asks with another
+    /// count, a request is refused as busy and waits, where the queue says it never fits.
+    MismatchOnlyWithHolders,
     /// Declares neither shared mode nor permits, and serves both as exclusive locks instead of
     /// `Unsupported`.
     ModeServedExclusive,
@@ -498,6 +501,7 @@ impl Flaw {
         Flaw::FamilyMissedWakeup,
         Flaw::PermitsOffByOne,
         Flaw::PermitCountIgnored,
+        Flaw::MismatchOnlyWithHolders,
         Flaw::ModeServedExclusive,
         Flaw::CutGrantsPermitBeyondK,
     ];
