@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use lock_core::LockOptions;
+use lock_core::{LockOptions, Mode};
 use server_probes::servers;
 
 use crate::memory_baselines::TokioMutex;
@@ -124,12 +124,28 @@ fn redlock_masters(url: &str) -> Vec<String> {
     hosts.split(',').map(|h| format!("redis://{h}")).collect()
 }
 
-/// Baselines measured beside `backend`, in the order they are listed.
+/// Baselines measured beside `backend`'s driver taking its locks in `mode`, in the order they
+/// are listed: the lock family's have their own (none where the backend has no native form).
 pub(crate) async fn baselines_for(
     backend: Backend,
     ep: &Endpoints,
+    mode: Mode,
 ) -> Result<Vec<Arc<dyn Subject>>, String> {
     use crate::{etcd_baselines, pg_baselines, redis_baselines, zk_baselines};
+    match (backend, mode) {
+        (_, Mode::Exclusive) => {}
+        (Backend::Postgres, Mode::Shared) => {
+            return Ok(vec![Arc::new(
+                pg_baselines::PgFloor::connect_as(&ep.pg_url, true).await?,
+            )])
+        }
+        (Backend::Redis, Mode::Permits(k)) => {
+            return Ok(vec![Arc::new(
+                redis_baselines::RawSemaphore::connect(&ep.redis_url, k).await?,
+            )])
+        }
+        _ => return Ok(vec![]),
+    }
     Ok(match backend {
         Backend::Memory => vec![Arc::new(TokioMutex::default())],
         Backend::RedisPlain => vec![Arc::new(
@@ -172,11 +188,13 @@ pub(crate) async fn baselines_for(
     })
 }
 
-/// The driver for `backend`.
+/// The driver for `backend`, taking its locks in `mode`; `None` where the driver does not
+/// offer that mode.
 pub(crate) async fn driver_subject(
     backend: Backend,
     ep: &Endpoints,
-) -> Result<Arc<dyn Subject>, String> {
+    mode: Mode,
+) -> Result<Option<Arc<dyn Subject>>, String> {
     // Through the facade, as an application would: the URL picks the driver.
     let url = match backend {
         Backend::Memory => "memory://lock-bench".to_string(),
@@ -195,11 +213,19 @@ pub(crate) async fn driver_subject(
         Backend::Postgres => format!("{}?sslmode=disable", ep.pg_url),
     };
     let lock = distlock::connect(&url).await.map_err(|e| e.to_string())?;
-    Ok(Arc::new(Driver {
-        lock,
-        opts: LockOptions::new(Duration::from_secs(10)),
-        label: (backend == Backend::RedisPlain)
-            .then_some("distlock redis, plain keys (keys=plain)"),
+    let caps = lock.capabilities();
+    let offered = match mode {
+        Mode::Shared => caps.shared,
+        Mode::Permits(_) => caps.permits,
+        _ => true,
+    };
+    Ok(offered.then(|| {
+        Arc::new(Driver {
+            lock,
+            opts: LockOptions::new(Duration::from_secs(10)).mode(mode),
+            label: (backend == Backend::RedisPlain)
+                .then_some("distlock redis, plain keys (keys=plain)"),
+        }) as Arc<dyn Subject>
     }))
 }
 

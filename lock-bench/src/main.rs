@@ -14,6 +14,11 @@
 //! - `foreign-handoff` (backends that share their keys with another client: `redis-plain`):
 //!   that client holds, each subject waits; latency from the release to the grant.
 //!
+//! `--modes exclusive,shared,permits` measures the lock family too (`--permits K`, default
+//! 2): each mode's rows beside that mode's own baselines (`pg_advisory_lock_shared`; an
+//! expiring sorted-set semaphore on Redis), where the backend has one. Readers never wait for
+//! each other, so shared rows have no hand-off.
+//!
 //! Output: a markdown table on stdout (and `--markdown FILE`) and a JSON file (`--json FILE`).
 
 use std::fmt::Write as _;
@@ -73,6 +78,12 @@ struct Args {
     /// Hand-offs measured per handoff run.
     #[arg(long, default_value_t = 400)]
     handoffs: u64,
+    /// Modes of the lock family to measure (comma separated): each beside its own baselines.
+    #[arg(long, value_enum, default_value = "exclusive", value_delimiter = ',')]
+    modes: Vec<ModeArg>,
+    /// The permits of the `permits` mode's semaphore.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    permits: u32,
     /// Repetitions of each scenario; the median run is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -102,6 +113,27 @@ enum Scenario {
     ForeignHandoff,
 }
 
+/// A mode of the lock family on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ModeArg {
+    /// The lock (the default).
+    Exclusive,
+    /// Shared holders (readers).
+    Shared,
+    /// One of `--permits K` permits.
+    Permits,
+}
+
+impl ModeArg {
+    fn mode(self, k: u32) -> lock_core::Mode {
+        match self {
+            ModeArg::Exclusive => lock_core::Mode::Exclusive,
+            ModeArg::Shared => lock_core::Mode::Shared,
+            ModeArg::Permits => lock_core::Mode::Permits(k),
+        }
+    }
+}
+
 /// One line of the results table.
 #[derive(Serialize, Debug, Clone)]
 struct Row {
@@ -118,13 +150,19 @@ struct Row {
     server_requests_per_op: Option<f64>,
 }
 
-async fn measure(args: &Args, backend: Backend) -> Result<Vec<Row>, String> {
+async fn measure(args: &Args, backend: Backend, mode: lock_core::Mode) -> Result<Vec<Row>, String> {
     let mut subjects: Vec<(Arc<dyn Subject>, bool)> = Vec::new();
     let ep = &args.endpoints;
-    for b in baselines_for(backend, ep).await? {
+    for b in baselines_for(backend, ep, mode).await? {
         subjects.push((b, true));
     }
-    subjects.push((driver_subject(backend, ep).await?, false));
+    match driver_subject(backend, ep, mode).await? {
+        Some(d) => subjects.push((d, false)),
+        None => {
+            eprintln!("lock-bench: {} has no {mode} mode", value_name(&backend));
+            return Ok(vec![]);
+        }
+    }
     let foreign = catalog::foreign_holder(backend, ep).await?;
     let mut rows = Vec::new();
     for &scenario in Scenario::value_variants() {
@@ -184,15 +222,15 @@ async fn measure(args: &Args, backend: Backend) -> Result<Vec<Row>, String> {
             .into_iter()
             .map(|v| (!v.is_empty()).then(|| summarize(v)))
             .collect();
-        // Ratios are against the first baseline measured in this scenario.
-        let Some(base) = summaries.iter().flatten().next() else {
-            continue;
-        };
+        // Ratios are against the first baseline measured in this scenario (none: no ratio).
+        let base = (subjects.iter().zip(summaries.iter()))
+            .find_map(|((_, is_base), sum)| sum.as_ref().filter(|_| *is_base));
         for ((s, is_base), sum) in subjects.iter().zip(summaries.iter()) {
             let Some(sum) = sum else { continue };
-            let ratio = match scenario {
-                Scenario::Throughput => Some(sum.ops_per_sec / base.ops_per_sec),
-                _ => match (sum.p50_us, base.p50_us) {
+            let ratio = match (scenario, base) {
+                (_, None) => None,
+                (Scenario::Throughput, Some(base)) => Some(sum.ops_per_sec / base.ops_per_sec),
+                (_, Some(base)) => match (sum.p50_us, base.p50_us) {
                     (Some(a), Some(b)) if b > 0.0 => Some(a / b),
                     _ => None,
                 },
@@ -285,11 +323,13 @@ fn main() -> std::process::ExitCode {
     let (rows, failed) = rt.block_on(async {
         let mut rows = Vec::new();
         for b in &args.backend {
-            let name = value_name(b);
-            eprintln!("lock-bench: measuring {name} ...");
-            match measure(&args, *b).await {
-                Ok(r) => rows.extend(r),
-                Err(e) => return (rows, Some(format!("{name}: {e}"))),
+            for m in &args.modes {
+                let (name, mode) = (value_name(b), m.mode(args.permits));
+                eprintln!("lock-bench: measuring {name}, {mode} ...");
+                match measure(&args, *b, mode).await {
+                    Ok(r) => rows.extend(r),
+                    Err(e) => return (rows, Some(format!("{name}: {e}"))),
+                }
             }
         }
         (rows, None)

@@ -18,6 +18,9 @@ use crate::subject::{Guard, Subject};
 pub(crate) struct PgFloor {
     url: String,
     idle: Arc<Mutex<Vec<FloorConn>>>,
+    /// `pg_try_advisory_lock_shared` + `pg_advisory_unlock_shared` instead: the floor of a
+    /// shared holder.
+    shared: bool,
 }
 
 struct FloorConn {
@@ -28,9 +31,15 @@ struct FloorConn {
 
 impl PgFloor {
     pub(crate) async fn connect(url: &str) -> Result<Self, String> {
+        Self::connect_as(url, false).await
+    }
+
+    /// The floor of a shared holder (`shared`) or of the exclusive lock.
+    pub(crate) async fn connect_as(url: &str, shared: bool) -> Result<Self, String> {
         let floor = PgFloor {
             url: url.to_string(),
             idle: Arc::new(Mutex::new(Vec::new())),
+            shared,
         };
         let first = floor.open().await?;
         floor.put(first);
@@ -41,12 +50,13 @@ impl PgFloor {
         let client = server_probes::pg_client(&self.url)
             .await
             .map_err(|e| e.to_string())?;
+        let suffix = if self.shared { "_shared" } else { "" };
         let lock = client
-            .prepare("SELECT pg_try_advisory_lock($1)")
+            .prepare(&format!("SELECT pg_try_advisory_lock{suffix}($1)"))
             .await
             .map_err(|e| e.to_string())?;
         let unlock = client
-            .prepare("SELECT pg_advisory_unlock($1)")
+            .prepare(&format!("SELECT pg_advisory_unlock{suffix}($1)"))
             .await
             .map_err(|e| e.to_string())?;
         Ok(FloorConn {
@@ -104,7 +114,11 @@ impl Guard for FloorGuard {
 #[async_trait]
 impl Subject for PgFloor {
     fn label(&self) -> String {
-        "floor: pg_try_advisory_lock + pg_advisory_unlock".into()
+        if self.shared {
+            "floor: pg_try_advisory_lock_shared + pg_advisory_unlock_shared".into()
+        } else {
+            "floor: pg_try_advisory_lock + pg_advisory_unlock".into()
+        }
     }
     fn waits(&self) -> bool {
         false

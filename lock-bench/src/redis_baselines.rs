@@ -167,3 +167,86 @@ impl Subject for Rslock {
         }))
     }
 }
+
+/// An expiring semaphore of `k` permits in one Lua script per step, as Redisson's
+/// `RPermitExpirableSemaphore` keeps one (a sorted set of permit ids scored by expiry): drop
+/// the expired, count, `ZADD` the new id; release is `ZREM`. No fencing, no notification, no
+/// lease state, no exclusion of the same name's lock: the least an expiring semaphore costs
+/// with the same client crate. It cannot wait, so it sits out the handoff scenario.
+pub(crate) struct RawSemaphore {
+    conn: MultiplexedConnection,
+    acquire: Arc<Script>,
+    permits: u32,
+}
+
+const SEMAPHORE_ACQUIRE: &str = "local t = redis.call('TIME') \
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end \
+redis.call('ZADD', KEYS[1], now + 10000, ARGV[1]) \
+redis.call('PEXPIRE', KEYS[1], 10000) \
+return 1";
+
+impl RawSemaphore {
+    pub(crate) async fn connect(url: &str, permits: u32) -> Result<Self, String> {
+        let floor = RawFloor::connect(url).await?;
+        Ok(RawSemaphore {
+            conn: floor.conn,
+            acquire: Arc::new(Script::new(SEMAPHORE_ACQUIRE)),
+            permits,
+        })
+    }
+}
+
+struct PermitGuard {
+    conn: MultiplexedConnection,
+    key: String,
+    id: String,
+}
+
+#[async_trait]
+impl Guard for PermitGuard {
+    async fn unlock(mut self: Box<Self>) -> Result<(), String> {
+        let n: i64 = redis::cmd("ZREM")
+            .arg(&self.key)
+            .arg(&self.id)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err("raw semaphore: the permit was gone at release".into())
+        }
+    }
+}
+
+#[async_trait]
+impl Subject for RawSemaphore {
+    fn label(&self) -> String {
+        format!(
+            "baseline: expiring semaphore of {} (Redisson's sorted-set algorithm, raw)",
+            self.permits
+        )
+    }
+    fn waits(&self) -> bool {
+        false
+    }
+    async fn lock(&self, name: &str) -> Result<Box<dyn Guard>, String> {
+        let key = format!("bench-sem:{name}");
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let mut conn = self.conn.clone();
+        let ok: i64 = self
+            .acquire
+            .key(&key)
+            .arg(&id)
+            .arg(self.permits)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if ok != 1 {
+            return Err("raw semaphore: every permit is taken (it never waits)".into());
+        }
+        Ok(Box::new(PermitGuard { conn, key, id }))
+    }
+}

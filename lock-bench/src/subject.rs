@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lock_core::{DistributedLock, Lease, LockName, LockOptions};
+use lock_core::{DistributedLock, Lease, LockName, LockOptions, Mode};
 
 /// Something that can lock and unlock a name.
 #[async_trait]
@@ -38,18 +38,34 @@ pub(crate) struct Driver {
     pub(crate) label: Option<&'static str>,
 }
 
+impl Driver {
+    /// The row label of a driver of `backend` taking its locks in `mode`.
+    fn backend_label(backend: &str, mode: Mode) -> String {
+        let base = match backend {
+            "redis" => "distlock redis (1 node)".into(),
+            "redlock" => "distlock redlock (5 masters)".into(),
+            "zookeeper" => "distlock zookeeper".into(),
+            other => format!("distlock {other}"),
+        };
+        match mode {
+            Mode::Exclusive => base,
+            m => format!("{base}, {m}"),
+        }
+    }
+}
+
 #[async_trait]
 impl Subject for Driver {
     fn label(&self) -> String {
         if let Some(l) = self.label {
             return l.into();
         }
-        match self.lock.backend() {
-            "redis" => "distlock redis (1 node)".into(),
-            "redlock" => "distlock redlock (5 masters)".into(),
-            "zookeeper" => "distlock zookeeper".into(),
-            other => format!("distlock {other}"),
-        }
+        Self::backend_label(self.lock.backend(), self.opts.mode)
+    }
+    /// A reader never waits for another reader: the hand-off scenarios are for the modes that
+    /// wait for each other.
+    fn waits(&self) -> bool {
+        self.opts.mode != Mode::Shared
     }
     async fn lock(&self, name: &str) -> Result<Box<dyn Guard>, String> {
         let name = LockName::new(name).map_err(|e| e.to_string())?;
