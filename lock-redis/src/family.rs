@@ -71,8 +71,10 @@ local held = redis.call('GET', KEYS[1])
 local n = redis.call('ZCARD', KEYS[3])
 if not held then
   -- Members without the key: it was deleted under them. They are not holders any more.
-  redis.call('DEL', KEYS[3])
-  n = 0
+  if n > 0 then
+    redis.call('DEL', KEYS[3])
+    n = 0
+  end
 elseif string.sub(held, 1, string.len(ARGV[5])) ~= ARGV[5] or n > 0 and held ~= ARGV[3] then
   local permits = ARGV[5] .. 'p'
   if k > 0 and n > 0 and string.sub(held, 1, string.len(permits)) == permits then
@@ -86,9 +88,12 @@ end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('ZADD', KEYS[3], now + ttl, fence .. ':' .. ARGV[1])
 if n == 0 then
+  -- A new group: the key and the set live exactly as long as their only member.
   redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+else
+  extend(ttl)
 end
-extend(ttl)
 return {1, fence}
 ";
 
