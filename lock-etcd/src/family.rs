@@ -1,7 +1,10 @@
 //! Shared holders and permits in the one queue of a name: each contender's key says its mode
-//! in its value (empty: exclusive, as `etcdctl lock` writes it; else [`Mode::code`]), and a
-//! contender's turn is [`queue_turn`] over the keys before it in `create_revision` order —
-//! readers behind a waiting writer wait behind it, and the first count of permits wins.
+//! in its name (`<lease-hex>` is exclusive, as `etcdctl lock` names its keys;
+//! `<lease-hex>-<code>` another mode, [`Mode::code`]), and a contender's turn is
+//! [`queue_turn`] over the keys before it in `create_revision` order — readers behind a
+//! waiting writer wait behind it, and the first count of permits wins. The mode is in the
+//! name, not the value, so that a value stays free for what a contender says of itself (an
+//! election's proposal, as `etcdctl elect` writes it).
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use lock_core::driver::{queue_turn, Turn};
@@ -10,28 +13,34 @@ use lock_core::{LockName, Mode, Result};
 use crate::client::{malformed, txn_call, Cluster};
 use crate::queue::{contender, dir, Position};
 
-/// The mode a contender's key says: its value's code; empty (`etcdctl lock`, distlock's
-/// exclusive keys) or anything else is exclusive, the mode that waits for and keeps out all.
-pub(crate) fn mode_of(value: &[u8]) -> Mode {
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(Mode::from_code)
-        .unwrap_or(Mode::Exclusive)
-}
-
-/// What a contender of `mode` writes as its key's value.
-pub(crate) fn value_of(mode: Mode) -> String {
+/// What a contender of `mode` puts after its lease id in its key's name.
+pub(crate) fn key_suffix(mode: Mode) -> String {
     match mode {
         Mode::Exclusive => String::new(),
-        m => m.code(),
+        m => format!("-{}", m.code()),
     }
+}
+
+/// The mode a contender's key says (`leaf`: its name under the lock's range). Only distlock's
+/// own form, 16 hex digits, a dash and a code, is read as another mode; every other key
+/// (`etcdctl lock`'s, Go's `concurrency.Mutex`'s) is exclusive, the mode that waits for and
+/// keeps out all.
+pub(crate) fn mode_of(leaf: &[u8]) -> Mode {
+    let Ok(leaf) = std::str::from_utf8(leaf) else {
+        return Mode::Exclusive;
+    };
+    let parsed = leaf.split_once('-').and_then(|(lease, code)| {
+        (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit())).then_some(())?;
+        Mode::from_code(code).filter(|m| *m != Mode::Exclusive)
+    });
+    parsed.unwrap_or(Mode::Exclusive)
 }
 
 /// The name's contenders, oldest first, with their modes.
 pub(crate) fn contenders<'a>(dir: &str, kvs: &'a [KeyValue]) -> Vec<(&'a KeyValue, Mode)> {
     kvs.iter()
         .filter(|kv| contender(dir, kv.key()))
-        .map(|kv| (kv, mode_of(kv.value())))
+        .map(|kv| (kv, mode_of(&kv.key()[dir.len()..])))
         .collect()
 }
 
@@ -104,13 +113,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn modes_round_trip_through_values() {
+    fn modes_round_trip_through_key_names() {
         for mode in [Mode::Exclusive, Mode::Shared, Mode::Permits(3)] {
-            assert_eq!(mode_of(value_of(mode).as_bytes()), mode);
+            let leaf = format!("{:016x}{}", 0x694d_7a9b_3c1e_2f04_i64, key_suffix(mode));
+            assert_eq!(mode_of(leaf.as_bytes()), mode, "{leaf}");
         }
-        assert_eq!(value_of(Mode::Exclusive), "", "etcdctl's layout");
-        for other in [&b"whatever"[..], b"p0", b"\xff"] {
-            assert_eq!(mode_of(other), Mode::Exclusive);
+        assert_eq!(key_suffix(Mode::Exclusive), "", "etcdctl's layout");
+        // Go's Mutex does not pad its lease id; anything not of distlock's form is exclusive.
+        for other in [
+            &b"694d7a9b3c1e2f"[..],
+            b"abc-s",
+            b"694d7a9b3c1e2f04-p0",
+            b"\xff-s",
+        ] {
+            assert_eq!(mode_of(other), Mode::Exclusive, "{other:?}");
         }
     }
 }

@@ -38,8 +38,9 @@
 //! ## Shared holders and permits
 //!
 //! [`Mode::Shared`](lock_core::Mode::Shared) and [`Mode::Permits`](lock_core::Mode::Permits)
-//! join the same queue: a contender's key says its mode in its value (empty for exclusive, as
-//! `etcdctl lock` writes it; `s`, or `p<K>`), and a contender holds once it and every key before
+//! join the same queue: a contender's key says its mode in its name (`<lease-hex>` for
+//! exclusive, as `etcdctl lock` names its keys; `<lease-hex>-s`, or `-p<K>`; the value stays
+//! empty, free for an election's proposal), and a contender holds once it and every key before
 //! it may hold together ([`queue_turn`](lock_core::driver::queue_turn)). So a reader that
 //! arrives behind a waiting writer waits behind it (writers are not starved), an
 //! `etcdctl lock` holder or waiter is a writer to distlock's readers and they are all older

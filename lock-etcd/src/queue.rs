@@ -20,9 +20,15 @@ use crate::term::Tenure;
 use crate::waiting::{keep_alive, wait_for_delete, WaitingLease, Watched, Woken};
 use crate::EtcdConfig;
 
-/// The key a lease of `name` with lease id `lease` uses.
-pub(crate) fn key(config: &EtcdConfig, name: &LockName, lease: i64) -> String {
-    format!("{}{lease:016x}", config.name_dir(name))
+/// The key a lease of `name` with lease id `lease` uses for a request of `mode`:
+/// `<dir><lease-hex>`, as `etcdctl lock` names its keys, and for the lock family's other modes
+/// the mode's code after a dash (`family.rs`).
+pub(crate) fn key(config: &EtcdConfig, name: &LockName, lease: i64, mode: Mode) -> String {
+    format!(
+        "{}{lease:016x}{}",
+        config.name_dir(name),
+        family::key_suffix(mode)
+    )
 }
 
 /// The range of `name`'s keys.
@@ -107,11 +113,7 @@ pub(crate) async fn put_key(
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
-            TxnOp::put(
-                key,
-                family::value_of(mode),
-                Some(PutOptions::new().with_lease(id)),
-            ),
+            TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
             TxnOp::get(dir(&c.config, name), Some(read)),
         ]);
     let resp = txn_call(&c.config, &c.client, txn).await?;
@@ -163,7 +165,7 @@ pub(crate) async fn enqueue(
     if let Some(spare) = c.spares.take(ttl) {
         let start = Instant::now();
         let guard = RevokeGuard::new(c, spare.id, ttl);
-        let key = key(&c.config, name, spare.id);
+        let key = key(&c.config, name, spare.id, mode);
         // Confirmed so recently that ≥ 90 % of its TTL is still ahead: put the key
         // without a keep-alive. The lock is then valid for what is left of the lease,
         // which `valid_until` reports exactly.
@@ -207,7 +209,7 @@ pub(crate) async fn enqueue_new(
     // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
     // also deletes its key: no ghost stays in the queue.
     let guard = RevokeGuard::new(c, id, granted.ttl);
-    let key = key(&c.config, name, id);
+    let key = key(&c.config, name, id, mode);
     let (put, _) = put_key(c, name, &key, id, mode).await?;
     let lease = WaitingLease::new(name, granted.tenure, granted.ttl);
     Ok(Enqueued::new(lease, key, put, guard))
