@@ -5,7 +5,7 @@ use lock_core::{Error, Lease, LockName, Result};
 
 use crate::client::{txn_call, Cluster};
 use crate::config::BACKEND;
-use crate::queue::{contender, dir};
+use crate::layout::{contender, dir};
 
 /// [`EtcdLock::guarded_txn`](crate::EtcdLock::guarded_txn) on `cluster`.
 pub(crate) async fn guarded_txn(

@@ -106,9 +106,9 @@
 
 mod client;
 mod config;
-mod family;
 mod grant;
 mod guarded;
+mod layout;
 mod lease;
 mod lock;
 mod queue;

@@ -14,8 +14,8 @@ use lock_core::{
 
 use crate::client::Cluster;
 use crate::config::BACKEND;
-use crate::family;
 use crate::guarded::guarded_txn;
+use crate::layout;
 use crate::queue::contend;
 use crate::EtcdConfig;
 
@@ -70,7 +70,7 @@ impl EtcdLock {
             .with_fencing(Fencing::Strict)
             .with_inspect(true)
             .with_fifo(true)
-            // A contender's key says its mode; one queue serves them all (`family.rs`).
+            // A contender's key says its mode; one queue serves them all (`layout.rs`).
             .with_shared(true)
             .with_permits(true)
             // Leases are kept by the quorum and counted on the leader's monotonic clock (a
@@ -160,14 +160,14 @@ impl DistributedLock for EtcdLock {
     /// `create_revision`, mode and lease's remaining TTL, oldest first.
     async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let c = &self.inner.cluster;
-        let dir = crate::queue::dir(&c.config, name);
+        let dir = layout::dir(&c.config, name);
         let range = c
             .call(|mut cl| {
                 let dir = dir.clone();
-                async move { cl.get(dir, Some(family::range_up_to(0))).await }
+                async move { cl.get(dir, Some(layout::range_up_to(0))).await }
             })
             .await?;
-        let queue = family::contenders(&dir, range.kvs());
+        let queue = layout::contenders(&dir, range.kvs());
         let modes: Vec<Mode> = queue.iter().map(|(_, m)| *m).collect();
         let mut holders = Vec::new();
         for (i, (kv, mode)) in queue.iter().enumerate() {

@@ -5,36 +5,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
 };
-use lock_core::driver::{drift, lease_end, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{drift, lease_end, queue_turn, Acquisition, Grant, ManagedLease, Turn};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Mode, Result};
 
 use crate::client::{malformed, txn_call, Cluster};
 use crate::config::BACKEND;
-use crate::family;
 use crate::grant::{grant, rehome};
+use crate::layout::{contender, contenders, dir, key, range_up_to};
 use crate::lease::EtcdLeaseOps;
 use crate::revoke::RevokeGuard;
 use crate::term::Tenure;
 use crate::waiting::{keep_alive, wait_for_delete, WaitingLease, Watched, Woken};
-use crate::EtcdConfig;
-
-/// The key a lease of `name` with lease id `lease` uses for a request of `mode`:
-/// `<dir><lease-hex>`, as `etcdctl lock` names its keys, and for the lock family's other modes
-/// the mode's code after a dash (`family.rs`).
-pub(crate) fn key(config: &EtcdConfig, name: &LockName, lease: i64, mode: Mode) -> String {
-    format!(
-        "{}{lease:016x}{}",
-        config.name_dir(name),
-        family::key_suffix(mode)
-    )
-}
-
-/// The range of `name`'s keys.
-pub(crate) fn dir(config: &EtcdConfig, name: &LockName) -> String {
-    config.name_dir(name)
-}
 
 /// The waiter's view after a wake-up: its own key, and the key just before it; and the
 /// term it was read in (`term.rs`).
@@ -96,6 +80,58 @@ async fn check_in(
     Ok(Some((position, term)))
 }
 
+/// Where the contender with `key` (put at `rev`) stands among `older_and_me` (the contenders
+/// up to it, oldest first); `seen` is the revision they were read at.
+pub(crate) fn position(older_and_me: &[(&KeyValue, Mode)], key: &str, seen: i64) -> Position {
+    let Some(me) = older_and_me
+        .iter()
+        .position(|(kv, _)| kv.key() == key.as_bytes())
+    else {
+        return Position::Gone;
+    };
+    let modes: Vec<Mode> = older_and_me[..=me].iter().map(|(_, m)| *m).collect();
+    let named = |kv: &KeyValue| (kv.key().to_vec(), kv.create_revision());
+    match queue_turn(&modes, me) {
+        Turn::Granted => Position::Head,
+        Turn::After(j) => Position::Behind {
+            pred: named(older_and_me[j].0),
+            seen,
+        },
+        Turn::AfterAny => Position::BehindAny {
+            older: older_and_me[..me].iter().map(|(kv, _)| named(kv)).collect(),
+            seen,
+        },
+        Turn::Mismatch { held } => Position::Mismatch { held },
+    }
+}
+
+/// [`check`] for the lock family's modes: the contender's own key and every key up to
+/// it, with values, in one transaction; and the term it was read in.
+pub(crate) async fn family_check(
+    c: &Cluster,
+    name: &LockName,
+    key: &str,
+    rev: i64,
+) -> Result<(Position, u64)> {
+    let dir = dir(&c.config, name);
+    let txn = Txn::new().and_then([TxnOp::get(dir.as_str(), Some(range_up_to(rev)))]);
+    let resp = txn_call(&c.config, &c.client, txn).await?;
+    let seen = resp.header().map_or(0, |h| h.revision());
+    let term = c.observe(resp.header());
+    let Some(TxnOpResponse::Get(g)) = resp.op_responses().into_iter().next() else {
+        return Err(malformed("check"));
+    };
+    let queue = contenders(&dir, g.kvs());
+    // Mine must be this incarnation (a reused lease puts a key of the same name again).
+    let mine = queue
+        .iter()
+        .any(|(kv, _)| kv.key() == key.as_bytes() && kv.create_revision() == rev);
+    if !mine {
+        return Ok((Position::Gone, term));
+    }
+    Ok((position(&queue, key, seen), term))
+}
+
 /// Puts `key` of `mode` with lease `id` if absent and reads the queue's head (the whole
 /// queue, for the lock family's modes), in one round trip: `(create_revision, whether the key
 /// holds)`, and the term it was applied in.
@@ -108,7 +144,7 @@ pub(crate) async fn put_key(
 ) -> Result<((i64, Standing), u64)> {
     let read = match mode {
         Mode::Exclusive => queue_end(SortOrder::Ascend),
-        _ => family::range_up_to(0),
+        _ => range_up_to(0),
     };
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -131,7 +167,7 @@ pub(crate) async fn put_key(
     };
     if mode != Mode::Exclusive {
         let dir = dir(&c.config, name);
-        let standing = match family::position(&family::contenders(&dir, g.kvs()), key, rev) {
+        let standing = match position(&contenders(&dir, g.kvs()), key, rev) {
             Position::Head => Standing::Holds,
             Position::Mismatch { held } => Standing::Mismatch(held),
             _ => Standing::Waits,
@@ -320,7 +356,7 @@ pub(crate) async fn contend(
             let sent = Instant::now();
             let checked = match req.mode() {
                 Mode::Exclusive => check(c, name, &key, rev).await,
-                _ => family::check(c, name, &key, rev).await,
+                _ => family_check(c, name, &key, rev).await,
             };
             let (watched, seen) = match checked {
                 Ok((Position::Head, term)) => {
@@ -452,13 +488,4 @@ fn queue(order: SortOrder) -> GetOptions {
 /// One end of a name's range, by creation: its head (`Ascend`) or its tail (`Descend`).
 fn queue_end(order: SortOrder) -> GetOptions {
     queue(order).with_limit(1)
-}
-
-/// Whether `key` is a contender's key of the name whose range is `dir` (`<dir><lease-hex>`,
-/// as distlock and `etcdctl lock` put them), not a key of a client whose prefix nests inside
-/// it (`<dir><other-name>/<lease-hex>`): that one belongs to another lock, which etcd's own
-/// recipe would wait for.
-pub(crate) fn contender(dir: &str, key: &[u8]) -> bool {
-    key.strip_prefix(dir.as_bytes())
-        .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
 }
