@@ -18,7 +18,7 @@ use std::time::Duration;
 use lock_core::Mode;
 use redis::aio::ConnectionLike;
 
-use crate::scripts::{ms, run, Acquired, LockKeys, Lua, TOKEN_TAG};
+use crate::scripts::{field, ms, run, Acquired, LockKeys, Lua, TOKEN_TAG};
 
 /// What a group's lock value starts with (it starts with [`TOKEN_TAG`] too: a waiter then knows
 /// a release message will come).
@@ -175,15 +175,8 @@ pub(crate) async fn acquire<C: ConnectionLike + Send>(
         &[token, &ttl, &group, &k, GROUP_TAG],
     )
     .await?;
-    let int = |i: usize| match reply.get(i) {
-        Some(v) => redis::from_redis_value_ref::<i64>(v).ok(),
-        None => None,
-    };
-    let held = match reply.get(2) {
-        Some(v) => redis::from_redis_value_ref::<String>(v).ok(),
-        None => None,
-    };
-    Ok(match (int(0), int(1)) {
+    let held = field::<String>(&reply, 2);
+    Ok(match (field::<i64>(&reply, 0), field::<i64>(&reply, 1)) {
         (Some(1), Some(fence)) => Acquired::Granted {
             fence: u64::try_from(fence).unwrap_or(0),
         },
@@ -245,16 +238,8 @@ pub(crate) async fn list<C: ConnectionLike + Send>(
     keys: &LockKeys,
 ) -> redis::RedisResult<Listing> {
     let reply: Vec<redis::Value> = run(conn, &LIST, &keys3(keys), &[]).await?;
-    let text = |i: usize| {
-        reply
-            .get(i)
-            .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
-    };
-    let int = |i: usize| {
-        reply
-            .get(i)
-            .and_then(|v| redis::from_redis_value_ref::<i64>(v).ok())
-    };
+    let text = |i: usize| field::<String>(&reply, i);
+    let int = |i: usize| field::<i64>(&reply, i);
     let mut members: Vec<(String, Duration)> = (3..reply.len())
         .step_by(2)
         .filter_map(|i| {

@@ -207,20 +207,20 @@ pub async fn acquire<C: ConnectionLike + Send>(
     let both = [keys.lock.as_str(), keys.fence.as_str()];
     let keys = if keys.fenced { &both[..] } else { &both[..1] };
     let reply: Vec<redis::Value> = run(conn, &ACQUIRE, keys, &[token, &ttl]).await?;
-    let int = |i: usize| match reply.get(i) {
-        Some(v) => redis::from_redis_value_ref::<i64>(v).ok(),
-        None => None,
-    };
-    let holder = match reply.get(2) {
-        Some(v) => redis::from_redis_value_ref::<String>(v).ok(),
-        None => None,
-    };
-    Ok(match (int(0), int(1)) {
+    let holder = field::<String>(&reply, 2);
+    Ok(match (field::<i64>(&reply, 0), field::<i64>(&reply, 1)) {
         (Some(1), fence) => Acquired::Granted {
             fence: fence.and_then(|f| u64::try_from(f).ok()).unwrap_or(0),
         },
         (_, pttl) => busy(pttl.unwrap_or(-2), holder),
     })
+}
+
+/// Field `i` of a script's reply, if it is there and reads as a `T`.
+pub(crate) fn field<T: redis::FromRedisValue>(reply: &[redis::Value], i: usize) -> Option<T> {
+    reply
+        .get(i)
+        .and_then(|v| redis::from_redis_value_ref::<T>(v).ok())
 }
 
 /// A refusal: the holder's PTTL (-1: no expiry; -2: gone) and value.
