@@ -63,6 +63,17 @@ impl PgLeaseOps {
     }
 }
 
+/// Whether `e` is the session's end: the server's FATAL (an operator's terminate, a shutdown),
+/// which frees the session's locks as it is sent, or the connection closed. The FATAL can
+/// answer a query before the client has seen the socket close, so `is_closed` alone is late.
+fn ends_session(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::Severity;
+    e.is_closed()
+        || e.as_db_error()
+            .and_then(|d| d.parsed_severity())
+            .is_some_and(|s| matches!(s, Severity::Fatal | Severity::Panic))
+}
+
 #[async_trait]
 impl LeaseOps for PgLeaseOps {
     fn backend_key(&self) -> Option<String> {
@@ -103,7 +114,7 @@ impl LeaseOps for PgLeaseOps {
                 return Ok(until);
             }
             Ok(false) => Error::not_held(&self.name),
-            Err(_) if session.is_closed() => {
+            Err(e) if session.is_closed() || ends_session(&e) => {
                 self.ended("ended (connection closed or backend terminated)")
             }
             Err(e) => return Err(self.opener.error(e)),
@@ -141,7 +152,9 @@ impl LeaseOps for PgLeaseOps {
                 Ok(())
             }
             Ok(false) => Err(Error::not_held(&self.name)),
-            Err(_) if session.is_closed() => Err(self.ended("ended before the release")),
+            Err(e) if session.is_closed() || ends_session(&e) => {
+                Err(self.ended("ended before the release"))
+            }
             // Dropping the session closes the connection: the lock goes with the session.
             Err(e) => Err(self.opener.error(e)),
         }

@@ -325,6 +325,60 @@ async fn a_terminated_backend_loses_the_lease_at_once_case() {
     );
 }
 
+/// The terminate's FATAL reply answers a confirmation in flight: it is the session's end, so
+/// the lease is Lost, not at risk — an at-risk lease is believed held until `valid_until`, while
+/// the server has already granted the lock to the next in line. (The reply can reach the query
+/// before the client has seen the socket close: here the confirmation waits in a partition
+/// while the operator terminates the backend, and the partition heals after it.)
+#[test]
+fn a_terminate_that_answers_a_confirmation_loses_the_lease() {
+    serial(a_terminate_that_answers_a_confirmation_loses_the_lease_case());
+}
+
+async fn a_terminate_that_answers_a_confirmation_loses_the_lease_case() {
+    let admin = admin().await;
+    for round in 0..5 {
+        let (proxy, config) = proxied("");
+        let a = PgLock::connect(config).await.unwrap();
+        let n = name(&format!("fatal-reply-{round}"));
+        let lease = a
+            .try_acquire(&n, &opts().manual_renewal())
+            .await
+            .unwrap()
+            .unwrap();
+        let holder = lockers(&admin, &n).await[0].0;
+        proxy.blackhole();
+        let renewing = tokio::spawn({
+            let lease = std::sync::Arc::new(lease);
+            let l = lease.clone();
+            async move { (l.renew().await, lease) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        admin
+            .query("SELECT pg_terminate_backend($1)", &[&holder])
+            .await
+            .unwrap();
+        until(
+            Duration::from_secs(2),
+            "the lock free after terminate",
+            || {
+                let admin = &admin;
+                let n = &n;
+                async move { lockers(admin, n).await.is_empty() }
+            },
+        )
+        .await;
+        proxy.heal();
+        let (renewed, lease) = renewing.await.unwrap();
+        assert!(
+            matches!(renewed, Err(Error::Lost { .. })),
+            "round {round}: a confirmation answered by the terminate's FATAL: {renewed:?} \
+             (the lock is free on the server: anything but Lost keeps the holder working)"
+        );
+        assert_eq!(lease.state(), LeaseState::Lost, "round {round}");
+    }
+}
+
 /// A dropped connection, 40 times, with a waiter queued behind the holder: the server frees
 /// the lock the moment it sees the close, and the holder's lease turns Lost as soon as its own
 /// client sees the same close — every time within a sixth of the session timeout (the
