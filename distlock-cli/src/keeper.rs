@@ -319,9 +319,6 @@ struct Keeper {
 impl Keeper {
     fn supervise(mut self, signals: &SignalFd) -> u8 {
         loop {
-            if let Some(done) = self.reap() {
-                return done;
-            }
             if self.kill_at.is_some_and(|t| Instant::now() >= t) {
                 self.killing = true;
             }
@@ -348,6 +345,10 @@ impl Keeper {
                     ));
                     return self.status.unwrap_or(EX_OSERR);
                 }
+            }
+            // After the kill: a flood of orphans to reap (a fork loop's) must not hold it up.
+            if let Some(done) = self.reap() {
+                return done;
             }
             let timeout = if self.killing {
                 Some(KILL_ROUND)

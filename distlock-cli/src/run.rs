@@ -242,14 +242,17 @@ async fn supervise(
             .unwrap_or(granted);
         keeper.switch.set(lease_kill_at, since);
         let term_at = lease_kill_at.checked_sub(lease_grace).unwrap_or(now);
-        if stop.is_none() {
-            let why = match lease.state() {
-                LeaseState::Lost => Some(Stop::Lost),
-                LeaseState::AtRisk => Some(Stop::AtRisk),
-                LeaseState::Held if now >= term_at => Some(Stop::Unconfirmed),
-                LeaseState::Held if max_hold_at.is_some_and(|t| now >= t) => Some(Stop::MaxHold),
-                LeaseState::Held => None,
-            };
+        let why = match lease.state() {
+            LeaseState::Lost => Some(Stop::Lost),
+            LeaseState::AtRisk => Some(Stop::AtRisk),
+            LeaseState::Held if now >= term_at => Some(Stop::Unconfirmed),
+            LeaseState::Held if max_hold_at.is_some_and(|t| now >= t) => Some(Stop::MaxHold),
+            LeaseState::Held => None,
+        };
+        // A stop with a grace (at risk, unconfirmed, --max-hold) gives way to a loss that
+        // comes during it: the grace was for a lock still ours, and it may be gone now.
+        let escalates = matches!(stop, Some((s, _)) if s != Stop::Lost) && why == Some(Stop::Lost);
+        if stop.is_none() || escalates {
             if let Some(why) = why {
                 // A lease that turns Lost before its validity ran out was let go by the
                 // backend (a closed session, a refused renewal: the key deleted, the lease

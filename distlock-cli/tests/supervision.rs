@@ -481,6 +481,96 @@ fn lost_by_the_backend_redis() {
     });
 }
 
+/// A loss during the grace of an at-risk lease kills at once: the grace was for a lock still
+/// ours until `valid_until`, and a refused renewal says it may be someone else's now. The
+/// holder is cut off until its lease is at risk (SIGTERM, which the command ignores, and
+/// SIGKILL 4 s later: a third of the 12 s window); its key is deleted and the partition heals,
+/// and the held-back renewal is refused. Before the fix the command beat on until the end of
+/// the grace: a stop, once decided, never became a harder one.
+#[test]
+fn a_loss_during_an_at_risk_grace_kills_at_once() {
+    let tag = "risk-then-lost";
+    let p = proxy(servers::port("redis"));
+    let dir = tmp(tag);
+    let name = unique(tag);
+    let (hb, key) = (dir.join("hb"), dir.join("key"));
+    let script = format!(
+        "printf %s \"$DISTLOCK_KEY\" > {}; {}",
+        key.display(),
+        heartbeat(&hb)
+    );
+    let mut holder = distlock(
+        &format!("redis://{}", p.addr()),
+        &[
+            "run", "--name", &name, "--ttl", "12s", "--grace", "10s", "--", "sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let lines = stderr_lines(&mut holder);
+    wait_beats(&mut holder, &hb, 4);
+    p.blackhole();
+    let said = |what: &str, within: Duration| {
+        let end = Instant::now() + within;
+        std::iter::from_fn(|| {
+            lines
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+                .ok()
+        })
+        .find(|l| l.contains(what))
+    };
+    said("is at risk", Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("{tag}: no 'at risk' within 15 s of the partition"));
+    run_tool(
+        "redis-cli",
+        &[
+            "-p",
+            &servers::port("redis").to_string(),
+            "DEL",
+            &std::fs::read_to_string(&key).unwrap(),
+        ],
+    );
+    let healed = now_ns();
+    p.heal();
+    let lost = said("was lost while the command ran", Duration::from_secs(3));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        lost.is_some(),
+        "{tag}: the renewal refused after the partition did not turn the at-risk stop into a \
+         kill at once (no 'was lost' from distlock within 3 s of the heal)"
+    );
+    let last = *beats(&hb).iter().max().unwrap();
+    assert!(
+        last < healed + 2_000_000_000,
+        "{tag}: the command beat {} ms after the heal (the at-risk grace was 4 s; a loss must \
+         kill at once)",
+        (last - healed) / 1_000_000
+    );
+}
+
+/// The lines `child` writes to its stderr (which it must have piped), as they come.
+fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 /// distlock gets SIGKILL while its command runs: the command's processes die with it, before a
 /// second run can start its command.
 fn supervisor_killed(tag: &str, url: &str) {
