@@ -132,21 +132,23 @@ fn bad_arguments_urls_and_names_exit_64_with_one_line() {
 }
 
 /// `--shared` and `--permits K` take the lock in that mode where the backend has it (the file
-/// backend's shared mode, the memory driver's both, within its one process), and exit 64
-/// without running the command where it has not (the file backend's permits today), for
-/// `--permits 0`, and for both at once: never an exclusive lock in their place.
+/// backend's both, the memory driver's both, within its one process), and exit 64 without
+/// running the command where it has not (Redlock's permits), for `--permits 0`, and for both
+/// at once: never an exclusive lock in their place.
 #[test]
 fn shared_and_permits_run_where_the_backend_has_them_and_exit_64_elsewhere() {
     let dir = tmp("modes");
     let (marker, touch) = ran_marker(&dir, "ran");
     let file = file_url(&dir);
+    let redlock = servers::url("redlock://{redlock1},{redlock2},{redlock3}");
     let shared: &[&str] = &["--shared"];
     let permits: &[&str] = &["--permits", "3"];
     for (url, mode, runs) in [
         ("memory://", shared, true),
         ("memory://", permits, true),
         (file.as_str(), shared, true),
-        (file.as_str(), permits, false),
+        (file.as_str(), permits, true),
+        (redlock.as_str(), permits, false),
     ] {
         let args = [
             &["run", "--name", "x"][..],
@@ -195,6 +197,31 @@ fn shared_and_permits_run_where_the_backend_has_them_and_exit_64_elsewhere() {
     let status = String::from_utf8_lossy(&o.stdout);
     assert_eq!(status.matches("\"mode\":\"shared\"").count(), 1, "{status}");
     assert!(reader.wait().unwrap().success());
+    // Two of two permits held by runs on the file backend: a third exits 75; status lists both.
+    let two = ["--name", "p", "--permits", "2"];
+    let _ = std::fs::remove_file(dir.join("started"));
+    let mut first = holding(&file, &dir, &two, "sleep 3");
+    std::fs::remove_file(dir.join("started")).unwrap();
+    let mut second = holding(&file, &dir, &two, "sleep 3");
+    let o = output(distlock(
+        &file,
+        &[&["run"][..], &two, &["--no-wait", "--", "true"]].concat(),
+    ));
+    assert_eq!(
+        code(&o),
+        75,
+        "a third permit of two: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = output(distlock(&file, &["status", "--name", "p", "--json"]));
+    let status = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        status.matches("\"mode\":\"permit\",\"permits\":2").count(),
+        2,
+        "{status}"
+    );
+    assert!(first.wait().unwrap().success());
+    assert!(second.wait().unwrap().success());
     for bad in [
         vec!["--permits", "0"],
         vec!["--permits", "-1"],

@@ -108,9 +108,18 @@ pub(crate) struct Held {
     pub(crate) _writer: File,
 }
 
-/// Takes the lock on `path` in `mode` if it can: the held handles, the new fencing token, the
-/// identity. Shared: `flock(LOCK_SH)`, as `flock -s` takes it.
-pub(crate) fn lock_file(path: &Path, mode: Mode) -> io::Result<Option<(Held, u64, FileId)>> {
+/// What one attempt on a lock file came to.
+pub(crate) enum Attempt {
+    /// The held handles, the new fencing token, the identity.
+    Held(Held, u64, FileId),
+    Busy,
+    /// Holders of this many permits hold it (see `family`).
+    Mismatch(u32),
+}
+
+/// Takes the lock on `path` in `mode` if it can. Shared: `flock(LOCK_SH)`, as `flock -s` takes
+/// it; a permit: the same, and a permit slot (`family`).
+pub(crate) fn lock_file(path: &Path, mode: Mode) -> io::Result<Attempt> {
     ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     loop {
         let file = match open_lock_file(path, false) {
@@ -123,12 +132,12 @@ pub(crate) fn lock_file(path: &Path, mode: Mode) -> io::Result<Option<(Held, u64
             Err(e) => return Err(e),
         };
         let locked = match mode {
-            Mode::Shared => fs4::FileExt::try_lock_shared(&file),
-            _ => fs4::FileExt::try_lock(&file),
+            Mode::Exclusive => fs4::FileExt::try_lock(&file),
+            _ => fs4::FileExt::try_lock_shared(&file),
         };
         match locked {
             Ok(()) => {}
-            Err(fs4::TryLockError::WouldBlock) => return Ok(None),
+            Err(fs4::TryLockError::WouldBlock) => return Ok(Attempt::Busy),
             Err(fs4::TryLockError::Error(e)) => return Err(e),
         }
         let id = file_id(&file.metadata()?);
@@ -137,25 +146,41 @@ pub(crate) fn lock_file(path: &Path, mode: Mode) -> io::Result<Option<(Held, u64
         if path_id(path)? != Some(id) {
             continue;
         }
+        // Tested on the read-only handle: a writable one closed again would wake waiters.
+        #[cfg(target_os = "linux")]
+        let slot = match crate::family::enter(&file, mode)? {
+            crate::family::Entry::Admitted(slot) => slot,
+            crate::family::Entry::Wait => return Ok(Attempt::Busy),
+            crate::family::Entry::Mismatch(held) => return Ok(Attempt::Mismatch(held)),
+        };
         let writer = match open_lock_file(path, true) {
             Ok(w) if file_id(&w.metadata()?) == id => w,
             Ok(_) => continue,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
+        #[cfg(target_os = "linux")]
+        if let (Mode::Permits(k), Some(first)) = (mode, slot) {
+            // Taken meanwhile by another: rare, and the closing writer wakes the waiters.
+            if crate::family::take_slot(&writer, k, first)?.is_none() {
+                return Ok(Attempt::Busy);
+            }
+        }
         let token = match mode {
+            Mode::Exclusive => counter::bump(&writer)?,
             #[cfg(target_os = "linux")]
-            Mode::Shared => counter::bump_shared(&writer)?,
+            _ => counter::bump_shared(&writer)?,
+            #[cfg(not(target_os = "linux"))]
             _ => counter::bump(&writer)?,
         };
-        return Ok(Some((
+        return Ok(Attempt::Held(
             Held {
                 _lock: file,
                 _writer: writer,
             },
             token,
             id,
-        )));
+        ));
     }
 }
 
@@ -187,11 +212,20 @@ pub(crate) fn peek(path: &Path) -> io::Result<Vec<lock_core::HolderInfo>> {
     // Read even when free: a damaged counter is reported here, not only at the next grant.
     let token = FencingToken::new(counter::read(&file)?);
     let exclusive = vec![lock_core::HolderInfo::new(Some(token), None)];
-    if let Some((writers, readers)) = kernel_locks(&file.metadata()?) {
-        return Ok(match (writers, readers) {
-            (0, n) => vec![lock_core::HolderInfo::new(None, None).with_mode(Mode::Shared); n],
-            _ => exclusive,
-        });
+    if let Some(table) = kernel_locks(&file.metadata()?) {
+        if table.writers > 0 {
+            return Ok(exclusive);
+        }
+        let shared = lock_core::HolderInfo::new(None, None);
+        #[cfg(target_os = "linux")]
+        if let Some((n, k)) = crate::family::permits_in(&table.ranges) {
+            // Permit holders take the `flock(LOCK_SH)` too: the rest of its holders read.
+            let mut all = vec![shared.with_mode(Mode::Permits(k)); n];
+            let readers = table.readers.saturating_sub(n);
+            all.extend(vec![shared.with_mode(Mode::Shared); readers]);
+            return Ok(all);
+        }
+        return Ok(vec![shared.with_mode(Mode::Shared); table.readers]);
     }
     // No table to read: try the lock for an instant (dropping the file lets go at once).
     Ok(match fs4::FileExt::try_lock(&file) {
@@ -204,11 +238,22 @@ pub(crate) fn peek(path: &Path) -> io::Result<Vec<lock_core::HolderInfo>> {
     })
 }
 
-/// The `flock` locks granted on the file `m` describes, as `(exclusive, shared)`, from
-/// `/proc/locks` (lines `N: FLOCK ADVISORY WRITE|READ PID MAJ:MIN:INODE 0 EOF`, waiters marked
-/// `->`); `None` where that table cannot be read.
+/// The locks granted on one file, from the kernel's table.
+#[derive(Default)]
+struct KernelLocks {
+    /// `flock` holders, exclusive and shared.
+    writers: usize,
+    readers: usize,
+    /// Open-file-description byte-range locks: (write, start).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    ranges: Vec<(bool, i64)>,
+}
+
+/// The locks granted on the file `m` describes, from `/proc/locks` (lines `N: FLOCK ADVISORY
+/// WRITE|READ PID MAJ:MIN:INODE 0 EOF` and `N: OFDLCK ADVISORY WRITE|READ -1 MAJ:MIN:INODE
+/// START END`, waiters marked `->`); `None` where that table cannot be read.
 #[cfg(target_os = "linux")]
-fn kernel_locks(m: &std::fs::Metadata) -> Option<(usize, usize)> {
+fn kernel_locks(m: &std::fs::Metadata) -> Option<KernelLocks> {
     use std::os::unix::fs::MetadataExt;
     let table = std::fs::read_to_string("/proc/locks").ok()?;
     let (major, minor) = (
@@ -216,23 +261,33 @@ fn kernel_locks(m: &std::fs::Metadata) -> Option<(usize, usize)> {
         nix::sys::stat::minor(m.dev()),
     );
     let file = format!("{major:02x}:{minor:02x}:{}", m.ino());
-    let mut counts = (0, 0);
+    let mut locks = KernelLocks::default();
     for line in table.lines().filter(|l| !l.contains("->")) {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.get(1) != Some(&"FLOCK") || fields.get(5) != Some(&file.as_str()) {
+        if fields.get(5) != Some(&file.as_str()) {
             continue;
         }
-        match fields.get(3) {
-            Some(&"WRITE") => counts.0 += 1,
-            Some(&"READ") => counts.1 += 1,
+        let write = match fields.get(3) {
+            Some(&"WRITE") => true,
+            Some(&"READ") => false,
+            _ => continue,
+        };
+        match fields.get(1) {
+            Some(&"FLOCK") if write => locks.writers += 1,
+            Some(&"FLOCK") => locks.readers += 1,
+            Some(&"OFDLCK") => {
+                if let Some(start) = fields.get(6).and_then(|s| s.parse().ok()) {
+                    locks.ranges.push((write, start));
+                }
+            }
             _ => {}
         }
     }
-    Some(counts)
+    Some(locks)
 }
 
 #[cfg(not(target_os = "linux"))]
-fn kernel_locks(_m: &std::fs::Metadata) -> Option<(usize, usize)> {
+fn kernel_locks(_m: &std::fs::Metadata) -> Option<KernelLocks> {
     None
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use lock_core::driver::{Acquisition, Backoff, Grant, ManagedLease};
 use lock_core::{FencingToken, Lease, LockName, LockOptions, Renewal, Result};
 
-use crate::client::{blocking, io_error, lock_file};
+use crate::client::{blocking, io_error, lock_file, Attempt};
 use crate::lease::FileLeaseOps;
 use crate::wakeup::{ReleaseWatch, Wakers};
 
@@ -34,8 +34,16 @@ pub(crate) async fn try_once(
     let got = blocking(move || lock_file(&p, mode))
         .await?
         .map_err(|e| io_error(&path, e))?;
-    let Some((file, token, id)) = got else {
-        return Ok(None);
+    let (file, token, id) = match got {
+        Attempt::Held(file, token, id) => (file, token, id),
+        Attempt::Busy => return Ok(None),
+        Attempt::Mismatch(held) => {
+            return Err(lock_core::Error::PermitsMismatch {
+                name: name.clone(),
+                held,
+                asked: mode.limit().unwrap_or(0),
+            })
+        }
     };
     // The lock lasts while this process holds the file; the watchdog re-checks that the
     // path still names it (a deleted file is a broken lock), and honours max_hold.

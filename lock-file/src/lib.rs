@@ -29,7 +29,19 @@
 //! `holders` counts the readers from the kernel's lock table (`/proc/locks`); a reader's token
 //! is its own to know (the file keeps only the newest), so it is not reported. `flock` keeps
 //! no queue: a stream of readers can keep a writer waiting (`Capabilities::fifo` is false).
-//! Permits (semaphores) are not offered yet: `Error::Unsupported`.
+//!
+//! ## Permits (Linux)
+//!
+//! [`Mode::Permits`](lock_core::Mode::Permits)`(k)`: a permit holder takes the same
+//! `flock(LOCK_SH)` (so writers and `flock -x` exclude it, both ways), and open-file-description
+//! byte-range locks on the same file, far past the counter and never touching `flock`, keep
+//! it apart from readers and count the permits: each holder marks its count and write-locks
+//! one of `k` slot bytes; a reader marks its own byte. Each marks its class before testing for
+//! the other (`F_OFD_GETLK`), so a reader and a permit holder never both get in; another count
+//! marked is [`Error::PermitsMismatch`](lock_core::Error::PermitsMismatch). Every mark is the
+//! kernel's, dropped with the holder's file, also when it dies, so a crashed permit comes back
+//! at once. Waiters are woken by the same `IN_CLOSE_WRITE`. A `flock -s` of another program
+//! makes no mark: it is a reader that permit holders do not see.
 //!
 //! ## Keys
 //!
@@ -87,6 +99,8 @@
 mod client;
 mod config;
 mod counter;
+#[cfg(target_os = "linux")]
+mod family;
 mod flock;
 mod lease;
 mod lock;

@@ -149,6 +149,9 @@ impl DistributedLock for FileLock {
             // `flock(LOCK_SH)`; the counter's writes among readers are serialised by a lock
             // that only Linux has per open file (see `counter::bump_shared`).
             .with_shared(cfg!(target_os = "linux"))
+            // Byte-range locks beside the `flock` (see `family`), which only Linux keeps per
+            // open file.
+            .with_permits(cfg!(target_os = "linux"))
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {

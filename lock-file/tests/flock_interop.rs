@@ -130,3 +130,76 @@ async fn flock_s_and_x_and_distlocks_modes_are_one_lock() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Permits on the same file: a permit holder takes `flock(LOCK_SH)`, so `flock -x` and
+/// distlock's permits exclude each other both ways; `holders` lists each permit with its
+/// count. A `flock -s` of another program is a reader that does not know the permits' marks
+/// (`family.rs`): it is granted beside permit holders, as the README says.
+#[tokio::test]
+async fn flock_x_and_permits_exclude_each_other() {
+    let dir = std::env::temp_dir().join(format!("lock-file-flock-p-{}", std::process::id()));
+    let (locks, others) = (
+        FileLock::open(&dir).await.unwrap(),
+        FileLock::open(&dir).await.unwrap(),
+    );
+    let name = LockName::new("interop-permits").unwrap();
+    let file = locks.path_of(&name);
+    let two = LockOptions::new(Duration::from_secs(5)).permits(2);
+
+    let a = locks.try_acquire(&name, &two).await.unwrap().unwrap();
+    let b = others.try_acquire(&name, &two).await.unwrap().unwrap();
+    assert!(locks.try_acquire(&name, &two).await.unwrap().is_none());
+    let holders = locks.holders(&name).await.unwrap();
+    assert!(
+        holders.len() == 2 && holders.iter().all(|h| h.mode == Mode::Permits(2)),
+        "{holders:?}"
+    );
+    assert!(!flock_now("-x", &file), "flock -x granted beside permits");
+    assert!(
+        flock_now("-s", &file),
+        "a foreign flock -s is a plain reader"
+    );
+    // A waiter of another FileLock is woken by a release here (inotify, not its own wake-up).
+    let waiting = {
+        let (others, name, two) = (others.clone(), name.clone(), two.clone());
+        tokio::spawn(async move {
+            others
+                .acquire(&name, &two.wait_for(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "a third permit of two was granted");
+    a.release().await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting permit was not granted within 5 s of a release")
+        .unwrap()
+        .unwrap();
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+
+    // flock -x holds: a permit waits, and is granted once the tool dies.
+    let tool = flock_holding("-x", &file);
+    assert!(locks.try_acquire(&name, &two).await.unwrap().is_none());
+    let waiting = {
+        let (locks, name, two) = (locks.clone(), name.clone(), two.clone());
+        tokio::spawn(async move {
+            locks
+                .acquire(&name, &two.wait_for(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a permit was granted beside flock -x"
+    );
+    stop(tool);
+    let granted = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+    assert!(
+        matches!(granted, Ok(Ok(Ok(_)))),
+        "the waiting permit was not granted after flock -x died: {granted:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
