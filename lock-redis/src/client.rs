@@ -476,7 +476,7 @@ impl ReleaseOnDrop {
     }
 
     /// For a request of `mode`: a shared holder or a permit is released from its group.
-    pub(crate) fn of_mode(mut self, mode: Mode) -> Self {
+    pub fn of_mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
         self
     }
@@ -510,7 +510,7 @@ impl Drop for ReleaseOnDrop {
 
 /// Releases `token`'s hold of `mode` on `keys`, whatever its fence: the release after a grant
 /// whose reply never came.
-pub(crate) async fn release_any<C: redis::aio::ConnectionLike + Send>(
+pub async fn release_any<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     token: &str,

@@ -22,26 +22,26 @@ use crate::scripts::{field, ms, run, Acquired, LockKeys, Lua, TOKEN_TAG};
 
 /// What a group's lock value starts with (it starts with [`TOKEN_TAG`] too: a waiter then knows
 /// a release message will come).
-pub(crate) const GROUP_TAG: &str = "distlock-group:";
+pub const GROUP_TAG: &str = "distlock-group:";
 
 /// The lock value of a group of `mode` ([`Mode::code`]); `None` for the exclusive mode, which
 /// is no group.
-pub(crate) fn group_value(mode: Mode) -> Option<String> {
+pub fn group_value(mode: Mode) -> Option<String> {
     (mode != Mode::Exclusive).then(|| format!("{GROUP_TAG}{}", mode.code()))
 }
 
 /// The mode of a group's lock value; `None` for any other value.
-pub(crate) fn group_mode(value: &str) -> Option<Mode> {
+pub fn group_mode(value: &str) -> Option<Mode> {
     Mode::from_code(value.strip_prefix(GROUP_TAG)?).filter(|m| *m != Mode::Exclusive)
 }
 
 /// A member of the holders' set: `<fence>:<token>`.
-pub(crate) fn member(fence: u64, token: &str) -> String {
+pub fn member(fence: u64, token: &str) -> String {
     format!("{fence}:{token}")
 }
 
 /// The fence of a member (`None` for anything else).
-pub(crate) fn member_fence(member: &str) -> Option<u64> {
+pub fn member_fence(member: &str) -> Option<u64> {
     let (fence, token) = member.split_once(':')?;
     token.starts_with(TOKEN_TAG).then_some(())?;
     fence.parse().ok()
@@ -158,7 +158,7 @@ fn keys3(keys: &LockKeys) -> [&str; 3] {
 }
 
 /// Joins (or starts) the group of `mode` (shared or permits).
-pub(crate) async fn acquire<C: ConnectionLike + Send>(
+pub async fn acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     token: &str,
@@ -188,7 +188,7 @@ pub(crate) async fn acquire<C: ConnectionLike + Send>(
 }
 
 /// Renews `member` of the group of `mode` for `ttl`; `true` when it still held.
-pub(crate) async fn renew<C: ConnectionLike + Send>(
+pub async fn renew<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     member: &str,
@@ -203,7 +203,7 @@ pub(crate) async fn renew<C: ConnectionLike + Send>(
 
 /// Releases `member` (or, for `Undo`, the member of `token` whatever its fence) of the group of
 /// `mode`; `true` when it held.
-pub(crate) async fn release<C: ConnectionLike + Send>(
+pub async fn release<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     held: &Held<'_>,
@@ -221,19 +221,19 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
 /// What holds a lock now, read in one script: the lock key's value and remaining time, the
 /// fence counter, and a group's live members.
 #[derive(Debug, Default)]
-pub(crate) struct Listing {
+pub struct Listing {
     /// The lock key's remaining time: -2 no key, -1 no expiry.
-    pub(crate) pttl: i64,
+    pub pttl: i64,
     /// The lock key's value.
-    pub(crate) value: Option<String>,
+    pub value: Option<String>,
     /// The fence counter (the last token handed out).
-    pub(crate) fence: Option<u64>,
+    pub fence: Option<u64>,
     /// A group's members that have not expired, with their time left, oldest grant first.
-    pub(crate) members: Vec<(String, Duration)>,
+    pub members: Vec<(String, Duration)>,
 }
 
 /// Reads what holds the lock of `keys`.
-pub(crate) async fn list<C: ConnectionLike + Send>(
+pub async fn list<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
 ) -> redis::RedisResult<Listing> {
@@ -257,7 +257,7 @@ pub(crate) async fn list<C: ConnectionLike + Send>(
 }
 
 /// Which member a release names.
-pub(crate) enum Held<'a> {
+pub enum Held<'a> {
     /// The member a grant made (`<fence>:<token>`).
     Member(&'a str),
     /// The member of this token, whose grant's reply never came.

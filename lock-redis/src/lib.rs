@@ -154,6 +154,11 @@ pub mod raw {
         pub use crate::scripts::*;
     }
     pub use crate::wakeup::ReleaseDedup;
+    /// Shared holders and permits as a *group* in the lock's key (see the crate's docs).
+    pub mod family {
+        pub use crate::family::*;
+    }
+    pub use crate::client::release_any;
     /// Whether this build speaks TLS (the `tls` feature): a driver built on this one checks
     /// it where its own URL turns TLS on.
     pub const TLS: bool = cfg!(feature = "tls");

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::driver::LeaseOps;
-use lock_core::{Error, Result};
+use lock_core::{Error, Mode, Result};
+use lock_redis::raw::family;
 use lock_redis::raw::scripts::{self, LockKeys};
 use lock_redis::raw::RedisNode;
 
@@ -16,6 +17,10 @@ pub(crate) struct RedlockLeaseOps {
     pub(crate) nodes: Arc<[RedisNode]>,
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) token: Arc<str>,
+    pub(crate) mode: Mode,
+    /// A reader's member on each master that granted (`None` for a writer, and where a master
+    /// did not grant): renewed there by that name.
+    pub(crate) members: Arc<[Option<String>]>,
     pub(crate) ttl: Duration,
     /// The clock-drift allowance for `ttl` (see [`RedlockConfig::drift`]).
     pub(crate) drift: Duration,
@@ -31,10 +36,19 @@ impl LeaseOps for RedlockLeaseOps {
 
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
-        let (keys, token, ttl) = (self.keys.clone(), self.token.clone(), self.ttl);
-        let round = Round::new(&self.nodes, self.node_timeout, move |mut c| {
+        let (keys, token, ttl, mode) = (self.keys.clone(), self.token.clone(), self.ttl, self.mode);
+        let members = self.members.clone();
+        let all = vec![false; self.nodes.len()];
+        let round = Round::per_master(&self.nodes, &all, self.node_timeout, move |i, mut c| {
             let (keys, token) = (keys.clone(), token.clone());
-            async move { scripts::renew(&mut c, &keys, &token, ttl).await }
+            let member = members.get(i).cloned().flatten();
+            async move {
+                match (mode, member) {
+                    (Mode::Exclusive, _) => scripts::renew(&mut c, &keys, &token, ttl).await,
+                    (_, Some(m)) => family::renew(&mut c, &keys, &m, ttl, mode).await,
+                    (_, None) => Ok(false),
+                }
+            }
         });
         let ((extended, not_held, _), rest) = until_quorum(round, self.quorum).await;
         // Slower masters are extended too, in the background: a majority is enough to hold.
@@ -61,7 +75,7 @@ impl LeaseOps for RedlockLeaseOps {
         let round = Round::new(
             &self.nodes,
             self.node_timeout,
-            release_request(&self.keys, &self.token),
+            release_request(&self.keys, &self.token, self.mode),
         );
         let ((released, not_held, _), rest) = until_quorum(round, self.quorum).await;
         // The lock is free once a majority released it; the slower masters are released in

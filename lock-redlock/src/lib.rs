@@ -32,23 +32,35 @@
 //! - `QuorumNotReached { granted, needed }` (too few masters answered) is reported apart from
 //!   `Timeout` (the lock stayed busy) and `Unavailable` (a majority granted too late).
 //!
-//! ## Shared mode and permits: `Error::Unsupported`
+//! ## Shared mode: readers by majority
+//!
+//! A reader joins, on every master, the group of readers that `lock-redis` keeps in the lock's
+//! own key (`distlock-group:s`, members in `<prefix>{<name>}:holders`), and holds when a
+//! majority took it, within the same validity as a writer. A writer's majority and a reader's
+//! always share a master, whose key holds either the writer or the group, never both: so no
+//! reader holds beside a writer, whatever the other masters store. Renewal and release go to
+//! every master (a reader's member carries each master's own counter, so the release finds it
+//! by its token). `holders` is a quorum read: each reader that is a member on a majority. No
+//! queue: readers that keep overlapping can keep a writer waiting (`Capabilities::fifo` is
+//! false), as on one Redis server.
+//!
+//! ## Permits: `Error::Unsupported`
 //!
 //! **Permits cannot be made correct over independent masters.** Each master can count the
 //! permits it stores, but no master sees the others': with 3 masters and 2 permits, holders
 //! A on masters 1 and 2, B on 2 and 3 and C on 1 and 3 each have a majority, and no master
 //! stores more than 2 — yet 3 hold a semaphore of 2. A majority vote bounds holders only when
-//! the bound is 1 (the mutex), because two majorities always share a master. So a permit
-//! request is refused with [`Error::Unsupported`](lock_core::Error::Unsupported), never served
-//! as a weaker lock. **Shared mode** would be sound (a writer's majority and a reader's
-//! majority share a master, which refuses one of them) but is not built yet; it is refused the
-//! same way. Use `lock-redis` on one server for both.
-//!
+//! the bound is 1 (the mutex, or the writer against readers), because two majorities always
+//! share a master. So a permit request is refused with
+//! [`Error::Unsupported`](lock_core::Error::Unsupported), never served as a weaker lock. Use
+//! `lock-redis` on one server for permits.
+
 //! ## Keys
 //!
 //! On every master, the layout of `lock-redis`: `<prefix>{<name>}` holds the owner token with
 //! a PX expiry (prefix `distlock:` by default), and releases are announced on
-//! `<prefix>{<name>}:released`. No counter key.
+//! `<prefix>{<name>}:released`. A reader's group also writes `<prefix>{<name>}:holders` and
+//! the group's counter `<prefix>{<name>}:fence` (each master's own: not a token).
 //!
 //! ## Fencing: none
 //!

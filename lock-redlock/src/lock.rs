@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::client::Masters;
 use crate::config::BACKEND;
-use crate::quorum::{contend, read_holder};
+use crate::quorum::{contend, read_holders};
 use crate::RedlockConfig;
 use async_trait::async_trait;
 use lock_core::driver::Acquisition;
@@ -15,7 +15,9 @@ use lock_core::{Capabilities, DistributedLock, Fencing, Lease, LockName, Result}
 /// ([`RedlockConfig::min_ttl`]).
 pub(crate) const CAPS: Capabilities = Capabilities::new()
     .with_fencing(Fencing::None)
-    .with_inspect(true);
+    .with_inspect(true)
+    // Readers by majority (each master's group of readers): see the crate's docs.
+    .with_shared(true);
 
 /// A Redlock client over N independent Redis masters.
 ///
@@ -94,12 +96,20 @@ impl DistributedLock for RedlockLock {
         self.inner.caps
     }
 
-    /// A quorum read: `GET` + `PTTL` on every master. Held when a majority store the same
-    /// owner token; the remaining time is how long until fewer than a majority still do. No
-    /// fencing token (Redlock has none). Free when no token has a majority (split leftovers of
-    /// failed attempts hold nothing); too few answers is `QuorumNotReached`.
+    /// A quorum read of every master's lock key and group of readers: held when a majority
+    /// store the same writer, or a reader is a member on a majority; the remaining time is how
+    /// long until fewer than a majority still do. No fencing token (Redlock has none). Free
+    /// when nobody has a majority (split leftovers of failed attempts hold nothing); too few
+    /// answers is `QuorumNotReached`.
     async fn inspect(&self, name: &LockName) -> Result<Option<lock_core::HolderInfo>> {
-        read_holder(&self.inner.masters, name).await
+        Ok(read_holders(&self.inner.masters, name).await?.pop())
+    }
+
+    /// The writer, or every reader held on a majority of masters, as [`inspect`] reads them.
+    ///
+    /// [`inspect`]: DistributedLock::inspect
+    async fn holders(&self, name: &LockName) -> Result<Vec<lock_core::HolderInfo>> {
+        read_holders(&self.inner.masters, name).await
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use lock_core::driver::{random_below, Acquisition, Backoff, Grant, ManagedLease};
-use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Result};
+use lock_core::{Deadline, Error, Lease, LockName, LockOptions, Mode, Result};
+use lock_redis::raw::family;
 use lock_redis::raw::scripts::{self, Acquired, LockKeys};
 use lock_redis::raw::ReleaseOnDrop;
 
@@ -16,34 +17,40 @@ use crate::config::BACKEND;
 use crate::lease::RedlockLeaseOps;
 use crate::round::{release_request, Round};
 
-pub(crate) async fn read_holder(
+/// Every holder by a quorum read of each master's lock key and group (`family::list`): a
+/// writer held on a majority, or each reader whose token is a member on a majority, with the
+/// time until fewer than a majority keep it. Too few answers is `QuorumNotReached`.
+pub(crate) async fn read_holders(
     m: &Masters,
     name: &LockName,
-) -> Result<Option<lock_core::HolderInfo>> {
-    let cfg = &m.config;
-    let quorum = cfg.quorum();
+) -> Result<Vec<lock_core::HolderInfo>> {
+    let quorum = m.config.quorum();
     let keys = m.keys(name);
-    let mut round = Round::new(&m.nodes, cfg.node_timeout_for(Duration::MAX), |mut c| {
-        let key = keys.lock.clone();
-        async move {
-            redis::pipe()
-                .cmd("GET")
-                .arg(&key)
-                .cmd("PTTL")
-                .arg(&key)
-                .query_async::<(Option<String>, i64)>(&mut c)
-                .await
-        }
-    });
-    let mut answered = 0;
-    let mut holders = Holders::default();
+    let mut round = Round::new(
+        &m.nodes,
+        m.config.node_timeout_for(Duration::MAX),
+        |mut c| {
+            let keys = keys.clone();
+            async move { family::list(&mut c, &keys).await }
+        },
+    );
+    let (mut answered, mut writers, mut readers) = (0, Holders::default(), Holders::default());
     while let Some((_, r)) = round.next().await {
-        if let Ok(Ok((token, pttl))) = r {
-            answered += 1;
-            // -1: no expiry (not ours to judge); -2: expired between GET and PTTL.
-            if pttl != -2 {
-                holders.add(token, u64::try_from(pttl).ok().map(Duration::from_millis));
+        let Ok(Ok(listing)) = r else { continue };
+        answered += 1;
+        match listing.value.as_deref().map(|v| (v, family::group_mode(v))) {
+            Some((_, Some(_))) => {
+                for (member, left) in listing.members {
+                    let token = member.split_once(':').map(|(_, t)| t.to_string());
+                    readers.add(token, Some(left));
+                }
             }
+            // -1: no expiry (not ours to judge); -2: expired meanwhile.
+            Some((v, None)) if listing.pttl != -2 => writers.add(
+                Some(v.to_string()),
+                u64::try_from(listing.pttl).ok().map(Duration::from_millis),
+            ),
+            _ => {}
         }
     }
     if answered < quorum {
@@ -52,9 +59,14 @@ pub(crate) async fn read_holder(
             needed: quorum,
         });
     }
-    Ok(holders
-        .majority(quorum)
-        .map(|until_minority| lock_core::HolderInfo::new(None, until_minority)))
+    if let Some(left) = writers.majority(quorum) {
+        return Ok(vec![lock_core::HolderInfo::new(None, left)]);
+    }
+    Ok(readers
+        .all_with(quorum)
+        .into_iter()
+        .map(|left| lock_core::HolderInfo::new(None, left).with_mode(Mode::Shared))
+        .collect())
 }
 
 pub(crate) async fn contend(m: &Masters, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
@@ -147,15 +159,25 @@ pub(crate) async fn attempt(
     // Masters not checked since their connection dropped get no vote in this attempt.
     let unchecked = m.verify(node_timeout).await?;
     let token: Arc<str> = lock_redis::raw::scripts::new_token().into();
+    let mode = opts.mode;
     // If this future is dropped between sending and deciding, the guard releases the token
     // everywhere in the background: a cancelled acquire leaves no ghost holder.
-    let mut undo = ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout);
+    let mut undo =
+        ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout).of_mode(mode);
     let start = Instant::now();
     let mut round = Round::on(nodes, &unchecked, node_timeout, |mut c| {
         let (keys, token) = (keys.clone(), token.clone());
-        async move { scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await }
+        async move {
+            match mode {
+                Mode::Exclusive => scripts::acquire_unfenced(&mut c, &keys, &token, ttl).await,
+                // A reader joins each master's group of readers (`lock_redis::raw::family`).
+                _ => family::acquire(&mut c, &keys, &token, ttl, mode).await,
+            }
+        }
     });
     let (mut granted, mut busy) = (0, 0);
+    // A reader's member on each master that granted: `<that master's fence>:<token>`.
+    let mut members: Vec<Option<String>> = vec![None; nodes.len()];
     // Refusals by holder: a lock is held elsewhere only if one holder has a majority.
     let mut holders = Holders::default();
     // Masters that answered "held by someone else", or were not asked, store nothing of
@@ -163,7 +185,12 @@ pub(crate) async fn attempt(
     let mut refused = unchecked;
     while let Some((i, r)) = round.next().await {
         match r {
-            Ok(Ok(Acquired::Granted { .. })) => granted += 1,
+            Ok(Ok(Acquired::Granted { fence })) => {
+                granted += 1;
+                if mode != Mode::Exclusive {
+                    members[i] = Some(family::member(fence, &token));
+                }
+            }
             Ok(Ok(Acquired::Busy {
                 remaining, holder, ..
             })) => {
@@ -195,6 +222,8 @@ pub(crate) async fn attempt(
             nodes: nodes.clone(),
             keys: keys.clone(),
             token,
+            mode,
+            members: members.into(),
             ttl,
             drift,
             node_timeout,
@@ -214,7 +243,12 @@ pub(crate) async fn attempt(
     // Failed: undo every grant, on every master that may hold one (one that timed out or
     // has not answered yet may have granted). Awaited, so the next attempt is not refused
     // by this one's leftovers.
-    let mut cleanup = Round::on(nodes, &refused, node_timeout, release_request(keys, &token));
+    let mut cleanup = Round::on(
+        nodes,
+        &refused,
+        node_timeout,
+        release_request(keys, &token, mode),
+    );
     while cleanup.next().await.is_some() {}
     undo.disarm();
     if granted >= quorum {
@@ -294,14 +328,24 @@ impl Holders {
     /// If one holder refused on `quorum` masters or more: how long until it keeps fewer than
     /// `quorum` (the `quorum`-th longest expiry; `None` when that one has no expiry).
     fn majority(self, quorum: usize) -> Option<Option<Duration>> {
-        let mut left = self.0.into_values().find(|l| l.len() >= quorum)?;
-        // `None` (no expiry) sorts as the longest.
-        left.sort_unstable_by(|a, b| match (a, b) {
-            (None, None) => std::cmp::Ordering::Equal,
-            (None, Some(_)) => std::cmp::Ordering::Less,
-            (Some(_), None) => std::cmp::Ordering::Greater,
-            (Some(a), Some(b)) => b.cmp(a),
-        });
-        left.get(quorum - 1).copied()
+        self.all_with(quorum).into_iter().next()
+    }
+
+    /// For every holder on `quorum` masters or more, how long until it keeps fewer.
+    fn all_with(self, quorum: usize) -> Vec<Option<Duration>> {
+        self.0
+            .into_values()
+            .filter(|l| l.len() >= quorum)
+            .map(|mut left| {
+                // `None` (no expiry) sorts as the longest.
+                left.sort_unstable_by(|a, b| match (a, b) {
+                    (None, None) => std::cmp::Ordering::Equal,
+                    (None, Some(_)) => std::cmp::Ordering::Less,
+                    (Some(_), None) => std::cmp::Ordering::Greater,
+                    (Some(a), Some(b)) => b.cmp(a),
+                });
+                left.get(quorum - 1).copied().flatten()
+            })
+            .collect()
     }
 }

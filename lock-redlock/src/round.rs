@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lock_redis::raw::scripts::{self, LockKeys};
+use lock_core::Mode;
+use lock_redis::raw::scripts::LockKeys;
 use lock_redis::raw::RedisNode;
 use redis::aio::ConnectionManager;
 
@@ -42,12 +43,27 @@ impl<T: Send + 'static> Round<T> {
         F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
     {
+        Self::per_master(nodes, skip, node_timeout, |_, c| request(c))
+    }
+
+    /// [`on`](Self::on), with a request made for each master by its index (a reader's
+    /// member differs from master to master).
+    pub(crate) fn per_master<F, Fut>(
+        nodes: &[RedisNode],
+        skip: &[bool],
+        node_timeout: Duration,
+        request: F,
+    ) -> Self
+    where
+        F: Fn(usize, ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+    {
         let pending = nodes
             .iter()
             .enumerate()
             .filter(|(i, _)| !skip.get(*i).copied().unwrap_or(false))
             .map(|(i, n)| {
-                let reply = tokio::time::timeout(node_timeout, request(n.connection()));
+                let reply = tokio::time::timeout(node_timeout, request(i, n.connection()));
                 Box::pin(async move { (i, reply.await) }) as BoxFuture<'static, _>
             })
             .collect();
@@ -74,15 +90,17 @@ impl<T: Send + 'static> Round<T> {
     }
 }
 
-/// The release script for one master, owning what it needs (for [`Round`]).
+/// The release script for one master, owning what it needs (for [`Round`]): `token`'s hold of
+/// `mode`, found by its token (a reader's member has each master's own fence).
 pub(crate) fn release_request(
     keys: &Arc<LockKeys>,
     token: &Arc<str>,
+    mode: Mode,
 ) -> impl Fn(ConnectionManager) -> BoxFuture<'static, redis::RedisResult<bool>> {
     let (keys, token) = (keys.clone(), token.clone());
     move |mut c| {
         let (keys, token) = (keys.clone(), token.clone());
-        Box::pin(async move { scripts::release(&mut c, &keys, &token).await })
+        Box::pin(async move { lock_redis::raw::release_any(&mut c, &keys, &token, mode).await })
     }
 }
 
