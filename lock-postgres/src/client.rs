@@ -325,11 +325,12 @@ impl Opener {
         let prepared = async {
             tokio::try_join!(
                 ModeStatements::prepare(c, &self.sql.exclusive),
-                ModeStatements::prepare(c, &self.sql.shared),
+                c.prepare(&self.sql.family_token),
+                c.prepare(&self.sql.family_unlock),
                 c.prepare(&self.sql.check),
             )
         };
-        let (exclusive, shared, check) = self
+        let (exclusive, family_token, family_unlock, check) = self
             .answered("preparing the statements", self.request_bound(), prepared)
             .await?;
         let (task, closed) = o.driven;
@@ -340,7 +341,8 @@ impl Opener {
             pid: o.pid,
             stmts: Statements {
                 exclusive,
-                shared,
+                family_token,
+                family_unlock,
                 check,
             },
         })

@@ -134,7 +134,7 @@ impl LeaseOps for PgLeaseOps {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
         let unlock = session
             .client
-            .query_one(&session.stmts.of(self.mode).unlock, &params);
+            .query_one(session.stmts.unlock(self.mode), &params);
         let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
             // Closing the connection ends the session, and the lock with it, once the server
             // hears of it (or its keepalive gives up).
@@ -147,7 +147,18 @@ impl LeaseOps for PgLeaseOps {
         match unlocked {
             Ok(true) => {
                 if let Ok(s) = Arc::try_unwrap(session) {
-                    self.opener.idle.put_back(s);
+                    // A reader's or permit holder's other keys (`family`) go too: the session
+                    // held this lease's locks only. If that fails, it is closed instead.
+                    let clean = self.mode == lock_core::Mode::Exclusive
+                        || tokio::time::timeout(
+                            bound,
+                            s.client.simple_query("SELECT pg_advisory_unlock_all()"),
+                        )
+                        .await
+                        .is_ok_and(|r| r.is_ok());
+                    if clean {
+                        self.opener.idle.put_back(s);
+                    }
                 }
                 Ok(())
             }

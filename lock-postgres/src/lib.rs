@@ -40,7 +40,26 @@
 //! shared or not, takes the next token. `holders` lists every session that holds the key
 //! (`pg_locks`); the fencing table names only the newest grant's session, so only that
 //! reader's token is shown, and a foreign reader is not told apart from an earlier distlock
-//! reader. Permits (semaphores) are not offered yet: `Error::Unsupported`.
+//! reader. A reader also passes the name's *gate* and holds a readers' key beside it (see
+//! below), which keeps it apart from permit holders; it costs three round trips instead of one.
+//!
+//! ## Permits
+//!
+//! [`Mode::Permits`](lock_core::Mode::Permits)`(k)`: a permit holder's session holds the name's
+//! key shared (so writers, distlock's or another program's `pg_advisory_lock(key)`, and permits
+//! exclude each other) and one of `k` *slot* keys. Advisory locks have two modes and a session
+//! waits on one key at a time, so more keys of the name do the rest: every reader and permit
+//! request passes a *gate* key one at a time, in the server's queue order (first come, first
+//! served); inside it a permit request waits for the readers to leave (their key, exclusive,
+//! for a moment) and a reader for the permit holders; a *mark* of the count, held from before
+//! the request waits, makes a request with another count a
+//! [`Error::PermitsMismatch`](lock_core::Error::PermitsMismatch). A request that finds every
+//! slot taken keeps the gate and waits on one slot at a time for 1–2 s (`lock_timeout`), then
+//! looks at all again: a holder's end (release, crash, terminate) wakes it at once when it is
+//! the slot it waits on, and within that pause otherwise — about one statement a second while
+//! it waits. Another program's `pg_advisory_lock_shared(key)` passes no gate: it is a reader
+//! that keeps writers out but not permit holders. `holders` lists each permit holder with its
+//! count, and leaves out requests still at the gate.
 //!
 //! ## Keys
 //!
@@ -112,6 +131,7 @@
 
 mod client;
 mod config;
+mod family;
 mod lease;
 mod lock;
 mod pooler;

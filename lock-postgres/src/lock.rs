@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{drift, random_below, Acquisition, Grant, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, ExpiryClock, Fencing, FencingToken, HolderInfo,
     Lease, LockName, Mode, Renewal, Result,
@@ -14,6 +14,7 @@ use lock_core::{
 
 use crate::client::{advisory_key, Opener};
 use crate::config::BACKEND;
+use crate::family::Entered;
 use crate::lease::PgLeaseOps;
 use crate::session::Session;
 use crate::PgConfig;
@@ -89,7 +90,9 @@ impl PgLock {
                     .with_expires_by(ExpiryClock::Elapsed)
                     .with_min_ttl(bound)
                     // `pg_advisory_lock_shared`: the same lock, in the server's one queue.
-                    .with_shared(true),
+                    .with_shared(true)
+                    // Slot keys behind a gate (`family`).
+                    .with_permits(true),
                 opener: Arc::new(opener),
             }),
         })
@@ -141,31 +144,36 @@ impl PgLock {
         // One try first: an uncontended grant costs one round trip, and vouches for the
         // session by itself (sent just now). Only a busy lock takes the waiting path.
         let sent = Instant::now();
-        let (try_grant, wait_grant) = {
-            let of = s.stmts.of(req.mode());
-            (&of.try_grant, &of.wait_grant)
-        };
-        let tried = opener
-            .answered(
-                "the lock request",
-                opener.request_bound(),
-                s.client.query_opt(try_grant, &params),
-            )
-            .await;
         let waits = !matches!(req.deadline(), Deadline::Now) && !req.deadline().passed();
-        let (granted, waited) = match tried {
-            Ok(None) if waits => {
-                let wait = s.client.query_opt(wait_grant, &params);
-                let r = match req.deadline().at() {
-                    Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
-                        Ok(r) => r,
-                        Err(_) => return Ok(None), // `pending` cancels the wait
-                    },
-                    None => wait.await,
-                };
-                (r.map_err(|e| opener.error(e)), true)
+        let (granted, waited) = if req.mode() == Mode::Exclusive {
+            let (try_grant, wait_grant) =
+                (&s.stmts.exclusive.try_grant, &s.stmts.exclusive.wait_grant);
+            let tried = opener
+                .answered(
+                    "the lock request",
+                    opener.request_bound(),
+                    s.client.query_opt(try_grant, &params),
+                )
+                .await;
+            match tried {
+                Ok(None) if waits => {
+                    let wait = s.client.query_opt(wait_grant, &params);
+                    let r = match req.deadline().at() {
+                        Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
+                            Ok(r) => r,
+                            Err(_) => return Ok(None), // `pending` cancels the wait
+                        },
+                        None => wait.await,
+                    };
+                    (r.map_err(|e| opener.error(e)), true)
+                }
+                other => (other, false),
             }
-            other => (other, false),
+        } else {
+            match self.family_grant(s, &req, waits).await? {
+                Some(granted) => granted,
+                None => return Ok(None), // `pending` cancels the wait
+            }
         };
         let row = match granted {
             Ok(Some(row)) => row,
@@ -240,6 +248,68 @@ impl PgLock {
         ))))
     }
 
+    /// A reader's or permit holder's locks (`family`), then its token: the try, and the wait
+    /// if it `waits` and the try was refused. `None`: the wait ran out (the caller closes the
+    /// session). As the exclusive grant: the token's row (`Ok(None)`: not granted, nothing
+    /// held) and whether it waited.
+    async fn family_grant(
+        &self,
+        s: &Session,
+        req: &Acquisition<'_>,
+        waits: bool,
+    ) -> Result<Option<(Result<Option<tokio_postgres::Row>>, bool)>> {
+        let opener = &self.inner.opener;
+        let (name, mode) = (req.name(), req.mode());
+        if !crate::family::permits_fit(mode) {
+            return Err(Error::config(format!(
+                "{}: at most {} permits on PostgreSQL",
+                mode.describe(),
+                i32::MAX
+            )));
+        }
+        let keys = crate::family::FamilyKeys::of(name);
+        let pause = || Duration::from_secs(1) + random_below(Duration::from_secs(1));
+        let tried = opener
+            .answered(
+                "the lock request",
+                opener.request_bound(),
+                crate::family::enter(&s.client, &keys, mode, false, pause),
+            )
+            .await?;
+        let (entered, waited) = match tried {
+            Entered::Busy if waits => {
+                let wait = crate::family::enter(&s.client, &keys, mode, true, pause);
+                let r = match req.deadline().at() {
+                    Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
+                        Ok(r) => r,
+                        Err(_) => return Ok(None),
+                    },
+                    None => wait.await,
+                };
+                (r.map_err(|e| opener.error(e))?, true)
+            }
+            other => (other, false),
+        };
+        let row = match entered {
+            Entered::Held(_) => {
+                opener
+                    .answered(
+                        "the token",
+                        opener.request_bound(),
+                        s.client.query_opt(&s.stmts.family_token, &[&name.as_str()]),
+                    )
+                    .await
+            }
+            Entered::Busy => Ok(None),
+            Entered::Mismatch(held) => Err(Error::PermitsMismatch {
+                name: name.clone(),
+                held,
+                asked: mode.limit().unwrap_or(0),
+            }),
+        };
+        Ok(Some((row, waited)))
+    }
+
     fn pooled_after_all(&self) -> Error {
         Error::config(format!(
             "{}: the lock granted on this connection is not held by its session; a \
@@ -306,30 +376,41 @@ impl DistributedLock for PgLock {
     async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let (session, _) = self.session().await?;
         let opener = &self.inner.opener;
+        let family = crate::family::FamilyKeys::of(name);
         let rows = opener
             .answered(
                 "the holder query",
                 opener.request_bound(),
-                session
-                    .client
-                    .query(&opener.sql.inspect, &[&advisory_key(name), &name.as_str()]),
+                session.client.query(
+                    &opener.sql.inspect,
+                    &[
+                        &advisory_key(name),
+                        &name.as_str(),
+                        &family.gate,
+                        &i64::from(family.mark_class),
+                    ],
+                ),
             )
             .await?;
         // Only a session that answered goes back to the pool.
         opener.idle.put_back(session);
         let mut holders: Vec<(bool, HolderInfo)> = (rows.iter())
+            .filter(|row| !row.try_get::<_, bool>(4).unwrap_or(false))
             .map(|row| {
                 let token: Option<i64> = row.try_get(0).unwrap_or(None);
                 let ours: bool = row.try_get(1).unwrap_or(false);
                 let shared: bool = row.try_get(2).unwrap_or(false);
+                let permits: Option<i64> = row.try_get(3).unwrap_or(None);
                 let token = token
                     .and_then(|t| u64::try_from(t).ok())
                     .filter(|_| ours)
                     .map(FencingToken::new);
-                let info = match (token, shared) {
-                    (_, true) => HolderInfo::new(token, None).with_mode(Mode::Shared),
-                    (Some(_), false) => HolderInfo::new(token, None),
-                    (None, false) => HolderInfo::foreign(None),
+                let permits = permits.and_then(|k| u32::try_from(k).ok());
+                let info = match (token, shared, permits) {
+                    (_, true, Some(k)) => HolderInfo::new(token, None).with_mode(Mode::Permits(k)),
+                    (_, true, None) => HolderInfo::new(token, None).with_mode(Mode::Shared),
+                    (Some(_), false, _) => HolderInfo::new(token, None),
+                    (None, false, _) => HolderInfo::foreign(None),
                 };
                 (ours, info)
             })

@@ -104,7 +104,11 @@ impl Keepalive {
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) exclusive: ModeSql,
-    pub(crate) shared: ModeSql,
+    /// Readers' and permit holders' token (`$1`: the name), once `family` has taken their
+    /// locks.
+    pub(crate) family_token: String,
+    /// A reader's or permit holder's unlock: the name's key, shared (`$1`).
+    pub(crate) family_unlock: String,
     pub(crate) check: String,
     pub(crate) inspect: String,
     pub(crate) create_table: String,
@@ -154,13 +158,15 @@ impl Sql {
                 wait_grant: grant("pg_advisory_lock($1), true AS got"),
                 unlock: "SELECT pg_advisory_unlock($1)".into(),
             },
-            // The server's lock queue serves both modes in order: a shared request behind a
-            // waiting exclusive one waits (also `pg_try_advisory_lock_shared`, which refuses).
-            shared: ModeSql {
-                try_grant: grant("pg_try_advisory_lock_shared($1) AS got"),
-                wait_grant: grant("pg_advisory_lock_shared($1), true AS got"),
-                unlock: "SELECT pg_advisory_unlock_shared($1)".into(),
-            },
+            // Taken by `family` before: the counter moves after the locks, as for a writer.
+            family_token: format!(
+                "INSERT INTO {t} AS f (name, token, holder_pid, granted_at) \
+                 VALUES ($1, 1, pg_backend_pid(), now()) \
+                 ON CONFLICT (name) DO UPDATE SET token = f.token + 1, \
+                 holder_pid = excluded.holder_pid, granted_at = excluded.granted_at \
+                 RETURNING f.token, pg_backend_pid()"
+            ),
+            family_unlock: "SELECT pg_advisory_unlock_shared($1)".into(),
             check: format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
                  WHERE {KEY_IS} AND l.granted AND l.pid = pg_backend_pid())"
@@ -168,9 +174,17 @@ impl Sql {
 
             // The holder is ours if the counter row names its session: same pid, and granted
             // after that backend started (a pid reused by a foreign session is not ours).
+            // A family member still at the gate (`$3`) or waiting in it holds the name's key
+            // without holding the lock; a permit holder's mark (class `$4`) says its count.
             inspect: format!(
                 "SELECT f.token, coalesce(f.holder_pid = l.pid \
-                 AND f.granted_at >= a.backend_start, false), l.mode = 'ShareLock' \
+                 AND f.granted_at >= a.backend_start, false), l.mode = 'ShareLock', \
+                 (SELECT m.objid::int8 FROM pg_catalog.pg_locks m \
+                 WHERE m.locktype = 'advisory' AND m.objsubid = 2 AND m.classid::int8 = $4 \
+                 AND m.pid = l.pid AND m.granted LIMIT 1), \
+                 EXISTS (SELECT 1 FROM pg_catalog.pg_locks g WHERE g.locktype = 'advisory' \
+                 AND g.objsubid = 1 AND ((g.classid::int8 << 32) | g.objid::int8) = $3 \
+                 AND g.pid = l.pid) \
                  FROM pg_catalog.pg_locks l \
                  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
                  LEFT JOIN {t} f ON f.name = $2 \
@@ -188,7 +202,8 @@ impl Sql {
 /// The prepared statements of one session.
 pub(crate) struct Statements {
     pub(crate) exclusive: ModeStatements,
-    pub(crate) shared: ModeStatements,
+    pub(crate) family_token: Statement,
+    pub(crate) family_unlock: Statement,
     pub(crate) check: Statement,
 }
 
@@ -219,11 +234,11 @@ impl ModeStatements {
 }
 
 impl Statements {
-    /// The statements of `mode`.
-    pub(crate) fn of(&self, mode: lock_core::Mode) -> &ModeStatements {
+    /// The unlock of `mode`.
+    pub(crate) fn unlock(&self, mode: lock_core::Mode) -> &Statement {
         match mode {
-            lock_core::Mode::Shared => &self.shared,
-            _ => &self.exclusive,
+            lock_core::Mode::Exclusive => &self.exclusive.unlock,
+            _ => &self.family_unlock,
         }
     }
 }

@@ -83,3 +83,92 @@ async fn pg_advisory_lock_shared_and_distlocks_shared_mode_are_one_lock() {
     assert!(!call(&other, "pg_try_advisory_lock", key).await);
     lease.release().await.unwrap();
 }
+
+/// Permits: each holder's session holds the name's key shared (another program's exclusive
+/// `pg_advisory_lock(key)` and distlock's permits exclude each other, both ways) and one slot
+/// key; `holders` lists the holders with their count, not the request waiting at the gate. An
+/// operator's `pg_terminate_backend` of a holder frees its slot with its session: the waiting
+/// request is granted, within the gate's pause (2 s) when it waited on another slot.
+#[tokio::test]
+async fn permits_hold_the_key_shared_and_a_slot_each() {
+    let url = servers::url("postgres://locker@{pg}/postgres?sslmode=disable");
+    let locks = PgLock::from_url(&url).await.unwrap();
+    let name = fresh_name("pg-permits");
+    let key = advisory_key(&name);
+    let two = LockOptions::new(Duration::from_secs(10)).permits(2);
+    let other = sql().await;
+
+    assert!(call(&other, "pg_try_advisory_lock", key).await);
+    assert!(
+        locks.try_acquire(&name, &two).await.unwrap().is_none(),
+        "a permit beside another program's exclusive lock"
+    );
+    assert!(call(&other, "pg_advisory_unlock", key).await);
+    let a = locks.try_acquire(&name, &two).await.unwrap().unwrap();
+    let b = locks.try_acquire(&name, &two).await.unwrap().unwrap();
+    assert!(locks.try_acquire(&name, &two).await.unwrap().is_none());
+    assert!(
+        !call(&other, "pg_try_advisory_lock", key).await,
+        "a writer beside permits"
+    );
+    let waiting = {
+        let (locks, name, two) = (locks.clone(), name.clone(), two.clone());
+        tokio::spawn(async move {
+            locks
+                .acquire(&name, &two.wait_for(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a third permit of two");
+    let holders = locks.holders(&name).await.unwrap();
+    assert!(
+        holders.len() == 2 && holders.iter().all(|h| h.mode == Mode::Permits(2)),
+        "{holders:?}"
+    );
+    // Both holders' sessions, newest first: terminate one (a crash, as far as the server knows).
+    let pids: Vec<i32> = other
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+             AND mode = 'ShareLock' AND ((classid::int8 << 32) | objid::int8) = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(pids.len() >= 2, "{pids:?}");
+    let lost = (a.lost(), b.lost());
+    let started = std::time::Instant::now();
+    for pid in &pids {
+        // Only a holder's: the waiter's session is at the gate.
+        let holder: bool = other
+            .query_one(
+                "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
+                &[pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if holder {
+            other
+                .query("SELECT pg_terminate_backend($1)", &[pid])
+                .await
+                .unwrap();
+            break;
+        }
+    }
+    let c = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting permit was not granted within 5 s of a holder's end")
+        .unwrap()
+        .unwrap();
+    eprintln!("granted {:?} after the terminate", started.elapsed());
+    tokio::select! {
+        _ = lost.0.wait() => drop(a),
+        _ = lost.1.wait() => drop(b),
+        _ = tokio::time::sleep(Duration::from_secs(5)) => panic!("no lease turned Lost"),
+    }
+    c.release().await.unwrap();
+}
