@@ -327,10 +327,11 @@ impl Opener {
                 ModeStatements::prepare(c, &self.sql.exclusive),
                 c.prepare(&self.sql.family_token),
                 c.prepare(&self.sql.family_unlock),
+                c.prepare(&self.sql.reader_try_grant),
                 c.prepare(&self.sql.check),
             )
         };
-        let (exclusive, family_token, family_unlock, check) = self
+        let (exclusive, family_token, family_unlock, reader_try_grant, check) = self
             .answered("preparing the statements", self.request_bound(), prepared)
             .await?;
         let (task, closed) = o.driven;
@@ -343,6 +344,7 @@ impl Opener {
                 exclusive,
                 family_token,
                 family_unlock,
+                reader_try_grant,
                 check,
             },
         })

@@ -115,27 +115,10 @@ pub(crate) fn permits_fit(mode: Mode) -> bool {
     !matches!(mode, Mode::Permits(k) if i32::try_from(k).is_err())
 }
 
-/// Takes `mode` (shared or permits) on this session, waiting (`wait`) or not. On the try path
-/// whatever was taken is let go when the answer is not `Held`; on the waiting path a caller
-/// that gives up closes the session (which lets go of everything with it).
-pub(crate) async fn enter(
-    c: &Client,
-    k: &FamilyKeys,
-    mode: Mode,
-    wait: bool,
-    pause: impl Fn() -> Duration,
-) -> PgResult<Entered> {
-    let entered = match mode {
-        Mode::Permits(_) => permit(c, k, mode, wait, pause).await?,
-        _ => reader(c, k, wait).await?,
-    };
-    if !matches!(entered, Entered::Held(_)) {
-        c.simple_query("SELECT pg_advisory_unlock_all()").await?;
-    }
-    Ok(entered)
-}
-
-async fn reader(c: &Client, k: &FamilyKeys, wait: bool) -> PgResult<Entered> {
+/// A reader's wait on this session, once its try (`Sql::reader_try_grant`, one statement) was
+/// refused and let go: in the server's queue for the name's key, then the gate, then until the
+/// permit holders are gone. A caller that gives up closes the session.
+pub(crate) async fn reader_wait(c: &Client, k: &FamilyKeys) -> PgResult<Entered> {
     let FamilyKeys {
         name,
         gate,
@@ -143,43 +126,36 @@ async fn reader(c: &Client, k: &FamilyKeys, wait: bool) -> PgResult<Entered> {
         permits,
         ..
     } = *k;
-    if wait {
-        batch(
-            c,
-            &format!(
-                "SELECT pg_advisory_lock_shared({name}); SELECT pg_advisory_lock({gate}); \
-                 SELECT pg_advisory_lock({permits}); SELECT pg_advisory_unlock({permits}); \
-                 SELECT pg_advisory_lock_shared({readers}); SELECT pg_advisory_unlock({gate})"
-            ),
-        )
-        .await?;
-        return Ok(Entered::Held(None));
-    }
-    // CASE tries in order and stops at the first refusal.
-    let rows = batch(
-        c,
-        &format!(
-            "SELECT CASE WHEN NOT pg_try_advisory_lock_shared({name}) THEN 'busy' \
-             WHEN NOT pg_try_advisory_lock({gate}) THEN 'busy' \
-             WHEN NOT pg_try_advisory_lock({permits}) THEN 'busy' ELSE 'in' END"
-        ),
-    )
-    .await?;
-    if cell(&rows, 0) != Some("in") {
-        return Ok(Entered::Busy);
-    }
     batch(
         c,
         &format!(
-            "SELECT pg_advisory_unlock({permits}); SELECT pg_advisory_lock_shared({readers}); \
-             SELECT pg_advisory_unlock({gate})"
+            "SELECT pg_advisory_lock_shared({name}); SELECT pg_advisory_lock({gate}); \
+             SELECT pg_advisory_lock({permits}); SELECT pg_advisory_unlock({permits}); \
+             SELECT pg_advisory_lock_shared({readers}); SELECT pg_advisory_unlock({gate})"
         ),
     )
     .await?;
     Ok(Entered::Held(None))
 }
 
-async fn permit(
+/// Takes one of `mode`'s permits on this session, waiting (`wait`) or not. On the try path
+/// whatever was taken is let go when the answer is not `Held`; on the waiting path a caller
+/// that gives up closes the session (which lets go of everything with it).
+pub(crate) async fn permit(
+    c: &Client,
+    k: &FamilyKeys,
+    mode: Mode,
+    wait: bool,
+    pause: impl Fn() -> Duration,
+) -> PgResult<Entered> {
+    let entered = take_permit(c, k, mode, wait, pause).await?;
+    if !matches!(entered, Entered::Held(_)) {
+        c.simple_query("SELECT pg_advisory_unlock_all()").await?;
+    }
+    Ok(entered)
+}
+
+async fn take_permit(
     c: &Client,
     k: &FamilyKeys,
     mode: Mode,
@@ -196,70 +172,77 @@ async fn permit(
     } = *k;
     let n = k_of(mode);
     // Marked before anything waits: a waiting request's count is seen too.
-    let rows = batch(
-        c,
-        &format!(
-            "SELECT pg_advisory_lock_shared({mark_class}, {n}); \
-             SELECT m.objid::int8 FROM pg_catalog.pg_locks m WHERE m.locktype = 'advisory' \
-             AND m.objsubid = 2 AND m.classid::int8 = {mark_class} AND m.objid::int8 <> {n} \
-             AND m.granted AND m.database = (SELECT oid FROM pg_catalog.pg_database \
-             WHERE datname = current_database()) LIMIT 1"
-        ),
-    )
-    .await?;
-    if let Some(theirs) = cell(&rows, 1).and_then(|v| v.parse::<u32>().ok()) {
-        return Ok(Entered::Mismatch(theirs));
-    }
+    let mark = format!(
+        "SELECT pg_advisory_lock_shared({mark_class}, {n}); \
+         SELECT m.objid::int8 FROM pg_catalog.pg_locks m WHERE m.locktype = 'advisory' \
+         AND m.objsubid = 2 AND m.classid::int8 = {mark_class} AND m.objid::int8 <> {n} \
+         AND m.granted AND m.database = (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname = current_database()) LIMIT 1"
+    );
     let scan = format!(
         "SELECT s FROM generate_series(0, {last}) s WHERE pg_try_advisory_lock({slots} + s) \
          LIMIT 1",
         last = n - 1
     );
-    let rows = if wait {
-        batch(
-            c,
-            &format!(
-                "SELECT pg_advisory_lock_shared({name}); SELECT pg_advisory_lock({gate}); \
-                 SELECT pg_advisory_lock({readers}); SELECT pg_advisory_unlock({readers}); \
-                 SELECT pg_advisory_lock_shared({permits}); {scan}"
-            ),
-        )
-        .await?
-    } else {
+    let mismatch = |rows: &[Vec<Option<String>>]| {
+        cell(rows, 1)
+            .and_then(|v| v.parse::<u32>().ok())
+            .map(Entered::Mismatch)
+    };
+    let slot_in =
+        |rows: &[Vec<Option<String>>], i| cell(rows, i).and_then(|v| v.parse::<i64>().ok());
+    if !wait {
+        // CASE tries in order and stops at the first refusal; whatever was taken before a
+        // refusal (or a mismatch) goes with `pg_advisory_unlock_all`.
         let rows = batch(
             c,
             &format!(
-                "SELECT CASE WHEN NOT pg_try_advisory_lock_shared({name}) THEN 'busy' \
+                "{mark}; SELECT CASE WHEN NOT pg_try_advisory_lock_shared({name}) THEN 'busy' \
                  WHEN NOT pg_try_advisory_lock({gate}) THEN 'busy' \
                  WHEN NOT pg_try_advisory_lock({readers}) THEN 'busy' ELSE 'in' END"
             ),
         )
         .await?;
-        if cell(&rows, 0) != Some("in") {
+        if let Some(m) = mismatch(&rows) {
+            return Ok(m);
+        }
+        if cell(&rows, 2) != Some("in") {
             return Ok(Entered::Busy);
         }
-        batch(
+        let rows = batch(
             c,
             &format!(
                 "SELECT pg_advisory_unlock({readers}); \
-                 SELECT pg_advisory_lock_shared({permits}); {scan}"
+                 SELECT pg_advisory_lock_shared({permits}); {scan}; \
+                 SELECT pg_advisory_unlock({gate})"
             ),
         )
-        .await?
+        .await?;
+        return Ok(match slot_in(&rows, 2) {
+            Some(s) => Entered::Held(Some(s)),
+            None => Entered::Busy,
+        });
+    }
+    let rows = batch(c, &mark).await?;
+    if let Some(m) = mismatch(&rows) {
+        return Ok(m);
+    }
+    let rows = batch(
+        c,
+        &format!(
+            "SELECT pg_advisory_lock_shared({name}); SELECT pg_advisory_lock({gate}); \
+             SELECT pg_advisory_lock({readers}); SELECT pg_advisory_unlock({readers}); \
+             SELECT pg_advisory_lock_shared({permits}); {scan}"
+        ),
+    )
+    .await?;
+    let slot = match slot_in(&rows, 5) {
+        Some(s) => s,
+        None => wait_for_slot(c, slots, n, &scan, pause).await?,
     };
-    let last = rows.len().saturating_sub(2);
-    let mut slot = cell(&rows, last).and_then(|v| v.parse::<i64>().ok());
-    if slot.is_none() && wait {
-        slot = Some(wait_for_slot(c, slots, n, &scan, pause).await?);
-    }
-    match slot {
-        Some(s) => {
-            c.simple_query(&format!("SELECT pg_advisory_unlock({gate})"))
-                .await?;
-            Ok(Entered::Held(Some(s)))
-        }
-        None => Ok(Entered::Busy),
-    }
+    c.simple_query(&format!("SELECT pg_advisory_unlock({gate})"))
+        .await?;
+    Ok(Entered::Held(Some(slot)))
 }
 
 /// Inside the gate with every slot taken: waits on one slot at a time for `pause()`, looking

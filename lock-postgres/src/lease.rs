@@ -147,18 +147,7 @@ impl LeaseOps for PgLeaseOps {
         match unlocked {
             Ok(true) => {
                 if let Ok(s) = Arc::try_unwrap(session) {
-                    // A reader's or permit holder's other keys (`family`) go too: the session
-                    // held this lease's locks only. If that fails, it is closed instead.
-                    let clean = self.mode == lock_core::Mode::Exclusive
-                        || tokio::time::timeout(
-                            bound,
-                            s.client.simple_query("SELECT pg_advisory_unlock_all()"),
-                        )
-                        .await
-                        .is_ok_and(|r| r.is_ok());
-                    if clean {
-                        self.opener.idle.put_back(s);
-                    }
+                    self.opener.idle.put_back(s);
                 }
                 Ok(())
             }

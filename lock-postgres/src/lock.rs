@@ -269,16 +269,58 @@ impl PgLock {
         }
         let keys = crate::family::FamilyKeys::of(name);
         let pause = || Duration::from_secs(1) + random_below(Duration::from_secs(1));
-        let tried = opener
-            .answered(
-                "the lock request",
-                opener.request_bound(),
-                crate::family::enter(&s.client, &keys, mode, false, pause),
-            )
-            .await?;
+        if mode == Mode::Shared {
+            // A reader's try and token in one round trip, as a writer's.
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+                &keys.name,
+                &name.as_str(),
+                &keys.gate,
+                &keys.permits,
+                &keys.readers,
+            ];
+            let tried = opener
+                .answered(
+                    "the lock request",
+                    opener.request_bound(),
+                    s.client.query_opt(&s.stmts.reader_try_grant, &params),
+                )
+                .await;
+            match tried {
+                Ok(Some(row)) => return Ok(Some((Ok(Some(row)), false))),
+                Ok(None) => {
+                    opener
+                        .answered(
+                            "letting go of a refused try",
+                            opener.request_bound(),
+                            s.client.simple_query("SELECT pg_advisory_unlock_all()"),
+                        )
+                        .await?;
+                    if !waits {
+                        return Ok(Some((Ok(None), false)));
+                    }
+                }
+                Err(e) => return Ok(Some((Err(e), false))),
+            }
+        }
+        let tried = if mode == Mode::Shared {
+            Entered::Busy
+        } else {
+            opener
+                .answered(
+                    "the lock request",
+                    opener.request_bound(),
+                    crate::family::permit(&s.client, &keys, mode, false, pause),
+                )
+                .await?
+        };
         let (entered, waited) = match tried {
             Entered::Busy if waits => {
-                let wait = crate::family::enter(&s.client, &keys, mode, true, pause);
+                let wait = async {
+                    match mode {
+                        Mode::Shared => crate::family::reader_wait(&s.client, &keys).await,
+                        _ => crate::family::permit(&s.client, &keys, mode, true, pause).await,
+                    }
+                };
                 let r = match req.deadline().at() {
                     Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
                         Ok(r) => r,

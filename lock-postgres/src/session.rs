@@ -107,8 +107,13 @@ pub(crate) struct Sql {
     /// Readers' and permit holders' token (`$1`: the name), once `family` has taken their
     /// locks.
     pub(crate) family_token: String,
-    /// A reader's or permit holder's unlock: the name's key, shared (`$1`).
+    /// A reader's or permit holder's unlock: the name's key, shared (`$1`), and every other
+    /// key of the session (it held this lease's only).
     pub(crate) family_unlock: String,
+    /// A reader's try and token in one statement (`family`'s keys: `$1` the name's, `$3` the
+    /// gate, `$4` the permits', `$5` the readers'; `$2` the name): no row when refused, and
+    /// then what it took is still held (`pg_advisory_unlock_all` lets go of it).
+    pub(crate) reader_try_grant: String,
     pub(crate) check: String,
     pub(crate) inspect: String,
     pub(crate) create_table: String,
@@ -166,7 +171,18 @@ impl Sql {
                  holder_pid = excluded.holder_pid, granted_at = excluded.granted_at \
                  RETURNING f.token, pg_backend_pid()"
             ),
-            family_unlock: "SELECT pg_advisory_unlock_shared($1)".into(),
+            // In order: the answer is whether the name's key was held, read before the rest
+            // goes.
+            family_unlock: "SELECT pg_advisory_unlock_shared($1), pg_advisory_unlock_all()".into(),
+            // CASE tries in order and stops at the first refusal.
+            reader_try_grant: grant(
+                "CASE WHEN NOT pg_try_advisory_lock_shared($1) THEN false \
+                 WHEN NOT pg_try_advisory_lock($3) THEN false \
+                 WHEN NOT pg_try_advisory_lock($4) THEN false \
+                 WHEN NOT pg_advisory_unlock($4) THEN false \
+                 WHEN NOT pg_try_advisory_lock_shared($5) THEN false \
+                 WHEN NOT pg_advisory_unlock($3) THEN false ELSE true END AS got",
+            ),
             check: format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
                  WHERE {KEY_IS} AND l.granted AND l.pid = pg_backend_pid())"
@@ -204,6 +220,7 @@ pub(crate) struct Statements {
     pub(crate) exclusive: ModeStatements,
     pub(crate) family_token: Statement,
     pub(crate) family_unlock: Statement,
+    pub(crate) reader_try_grant: Statement,
     pub(crate) check: Statement,
 }
 
