@@ -119,13 +119,7 @@ pub(crate) fn permits_fit(mode: Mode) -> bool {
 /// refused and let go: in the server's queue for the name's key, then the gate, then until the
 /// permit holders are gone. A caller that gives up closes the session.
 pub(crate) async fn reader_wait(c: &Client, k: &FamilyKeys) -> PgResult<Entered> {
-    let FamilyKeys {
-        name,
-        gate,
-        readers,
-        permits,
-        ..
-    } = *k;
+    let (name, gate, readers, permits) = (k.name, k.gate, k.readers, k.permits);
     batch(
         c,
         &format!(
@@ -148,101 +142,88 @@ pub(crate) async fn permit(
     wait: bool,
     pause: impl Fn() -> Duration,
 ) -> PgResult<Entered> {
-    let entered = take_permit(c, k, mode, wait, pause).await?;
+    let entered = async {
+        let (name, gate, readers, permits) = (k.name, k.gate, k.readers, k.permits);
+        let (slots, mark_class) = (k.slots, k.mark_class);
+        let n = k_of(mode);
+        // Marked before anything waits: a waiting request's count is seen too.
+        let mark = format!(
+            "SELECT pg_advisory_lock_shared({mark_class}, {n}); \
+             SELECT m.objid::int8 FROM pg_catalog.pg_locks m WHERE m.locktype = 'advisory' \
+             AND m.objsubid = 2 AND m.classid::int8 = {mark_class} AND m.objid::int8 <> {n} \
+             AND m.granted AND m.database = (SELECT oid FROM pg_catalog.pg_database \
+             WHERE datname = current_database()) LIMIT 1"
+        );
+        let scan = format!(
+            "SELECT s FROM generate_series(0, {last}) s WHERE pg_try_advisory_lock({slots} + s) \
+             LIMIT 1",
+            last = n - 1
+        );
+        let mismatch = |rows: &[Vec<Option<String>>]| {
+            cell(rows, 1)
+                .and_then(|v| v.parse::<u32>().ok())
+                .map(Entered::Mismatch)
+        };
+        let slot_in =
+            |rows: &[Vec<Option<String>>], i| cell(rows, i).and_then(|v| v.parse::<i64>().ok());
+        if !wait {
+            // CASE tries in order and stops at the first refusal; whatever was taken before a
+            // refusal (or a mismatch) goes with `pg_advisory_unlock_all`.
+            let rows = batch(
+                c,
+                &format!(
+                    "{mark}; SELECT CASE WHEN NOT pg_try_advisory_lock_shared({name}) THEN 'busy' \
+                     WHEN NOT pg_try_advisory_lock({gate}) THEN 'busy' \
+                     WHEN NOT pg_try_advisory_lock({readers}) THEN 'busy' ELSE 'in' END"
+                ),
+            )
+            .await?;
+            if let Some(m) = mismatch(&rows) {
+                return Ok(m);
+            }
+            if cell(&rows, 2) != Some("in") {
+                return Ok(Entered::Busy);
+            }
+            let rows = batch(
+                c,
+                &format!(
+                    "SELECT pg_advisory_unlock({readers}); \
+                     SELECT pg_advisory_lock_shared({permits}); {scan}; \
+                     SELECT pg_advisory_unlock({gate})"
+                ),
+            )
+            .await?;
+            return Ok(match slot_in(&rows, 2) {
+                Some(s) => Entered::Held(Some(s)),
+                None => Entered::Busy,
+            });
+        }
+        let rows = batch(c, &mark).await?;
+        if let Some(m) = mismatch(&rows) {
+            return Ok(m);
+        }
+        let rows = batch(
+            c,
+            &format!(
+                "SELECT pg_advisory_lock_shared({name}); SELECT pg_advisory_lock({gate}); \
+                 SELECT pg_advisory_lock({readers}); SELECT pg_advisory_unlock({readers}); \
+                 SELECT pg_advisory_lock_shared({permits}); {scan}"
+            ),
+        )
+        .await?;
+        let slot = match slot_in(&rows, 5) {
+            Some(s) => s,
+            None => wait_for_slot(c, slots, n, &scan, pause).await?,
+        };
+        c.simple_query(&format!("SELECT pg_advisory_unlock({gate})"))
+            .await?;
+        Ok(Entered::Held(Some(slot)))
+    }
+    .await?;
     if !matches!(entered, Entered::Held(_)) {
         c.simple_query("SELECT pg_advisory_unlock_all()").await?;
     }
     Ok(entered)
-}
-
-async fn take_permit(
-    c: &Client,
-    k: &FamilyKeys,
-    mode: Mode,
-    wait: bool,
-    pause: impl Fn() -> Duration,
-) -> PgResult<Entered> {
-    let FamilyKeys {
-        name,
-        gate,
-        readers,
-        permits,
-        slots,
-        mark_class,
-    } = *k;
-    let n = k_of(mode);
-    // Marked before anything waits: a waiting request's count is seen too.
-    let mark = format!(
-        "SELECT pg_advisory_lock_shared({mark_class}, {n}); \
-         SELECT m.objid::int8 FROM pg_catalog.pg_locks m WHERE m.locktype = 'advisory' \
-         AND m.objsubid = 2 AND m.classid::int8 = {mark_class} AND m.objid::int8 <> {n} \
-         AND m.granted AND m.database = (SELECT oid FROM pg_catalog.pg_database \
-         WHERE datname = current_database()) LIMIT 1"
-    );
-    let scan = format!(
-        "SELECT s FROM generate_series(0, {last}) s WHERE pg_try_advisory_lock({slots} + s) \
-         LIMIT 1",
-        last = n - 1
-    );
-    let mismatch = |rows: &[Vec<Option<String>>]| {
-        cell(rows, 1)
-            .and_then(|v| v.parse::<u32>().ok())
-            .map(Entered::Mismatch)
-    };
-    let slot_in =
-        |rows: &[Vec<Option<String>>], i| cell(rows, i).and_then(|v| v.parse::<i64>().ok());
-    if !wait {
-        // CASE tries in order and stops at the first refusal; whatever was taken before a
-        // refusal (or a mismatch) goes with `pg_advisory_unlock_all`.
-        let rows = batch(
-            c,
-            &format!(
-                "{mark}; SELECT CASE WHEN NOT pg_try_advisory_lock_shared({name}) THEN 'busy' \
-                 WHEN NOT pg_try_advisory_lock({gate}) THEN 'busy' \
-                 WHEN NOT pg_try_advisory_lock({readers}) THEN 'busy' ELSE 'in' END"
-            ),
-        )
-        .await?;
-        if let Some(m) = mismatch(&rows) {
-            return Ok(m);
-        }
-        if cell(&rows, 2) != Some("in") {
-            return Ok(Entered::Busy);
-        }
-        let rows = batch(
-            c,
-            &format!(
-                "SELECT pg_advisory_unlock({readers}); \
-                 SELECT pg_advisory_lock_shared({permits}); {scan}; \
-                 SELECT pg_advisory_unlock({gate})"
-            ),
-        )
-        .await?;
-        return Ok(match slot_in(&rows, 2) {
-            Some(s) => Entered::Held(Some(s)),
-            None => Entered::Busy,
-        });
-    }
-    let rows = batch(c, &mark).await?;
-    if let Some(m) = mismatch(&rows) {
-        return Ok(m);
-    }
-    let rows = batch(
-        c,
-        &format!(
-            "SELECT pg_advisory_lock_shared({name}); SELECT pg_advisory_lock({gate}); \
-             SELECT pg_advisory_lock({readers}); SELECT pg_advisory_unlock({readers}); \
-             SELECT pg_advisory_lock_shared({permits}); {scan}"
-        ),
-    )
-    .await?;
-    let slot = match slot_in(&rows, 5) {
-        Some(s) => s,
-        None => wait_for_slot(c, slots, n, &scan, pause).await?,
-    };
-    c.simple_query(&format!("SELECT pg_advisory_unlock({gate})"))
-        .await?;
-    Ok(Entered::Held(Some(slot)))
 }
 
 /// Inside the gate with every slot taken: waits on one slot at a time for `pause()`, looking

@@ -39,7 +39,7 @@ impl LeaseOps for RedlockLeaseOps {
         let (keys, token, ttl, mode) = (self.keys.clone(), self.token.clone(), self.ttl, self.mode);
         let members = self.members.clone();
         let all = vec![false; self.nodes.len()];
-        let round = Round::per_master(&self.nodes, &all, self.node_timeout, move |i, mut c| {
+        let round = Round::on(&self.nodes, &all, self.node_timeout, move |i, mut c| {
             let (keys, token) = (keys.clone(), token.clone());
             let member = members.get(i).cloned().flatten();
             async move {

@@ -165,7 +165,7 @@ pub(crate) async fn attempt(
     let mut undo =
         ReleaseOnDrop::new(nodes.clone(), keys.clone(), token.clone(), node_timeout).of_mode(mode);
     let start = Instant::now();
-    let mut round = Round::on(nodes, &unchecked, node_timeout, |mut c| {
+    let mut round = Round::on(nodes, &unchecked, node_timeout, |_, mut c| {
         let (keys, token) = (keys.clone(), token.clone());
         async move {
             match mode {
@@ -243,12 +243,8 @@ pub(crate) async fn attempt(
     // Failed: undo every grant, on every master that may hold one (one that timed out or
     // has not answered yet may have granted). Awaited, so the next attempt is not refused
     // by this one's leftovers.
-    let mut cleanup = Round::on(
-        nodes,
-        &refused,
-        node_timeout,
-        release_request(keys, &token, mode),
-    );
+    let release = release_request(keys, &token, mode);
+    let mut cleanup = Round::on(nodes, &refused, node_timeout, |_, c| release(c));
     while cleanup.next().await.is_some() {}
     undo.disarm();
     if granted >= quorum {

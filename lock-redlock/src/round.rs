@@ -29,26 +29,14 @@ impl<T: Send + 'static> Round<T> {
         F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
     {
-        Self::on(nodes, &vec![false; nodes.len()], node_timeout, request)
+        Self::on(nodes, &vec![false; nodes.len()], node_timeout, |_, c| {
+            request(c)
+        })
     }
 
-    /// Sends `request` to every master whose `skip` entry is false.
+    /// Sends `request(index, connection)` to every master whose `skip` entry is false (a
+    /// reader's member differs from master to master).
     pub(crate) fn on<F, Fut>(
-        nodes: &[RedisNode],
-        skip: &[bool],
-        node_timeout: Duration,
-        request: F,
-    ) -> Self
-    where
-        F: Fn(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
-    {
-        Self::per_master(nodes, skip, node_timeout, |_, c| request(c))
-    }
-
-    /// [`on`](Self::on), with a request made for each master by its index (a reader's
-    /// member differs from master to master).
-    pub(crate) fn per_master<F, Fut>(
         nodes: &[RedisNode],
         skip: &[bool],
         node_timeout: Duration,
