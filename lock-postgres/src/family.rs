@@ -248,8 +248,9 @@ async fn wait_for_slot(
         .await;
         match waited {
             Ok(_) => return Ok(next),
-            // 55P03: not free within the pause. The batch stopped at the error, so the
-            // setting is still on: off again before anything else runs here.
+            // 55P03: not free within the pause. The batch ran as one implicit transaction,
+            // whose rollback undid its `SET`; set again all the same, as nothing else here may
+            // run under a lock timeout.
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
                 let rows = batch(c, &format!("SET lock_timeout = 0; {scan}")).await?;
                 if let Some(s) = cell(&rows, 1).and_then(|v| v.parse::<i64>().ok()) {
