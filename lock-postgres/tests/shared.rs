@@ -126,49 +126,36 @@ async fn permits_hold_the_key_shared_and_a_slot_each() {
         holders.len() == 2 && holders.iter().all(|h| h.mode == Mode::Permits(2)),
         "{holders:?}"
     );
-    // Both holders' sessions, newest first: terminate one (a crash, as far as the server knows).
-    let pids: Vec<i32> = other
-        .query(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
-             AND mode = 'ShareLock' AND ((classid::int8 << 32) | objid::int8) = $1",
-            &[&key],
+    // The newest grant's session (the fencing table names it) is `b`'s, which holds slot 1:
+    // `a` took slot 0 first, and the waiter waits on slot 0 first. Ending `b`'s session (a
+    // crash, as far as the server knows) frees a slot the waiter does not wait on: only its
+    // rescan after the pause finds it.
+    let b_pid: i32 = other
+        .query_one(
+            "SELECT holder_pid FROM distlock_fencing WHERE name = $1",
+            &[&name.as_str()],
         )
         .await
         .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(pids.len() >= 2, "{pids:?}");
-    let lost = (a.lost(), b.lost());
+        .get(0);
+    let (a_lost, b_lost) = (a.lost(), b.lost());
     let started = std::time::Instant::now();
-    for pid in &pids {
-        // Only a holder's: the waiter's session is at the gate.
-        let holder: bool = other
-            .query_one(
-                "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
-                &[pid],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if holder {
-            other
-                .query("SELECT pg_terminate_backend($1)", &[pid])
-                .await
-                .unwrap();
-            break;
-        }
-    }
+    other
+        .query("SELECT pg_terminate_backend($1)", &[&b_pid])
+        .await
+        .unwrap();
     let c = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
-        .expect("the waiting permit was not granted within 5 s of a holder's end")
+        .expect("the waiting permit was not granted within 5 s of another slot's holder's end")
         .unwrap()
         .unwrap();
     eprintln!("granted {:?} after the terminate", started.elapsed());
-    tokio::select! {
-        _ = lost.0.wait() => drop(a),
-        _ = lost.1.wait() => drop(b),
-        _ = tokio::time::sleep(Duration::from_secs(5)) => panic!("no lease turned Lost"),
-    }
+    tokio::time::timeout(Duration::from_secs(5), b_lost.wait())
+        .await
+        .expect("the terminated holder's lease did not turn Lost");
+    assert!(!a_lost.is_lost(), "the other holder lost its permit");
+    let holders = locks.holders(&name).await.unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    a.release().await.unwrap();
     c.release().await.unwrap();
 }

@@ -65,4 +65,21 @@ async fn readers_hold_by_majority_and_keep_a_writer_out() {
     );
     w.release().await.unwrap();
     assert!(a.holders(&name).await.unwrap().is_empty());
+    // A writer on 2 of 3 masters (another client's `SET NX` that reached a majority): the one
+    // free master is not enough for a reader.
+    for master in ["redlock2", "redlock3"] {
+        redis_cli(
+            master,
+            &["SET", &key, "distlock-someone-else", "PX", "10000"],
+        );
+    }
+    assert!(
+        a.try_acquire(&name, &read).await.unwrap().is_none(),
+        "a reader got in with 1 of 3 masters, beside a writer holding the other two"
+    );
+    for master in ["redlock2", "redlock3"] {
+        redis_cli(master, &["DEL", &key]);
+    }
+    let r = a.try_acquire(&name, &read).await.unwrap().unwrap();
+    r.release().await.unwrap();
 }
