@@ -147,14 +147,20 @@ impl Sql {
         // Lock and count in one statement: a grant costs one round trip, and the counter
         // moves only under the lock. On any error the session is closed, never reused: a
         // session advisory lock taken in a transaction that failed stays held.
-        let grant = |lock: &str| {
+        // The next token of the name `name` (a parameter), for this session, if `only`.
+        let bump = |name: &str, only: &str| {
             format!(
-                "WITH l AS (SELECT {lock}) \
-                 INSERT INTO {t} AS f (name, token, holder_pid, granted_at) \
-                 SELECT $2, 1, pg_backend_pid(), now() FROM l WHERE l.got \
+                "INSERT INTO {t} AS f (name, token, holder_pid, granted_at) \
+                 SELECT {name}, 1, pg_backend_pid(), now() {only} \
                  ON CONFLICT (name) DO UPDATE SET token = f.token + 1, \
                  holder_pid = excluded.holder_pid, granted_at = excluded.granted_at \
                  RETURNING f.token, pg_backend_pid()"
+            )
+        };
+        let grant = |lock: &str| {
+            format!(
+                "WITH l AS (SELECT {lock}) {}",
+                bump("$2", "FROM l WHERE l.got")
             )
         };
         Sql {
@@ -164,13 +170,7 @@ impl Sql {
                 unlock: "SELECT pg_advisory_unlock($1)".into(),
             },
             // Taken by `family` before: the counter moves after the locks, as for a writer.
-            family_token: format!(
-                "INSERT INTO {t} AS f (name, token, holder_pid, granted_at) \
-                 VALUES ($1, 1, pg_backend_pid(), now()) \
-                 ON CONFLICT (name) DO UPDATE SET token = f.token + 1, \
-                 holder_pid = excluded.holder_pid, granted_at = excluded.granted_at \
-                 RETURNING f.token, pg_backend_pid()"
-            ),
+            family_token: bump("$1::text", ""),
             // In order: the answer is whether the name's key was held, read before the rest
             // goes.
             family_unlock: "SELECT pg_advisory_unlock_shared($1), pg_advisory_unlock_all()".into(),
