@@ -79,6 +79,9 @@ impl FlawedLock {
                 ))
             }
             Flaw::TtlInflated => opts.clone().ttl(inflated(opts.ttl)),
+            // The store keeps each grant a TTL longer than the lease claims (as a server that
+            // rounds a TTL up to whole seconds does): a window no scheduler delay closes.
+            Flaw::RenewInDriftRevives => opts.clone().ttl((opts.ttl * 2).min(MAX_TTL)),
             Flaw::AutoRenewNeverRuns => opts.clone().manual_renewal(),
             // Renewed by the control's own watchdog instead ([`PacedLease`]).
             Flaw::WatchdogRenewsLate | Flaw::WatchdogSpins | Flaw::WatchdogBlocksTheRuntime

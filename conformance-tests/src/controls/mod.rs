@@ -305,9 +305,9 @@ pub enum Flaw {
     BackendKeyWithoutNamespace,
     /// `inspect` reports the newest token handed out for any name, not the holder's.
     InspectShowsNewestToken,
-    /// The lease claims a networked driver's conservative validity (the store's expiry less
-    /// the drift allowance) but sends a renewal asked after it anyway: the store, which still
-    /// has the grant, renews it and the lease says Held again. Lost is not final.
+    /// The lease claims a networked driver's conservative validity (its TTL less the drift
+    /// allowance) but sends a renewal asked after it anyway: the store, which keeps the grant
+    /// longer (a TTL rounded up), renews it and the lease says Held again. Lost is not final.
     RenewInDriftRevives,
     /// The backend key a lease reports is cut to its first hundred bytes of name: two long
     /// names report one key.
