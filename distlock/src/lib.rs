@@ -44,8 +44,9 @@ pub use lock_core::driver::Driver;
 pub use lock_core;
 pub use lock_core::memory::MemoryLock;
 pub use lock_core::{
-    async_trait, Capabilities, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
-    LeaseState, LockName, LockOptions, LostSignal, Mode, Renewal, Result, Wait,
+    async_trait, Capabilities, DistributedLock, Election, Error, Fencing, FencingToken, HolderInfo,
+    Leader, LeaderValue, Leadership, Lease, LeaseState, LockName, LockOptions, LostSignal, Mode,
+    Observation, Observer, Renewal, Result, Wait,
 };
 #[cfg(feature = "etcd")]
 pub use lock_etcd;

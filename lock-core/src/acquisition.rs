@@ -73,6 +73,12 @@ impl<'a> Acquisition<'a> {
         self.opts.mode
     }
 
+    /// The holder's value to store with the grant (`opts().value`), which the trait's
+    /// `try_acquire` and `acquire` have checked the driver declares it can store.
+    pub fn value(&self) -> Option<&'a crate::LeaderValue> {
+        self.opts.value.as_ref()
+    }
+
     /// The effective TTL: the caller's, validated and rounded up to the backend's granularity.
     pub fn ttl(&self) -> Duration {
         self.ttl

@@ -97,6 +97,13 @@ pub struct Capabilities {
     /// The driver grants [`Mode::Permits`](crate::Mode::Permits) (semaphores). Where false,
     /// a permit request is [`Error::Unsupported`](crate::Error::Unsupported).
     pub permits: bool,
+    /// The driver holds [`Election`](crate::Election)s: it stores a holder's value with its
+    /// grant ([`LockOptions::value`](crate::LockOptions::value)), reads it back
+    /// ([`DistributedLock::leader`](crate::DistributedLock::leader)), lets the holder change it
+    /// ([`Lease::proclaim`](crate::Lease::proclaim)) and notifies changes
+    /// ([`DistributedLock::watch`](crate::DistributedLock::watch)). Where false, a value is
+    /// [`Error::Unsupported`](crate::Error::Unsupported), never dropped.
+    pub election: bool,
 }
 
 /// `with_<field>` setters of [`Capabilities`], one per field, each `const`.
@@ -131,6 +138,7 @@ impl Capabilities {
             expires_by: ExpiryClock::TimeOfDay,
             shared: false,
             permits: false,
+            election: false,
         }
     }
     setters! {
@@ -147,6 +155,7 @@ impl Capabilities {
         with_expires_by => expires_by: ExpiryClock;
         with_shared => shared: bool;
         with_permits => permits: bool;
+        with_election => election: bool;
     }
 }
 

@@ -221,6 +221,29 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         result
     }
 
+    async fn proclaim(&self, value: &crate::LeaderValue) -> Result<()> {
+        if self.shared.tracker.state() == LeaseState::Lost {
+            return Err(Error::Lost {
+                name: self.name.clone(),
+                reason: "the lease ended before this proclaim".into(),
+            });
+        }
+        // Beside a renewal, never across it; and never past the lease's validity.
+        let _gate = self.shared.gate.lock().await;
+        let deadline = self.shared.tracker.valid_until();
+        match tokio::time::timeout_at(deadline.into(), self.shared.ops.proclaim(value)).await {
+            Ok(Err(e)) if matches!(e, Error::NotHeld { .. } | Error::Lost { .. }) => {
+                self.shared.tracker.mark_lost();
+                Err(e)
+            }
+            Ok(done) => done,
+            Err(_) => Err(Error::Lost {
+                name: self.name.clone(),
+                reason: "no proclaim confirmed before valid_until".into(),
+            }),
+        }
+    }
+
     fn backend_key(&self) -> Option<String> {
         self.shared.ops.backend_key()
     }

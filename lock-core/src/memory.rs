@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::driver::{Acquisition, Admission, LeaseOps, ManagedLease};
 use crate::{
-    Capabilities, Deadline, DistributedLock, Error, ExpiryClock, Fencing, FencingToken, HolderInfo,
-    Lease, LockName, LockOptions, Mode, Result,
+    Capabilities, Change, ChangeFeed, Deadline, DistributedLock, Error, ExpiryClock, Fencing,
+    FencingToken, HolderInfo, Leader, LeaderValue, Lease, LockName, LockOptions, Mode, Result,
 };
 
 /// An in-process lock service. Cheap to clone; clones share the same locks.
@@ -60,6 +60,8 @@ struct Slot {
     /// Last fencing token handed out; kept after release so tokens never repeat.
     fence: u64,
     queue: VecDeque<Waiter>,
+    /// Bumped at every grant, release and proclaim: what observers' feeds wait on.
+    changes: Changes,
 }
 
 struct Holder {
@@ -67,6 +69,21 @@ struct Holder {
     expires_at: Instant,
     mode: Mode,
     fence: u64,
+    value: Option<LeaderValue>,
+}
+
+struct Changes(watch::Sender<u64>);
+
+impl Default for Changes {
+    fn default() -> Self {
+        Changes(watch::channel(0).0)
+    }
+}
+
+impl Changes {
+    fn bump(&self) {
+        self.0.send_modify(|v| *v += 1);
+    }
 }
 
 struct Waiter {
@@ -85,7 +102,11 @@ enum Attempt {
 
 impl Slot {
     fn expire(&mut self, now: Instant) {
+        let before = self.holders.len();
         self.holders.retain(|h| now < h.expires_at);
+        if self.holders.len() < before {
+            self.changes.bump();
+        }
     }
     /// Wakes the first waiter; a waiter granted wakes the next, so compatible waiters (readers,
     /// permits) are granted one after another.
@@ -109,15 +130,17 @@ impl Slot {
             Admission::Mismatch { held } => Err(permits_mismatch(name, held, mode)),
         }
     }
-    fn grant(&mut self, owner: u64, mode: Mode, now: Instant, ttl: Duration) -> Granted {
+    fn grant(&mut self, owner: u64, req: &Acquisition<'_>, now: Instant) -> Granted {
         self.fence += 1;
-        let expires_at = now + ttl;
+        let expires_at = now + req.ttl();
         self.holders.push(Holder {
             owner,
             expires_at,
-            mode,
+            mode: req.mode(),
             fence: self.fence,
+            value: req.value().cloned(),
         });
+        self.changes.bump();
         Granted {
             owner,
             fence: self.fence,
@@ -141,13 +164,8 @@ impl Store {
     }
 
     /// One grant attempt. `waiter`: the caller's queue id, if it is queued.
-    fn attempt(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        mode: Mode,
-        waiter: Option<u64>,
-    ) -> Result<Attempt> {
+    fn attempt(&self, req: &Acquisition<'_>, waiter: Option<u64>) -> Result<Attempt> {
+        let (name, mode) = (req.name(), req.mode());
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.entry(name.clone()).or_default();
@@ -171,25 +189,24 @@ impl Store {
             slot.wake_head();
         }
         let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Ok(Attempt::Granted(slot.grant(owner, mode, now, ttl)))
+        Ok(Attempt::Granted(slot.grant(owner, req, now)))
     }
 
     /// Takes the lock, or joins the queue, in one step: no release can slip in between.
     /// `Ok(Err(first_expiry))` once queued.
     fn enter(
         &self,
-        name: &LockName,
-        ttl: Duration,
-        mode: Mode,
+        req: &Acquisition<'_>,
         waiter: &Waiter,
     ) -> Result<std::result::Result<Granted, Option<Instant>>> {
+        let (name, mode) = (req.name(), req.mode());
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.entry(name.clone()).or_default();
         slot.expire(now);
         if slot.admits(name, mode)? && slot.queue.is_empty() {
             let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
-            return Ok(Ok(slot.grant(owner, mode, now, ttl)));
+            return Ok(Ok(slot.grant(owner, req, now)));
         }
         slot.queue.push_back(Waiter {
             id: waiter.id,
@@ -272,6 +289,7 @@ impl MemoryLock {
         slot.expire(Instant::now());
         let was_held = !slot.holders.is_empty();
         slot.holders.clear();
+        slot.changes.bump();
         slot.wake_head();
         was_held
     }
@@ -322,7 +340,8 @@ const CAPS: Capabilities = Capabilities::new()
     .with_survives_restart(true)
     .with_expires_by(ExpiryClock::Elapsed)
     .with_shared(true)
-    .with_permits(true);
+    .with_permits(true)
+    .with_election(true);
 
 #[async_trait]
 impl DistributedLock for MemoryLock {
@@ -356,11 +375,33 @@ impl DistributedLock for MemoryLock {
             .collect())
     }
 
+    /// The exclusive holder, with its value (empty if it was granted without one).
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let now = Instant::now();
+        let mut slots = self.store.slots();
+        let Some(slot) = slots.get_mut(name) else {
+            return Ok(None);
+        };
+        slot.expire(now);
+        Ok((slot.holders.iter())
+            .find(|h| h.mode == Mode::Exclusive)
+            .map(|h| {
+                let value = h.value.clone().unwrap_or_default();
+                Leader::new(value, FencingToken::new(h.fence), Some(h.expires_at - now))
+            }))
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn ChangeFeed>> {
+        let mut slots = self.store.slots();
+        let rx = slots.entry(name.clone()).or_default().changes.0.subscribe();
+        Ok(Box::new(MemoryFeed(rx)))
+    }
+
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
         let mode = req.mode();
         if deadline == Deadline::Now {
-            return Ok(match self.store.attempt(name, ttl, mode, None)? {
+            return Ok(match self.store.attempt(&req, None)? {
                 Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
                 Attempt::Busy { .. } => None,
             });
@@ -370,7 +411,7 @@ impl DistributedLock for MemoryLock {
             notify: Arc::new(Notify::new()),
             mode,
         };
-        let mut expires_at = match self.store.enter(name, ttl, mode, &me)? {
+        let mut expires_at = match self.store.enter(&req, &me)? {
             Ok(grant) => return Ok(Some(self.lease(name, ttl, opts, grant))),
             Err(first_expiry) => first_expiry,
         };
@@ -394,7 +435,7 @@ impl DistributedLock for MemoryLock {
                 _ = expiry => {}
                 _ = deadline.sleep() => return Ok(None),
             }
-            match self.store.attempt(name, ttl, mode, Some(me.id))? {
+            match self.store.attempt(&req, Some(me.id))? {
                 Attempt::Granted(grant) => return Ok(Some(self.lease(name, ttl, opts, grant))),
                 Attempt::Busy { expires_at: e } => expires_at = e,
             }
@@ -419,6 +460,7 @@ impl MemoryLeaseOps {
                 let before = slot.holders.len();
                 slot.holders.retain(|h| h.owner != self.owner);
                 if slot.holders.len() < before {
+                    slot.changes.bump();
                     slot.wake_head();
                     Ok(())
                 } else {
@@ -452,9 +494,40 @@ impl LeaseOps for MemoryLeaseOps {
         self.release_now()
     }
 
+    async fn proclaim(&self, value: &LeaderValue) -> Result<()> {
+        let now = Instant::now();
+        let mut slots = self.store.slots();
+        let Some(slot) = slots.get_mut(&self.name) else {
+            return Err(Error::not_held(&self.name));
+        };
+        let holder = (slot.holders.iter_mut())
+            .find(|h| h.owner == self.owner)
+            .filter(|h| now < h.expires_at)
+            .ok_or_else(|| Error::not_held(&self.name))?;
+        holder.value = Some(value.clone());
+        slot.changes.bump();
+        Ok(())
+    }
+
     fn release_on_drop(self: Arc<Self>, _until: Instant) {
         // Synchronous: no runtime needed, and the next waiter is woken at once.
         let _ = self.release_now();
+    }
+}
+
+/// A memory store's notifications for one name. Lapses are not among them: the store expires
+/// leases when it is next looked at.
+struct MemoryFeed(watch::Receiver<u64>);
+
+#[async_trait]
+impl ChangeFeed for MemoryFeed {
+    async fn changed(&mut self) -> Result<Change> {
+        match self.0.changed().await {
+            Ok(()) => Ok(Change::Notified),
+            // The store lives as long as the process: its sender is never dropped while a
+            // slot exists, and slots are never removed.
+            Err(_) => std::future::pending().await,
+        }
     }
 }
 

@@ -70,6 +70,17 @@ pub trait LeaseOps: Send + Sync + 'static {
         None
     }
 
+    /// Changes the holder's value on the backend if this owner still holds it
+    /// ([`Lease::proclaim`](crate::Lease::proclaim)), and notifies the name's watchers;
+    /// `Err(NotHeld)` otherwise. The default: [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn proclaim(&self, value: &crate::LeaderValue) -> Result<()> {
+        let _ = value;
+        Err(crate::Error::Unsupported {
+            backend: "this driver",
+            operation: "proclaim",
+        })
+    }
+
     /// What [`Lease::backend_key`](crate::Lease::backend_key) returns; the default: none.
     fn backend_key(&self) -> Option<String> {
         None

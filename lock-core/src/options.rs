@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Capabilities, Error, Mode, Result, MAX_TTL};
+use crate::{Capabilities, Error, LeaderValue, Mode, Result, MAX_TTL};
 
 /// How long [`DistributedLock::acquire`](crate::DistributedLock::acquire) waits for a busy lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -147,6 +147,10 @@ pub struct LockOptions {
     pub renewal: Renewal,
     /// Exclusive, shared, or one of K permits. Default [`Mode::Exclusive`].
     pub mode: Mode,
+    /// What the holder says of itself, stored with the grant: a candidate's value in an
+    /// [`Election`](crate::Election) (which sets it). Exclusive mode only; a driver that cannot
+    /// store it refuses it ([`Error::Unsupported`]). Default none.
+    pub value: Option<LeaderValue>,
 }
 
 impl Default for LockOptions {
@@ -156,6 +160,7 @@ impl Default for LockOptions {
             wait: Wait::Forever,
             renewal: Renewal::Manual,
             mode: Mode::Exclusive,
+            value: None,
         }
     }
 }
@@ -249,6 +254,11 @@ impl LockOptions {
     pub fn permits(self, k: u32) -> Self {
         self.mode(Mode::Permits(k))
     }
+    /// Sets the holder's [`value`](Self::value).
+    pub fn value(mut self, value: LeaderValue) -> Self {
+        self.value = Some(value);
+        self
+    }
 
     /// Checks the options against a driver's capabilities and returns the effective TTL: the
     /// requested TTL rounded *up* to the backend's granularity, never shortened.
@@ -282,6 +292,11 @@ impl LockOptions {
                 "ttl {ttl:?} is below this backend's minimum {:?}",
                 caps.min_ttl
             )));
+        }
+        if self.value.is_some() && self.mode != Mode::Exclusive {
+            return Err(Error::InvalidOptions(
+                "a holder's value (a leader's) goes with an exclusive grant only".into(),
+            ));
         }
         if self.mode == Mode::Permits(0) {
             return Err(Error::InvalidOptions(

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 
 use crate::driver::Acquisition;
 use crate::{
-    Capabilities, Deadline, FencingToken, LeaseState, LockName, LockOptions, LostSignal, Mode,
-    Result,
+    Capabilities, ChangeFeed, Deadline, FencingToken, Leader, LeaderValue, LeaseState, LockName,
+    LockOptions, LostSignal, Mode, Result,
 };
 
 /// A lock service: one backend, one client (connection, session) shared by all its leases.
@@ -145,6 +145,35 @@ pub trait DistributedLock: Send + Sync + Debug {
     async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         Ok(self.inspect(name).await?.into_iter().collect())
     }
+
+    /// The leader of `name` for [`Election`](crate::Election)s: its exclusive holder, with the
+    /// value it was granted with ([`LockOptions::value`]) or has proclaimed since
+    /// ([`Lease::proclaim`]), and its fencing token as the term; `Ok(None)` when no one holds
+    /// it exclusively. Read without acquiring; possibly stale by the time it arrives.
+    ///
+    /// The default is [`Error::Unsupported`](crate::Error::Unsupported); drivers that declare
+    /// [`Capabilities::election`](crate::Capabilities::election) override it.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            backend: self.backend(),
+            operation: "leader election",
+        })
+    }
+
+    /// A feed of changes to `name` (a grant, a release, a lapse where the backend reports one,
+    /// a proclaimed value), for an election's [`Observer`](crate::Observer); made before the
+    /// observer's first read, so nothing after that read is missed.
+    ///
+    /// The default is [`Error::Unsupported`](crate::Error::Unsupported); drivers that declare
+    /// [`Capabilities::election`](crate::Capabilities::election) override it.
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn ChangeFeed>> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            backend: self.backend(),
+            operation: "leader election",
+        })
+    }
 }
 
 /// [`Error::Unsupported`](crate::Error::Unsupported) for a mode the driver does not declare
@@ -153,6 +182,8 @@ fn supports(backend: &'static str, caps: &Capabilities, opts: &LockOptions) -> R
     let operation = match opts.mode {
         Mode::Shared if !caps.shared => "shared mode",
         Mode::Permits(_) if !caps.permits => "permits (semaphores)",
+        // A value the driver would not store is refused, never dropped.
+        _ if opts.value.is_some() && !caps.election => "a holder's value (leader election)",
         _ => return Ok(()),
     };
     Err(crate::Error::Unsupported { backend, operation })
@@ -290,6 +321,20 @@ pub trait Lease: Send + Sync + Debug {
     fn inheritable_fds(&self) -> Vec<std::os::fd::OwnedFd> {
         Vec::new()
     }
+
+    /// Changes the value this holder was granted with ([`LockOptions::value`]): what
+    /// [`DistributedLock::leader`] reads and observers are notified of, for an
+    /// [`Election`](crate::Election)'s leader that changes what it says without giving up
+    /// leadership. Owner-checked on the backend like a renewal: once the lease has ended it
+    /// is refused ([`Error::NotHeld`](crate::Error::NotHeld), [`Error::Lost`](crate::Error::Lost))
+    /// and changes nothing. The default is [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn proclaim(&self, value: &LeaderValue) -> Result<()> {
+        let _ = value;
+        Err(crate::Error::Unsupported {
+            backend: "this driver",
+            operation: "proclaim",
+        })
+    }
 }
 
 /// `Arc<T>` and `Box<T>` are locks too, forwarding every method (provided ones included, so a
@@ -324,6 +369,12 @@ macro_rules! forward {
             }
             async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
                 (**self).holders(name).await
+            }
+            async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+                (**self).leader(name).await
+            }
+            async fn watch(&self, name: &LockName) -> Result<Box<dyn ChangeFeed>> {
+                (**self).watch(name).await
             }
         }
     };

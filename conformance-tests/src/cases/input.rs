@@ -123,26 +123,39 @@ pub async fn rejects_bad_options_without_side_effects(h: &dyn Harness) -> Result
     Ok(())
 }
 
-/// A mode the driver does not declare (`Capabilities::shared`, `Capabilities::permits`) is
-/// `Unsupported` from `try_acquire` and `acquire`, never served as an exclusive lock instead,
-/// and leaves the name free.
+/// A mode the driver does not declare (`Capabilities::shared`, `Capabilities::permits`), or a
+/// holder's value where it does not declare `Capabilities::election`, is `Unsupported` from
+/// `try_acquire` and `acquire`, never served as a plain exclusive lock instead, and leaves the
+/// name free; without `election`, `leader` and `watch` are `Unsupported` too.
 pub async fn undeclared_modes_are_unsupported(h: &dyn Harness) -> Result<(), Failure> {
     let a = client(h).await?;
     let caps = a.capabilities();
     let name = fresh_name("undeclared-mode");
+    let value = lock_core::LeaderValue::new("candidate")?;
     let undeclared = [
         (!caps.shared).then(|| opts(h).shared()),
         (!caps.permits).then(|| opts(h).permits(2)),
+        (!caps.election).then(|| opts(h).value(value)),
     ];
+    if !caps.election {
+        let read = a.leader(&name).await;
+        let feed = a.watch(&name).await.map(|_| ());
+        ensure!(
+            matches!(read, Err(Error::Unsupported { .. }))
+                && matches!(feed, Err(Error::Unsupported { .. })),
+            "election = false, yet leader gave {read:?} and watch {feed:?}: expected Unsupported"
+        );
+    }
     for o in undeclared.into_iter().flatten() {
         let tried = a.try_acquire(&name, &o).await.map(|l| l.is_some());
         let waited = a.acquire(&name, &o.clone().no_wait()).await.map(|_| true);
         for (how, r) in [("try_acquire", tried), ("acquire", waited)] {
             ensure!(
                 matches!(r, Err(Error::Unsupported { .. })),
-                "{how} in {:?}, which the driver does not declare, gave {r:?}: expected \
-                 Unsupported",
-                o.mode
+                "{how} in {:?} (value {:?}), which the driver does not declare, gave {r:?}: \
+                 expected Unsupported",
+                o.mode,
+                o.value
             );
         }
     }

@@ -11,6 +11,7 @@ use lock_core::Capabilities;
 use crate::{Failure, Harness};
 use requires::*;
 
+pub mod election;
 pub mod exclusion;
 pub mod expiry;
 pub mod faults;
@@ -255,6 +256,19 @@ pub static CASES: &[Case] = &[
     case!(faults::cut_off_holder_gets_answers_not_hangs, delays),
     case!(repeated::every_grant_keeps_its_promises, always),
     case!(safety::history_is_clean, always),
+    case!(election::one_leader_at_a_time, elects),
+    case!(election::leader_reports_value_and_term, elects),
+    case!(
+        election::proclaim_after_the_end_changes_nothing,
+        elects_and_ttl
+    ),
+    case!(
+        election::deposed_leader_knows_before_a_successor,
+        elects_and_lost_ttl
+    ),
+    case!(election::cancelled_campaign_leaves_no_candidate, elects),
+    case!(election::observer_sees_each_leader_in_order, elects),
+    case!(election::observing_is_idle, elects_and_counts),
     case!(shared::shared_holders_overlap, shared),
     case!(shared::exclusive_excludes_shared, shared),
     case!(shared::shared_excludes_exclusive, shared),

@@ -184,3 +184,19 @@ pub(super) fn permits_and_fencing(f: &Facts) -> Need {
 pub(super) fn permits_and_counts(f: &Facts) -> Need {
     permits(f).and(counts(f))
 }
+pub(super) fn elects(f: &Facts) -> Need {
+    need(
+        f.caps.election,
+        "election = false: the driver stores no holder's value and watches no name",
+    )?;
+    fencing(f)
+}
+pub(super) fn elects_and_ttl(f: &Facts) -> Need {
+    elects(f).and(ttl(f))
+}
+pub(super) fn elects_and_lost_ttl(f: &Facts) -> Need {
+    elects(f).and(lost_ttl(f))
+}
+pub(super) fn elects_and_counts(f: &Facts) -> Need {
+    elects(f).and(counts(f))
+}

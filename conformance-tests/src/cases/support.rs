@@ -284,3 +284,47 @@ pub(crate) async fn cancel_after<T>(after: Duration, fut: impl Future<Output = T
         tokio::time::timeout(after, fut).await.ok()
     }
 }
+
+/// Backend requests served in a window of `window` (the counter reads themselves may count).
+async fn requests_in(h: &dyn Harness, window: Duration) -> Result<u64, Failure> {
+    let count = || async {
+        h.backend_requests()
+            .await
+            .ok_or_else(|| Failure("request counter vanished".into()))
+    };
+    let before = count().await?;
+    sleep(window).await;
+    Ok(count().await?.saturating_sub(before))
+}
+
+/// Requests per `window` with nobody waiting: the lower of two windows, unless the first is
+/// quiet already (a burst of foreign traffic in one must not make room for a poller).
+pub(crate) async fn idle_baseline(h: &dyn Harness, window: Duration) -> Result<u64, Failure> {
+    let alone = requests_in(h, window).await?;
+    if alone > 6 {
+        return Ok(alone.min(requests_in(h, window).await?));
+    }
+    Ok(alone)
+}
+
+/// Requests per `window` while something waits, in up to three windows until one costs at
+/// most 6 more than `alone`: `Ok(windows)` if one did, else a failure that names `who`.
+pub(crate) async fn stays_idle(
+    h: &dyn Harness,
+    window: Duration,
+    alone: u64,
+    who: &str,
+) -> Result<Vec<u64>, Failure> {
+    let mut windows = Vec::new();
+    for _ in 0..3 {
+        let used = requests_in(h, window).await?;
+        windows.push(used);
+        if used <= alone + 6 {
+            return Ok(windows);
+        }
+    }
+    Err(Failure(format!(
+        "the backend served {windows:?} requests in three windows of {window:?} while {who}, \
+         against {alone} without it: it polls instead of waiting for notifications"
+    )))
+}

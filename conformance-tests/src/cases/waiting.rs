@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Error, LockName, LockOptions};
 
 use super::support::{
-    cancel_after, client, free_for_a_newcomer, handed_on_promptly, held, in_flight_scene,
-    long_opts, opts, scene, sleep, spawn_waiter, within, Scene,
+    cancel_after, client, free_for_a_newcomer, handed_on_promptly, held, idle_baseline,
+    in_flight_scene, long_opts, opts, scene, sleep, spawn_waiter, stays_idle, within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -102,39 +102,11 @@ pub(crate) async fn idle_while_waiting(
     let Scene { t, a, b, name } = scene(h, tag).await?;
     let holder = held(a.try_acquire(&name, &holder_opts).await?, "holder")?;
     let window = t.ttl.max(Duration::from_millis(500));
-    let served = || async {
-        let count = || async {
-            h.backend_requests()
-                .await
-                .ok_or_else(|| Failure("request counter vanished".into()))
-        };
-        let before = count().await?;
-        sleep(window).await;
-        // The counter reads themselves may count.
-        Ok::<u64, Failure>(count().await?.saturating_sub(before))
-    };
-    // The lower of two windows, unless the first is quiet already: a burst of foreign traffic
-    // in one must not make room for a poller.
-    let mut alone = served().await?;
-    if alone > 6 {
-        alone = alone.min(served().await?);
-    }
+    let alone = idle_baseline(h, window).await?;
     let (n, o) = (name.clone(), waiter_opts);
     let waiter = tokio::spawn(async move { b.acquire(&n, &o).await });
     sleep(t.ttl / 2).await; // let the waiter settle
-    let mut windows = Vec::new();
-    for _ in 0..3 {
-        let used = served().await?;
-        windows.push(used);
-        if used <= alone + 6 {
-            break;
-        }
-    }
-    ensure!(
-        windows.iter().any(|&used| used <= alone + 6),
-        "the backend served {windows:?} requests in three windows of {window:?} while one \
-         waiter waited, against {alone} with the holder alone (polling?)"
-    );
+    stays_idle(h, window, alone, "one waiter waited").await?;
     holder.release().await?;
     let l = within(t.ttl * 10, "waiter after release", waiter)
         .await?

@@ -15,6 +15,7 @@ impl Flaw {
         match self {
             Flaw::None => vec![],
             Flaw::NoMutualExclusion => cases![
+                election::one_leader_at_a_time,
                 exclusion::single_winner_among_racers,
                 exclusion::held_lock_refuses_others,
                 exclusion::counter_loses_no_update
@@ -34,12 +35,16 @@ impl Flaw {
                 fencing::tokens_follow_grant_order_under_contention
             ],
             Flaw::LostSignalNeverFires => cases![
+                election::deposed_leader_knows_before_a_successor,
                 lost::lost_fires_before_successor_is_granted,
                 expiry::unrenewed_lease_turns_lost_at_valid_until
             ],
             Flaw::SpinningWaiter => cases![waiting::waiting_is_idle],
             Flaw::IgnoresWaitTimeout => cases![waiting::wait_timeout_is_respected],
-            Flaw::CancelLeavesGhost => cases![waiting::cancelled_waiter_does_not_block_others],
+            Flaw::CancelLeavesGhost => cases![
+                waiting::cancelled_waiter_does_not_block_others,
+                election::cancelled_campaign_leaves_no_candidate
+            ],
             Flaw::InspectBlind => cases![inspect::inspect_reports_the_holder],
             Flaw::CancelInFlightLeavesGhost => {
                 cases![waiting::cancelled_in_flight_leaves_no_holder]
@@ -251,6 +256,16 @@ impl Flaw {
             Flaw::PermitCountIgnored => cases![permits::permit_count_mismatch_is_refused],
             Flaw::MismatchOnlyWithHolders => cases![permits::permit_count_mismatch_with_a_waiter],
             Flaw::ModeServedExclusive => cases![input::undeclared_modes_are_unsupported],
+            Flaw::ValueNotStored => cases![election::leader_reports_value_and_term],
+            Flaw::LeaderIsNewestCandidate => cases![election::one_leader_at_a_time],
+            Flaw::ProclaimIgnored => cases![
+                election::leader_reports_value_and_term,
+                election::observer_sees_each_leader_in_order
+            ],
+            Flaw::ProclaimUnchecked => cases![election::proclaim_after_the_end_changes_nothing],
+            Flaw::FeedSilent => cases![election::observer_sees_each_leader_in_order],
+            Flaw::ObserverPolls => cases![election::observing_is_idle],
+            Flaw::ElectionUndeclared => cases![input::undeclared_modes_are_unsupported],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,

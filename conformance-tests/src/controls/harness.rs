@@ -70,6 +70,9 @@ pub(super) struct Shared {
     pub(super) clock_step: Mutex<Option<ClockStep>>,
     /// Grants per name and kind of mode so far ([`Flaw::TokensPerMode`]).
     pub(super) family: Mutex<HashMap<(LockName, u8), u64>>,
+    /// Per name: a value kept apart from the lock ([`Flaw::LeaderIsNewestCandidate`],
+    /// [`Flaw::ProclaimUnchecked`]).
+    pub(super) values: Mutex<HashMap<LockName, lock_core::LeaderValue>>,
 }
 
 #[derive(Debug, Clone, Copy)]

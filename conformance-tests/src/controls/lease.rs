@@ -145,6 +145,9 @@ impl Lease for FlawedLease {
     fn name(&self) -> &LockName {
         self.inner.name()
     }
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        self.lock.proclaim_flawed(&*self.inner, value).await
+    }
     /// The store says nothing; the control names a key as a driver would.
     fn backend_key(&self) -> Option<String> {
         Some(match self.lock.flaw {

@@ -1,6 +1,6 @@
 //! [`FlawedLock`]: the in-memory driver with one flaw acted out on its acquisition paths.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,7 @@ impl FlawedLock {
         match self.flaw {
             Flaw::FencingUndeclared => caps.with_fencing(Fencing::None),
             Flaw::ModeServedExclusive => caps.with_shared(false).with_permits(false),
+            Flaw::ElectionUndeclared => caps.with_election(false),
             _ => caps,
         }
     }
@@ -92,67 +93,7 @@ impl FlawedLock {
             Flaw::MaxHoldIgnored if matches!(opts.renewal, Renewal::Auto { .. }) => {
                 opts.clone().auto_renew(None)
             }
-            _ => self.family_opts(&opts),
-        }
-    }
-
-    /// A `try_acquire` sent over a slow wire: it lands after `delay` even if the caller has
-    /// gone, and its reply takes `delay` again; a cut of the link meanwhile loses the reply,
-    /// and the caller gets an error. A correct client then releases the grant nobody waits
-    /// for; the flawed one leaves it.
-    pub(super) async fn in_flight(
-        &self,
-        delay: Duration,
-        key: &LockName,
-        opts: &LockOptions,
-    ) -> Result<(Option<Box<dyn Lease>>, Instant)> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (inner, key, opts, flaw) = (
-            self.inner.clone(),
-            key.clone(),
-            self.inner_opts(opts),
-            self.flaw,
-        );
-        let reply_lost = Arc::new(AtomicBool::new(false));
-        let lost = reply_lost.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            let r = inner.try_acquire(&key, &opts).await;
-            // Taken after the store's own clock reading: an upper bound for it.
-            let landed = Instant::now();
-            tokio::time::sleep(delay).await;
-            if let Err((Ok(Some(orphan)), _)) = tx.send((r, landed)) {
-                let leave = match flaw {
-                    Flaw::CancelInFlightLeavesGhost => true,
-                    Flaw::LostReplyLeavesGrant => lost.load(Ordering::SeqCst),
-                    _ => false,
-                };
-                if leave {
-                    orphan.abandon();
-                } else {
-                    let _ = orphan.release().await;
-                }
-            }
-        });
-        let cut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &self.link
-        {
-            Some(wire) => Box::pin(wire.next_cut()),
-            None => Box::pin(std::future::pending()),
-        };
-        tokio::select! {
-            reply = rx => {
-                let (r, landed) = reply.map_err(|_| {
-                    Error::unavailable("flawed-memory", "the in-flight request vanished")
-                })?;
-                Ok((r?, landed))
-            }
-            () = cut => {
-                reply_lost.store(true, Ordering::SeqCst);
-                Err(Error::unavailable(
-                    "flawed-memory",
-                    "the connection dropped with the request in flight",
-                ))
-            }
+            _ => self.election_opts(self.family_opts(&opts)),
         }
     }
 
@@ -465,6 +406,12 @@ impl DistributedLock for FlawedLock {
     async fn holders(&self, name: &LockName) -> Result<Vec<lock_core::HolderInfo>> {
         self.holders_flawed(name).await
     }
+    async fn leader(&self, name: &LockName) -> Result<Option<lock_core::Leader>> {
+        self.leader_flawed(name).await
+    }
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn lock_core::ChangeFeed>> {
+        self.watch_flawed(name).await
+    }
     /// The flawed paths live in `try_acquire` and `acquire` (overridden, so a flaw can skip the
     /// TTL validation the provided ones do); this maps a deadline onto them.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
@@ -489,6 +436,7 @@ impl DistributedLock for FlawedLock {
     ) -> Result<Option<Box<dyn Lease>>> {
         let key = self.key_in(name, opts)?;
         self.validate(&key, opts).await?;
+        self.note_candidate(&key, opts);
         if self.flaw == Flaw::BlocksTheRuntime {
             std::thread::sleep(BLOCKING_CALL);
         }
@@ -559,6 +507,7 @@ impl DistributedLock for FlawedLock {
         };
         let key = self.key_in(name, opts)?;
         self.validate(&key, opts).await?;
+        self.note_candidate(&key, opts);
         let started = Instant::now();
         self.cross().await?;
         let deadline = opts.wait.deadline(started);

@@ -7,7 +7,9 @@
 //! worst bug this project can have.
 
 mod catches;
+mod election;
 mod family;
+mod flight;
 mod harness;
 mod intermittent;
 mod lease;
@@ -366,6 +368,26 @@ pub enum Flaw {
     /// is cut, every waiting permit request is granted at once, however many permits are
     /// held: K + 1 holders, of whom only the cut one may be excused.
     CutGrantsPermitBeyondK,
+    /// A campaign's value is not stored with its grant: the leader reads as nobody in
+    /// particular (an empty value).
+    ValueNotStored,
+    /// The leader's value is read from where candidates write theirs as they start to
+    /// campaign (a value key beside the lock, set before the lock is won): it names the newest
+    /// candidate, not the leader.
+    LeaderIsNewestCandidate,
+    /// `proclaim` answers Ok and changes nothing.
+    ProclaimIgnored,
+    /// `proclaim` writes the value's key without checking the lock is still the lease's: a
+    /// deposed leader overwrites its successor's value (and is told it failed).
+    ProclaimUnchecked,
+    /// The change feed never reports anything: observers learn of a change only at the
+    /// leader's lapse.
+    FeedSilent,
+    /// The change feed reports a change every 5 ms: observers poll the backend.
+    ObserverPolls,
+    /// Declares no election and refuses `leader` and `watch`, but takes an acquisition with a
+    /// holder's value (and drops the value) instead of refusing it as `Unsupported`.
+    ElectionUndeclared,
 }
 
 impl Flaw {
@@ -504,5 +526,12 @@ impl Flaw {
         Flaw::MismatchOnlyWithHolders,
         Flaw::ModeServedExclusive,
         Flaw::CutGrantsPermitBeyondK,
+        Flaw::ValueNotStored,
+        Flaw::LeaderIsNewestCandidate,
+        Flaw::ProclaimIgnored,
+        Flaw::ProclaimUnchecked,
+        Flaw::FeedSilent,
+        Flaw::ObserverPolls,
+        Flaw::ElectionUndeclared,
     ];
 }

@@ -111,6 +111,9 @@ impl Lease for PacedLease {
         // rather than leaving it to expire: good enough for a control of renewal pace.
         drop(self);
     }
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        self.lease.proclaim(value).await
+    }
     fn backend_key(&self) -> Option<String> {
         self.lease.backend_key()
     }

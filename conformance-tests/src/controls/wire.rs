@@ -216,6 +216,13 @@ impl LeaseOps for WiredOps {
         Ok(start + self.ttl - drift(self.ttl))
     }
 
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        self.wire.request(self.flaw).await?;
+        let store = self.store.lock().await;
+        let lease = store.as_ref().ok_or_else(|| Error::not_held(&self.name))?;
+        lease.proclaim(value).await
+    }
+
     /// Through a delayed link the request takes the delay to arrive, and a cut meanwhile loses
     /// it: an error, the lock still held, for the caller's retries (under
     /// [`Flaw::FailedReleaseLeftToTtl`], left to expire).
