@@ -26,6 +26,10 @@ Examples:
   # Is it held, and by whom?
   distlock status --name nightly-report --url redis://10.0.0.5:6379 --json
 
+  # Leader election: run the scheduler on one host at a time; who leads, and each change:
+  distlock elect --url etcd://10.0.0.1:2379 --name scheduler --value \"$(hostname):8080\" -- ./scheduler
+  distlock leader --url etcd://10.0.0.1:2379 --name scheduler --watch --json
+
 Supervision (`run`, Linux): the command runs in a process group of its own, under a small
 keeper process. Nothing of it runs without the lock:
   - when the command's main process exits, whatever it left running (background jobs,
@@ -48,7 +52,8 @@ keeper process. Nothing of it runs without the lock:
 The command's environment adds DISTLOCK_NAME, DISTLOCK_BACKEND, DISTLOCK_FENCING_TOKEN (where
 the backend fences), DISTLOCK_FENCING (`strict`, or `best-effort` where the token can repeat
 after the server lost data in a restart, as Redis without `appendfsync always` can) and
-DISTLOCK_KEY (the lock's key, node or file on the backend).
+DISTLOCK_KEY (the lock's key, node or file on the backend); `elect` adds DISTLOCK_TERM (the
+leadership's term: its fencing token).
 SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to distlock reach all of the command's processes;
 one that was ignored when distlock started (nohup, a script's `cmd &`) stays ignored.
 Typed at an interactive shell, the command gets the terminal as it would without distlock (it
@@ -57,14 +62,15 @@ in the background, it gets the terminal with `fg`. From a script, the terminal s
 script. A Ctrl-Z (SIGTSTP) is refused, with a message: a stopped run would hold or lose its
 lock idly.
 
-Exit status of `run`: the command's own (128+N if a signal N ended it); 75 not acquired (busy
+Exit status of `run` and `elect`: the command's own (128+N if a signal N ended it); 75 not acquired (busy
 with --no-wait, or --wait elapsed); 69 backend unreachable; 77 credentials refused, or a
 command that changed its user, which distlock may not stop (see Supervision); 64 bad
 arguments, URL, name or default directory, --shared or --permits on a backend without that
 mode (docs/lock-family.md), or another K than the name's runs use; 70 lock lost or at risk while the command ran (it was stopped), or
 --max-hold reached; 71 distlock could not supervise (signals, keeper); 127/126 command not
 found / not runnable. A closed stderr changes none of these. `status`: 0 (held or free: see
-its output), 74 if the answer cannot be written, else 64, 69 or 77 as for `run`.
+its output), 74 if the answer cannot be written, else 64, 69 or 77 as for `run`; `leader` the
+same (64 too where the backend holds no elections: Redlock, docs/election.md).
 URLs: file:///dir, redis://, rediss://, redlock://h1,h2,h3, zk://h1,h2, etcd://h1,h2,
 postgres://user@host/db (memory:// runs, with a warning: it lives in this process only)
 (a password containing / ? # @ must be percent-encoded: %2F %3F %23 %40).";
@@ -89,6 +95,13 @@ pub(crate) enum Cmd {
     /// Acquire the lock, run the command while renewing it, release it when nothing of the
     /// command runs any more.
     Run(RunArgs),
+    /// Campaign for leadership of the name with a value (who you are), run the command while
+    /// leader with exactly the supervision of `run`, resign when nothing of it runs any more.
+    /// DISTLOCK_TERM (the leadership's term, its fencing token) joins the environment.
+    Elect(ElectArgs),
+    /// Print who leads the name (value and term), or that nobody does; with --watch, one line
+    /// per change until interrupted.
+    Leader(LeaderArgs),
     /// Tell whether the lock is held, with every holder (each reader, each permit), its mode,
     /// fencing token and remaining time where the backend records them (Redlock: no token, by
     /// a quorum read; a backend that cannot inspect at all is probed with a non-waiting
@@ -107,8 +120,51 @@ pub(crate) struct Target {
     pub(crate) name: String,
 }
 
+/// `run`'s options: a supervised command under an exclusive, shared or permit lock.
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) supervised: Supervised,
+    /// Take the lock shared: any number of shared runs at once, none beside an exclusive one
+    /// (a read lock; without it, the run is exclusive). Exit 64 where the backend has no shared
+    /// mode.
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) shared: bool,
+    /// Take one of K permits: at most K runs of the name at once (a semaphore). Every run of
+    /// the name must give the same K: another K while one runs or waits exits 64.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) permits: Option<u32>,
+}
+
+/// `elect`'s options: a supervised command under the leadership of the name.
+#[derive(Args, Debug)]
+pub(crate) struct ElectArgs {
+    #[command(flatten)]
+    pub(crate) supervised: Supervised,
+    /// What this candidate says of itself while it leads (e.g. host:port), at most 4096 bytes:
+    /// `distlock leader` and every observer show it.
+    #[arg(long)]
+    pub(crate) value: OsString,
+}
+
+/// `leader`'s options.
+#[derive(Args, Debug)]
+pub(crate) struct LeaderArgs {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// One JSON object per line (`value`, `term`, `backend`; `value` and `term` null when
+    /// nobody leads) instead of a sentence.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Keep watching: a line per change (a new leader, a proclaimed value, nobody), until
+    /// interrupted (SIGINT or SIGTERM: exit 0).
+    #[arg(long)]
+    pub(crate) watch: bool,
+}
+
+/// What `run` and `elect` share: where, how long, and the command.
+#[derive(Args, Debug)]
+pub(crate) struct Supervised {
     #[command(flatten)]
     pub(crate) target: Target,
     /// Lease TTL; renewed automatically while the command runs.
@@ -131,15 +187,6 @@ pub(crate) struct RunArgs {
     /// connection or open file, ends with distlock).
     #[arg(long, value_parser = duration)]
     pub(crate) min_hold: Option<Duration>,
-    /// Take the lock shared: any number of shared runs at once, none beside an exclusive one
-    /// (a read lock; without it, the run is exclusive). Exit 64 where the backend has no shared
-    /// mode.
-    #[arg(long, conflicts_with = "permits")]
-    pub(crate) shared: bool,
-    /// Take one of K permits: at most K runs of the name at once (a semaphore). Every run of
-    /// the name must give the same K: another K while one runs or waits exits 64.
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) permits: Option<u32>,
     /// Time between SIGTERM and SIGKILL when the command is stopped (see Supervision below).
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub(crate) grace: Duration,

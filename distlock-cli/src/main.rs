@@ -6,6 +6,7 @@
 mod cli;
 mod exit;
 mod keeper;
+mod leader;
 mod procs;
 mod run;
 mod status;
@@ -77,6 +78,8 @@ fn main() -> ExitCode {
     ExitCode::from(rt.block_on(async {
         match cli.cmd {
             Cmd::Run(a) => run::run(a, &secrets).await,
+            Cmd::Elect(a) => run::elect(a, &secrets).await,
+            Cmd::Leader(a) => leader::leader(a, &secrets).await,
             Cmd::Status(a) => status::status(a, &secrets).await,
         }
     }))

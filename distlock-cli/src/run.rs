@@ -4,16 +4,45 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use distlock::{Error, Lease, LeaseState, LockName, LockOptions, Mode, Wait};
+use distlock::{Error, LeaderValue, Lease, LeaseState, LockName, LockOptions, Mode, Wait};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::RunArgs;
+use crate::cli::{ElectArgs, RunArgs, Supervised};
 use crate::exit::{say, to_stderr, Failure, EX_NOPERM, EX_OSERR, EX_SOFTWARE};
 use crate::supervisor::{keeper_status, window, Keeper};
 use crate::target::Secrets;
 
+/// `distlock run`: the lock in the mode asked for.
 pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
+    let mode = match (a.shared, a.permits) {
+        (true, _) => Mode::Shared,
+        (false, Some(k)) => Mode::Permits(k),
+        (false, None) => Mode::Exclusive,
+    };
+    supervised(a.supervised, mode, None, secrets).await
+}
+
+/// `distlock elect`: leadership is the name's exclusive lock, granted with the candidate's
+/// value (`lock_core::Election` reads it so); the command gets its term.
+pub(crate) async fn elect(a: ElectArgs, secrets: &Secrets) -> u8 {
+    match LeaderValue::new(a.value.into_encoded_bytes()) {
+        Ok(value) => supervised(a.supervised, Mode::Exclusive, Some(value), secrets).await,
+        Err(error) => Failure::Lock {
+            what: "bad --value".into(),
+            error,
+        }
+        .report(secrets),
+    }
+}
+
+/// The command under the lock of `mode`, taken with `value` if given.
+async fn supervised(
+    a: Supervised,
+    mode: Mode,
+    value: Option<LeaderValue>,
+    secrets: &Secrets,
+) -> u8 {
     if !cfg!(target_os = "linux") {
         return Failure::Supervision(
             "run needs Linux: it relies on PR_SET_PDEATHSIG and PR_SET_CHILD_SUBREAPER to keep \
@@ -44,15 +73,14 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     };
     // Renewal is never stopped by the watchdog: --max-hold stops the *command*, and the lock
     // is released once it is dead, so no lease ends while a process of the command runs.
-    let mode = match (a.shared, a.permits) {
-        (true, _) => Mode::Shared,
-        (false, Some(k)) => Mode::Permits(k),
-        (false, None) => Mode::Exclusive,
-    };
-    let opts = LockOptions::new(a.ttl)
+    let mut opts = LockOptions::new(a.ttl)
         .wait(wait)
         .auto_renew(None)
         .mode(mode);
+    let elected = value.is_some();
+    if let Some(v) = value {
+        opts = opts.value(v);
+    }
 
     // Acquire, showing what we wait for on a terminal; a signal while waiting gives up.
     let start = Instant::now();
@@ -111,7 +139,9 @@ pub(crate) async fn run(a: RunArgs, secrets: &Secrets) -> u8 {
     tracing::info!(%name, backend, token = ?lease.fencing_token(), "acquired");
 
     let fencing = locks.capabilities().fencing;
-    let mut keeper = match Keeper::spawn(&a, &name, backend, fencing, lease.as_ref(), granted) {
+    let term = lease.fencing_token().filter(|_| elected);
+    let spawned = Keeper::spawn(&a, &name, backend, fencing, lease.as_ref(), granted, term);
+    let mut keeper = match spawned {
         Ok(k) => k,
         Err(e) => {
             release(lease).await;
@@ -211,7 +241,7 @@ enum Stop {
 /// Runs until the keeper exits (nothing of the command is left): the reason the command was
 /// stopped, if it was, and the command's status (or why the keeper itself died).
 async fn supervise(
-    a: &RunArgs,
+    a: &Supervised,
     name: &LockName,
     lease: &dyn Lease,
     keeper: &mut Keeper,

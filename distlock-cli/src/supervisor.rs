@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::RunArgs;
+use crate::cli::Supervised;
 
 /// The validity window the backend gave (TTL minus drift; ZooKeeper: the session timeout),
 /// measured once: renewals keep `valid_until` between 2/3 of it and all of it ahead; and how
@@ -119,12 +119,14 @@ pub(crate) struct Keeper {
 
 impl Keeper {
     pub(crate) fn spawn(
-        a: &RunArgs,
+        a: &Supervised,
         name: &LockName,
         backend: &str,
         fencing: Fencing,
         lease: &dyn Lease,
         granted: Instant,
+        // `elect`'s leadership term, for DISTLOCK_TERM.
+        term: Option<distlock::FencingToken>,
     ) -> std::io::Result<Keeper> {
         use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
         use std::os::fd::AsRawFd;
@@ -188,6 +190,10 @@ impl Keeper {
         match lease.backend_key() {
             Some(k) => cmd.env("DISTLOCK_KEY", k),
             None => cmd.env_remove("DISTLOCK_KEY"),
+        };
+        match term {
+            Some(t) => cmd.env("DISTLOCK_TERM", t.get().to_string()),
+            None => cmd.env_remove("DISTLOCK_TERM"),
         };
         // Inheritable for this one spawn only.
         for fd in fds.iter().chain([&rx]) {

@@ -18,6 +18,13 @@ pub struct Observation {
     pub resynced: bool,
 }
 
+impl Observation {
+    /// An observation (for code that reports a [`Leader`] read alone as one).
+    pub const fn new(leader: Option<Leader>, resynced: bool) -> Self {
+        Observation { leader, resynced }
+    }
+}
+
 /// A stream of a name's leaders ([`Election::observe`](crate::Election::observe)). The first
 /// [`next`](Self::next) is the leader at the time; each later one a change: another leader
 /// (a higher term), a proclaimed value (same term), or nobody. A term never goes back (a read

@@ -37,6 +37,11 @@ impl LeaderValue {
         }
         Ok(LeaderValue(bytes.into()))
     }
+    /// A value as a backend holds it, whoever wrote it (a foreign client's proposal may be
+    /// longer than [`MAX_VALUE_LEN`]): for drivers reading a leader, never for input.
+    pub fn read(bytes: &[u8]) -> Self {
+        LeaderValue(bytes.into())
+    }
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0

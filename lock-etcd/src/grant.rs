@@ -54,10 +54,11 @@ pub(crate) async fn rehome(
             Compare::create_revision(key, CompareOp::Equal, rev),
             Compare::lease(key, CompareOp::Equal, from),
         ])
+        // The value stays: a leader's proclaimed value moves with its key.
         .and_then([TxnOp::put(
             key,
             "",
-            Some(PutOptions::new().with_lease(tenure.id)),
+            Some(PutOptions::new().with_lease(tenure.id).with_ignore_value()),
         )]);
     let resp = txn_call(&c.config, &c.client, txn).await?;
     let term = c.observe(resp.header());

@@ -99,6 +99,10 @@ impl LeaseOps for EtcdLeaseOps {
         Ok(until)
     }
 
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        crate::election::proclaim(&self.cluster, &self.key, self.rev, &self.name, value).await
+    }
+
     async fn release(&self) -> Result<()> {
         // Delete the key only if it is still this grant's; then drop the lease.
         let txn = Txn::new()

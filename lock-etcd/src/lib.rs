@@ -106,6 +106,7 @@
 
 mod client;
 mod config;
+mod election;
 mod grant;
 mod guarded;
 mod layout;

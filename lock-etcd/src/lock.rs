@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use etcd_client::{Client, TxnOp};
 use lock_core::driver::{queue_turn, Acquisition, Turn};
 use lock_core::{
-    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, HolderInfo, Lease, LockName,
-    Mode, Result,
+    Capabilities, ChangeFeed, DistributedLock, ExpiryClock, Fencing, FencingToken, HolderInfo,
+    Leader, Lease, LockName, Mode, Result,
 };
 
 use crate::client::Cluster;
@@ -73,6 +73,8 @@ impl EtcdLock {
             // A contender's key says its mode; one queue serves them all (`layout.rs`).
             .with_shared(true)
             .with_permits(true)
+            // The key's value is the holder's, as `etcdctl elect` writes its proposal.
+            .with_election(true)
             // Leases are kept by the quorum and counted on the leader's monotonic clock (a
             // restart or a new leader grants each its whole TTL again).
             .with_survives_restart(true)
@@ -149,6 +151,15 @@ impl DistributedLock for EtcdLock {
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         contend(&self.inner.cluster, req).await
+    }
+
+    /// The oldest contender, when it holds exclusively (`election.rs`).
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        crate::election::leader(&self.inner.cluster, name).await
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn ChangeFeed>> {
+        crate::election::watch(&self.inner.cluster, name).await
     }
 
     /// The newest of [`holders`](DistributedLock::holders).

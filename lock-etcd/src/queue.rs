@@ -132,16 +132,18 @@ pub(crate) async fn family_check(
     Ok((position(&queue, key, seen), term))
 }
 
-/// Puts `key` of `mode` with lease `id` if absent and reads the queue's head (the whole
-/// queue, for the lock family's modes), in one round trip: `(create_revision, whether the key
-/// holds)`, and the term it was applied in.
+/// Puts `key` for `req` (its mode in the key's name, the holder's value as the key's, as
+/// `etcdctl elect` puts a proposal) with lease `id` if absent and reads the queue's head (the
+/// whole queue, for the lock family's modes), in one round trip: `(create_revision, whether
+/// the key holds)`, and the term it was applied in.
 pub(crate) async fn put_key(
     c: &Cluster,
-    name: &LockName,
+    req: &Acquisition<'_>,
     key: &str,
     id: i64,
-    mode: Mode,
 ) -> Result<((i64, Standing), u64)> {
+    let (name, mode) = (req.name(), req.mode());
+    let value = req.value().map_or(&[][..], |v| v.as_bytes());
     let read = match mode {
         Mode::Exclusive => queue_end(SortOrder::Ascend),
         _ => range_up_to(0),
@@ -149,7 +151,7 @@ pub(crate) async fn put_key(
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
-            TxnOp::put(key, "", Some(PutOptions::new().with_lease(id))),
+            TxnOp::put(key, value, Some(PutOptions::new().with_lease(id))),
             TxnOp::get(dir(&c.config, name), Some(read)),
         ]);
     let resp = txn_call(&c.config, &c.client, txn).await?;
@@ -191,12 +193,8 @@ pub(crate) async fn put_key(
 
 /// Enqueues a key for `name` under a lease of its own: a spare one (released by an earlier
 /// lock of this client) or a new grant.
-pub(crate) async fn enqueue(
-    c: &Arc<Cluster>,
-    name: &LockName,
-    ttl: Duration,
-    mode: Mode,
-) -> Result<Enqueued> {
+pub(crate) async fn enqueue(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<Enqueued> {
+    let (name, ttl, mode) = (req.name(), req.ttl(), req.mode());
     let config = &c.config;
     if let Some(spare) = c.spares.take(ttl) {
         let start = Instant::now();
@@ -207,20 +205,20 @@ pub(crate) async fn enqueue(
         // which `valid_until` reports exactly.
         let full = ttl.saturating_sub(drift(ttl));
         if spare.valid_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
-            if let Ok((put, _)) = put_key(c, name, &key, spare.id, mode).await {
+            if let Ok((put, _)) = put_key(c, req, &key, spare.id).await {
                 let lease = WaitingLease::new(name, spare, ttl);
                 return Ok(Enqueued::new(lease, key, put, guard));
             }
             // Not what it seemed (it expired, or a request failed): start over below.
             drop(guard);
-            return enqueue_new(c, name, ttl, mode).await;
+            return enqueue_new(c, req).await;
         }
         // A keep-alive, then the put: the put's term says which leader answered the
         // keep-alive (`term.rs`).
         let alive = keep_alive(&c.client, config, spare.id, ttl, config.request_timeout()).await;
         if let Ok(Some(ttl)) = alive {
             let answered = Instant::now();
-            if let Ok((put, term)) = put_key(c, name, &key, spare.id, mode).await {
+            if let Ok((put, term)) = put_key(c, req, &key, spare.id).await {
                 let mut lease = WaitingLease::new(name, spare, ttl);
                 lease.kept_alive(lease_end(start, ttl), answered);
                 lease.observed(term, answered);
@@ -230,23 +228,19 @@ pub(crate) async fn enqueue(
         // The spare had expired (or a request failed): the guard revokes it, which also
         // deletes a key put meanwhile; start over with a new lease.
     }
-    enqueue_new(c, name, ttl, mode).await
+    enqueue_new(c, req).await
 }
 
 /// Enqueues a key for `name` under a newly granted lease.
-pub(crate) async fn enqueue_new(
-    c: &Arc<Cluster>,
-    name: &LockName,
-    ttl: Duration,
-    mode: Mode,
-) -> Result<Enqueued> {
+pub(crate) async fn enqueue_new(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<Enqueued> {
+    let (name, ttl, mode) = (req.name(), req.ttl(), req.mode());
     let granted = grant(c, ttl).await?;
     let id = granted.tenure.id;
     // Until granted, a dropped (cancelled) or failed acquisition revokes its lease, which
     // also deletes its key: no ghost stays in the queue.
     let guard = RevokeGuard::new(c, id, granted.ttl);
     let key = key(&c.config, name, id, mode);
-    let (put, _) = put_key(c, name, &key, id, mode).await?;
+    let (put, _) = put_key(c, req, &key, id).await?;
     let lease = WaitingLease::new(name, granted.tenure, granted.ttl);
     Ok(Enqueued::new(lease, key, put, guard))
 }
@@ -325,14 +319,14 @@ pub(crate) async fn contend(
     c: &Arc<Cluster>,
     req: Acquisition<'_>,
 ) -> Result<Option<Box<dyn Lease>>> {
-    let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
+    let (name, opts, deadline) = (req.name(), req.opts(), req.deadline());
     let Enqueued {
         mut lease,
         key,
         rev,
         standing,
         mut guard,
-    } = enqueue(c, name, ttl, req.mode()).await?;
+    } = enqueue(c, &req).await?;
     if let Standing::Mismatch(held) = standing {
         guard.revoke_now().await;
         return Err(mismatch(&req, held));

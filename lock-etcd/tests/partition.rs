@@ -303,6 +303,75 @@ fn renewals_go_round_a_member_that_has_no_leader() {
     });
 }
 
+/// A leader's proclaimed value moves with its key: the leader of the cluster is frozen while a
+/// client of a follower leads an election with automatic renewal; its renewal, answered in the
+/// new term, moves the key onto a lease of that term (`grant.rs`), and the value must come
+/// along (the move used to put an empty value). Checked on the key itself: the lease under it
+/// changed, the term (`create_revision`) did not, and the value is still the proclaimed one.
+#[test]
+fn a_proclaimed_value_moves_with_the_key_at_a_leader_change() {
+    serial(async {
+        let etcd = Etcd::start();
+        let frozen = etcd.leader().await;
+        let follower = (frozen + 1) % 3;
+        let config = EtcdConfig::new(etcd.parts.client_hosts(follower));
+        let locks = EtcdLock::connect(config).await.unwrap();
+        let election = lock_core::Election::new(Arc::new(locks.clone())).unwrap();
+        let name = LockName::new(format!("proclaimed-{}", std::process::id())).unwrap();
+        // Long enough that a renewal gets through the election (at the minimum TTL the
+        // holder may lose its lease instead, as `a_waiter_comes_through_a_leader_election` says).
+        let ttl = locks.capabilities().min_ttl.max(Duration::from_secs(6));
+        let value = |v: &str| lock_core::LeaderValue::new(v).unwrap();
+        let opts = LockOptions::new(ttl).auto_renew(None);
+        let leader = election
+            .campaign(&name, value("first"), &opts)
+            .await
+            .unwrap();
+        leader.proclaim(value("proclaimed")).await.unwrap();
+        let key = leader.backend_key().expect("an etcd key");
+        let client = locks.client();
+        let read = |mut c: lock_etcd::etcd_client::Client, key: String| async move {
+            let r = c.get(key, None).await.ok()?;
+            r.kvs()
+                .first()
+                .map(|kv| (kv.lease(), kv.create_revision(), kv.value().to_vec()))
+        };
+        let before = read(client.clone(), key.clone()).await.expect("the key");
+        Fault::Freeze.set(&etcd, frozen, true);
+        let frozen_at = Instant::now();
+        let moved = loop {
+            if let Some(now) = read(client.clone(), key.clone()).await {
+                if now.0 != before.0 {
+                    break now;
+                }
+            }
+            assert!(
+                frozen_at.elapsed() < Duration::from_secs(20) && leader.state() != LeaseState::Lost,
+                "the key did not move to a lease of the new term within 20 s of the freeze \
+                 (leadership {:?})",
+                leader.state()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        Fault::Freeze.set(&etcd, frozen, false);
+        assert_eq!(
+            moved.1, before.1,
+            "the move changed the key's create_revision"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&moved.2),
+            "proclaimed",
+            "the key moved to a lease of the new term without the leader's value"
+        );
+        let seen = election.leader(&name).await.unwrap().expect("a leader");
+        assert_eq!(
+            (seen.value.as_str(), seen.term),
+            (Some("proclaimed"), leader.term())
+        );
+        leader.resign().await.unwrap();
+    });
+}
+
 /// The scenario with the struck member (by `roles`) cut off both ways: the waiter, on the side
 /// with a quorum, must be granted the lock, and the holder told first.
 async fn isolated(tag: &str, roles: Roles) {
