@@ -38,8 +38,13 @@ enum Client {
     Distlock,
     /// `distlock run --shared`.
     DistlockShared,
+    /// `distlock elect --value distlock-N`.
+    DistlockElect,
     #[cfg(feature = "etcd")] // etcd is not in the CLI's default features
     Etcdctl,
+    /// `etcdctl elect NAME etcdctl-N`, resigning at SIGINT.
+    #[cfg(feature = "etcd")]
+    EtcdctlElect,
     Curator,
     /// Curator's `InterProcessReadWriteLock`: its read lock, and its write lock.
     CuratorRead,
@@ -123,6 +128,30 @@ impl Lock {
                     c.arg("--shared");
                 }
                 c.args(["--", "sh", "-c", &hold]);
+                c
+            }
+            Client::DistlockElect => {
+                let mut c = Command::new(BIN);
+                c.env("DISTLOCK_URL", &self.url)
+                    .env("RUST_LOG", "error")
+                    .args(["elect", "--name", &self.name, "--wait", "60s"])
+                    .args(["--value", &format!("distlock-{n}"), "--", "sh", "-c", &hold]);
+                c
+            }
+            #[cfg(feature = "etcd")]
+            Client::EtcdctlElect => {
+                // etcdctl prints its key and proposal once elected, and resigns at SIGINT.
+                let out = self.dir.join(format!("elect-{n}"));
+                let o = out.display();
+                let script = format!(
+                    "etcdctl --endpoints={} elect {} etcdctl-{n} > {o} & pid=$!; \
+                     until grep -q etcdctl-{n} {o} 2>/dev/null; do sleep 0.02; done; {hold}; \
+                     kill -INT $pid; wait $pid",
+                    servers::addr("etcd"),
+                    self.name
+                );
+                let mut c = Command::new("sh");
+                c.env("ETCDCTL_API", "3").args(["-c", &script]);
                 c
             }
             #[cfg(feature = "etcd")]
@@ -516,6 +545,88 @@ fn distlock_key_is_the_key_etcdctl_sees() {
     let key = text.lines().find_map(|l| l.strip_prefix("key=")).unwrap();
     assert!(key.starts_with(&format!("{}/", lock.name)), "{text}");
     assert_eq!(keys, [key], "etcdctl's view of the lock: {text}");
+}
+
+/// `etcdctl elect` and `distlock elect` are one election: each keeps the other out while it
+/// leads and hands leadership on when it resigns, both ways, in arrival order.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcdctl_elect_and_distlock_elect_are_one_election() {
+    exclusion_both_ways_as(
+        Lock::etcd("elect"),
+        Client::EtcdctlElect,
+        Client::DistlockElect,
+    );
+    use Client::{DistlockElect as D, EtcdctlElect as E};
+    arrival_order(Lock::etcd("elect-fifo"), &[E, D, E, D]);
+}
+
+/// Each side reads the other's leader: `etcdctl elect --listen` prints distlock's value, and
+/// `distlock leader` (once, and `--watch`) prints etcdctl's proposal and term.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcdctl_and_distlock_see_each_others_leader() {
+    let mut lock = Lock::etcd("elect-values");
+    let ours = lock.start(Client::DistlockElect, 1);
+    ours.holds();
+    let listen = Command::new("timeout")
+        .args([
+            "2",
+            "etcdctl",
+            &*servers::url("--endpoints={etcd}"),
+            "elect",
+            "--listen",
+        ])
+        .arg(&lock.name)
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap();
+    let heard = String::from_utf8_lossy(&listen.stdout);
+    assert!(
+        heard.lines().any(|l| l == "distlock-1"),
+        "etcdctl elect --listen: {heard}"
+    );
+    ours.release();
+    let mut watch = Command::new(BIN)
+        .env("DISTLOCK_URL", &lock.url)
+        .env("RUST_LOG", "error")
+        .args(["leader", "--name", &lock.name, "--watch", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let theirs = lock.start(Client::EtcdctlElect, 2);
+    theirs.holds();
+    let once = Command::new(BIN)
+        .env("DISTLOCK_URL", &lock.url)
+        .args(["leader", "--name", &lock.name])
+        .output()
+        .unwrap();
+    let once = String::from_utf8_lossy(&once.stdout);
+    assert!(
+        once.contains("led by etcdctl-2 (term "),
+        "distlock leader: {once}"
+    );
+    let (tx, rx) = mpsc::channel();
+    let out = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("\"value\":\"etcdctl-2\""))
+    {
+        match rx.recv_timeout(PROMPT) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("distlock leader --watch never showed etcdctl-2: {seen:?}"),
+        }
+    }
+    theirs.release();
+    test_support::kill("TERM", watch.id());
+    assert_eq!(watch.wait().unwrap().code(), Some(0));
 }
 
 #[test]
