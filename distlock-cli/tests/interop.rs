@@ -49,7 +49,11 @@ enum Client {
     /// Curator's `InterProcessReadWriteLock`: its read lock, and its write lock.
     CuratorRead,
     CuratorWrite,
+    /// Curator's `LeaderSelector`, participant id `curator-N`.
+    CuratorElect,
     Kazoo,
+    /// kazoo's `Election`, identifier `kazoo-N`.
+    KazooElect,
     RedisPy,
     /// `psql` holding `pg_advisory_lock` on the key of the documented SQL expression.
     Psql,
@@ -163,6 +167,10 @@ impl Lock {
                 c
             }
             Client::Kazoo => python("kazoo_hold.py", [&*zk_hosts(), &path, &r]),
+            Client::KazooElect => {
+                let id = format!("kazoo-{n}");
+                python("kazoo_hold.py", [&*zk_hosts(), &path, &r, "election", &id])
+            }
             Client::RedisPy => python("redis_hold.py", [&*servers::url("{redis}"), &self.name, &r]),
             Client::Psql | Client::PsqlShared => {
                 // One session: lock (waiting in the server's queue), then hold until released.
@@ -177,16 +185,18 @@ impl Lock {
                     .arg(format!("\\! {hold}"));
                 c
             }
-            Client::Curator | Client::CuratorRead | Client::CuratorWrite => {
+            Client::Curator | Client::CuratorRead | Client::CuratorWrite | Client::CuratorElect => {
                 let kind = match client {
                     Client::CuratorRead => "read",
                     Client::CuratorWrite => "write",
+                    Client::CuratorElect => "elect",
                     _ => "mutex",
                 };
                 let classes = self.curator_classes();
                 let mut c = Command::new("java");
                 c.args(["-cp", &format!("{}:{}", classes.display(), curator_jars())])
-                    .args(["CuratorHold", &zk_hosts(), &path, &r, kind]);
+                    .args(["CuratorHold", &zk_hosts(), &path, &r, kind])
+                    .arg(format!("curator-{n}"));
                 c
             }
         };
@@ -627,6 +637,72 @@ fn etcdctl_and_distlock_see_each_others_leader() {
     theirs.release();
     test_support::kill("TERM", watch.id());
     assert_eq!(watch.wait().unwrap().code(), Some(0));
+}
+
+/// Curator's `LeaderSelector` and kazoo's `Election` elect among one queue with `distlock
+/// elect`, both ways.
+#[test]
+fn curator_and_kazoo_elections_and_distlock_elect_are_one_election() {
+    exclusion_both_ways_as(
+        Lock::zk("curator-elect"),
+        Client::CuratorElect,
+        Client::DistlockElect,
+    );
+    exclusion_both_ways_as(
+        Lock::zk("kazoo-elect"),
+        Client::KazooElect,
+        Client::DistlockElect,
+    );
+}
+
+/// The leader's value is seen on every side: Curator's `getLeader()` and kazoo's first
+/// contender name distlock's leader by its value, and `distlock leader` names theirs by their
+/// participant id (the node's data, where both recipes keep it).
+#[test]
+fn curator_kazoo_and_distlock_see_each_others_leader() {
+    let mut lock = Lock::zk("zk-leader");
+    let path = format!("/{}", lock.name);
+    let ours = lock.start(Client::DistlockElect, 1);
+    ours.holds();
+    let classes = lock.curator_classes();
+    let curator = Command::new("java")
+        .args(["-cp", &format!("{}:{}", classes.display(), curator_jars())])
+        .args(["CuratorHold", &zk_hosts(), &path, "-", "leader"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&curator.stdout);
+    assert!(
+        said.contains("leader=distlock-1"),
+        "Curator getLeader(): {said}"
+    );
+    let kazoo = python("kazoo_hold.py", [&*zk_hosts(), &path, "-", "leader"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&kazoo.stdout);
+    assert!(
+        said.contains("leader=distlock-1"),
+        "kazoo contenders(): {said}"
+    );
+    ours.release();
+    for (client, id) in [
+        (Client::CuratorElect, "curator-2"),
+        (Client::KazooElect, "kazoo-3"),
+    ] {
+        let n = if client == Client::CuratorElect { 2 } else { 3 };
+        let theirs = lock.start(client, n);
+        theirs.holds();
+        let once = Command::new(BIN)
+            .env("DISTLOCK_URL", &lock.url)
+            .args(["leader", "--name", &lock.name])
+            .output()
+            .unwrap();
+        let once = String::from_utf8_lossy(&once.stdout);
+        assert!(
+            once.contains(&format!("led by {id} (term ")),
+            "distlock leader: {once}"
+        );
+        theirs.release();
+    }
 }
 
 #[test]

@@ -49,6 +49,20 @@ impl LeaseOps for ZkLeaseOps {
         }
     }
 
+    /// Sets the node's data: this session's own node (its name is unique), so a node that is
+    /// gone is a leadership that ended.
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        match self
+            .client
+            .set_data(&self.path, value.as_bytes(), None)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(zookeeper_client::Error::NoNode) => Err(Error::not_held(&self.name)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
     /// Deletes the node; a delete lost with the connection is retried (in a task of its own,
     /// which a cancelled `release` does not stop) until it succeeds or the session ends. Waits
     /// for that at most one session timeout: then `Unavailable`, and the retries go on.

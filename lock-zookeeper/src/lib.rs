@@ -104,6 +104,7 @@
 mod client;
 mod config;
 mod confirm;
+mod election;
 mod lease;
 mod lock;
 mod modes;

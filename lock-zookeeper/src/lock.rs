@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::driver::{queue_turn, Acquisition, Turn};
 use lock_core::{
-    Capabilities, DistributedLock, ExpiryClock, Fencing, FencingToken, HolderInfo, Lease, LockName,
-    Mode, Result,
+    Capabilities, ChangeFeed, DistributedLock, ExpiryClock, Fencing, FencingToken, HolderInfo,
+    Leader, Lease, LockName, Mode, Result,
 };
 use zookeeper_client::Client;
 
@@ -79,6 +79,8 @@ impl ZkLock {
             // A node's name says its mode; one queue serves them all (`modes.rs`).
             .with_shared(true)
             .with_permits(true)
+            // A node's data is its holder's value (`election.rs`).
+            .with_election(true)
             .with_per_lock_ttl(false)
             // Sessions are on disk and counted in ticks of elapsed time: a restarted server
             // gives each its whole timeout again.
@@ -140,6 +142,15 @@ impl DistributedLock for ZkLock {
                 r => return r,
             }
         }
+    }
+
+    /// The oldest contender, when it holds exclusively (`election.rs`).
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        crate::election::leader(&self.inner.session, name).await
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn ChangeFeed>> {
+        crate::election::watch(&self.inner.session, name).await
     }
 
     /// The newest of [`holders`](DistributedLock::holders).

@@ -28,14 +28,16 @@ pub(crate) fn parent(s: &Session, name: &LockName) -> Result<String> {
     Ok(path)
 }
 
-/// Creates this contender's node, its mode in its name; after a connection loss, finds it by
-/// its unique prefix instead of creating a second one.
+/// Creates this contender's node, its mode in its name and the holder's value as its data (as
+/// Curator's `LeaderSelector` and kazoo's `Election` keep a participant's id); after a
+/// connection loss, finds it by its unique prefix instead of creating a second one.
 pub(crate) async fn enqueue(
     s: &Session,
     client: &Client,
-    name: &LockName,
-    mode: Mode,
+    req: &Acquisition<'_>,
 ) -> Result<(String, Stat)> {
+    let (name, mode) = (req.name(), req.mode());
+    let value = req.value().map_or(&[][..], |v| v.as_bytes());
     let parent = &parent(s, name)?;
     let prefix = format!(
         "_c_{}{}",
@@ -63,7 +65,7 @@ pub(crate) async fn enqueue(
     let mut last = None;
     for _ in 0..5 {
         match client
-            .create(&format!("{parent}/{prefix}"), b"", &node_opts)
+            .create(&format!("{parent}/{prefix}"), value, &node_opts)
             .await
         {
             Ok((stat, seq)) => {
@@ -234,7 +236,7 @@ pub(crate) async fn contend_on(
 ) -> Result<Option<Box<dyn Lease>>> {
     let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
     let parent = parent(s, name)?;
-    let (me, stat) = enqueue(s, client, name, req.mode()).await?;
+    let (me, stat) = enqueue(s, client, &req).await?;
     let path = format!("{parent}/{me}");
     // Until granted, a dropped (cancelled) future deletes the node in the background.
     let mut guard = NodeGuard {

@@ -175,26 +175,46 @@ pub async fn leader_reports_value_and_term(h: &dyn Harness) -> Result<(), Failur
     Ok(())
 }
 
-/// A leadership that ran out (its lease expired unrenewed, a successor elected) cannot
-/// proclaim: refused, and the successor's value stays what observers read.
+/// A leadership that ended behind its holder's back — its lease expired unrenewed, or (where
+/// locks have no TTL of their own) an operator deleted it — and whose successor was elected
+/// cannot proclaim: refused, and the successor's value stays what observers read.
 pub async fn proclaim_after_the_end_changes_nothing(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { t, a, b, name } = scene(h, "elect-stale").await?;
     let (ea, eb) = (election(&a)?, election(&b)?);
-    let old = ea.campaign(&name, value("old")?, &opts(h)).await?;
-    // Past the server's own expiry too, not only the conservative valid_until.
-    sleep(old.ttl() + t.slack).await;
+    if a.capabilities().per_lock_ttl {
+        let old = ea.campaign(&name, value("old")?, &opts(h)).await?;
+        // Past the server's own expiry too, not only the conservative valid_until.
+        sleep(old.ttl() + t.slack).await;
+        return stale_proclaim(h, &ea, &eb, &name, old).await;
+    }
+    let old = ea.campaign(&name, value("old")?, &long_opts(h)).await?;
+    match h.break_lock(&name).await {
+        Some(r) => r?,
+        None => return Err(Failure("harness stopped supporting break_lock".into())),
+    }
+    stale_proclaim(h, &ea, &eb, &name, old).await
+}
+
+async fn stale_proclaim(
+    h: &dyn Harness,
+    ea: &Election,
+    eb: &Election,
+    name: &LockName,
+    old: Leadership,
+) -> Result<(), Failure> {
+    let t = h.timing();
     let new = eb
-        .campaign(&name, value("new")?, &long_opts(h).wait_for(t.slack * 4))
+        .campaign(name, value("new")?, &long_opts(h).wait_for(t.slack * 4))
         .await?;
     let r = old.proclaim(value("stale")?).await;
     ensure!(
         r.is_err(),
-        "a leadership whose lease expired proclaimed (a successor of term {:?} leads)",
+        "a leadership that had ended proclaimed (a successor of term {:?} leads)",
         new.term()
     );
     leads(
-        &ea,
-        &name,
+        ea,
+        name,
         Some(("new", new.term())),
         "after a stale proclaim",
     )

@@ -260,7 +260,7 @@ pub static CASES: &[Case] = &[
     case!(election::leader_reports_value_and_term, elects),
     case!(
         election::proclaim_after_the_end_changes_nothing,
-        elects_and_ttl
+        elects_and_ends
     ),
     case!(
         election::deposed_leader_knows_before_a_successor,

@@ -191,12 +191,16 @@ pub(super) fn elects(f: &Facts) -> Need {
     )?;
     fencing(f)
 }
-pub(super) fn elects_and_ttl(f: &Facts) -> Need {
-    elects(f).and(ttl(f))
-}
 pub(super) fn elects_and_lost_ttl(f: &Facts) -> Need {
     elects(f).and(lost_ttl(f))
 }
 pub(super) fn elects_and_counts(f: &Facts) -> Need {
     elects(f).and(counts(f))
+}
+pub(super) fn elects_and_ends(f: &Facts) -> Need {
+    elects(f)?;
+    need(
+        f.caps.per_lock_ttl || f.can_break,
+        "locks have no TTL of their own and the harness cannot break one",
+    )
 }

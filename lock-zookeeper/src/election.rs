@@ -1,0 +1,97 @@
+//! An election over the lock's nodes: the leader is the oldest contender under the name's
+//! node, its data the leader's value, its `czxid` the term — where Curator's `LeaderSelector`
+//! (its mutex's node data: the participant id) and kazoo's `Election` (its lock's identifier)
+//! keep theirs, so the three elect among one queue.
+
+use async_trait::async_trait;
+use lock_core::driver::{queue_turn, Turn};
+use lock_core::{
+    Change, ChangeFeed, Error, FencingToken, Leader, LeaderValue, LockName, Mode, Result,
+};
+use zookeeper_client::{AddWatchMode, EventType, PersistentWatcher};
+
+use crate::client::Session;
+use crate::config::BACKEND;
+use crate::modes::mode_of;
+use crate::queue::parent;
+use crate::sequence::contenders;
+
+/// The oldest contender, if it holds exclusively: its data and `czxid`. A lock lives as long
+/// as its holder's session: no remaining time to report.
+pub(crate) async fn leader(s: &Session, name: &LockName) -> Result<Option<Leader>> {
+    let client = s.live().await?;
+    let parent = parent(s, name)?;
+    // The head may go between the listing and the read: list again then.
+    for _ in 0..3 {
+        let children = match client.list_children(&parent).await {
+            Ok(c) => contenders(c),
+            Err(zookeeper_client::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(s.error(e, Some(name))),
+        };
+        let modes: Vec<Mode> = children.iter().map(|(_, c)| mode_of(c)).collect();
+        let Some((_, head)) = children.first() else {
+            return Ok(None);
+        };
+        if modes[0] != Mode::Exclusive || queue_turn(&modes, 0) != Turn::Granted {
+            return Ok(None);
+        }
+        match client.get_data(&format!("{parent}/{head}")).await {
+            Ok((data, stat)) => {
+                let term = u64::try_from(stat.czxid)
+                    .map(FencingToken::new)
+                    .map_err(|_| Error::backend(BACKEND, "a node with a negative czxid"))?;
+                return Ok(Some(Leader::new(LeaderValue::read(&data), term, None)));
+            }
+            Err(zookeeper_client::Error::NoNode) => continue,
+            Err(e) => return Err(s.error(e, Some(name))),
+        }
+    }
+    Err(Error::unavailable(
+        BACKEND,
+        format!("{name}'s head changed under three reads in a row"),
+    ))
+}
+
+/// A persistent recursive watch on the name's node: a contender created or deleted (a grant,
+/// a release, a session's end), a value changed.
+pub(crate) async fn watch(s: &Session, name: &LockName) -> Result<Box<dyn ChangeFeed>> {
+    let client = s.live().await?;
+    let parent = parent(s, name)?;
+    let watcher = client
+        .watch(&parent, AddWatchMode::PersistentRecursive)
+        .await
+        .map_err(|e| s.error(e, Some(name)))?;
+    Ok(Box::new(Feed {
+        watcher: Some(watcher),
+    }))
+}
+
+struct Feed {
+    /// Gone after a terminal session event, which the watcher must not be asked past.
+    watcher: Option<PersistentWatcher>,
+}
+
+#[async_trait]
+impl ChangeFeed for Feed {
+    async fn changed(&mut self) -> Result<Change> {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return Err(Error::unavailable(BACKEND, "the watch's session ended"));
+        };
+        let event = watcher.changed().await;
+        match (event.event_type, event.session_state) {
+            (EventType::Session, state) if state.is_terminated() => {
+                self.watcher = None;
+                Err(Error::unavailable(BACKEND, "the watch's session ended"))
+            }
+            // Events while disconnected may be lost (ZOOKEEPER-4698): say so, and the observer
+            // reads again.
+            (EventType::Session, _) => Ok(Change::Resumed),
+            _ => Ok(Change::Notified),
+        }
+    }
+
+    /// A session's end deletes its ephemeral node: an event like any.
+    fn reports_expiry(&self) -> bool {
+        true
+    }
+}
