@@ -68,6 +68,10 @@ mod watchdog;
 #[doc = include_str!("../../docs/lock-family.md")]
 struct LockFamilyGuide;
 
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/election.md")]
+struct ElectionGuide;
+
 pub use async_trait::async_trait;
 pub use caps::{Capabilities, ExpiryClock, Fencing, MAX_TTL};
 pub use election::{Election, Leadership};

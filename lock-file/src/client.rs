@@ -118,8 +118,9 @@ pub(crate) enum Attempt {
 }
 
 /// Takes the lock on `path` in `mode` if it can. Shared: `flock(LOCK_SH)`, as `flock -s` takes
-/// it; a permit: the same, and a permit slot (`family`).
-pub(crate) fn lock_file(path: &Path, mode: Mode) -> io::Result<Attempt> {
+/// it; a permit: the same, and a permit slot (`family`). An exclusive grant with `value` (an
+/// election's candidate) writes it for its token (`election`).
+pub(crate) fn lock_file(path: &Path, mode: Mode, value: Option<&[u8]>) -> io::Result<Attempt> {
     ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     loop {
         let file = match open_lock_file(path, false) {
@@ -173,6 +174,12 @@ pub(crate) fn lock_file(path: &Path, mode: Mode) -> io::Result<Attempt> {
             #[cfg(not(target_os = "linux"))]
             _ => counter::bump(&writer)?,
         };
+        #[cfg(target_os = "linux")]
+        if let Some(v) = value {
+            crate::value::write(&writer, token, v)?;
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = value; // no elections here: refused before (`Capabilities::election`)
         return Ok(Attempt::Held(
             Held {
                 _lock: file,

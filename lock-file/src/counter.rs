@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Bytes per slot: 20 digits, a space, 8 hex digits, a newline.
 const SLOT: usize = 30;
 
-/// FNV-1a (32 bit): enough to tell a torn slot from a written one.
-fn checksum(bytes: &[u8]) -> u32 {
+/// FNV-1a (32 bit): enough to tell a torn slot (or value) from a written one.
+pub(crate) fn checksum(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5u32, |h, b| {
         (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
     })

@@ -29,9 +29,9 @@ pub(crate) async fn try_once(
     ttl: Duration,
     opts: &LockOptions,
 ) -> Result<Option<Box<dyn Lease>>> {
-    let p = path.clone();
+    let (p, value) = (path.clone(), opts.value.clone());
     let mode = opts.mode;
-    let got = blocking(move || lock_file(&p, mode))
+    let got = blocking(move || lock_file(&p, mode, value.as_ref().map(|v| v.as_bytes())))
         .await?
         .map_err(|e| io_error(&path, e))?;
     let (file, token, id) = match got {
@@ -55,6 +55,7 @@ pub(crate) async fn try_once(
         file: Arc::new(Mutex::new(Some(file))),
         path,
         id,
+        token,
         ttl,
         name: name.clone(),
         waker: wakers.waker(name),

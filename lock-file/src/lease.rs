@@ -20,6 +20,9 @@ pub(crate) struct FileLeaseOps {
     pub(crate) file: Arc<Mutex<Option<Held>>>,
     pub(crate) path: PathBuf,
     pub(crate) id: FileId,
+    /// The grant's token: what a proclaimed value is stamped with.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) token: u64,
     pub(crate) ttl: Duration,
     pub(crate) name: LockName,
     pub(crate) waker: Waker,
@@ -50,6 +53,25 @@ impl LeaseOps for FileLeaseOps {
         .map_err(|e| io_error(&self.path, e))?;
         if held {
             Ok(start + self.ttl)
+        } else {
+            Err(Error::not_held(&self.name))
+        }
+    }
+
+    /// Writes the value for this grant's token, while this lease still holds the file the
+    /// path names.
+    #[cfg(target_os = "linux")]
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        let (file, path, id, token) = (self.file.clone(), self.path.clone(), self.id, self.token);
+        let value = value.clone();
+        let done = blocking(move || match &*file.lock() {
+            Some(held) => crate::election::proclaim(held, &path, id, token, value.as_bytes()),
+            None => Ok(false),
+        })
+        .await?
+        .map_err(|e| io_error(&self.path, e))?;
+        if done {
+            Ok(())
         } else {
             Err(Error::not_held(&self.name))
         }

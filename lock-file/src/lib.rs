@@ -100,10 +100,14 @@ mod client;
 mod config;
 mod counter;
 #[cfg(target_os = "linux")]
+mod election;
+#[cfg(target_os = "linux")]
 mod family;
 mod flock;
 mod lease;
 mod lock;
+#[cfg(target_os = "linux")]
+mod value;
 mod wakeup;
 
 pub use client::attempts;

@@ -152,6 +152,19 @@ impl DistributedLock for FileLock {
             // Byte-range locks beside the `flock` (see `family`), which only Linux keeps per
             // open file.
             .with_permits(cfg!(target_os = "linux"))
+            // A value in the lock file, and inotify to hear it change (`election`).
+            .with_election(cfg!(target_os = "linux"))
+    }
+
+    /// The exclusive holder, with the value written for its token (`election.rs`).
+    #[cfg(target_os = "linux")]
+    async fn leader(&self, name: &LockName) -> Result<Option<lock_core::Leader>> {
+        crate::election::leader(self.path_of(name)).await
+    }
+
+    #[cfg(target_os = "linux")]
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn lock_core::ChangeFeed>> {
+        crate::election::watch(self.path_of(name)).await
     }
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {

@@ -68,16 +68,17 @@ impl Connector {
     async fn connect(
         &self,
         pg: &tokio_postgres::Config,
+        notes: Option<Notes>,
     ) -> std::result::Result<(Client, Driven), tokio_postgres::Error> {
         match self {
             Connector::Plain => {
                 let (client, conn) = pg.connect(NoTls).await?;
-                Ok((client, drive(conn)))
+                Ok((client, drive(conn, notes)))
             }
             #[cfg(feature = "tls")]
             Connector::Rustls(tls) => {
                 let (client, conn) = pg.connect(tls.clone()).await?;
-                Ok((client, drive(conn)))
+                Ok((client, drive(conn, notes)))
             }
         }
     }
@@ -124,18 +125,33 @@ impl Connector {
 /// A connection's task, and a flag it raises when the connection has closed.
 pub(crate) type Driven = (JoinHandle<()>, watch::Receiver<bool>);
 
-/// The connection's own task: it carries every request and reply of the session, and says
-/// when the connection closed (the server ended the session, or the network dropped it).
-fn drive<F>(conn: F) -> Driven
+/// Where a listening connection's notifications go (`LISTEN`, an election's observer).
+pub(crate) type Notes = tokio::sync::mpsc::UnboundedSender<tokio_postgres::Notification>;
+
+/// The connection's own task: it carries every request and reply of the session, passes
+/// notifications on to `notes` if given, and says when the connection closed (the server
+/// ended the session, or the network dropped it).
+fn drive<S, T>(mut conn: tokio_postgres::Connection<S, T>, notes: Option<Notes>) -> Driven
 where
-    F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>
-        + Send
-        + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (closed, rx) = watch::channel(false);
     let task = tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "PostgreSQL connection ended");
+        loop {
+            match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    if let Some(notes) = &notes {
+                        let _ = notes.send(n);
+                    }
+                }
+                Some(Ok(_)) => {} // a notice
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "PostgreSQL connection ended");
+                    break;
+                }
+                None => break,
+            }
         }
         closed.send_replace(true);
     });
@@ -203,7 +219,8 @@ impl Opener {
             pg: config.client_config()?,
             connector: Connector::new(&config).await?,
             keepalive: Keepalive::for_bound(config.session_timeout()),
-            sql: Sql::for_table(config.table()),
+            // Until `ensure_table` has looked: elections only where the table has the column.
+            sql: Sql::for_table(config.table(), false),
             idle: Pool::default(),
             config,
         })
@@ -251,9 +268,14 @@ impl Opener {
 
     /// Connects and applies the session settings (one round trip after the login).
     pub(crate) async fn open(&self) -> Result<Opened> {
+        self.open_with(None).await
+    }
+
+    /// [`open`](Self::open), passing the connection's notifications to `notes`.
+    pub(crate) async fn open_with(&self, notes: Option<Notes>) -> Result<Opened> {
         let login = self.config.connect_timeout() + self.request_bound();
         let (client, driven) = self
-            .answered("the login", login, self.connector.connect(&self.pg))
+            .answered("the login", login, self.connector.connect(&self.pg, notes))
             .await?;
         let batch = self
             .answered(
@@ -350,26 +372,57 @@ impl Opener {
         })
     }
 
-    /// Creates the fencing table if it is absent (concurrent creators are fine).
-    pub(crate) async fn ensure_table(&self, o: &Opened) -> Result<()> {
+    /// Creates the fencing table if it is absent (concurrent creators are fine), and gives a
+    /// table made by an earlier version the `value` column elections keep the leader's value
+    /// in. `Ok(false)`: the table has no such column and this user may not add it — locks
+    /// work, elections are `Unsupported`.
+    pub(crate) async fn ensure_table(&self, o: &Opened) -> Result<bool> {
         let exists = o
             .client
             .query_one(
-                "SELECT to_regclass($1) IS NOT NULL",
+                "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attname = 'value' AND NOT attisdropped)",
                 &[&self.config.table()],
             )
             .await
             .map_err(|e| self.error(e))?;
         if exists.try_get::<_, bool>(0).unwrap_or(false) {
-            return Ok(());
+            if exists.try_get::<_, bool>(1).unwrap_or(false) {
+                return Ok(true);
+            }
+            let t = crate::session::quoted(self.config.table());
+            let add = format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS value bytea");
+            return Ok(match o.client.batch_execute(&add).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        table = self.config.table(),
+                        error = %self.scrub(&e),
+                        "the fencing table has no value column and it cannot be added: leader \
+                         election is unsupported on it"
+                    );
+                    false
+                }
+            });
         }
         match o.client.batch_execute(&self.sql.create_table).await {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(true),
             Err(e)
                 if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
                     || e.code() == Some(&SqlState::DUPLICATE_TABLE) =>
             {
-                Ok(()) // another client made it at the same moment
+                // Another client made it at the same moment: with the column, unless it is of
+                // an earlier version.
+                let has = o
+                    .client
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+                         WHERE attrelid = to_regclass($1) AND attname = 'value')",
+                        &[&self.config.table()],
+                    )
+                    .await
+                    .map_err(|e| self.error(e))?;
+                Ok(has.try_get::<_, bool>(0).unwrap_or(false))
             }
             Err(e) => Err(self.error(e)),
         }

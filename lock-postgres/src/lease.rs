@@ -20,6 +20,8 @@ pub(crate) struct PgLeaseOps {
     name: LockName,
     /// Exclusive or shared: which unlock undoes the grant.
     mode: lock_core::Mode,
+    /// Granted with an election's value: its release is announced to observers.
+    valued: bool,
     /// The lease's current `valid_until`, as the confirmations moved it.
     valid_until: parking_lot::Mutex<Instant>,
 }
@@ -31,6 +33,7 @@ impl PgLeaseOps {
         key: i64,
         name: LockName,
         mode: lock_core::Mode,
+        valued: bool,
         valid_until: Instant,
     ) -> Self {
         PgLeaseOps {
@@ -39,6 +42,7 @@ impl PgLeaseOps {
             key,
             name,
             mode,
+            valued,
             valid_until: parking_lot::Mutex::new(valid_until),
         }
     }
@@ -123,6 +127,30 @@ impl LeaseOps for PgLeaseOps {
         Err(outcome)
     }
 
+    /// Sets the value in the counter row, if this session still holds the lock and its row
+    /// (`election`).
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        let session = self.current().ok_or_else(|| self.ended("was closed"))?;
+        let text = self.name.as_str();
+        let bytes = value.as_bytes();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&self.key, &text, &bytes];
+        let sql = &self.opener.sql.proclaim;
+        let bound = self.opener.request_bound();
+        let set = self.opener.within("the proclaim", bound, async {
+            match session.client.query(sql.as_str(), &params).await {
+                Ok(rows) => Ok(rows.len()),
+                Err(e) if session.is_closed() || ends_session(&e) => {
+                    Err(self.ended("ended before the proclaim"))
+                }
+                Err(e) => Err(self.opener.error(e)),
+            }
+        });
+        match set.await? {
+            0 => Err(Error::not_held(&self.name)),
+            _ => Ok(()),
+        }
+    }
+
     /// Unlocks; the session then goes back to the idle pool. If the unlock cannot be
     /// confirmed, the connection is closed instead, which ends the session and the lock.
     async fn release(&self) -> Result<()> {
@@ -132,9 +160,19 @@ impl LeaseOps for PgLeaseOps {
         }
         let bound = self.opener.config.session_timeout();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
-        let unlock = session
-            .client
-            .query_one(session.stmts.unlock(self.mode), &params);
+        let unlock = async {
+            match self.valued {
+                // Observers hear of it (`election`): a leader's release, announced.
+                true => {
+                    let sql = self.opener.sql.unlock_announced.as_str();
+                    session.client.query_one(sql, &params).await
+                }
+                false => {
+                    let stmt = session.stmts.unlock(self.mode);
+                    session.client.query_one(stmt, &params).await
+                }
+            }
+        };
         let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
             // Closing the connection ends the session, and the lock with it, once the server
             // hears of it (or its keepalive gives up).

@@ -131,6 +131,7 @@
 
 mod client;
 mod config;
+mod election;
 mod family;
 mod lease;
 mod lock;

@@ -16,7 +16,7 @@ use crate::client::{advisory_key, Opener};
 use crate::config::BACKEND;
 use crate::family::Entered;
 use crate::lease::PgLeaseOps;
-use crate::session::Session;
+use crate::session::{Session, Sql};
 use crate::PgConfig;
 
 /// A PostgreSQL lock client: sessions of its own, one per held or awaited lock.
@@ -59,20 +59,21 @@ impl PgLock {
     /// Connects, refuses a standby and a transaction-pooling proxy, and creates the fencing
     /// table if it is absent. The first session stays open for the first acquisition.
     pub async fn connect(config: PgConfig) -> Result<Self> {
-        let opener = Opener::new(config).await?;
+        let mut opener = Opener::new(config).await?;
         let first = opener.open().await?;
         // Three round trips each, on a server that answered the login a moment ago.
         let checks = opener.request_bound() * 3;
         opener
             .within("the pooler check", checks, opener.refuse_pooler(&first))
             .await?;
-        opener
+        let valued = opener
             .within(
                 "the fencing table check",
                 checks,
                 opener.ensure_table(&first),
             )
             .await?;
+        opener.sql = Sql::for_table(opener.config.table(), valued);
         opener.warn_unbounded(&first);
         opener.idle.put_back(opener.prepare(first).await?);
         let bound = opener.config.session_timeout();
@@ -92,7 +93,9 @@ impl PgLock {
                     // `pg_advisory_lock_shared`: the same lock, in the server's one queue.
                     .with_shared(true)
                     // Slot keys behind a gate (`family`).
-                    .with_permits(true),
+                    .with_permits(true)
+                    // The holder's value in its counter row (`election`).
+                    .with_election(valued),
                 opener: Arc::new(opener),
             }),
         })
@@ -119,6 +122,17 @@ impl PgLock {
         self.inner.opener.keepalive.frees_within(bound)
     }
 
+    /// Elections need the table's `value` column (`Opener::ensure_table`).
+    fn elects(&self) -> Result<()> {
+        if self.inner.caps.election {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            operation: "leader election (the fencing table has no value column)",
+        })
+    }
+
     /// An idle session (one whose connection is still open), or a new one.
     pub(crate) async fn session(&self) -> Result<(Session, bool)> {
         match self.inner.opener.idle.take() {
@@ -140,7 +154,10 @@ impl PgLock {
         let mut pending = Pending(Some(session), &opener.connector);
         let s = pending.session()?;
         let text = name.as_str();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &text];
+        let value = req.value().map(|v| v.as_bytes());
+        let valued: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key, &text, &value];
+        // A table without the value column takes the grant's two parameters.
+        let params = &valued[..if opener.sql.valued { 3 } else { 2 }];
         // One try first: an uncontended grant costs one round trip, and vouches for the
         // session by itself (sent just now). Only a busy lock takes the waiting path.
         let sent = Instant::now();
@@ -152,12 +169,12 @@ impl PgLock {
                 .answered(
                     "the lock request",
                     opener.request_bound(),
-                    s.client.query_opt(try_grant, &params),
+                    s.client.query_opt(try_grant, params),
                 )
                 .await;
             match tried {
                 Ok(None) if waits => {
-                    let wait = s.client.query_opt(wait_grant, &params);
+                    let wait = s.client.query_opt(wait_grant, params);
                     let r = match req.deadline().at() {
                         Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
                             Ok(r) => r,
@@ -232,6 +249,7 @@ impl PgLock {
             key,
             name.clone(),
             req.mode(),
+            req.value().is_some(),
             grant.valid_until,
         );
         // The session is confirmed in the background whatever the renewal option says: the
@@ -402,6 +420,17 @@ impl DistributedLock for PgLock {
             }
             r => r,
         }
+    }
+
+    /// The exclusive holder with its value (`election.rs`).
+    async fn leader(&self, name: &LockName) -> Result<Option<lock_core::Leader>> {
+        self.elects()?;
+        crate::election::leader(&self.inner.opener, name, self.frees_within()).await
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn lock_core::ChangeFeed>> {
+        self.elects()?;
+        crate::election::watch(&self.inner.opener, name).await
     }
 
     /// The newest holder ([`holders`](DistributedLock::holders)'s last).

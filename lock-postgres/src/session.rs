@@ -117,6 +117,14 @@ pub(crate) struct Sql {
     pub(crate) check: String,
     pub(crate) inspect: String,
     pub(crate) create_table: String,
+    /// The table has the `value` column of elections: exclusive grants then take the holder's
+    /// value as `$3` (NULL for a plain lock) and announce a valued grant (`election`).
+    pub(crate) valued: bool,
+    /// An election's reads and writes on this table (`election`).
+    pub(crate) leader: String,
+    pub(crate) proclaim: String,
+    /// A leader's release: the unlock of `$1`, announced.
+    pub(crate) unlock_announced: String,
 }
 
 /// One mode's statements: a try, a waiting grant, an unlock.
@@ -128,7 +136,7 @@ pub(crate) struct ModeSql {
 }
 
 /// `"schema"."name"` from a validated `[schema.]name`.
-fn quoted(table: &str) -> String {
+pub(crate) fn quoted(table: &str) -> String {
     table
         .split('.')
         .map(|p| format!("\"{p}\""))
@@ -141,36 +149,70 @@ fn quoted(table: &str) -> String {
 const KEY_IS: &str = "l.locktype = 'advisory' AND l.objsubid = 1 \
                       AND ((l.classid::int8 << 32) | l.objid::int8) = $1";
 
+/// The channel an election's changes on the key `$1` are announced on ([`channel`]).
+pub(crate) const CHANNEL_OF: &str = "'distlock_' || lpad(to_hex($1::int8), 16, '0')";
+
+/// The channel of the advisory key `key`, as [`CHANNEL_OF`] spells it in SQL.
+pub(crate) fn channel(key: i64) -> String {
+    format!("distlock_{:016x}", key as u64)
+}
+
 impl Sql {
-    pub(crate) fn for_table(table: &str) -> Self {
+    /// The statements for `table`; `valued` when it has the `value` column (`election`).
+    pub(crate) fn for_table(table: &str, valued: bool) -> Self {
         let t = quoted(table);
         // Lock and count in one statement: a grant costs one round trip, and the counter
         // moves only under the lock. On any error the session is closed, never reused: a
         // session advisory lock taken in a transaction that failed stays held.
-        // The next token of the name `name` (a parameter), for this session, if `only`.
-        let bump = |name: &str, only: &str| {
+        // The next token of the name `name` (a parameter), for this session, if `only`; with
+        // `value` (an expression) as the holder's value, announced on the key `$1`'s channel
+        // when it is not NULL if `announce`.
+        let bump = |name: &str, only: &str, value: Option<(&str, bool)>| {
+            let (column, set, announce) = match value {
+                Some((v, announce)) => (
+                    format!(", value) SELECT {name}, 1, pg_backend_pid(), now(), {v}"),
+                    ", value = excluded.value",
+                    if announce {
+                        format!(
+                            ", CASE WHEN f.value IS NOT NULL THEN pg_notify({CHANNEL_OF}, '') END"
+                        )
+                    } else {
+                        String::new()
+                    },
+                ),
+                None => (
+                    format!(") SELECT {name}, 1, pg_backend_pid(), now()"),
+                    "",
+                    String::new(),
+                ),
+            };
             format!(
-                "INSERT INTO {t} AS f (name, token, holder_pid, granted_at) \
-                 SELECT {name}, 1, pg_backend_pid(), now() {only} \
+                "INSERT INTO {t} AS f (name, token, holder_pid, granted_at{column} {only} \
                  ON CONFLICT (name) DO UPDATE SET token = f.token + 1, \
-                 holder_pid = excluded.holder_pid, granted_at = excluded.granted_at \
-                 RETURNING f.token, pg_backend_pid()"
+                 holder_pid = excluded.holder_pid, granted_at = excluded.granted_at{set} \
+                 RETURNING f.token, pg_backend_pid(){announce}"
             )
         };
-        let grant = |lock: &str| {
+        // A writer's value is `$3`; a reader has none (its `$3` is a key).
+        let (value, none) = (
+            valued.then_some(("$3::bytea", true)),
+            valued.then_some(("NULL::bytea", false)),
+        );
+        let grant = |lock: &str, value| {
             format!(
                 "WITH l AS (SELECT {lock}) {}",
-                bump("$2", "FROM l WHERE l.got")
+                bump("$2", "FROM l WHERE l.got", value)
             )
         };
         Sql {
             exclusive: ModeSql {
-                try_grant: grant("pg_try_advisory_lock($1) AS got"),
-                wait_grant: grant("pg_advisory_lock($1), true AS got"),
+                try_grant: grant("pg_try_advisory_lock($1) AS got", value),
+                wait_grant: grant("pg_advisory_lock($1), true AS got", value),
                 unlock: "SELECT pg_advisory_unlock($1)".into(),
             },
-            // Taken by `family` before: the counter moves after the locks, as for a writer.
-            family_token: bump("$1::text", ""),
+            // Taken by `family` before: the counter moves after the locks, as for a writer. A
+            // reader has no value; a valued table's row forgets the last leader's.
+            family_token: bump("$1::text", "", none),
             // In order: the answer is whether the name's key was held, read before the rest
             // goes.
             family_unlock: "SELECT pg_advisory_unlock_shared($1), pg_advisory_unlock_all()".into(),
@@ -182,6 +224,7 @@ impl Sql {
                  WHEN NOT pg_advisory_unlock($4) THEN false \
                  WHEN NOT pg_try_advisory_lock_shared($5) THEN false \
                  WHEN NOT pg_advisory_unlock($3) THEN false ELSE true END AS got",
+                none,
             ),
             check: format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
@@ -209,7 +252,29 @@ impl Sql {
             ),
             create_table: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (name text PRIMARY KEY, token bigint NOT NULL, \
-                 holder_pid int, granted_at timestamptz)"
+                 holder_pid int, granted_at timestamptz, value bytea)"
+            ),
+            valued,
+            unlock_announced: format!("SELECT pg_advisory_unlock($1), pg_notify({CHANNEL_OF}, '')"),
+            // The exclusive holder of `$1`: its row's token and value, and whether the row is
+            // its own (as `inspect` tells).
+            leader: format!(
+                "SELECT f.token, f.value, coalesce(f.holder_pid = l.pid \
+                 AND f.granted_at >= a.backend_start, false) \
+                 FROM pg_catalog.pg_locks l \
+                 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+                 LEFT JOIN {t} f ON f.name = $2 \
+                 WHERE {KEY_IS} AND l.granted AND l.mode = 'ExclusiveLock' AND l.database = \
+                 (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"
+            ),
+            // The value `$3` of `$2`, if this session holds its key `$1` exclusively and its
+            // row is this session's; announced.
+            proclaim: format!(
+                "UPDATE {t} AS f SET value = $3::bytea WHERE f.name = $2 \
+                 AND f.holder_pid = pg_backend_pid() AND EXISTS (SELECT 1 \
+                 FROM pg_catalog.pg_locks l WHERE {KEY_IS} AND l.granted \
+                 AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid()) \
+                 RETURNING pg_notify({CHANNEL_OF}, '')"
             ),
         }
     }
@@ -315,11 +380,14 @@ mod tests {
 
     #[test]
     fn table_names_are_quoted() {
-        let sql = Sql::for_table("ops.fences");
-        assert!(sql
-            .exclusive
-            .try_grant
-            .contains("INSERT INTO \"ops\".\"fences\" AS f"));
+        for valued in [false, true] {
+            let sql = Sql::for_table("ops.fences", valued);
+            assert!(sql
+                .exclusive
+                .try_grant
+                .contains("INSERT INTO \"ops\".\"fences\" AS f"));
+            assert_eq!(sql.exclusive.try_grant.contains("$3"), valued);
+        }
     }
 }
 

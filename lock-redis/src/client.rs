@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::driver::{scrub, ClientError};
-use lock_core::{Error, Mode, Result};
+use lock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::BACKEND;
@@ -22,6 +22,10 @@ use crate::RedisConfig;
 pub struct RedisNode {
     config: RedisConfig,
     conn: ConnectionManager,
+    /// For connections of their own (an election's observers): the client and the manager's
+    /// settings, without the wake-ups' push handler.
+    client: redis::Client,
+    feed_config: ConnectionManagerConfig,
     wakeups: Arc<Wakeups>,
     backend: &'static str,
     check: Arc<Mutex<Check>>,
@@ -93,12 +97,14 @@ impl RedisNode {
         let w = wakeups.clone();
         let check = Arc::new(Mutex::new(Check::default()));
         let c = check.clone();
-        let manager_config = ConnectionManagerConfig::new()
+        let feed_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
             .set_response_timeout(Some(config.request_timeout()))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
-            .set_automatic_resubscription()
+            .set_automatic_resubscription();
+        let manager_config = feed_config
+            .clone()
             .set_push_sender(move |info: redis::PushInfo| {
                 if info.kind == redis::PushKind::Disconnection {
                     c.lock().drops += 1; // the next connection is checked before any grant
@@ -118,6 +124,8 @@ impl RedisNode {
             RedisNode {
                 config,
                 conn,
+                client: client.clone(),
+                feed_config,
                 wakeups,
                 backend,
                 check,
@@ -287,6 +295,29 @@ impl RedisNode {
             .map_err(|e| self.error(&e))
     }
 
+    /// A connection of its own subscribed to `channels`, whose messages (and disconnections:
+    /// messages may have been lost) arrive on the receiver; it resubscribes when it reconnects.
+    pub(crate) async fn subscriber(
+        &self,
+        channels: &[&str],
+    ) -> Result<(
+        ConnectionManager,
+        tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    )> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let config = self.feed_config.clone().set_push_sender(tx);
+        let connecting = ConnectionManager::new_with_config(self.client.clone(), config);
+        let limit = self.config.connect_timeout() + self.config.request_timeout();
+        let mut conn = tokio::time::timeout(limit, connecting)
+            .await
+            .map_err(|_| self.unavailable("connection attempt timed out"))?
+            .map_err(|e| self.connect_error(&e))?;
+        for ch in channels {
+            conn.subscribe(ch).await.map_err(|e| self.error(&e))?;
+        }
+        Ok((conn, rx))
+    }
+
     /// Maps a failed request to the contract's errors: transient (connection, timeout,
     /// loading, failover) → `Unavailable`; anything else → `Backend`. Never contains secrets.
     pub fn error(&self, e: &redis::RedisError) -> Error {
@@ -439,97 +470,6 @@ fn open_client(
     #[cfg(not(feature = "tls"))]
     let _ = ca; // a CA without TLS support: connection_info() already refused TLS
     redis::Client::open(info)
-}
-
-/// An acquisition whose request is on its way: if it is dropped before
-/// [`disarm`](Self::disarm) — the caller's future was cancelled after the request went out —
-/// it releases `token` on every node in background tasks (each bounded by `timeout`), so a
-/// grant nobody will ever use does not hold the lock until its TTL.
-///
-/// The release goes out on the same connection as the acquire, after it, so it finds the grant
-/// if there was one; a release of a token that was never granted does nothing.
-pub struct ReleaseOnDrop {
-    nodes: Arc<[RedisNode]>,
-    keys: Arc<LockKeys>,
-    token: Arc<str>,
-    timeout: Duration,
-    mode: Mode,
-    armed: bool,
-}
-
-impl ReleaseOnDrop {
-    /// Armed: dropping it releases `token` on `nodes`.
-    pub fn new(
-        nodes: Arc<[RedisNode]>,
-        keys: Arc<LockKeys>,
-        token: Arc<str>,
-        timeout: Duration,
-    ) -> Self {
-        ReleaseOnDrop {
-            nodes,
-            keys,
-            token,
-            timeout,
-            mode: Mode::Exclusive,
-            armed: true,
-        }
-    }
-
-    /// For a request of `mode`: a shared holder or a permit is released from its group.
-    pub fn of_mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// The outcome is settled (granted and owned by a lease, refused, or cleaned up): dropping
-    /// it does nothing.
-    pub fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime to send it on: the key expires by its TTL
-        };
-        for node in self.nodes.iter() {
-            let (mut conn, keys, token) =
-                (node.connection(), self.keys.clone(), self.token.clone());
-            let (timeout, mode) = (self.timeout, self.mode);
-            rt.spawn(async move {
-                let _ = tokio::time::timeout(timeout, release_any(&mut conn, &keys, &token, mode))
-                    .await;
-            });
-        }
-    }
-}
-
-/// Releases `token`'s hold of `mode` on `keys`, whatever its fence: the release after a grant
-/// whose reply never came.
-pub async fn release_any<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
-    keys: &LockKeys,
-    token: &str,
-    mode: Mode,
-) -> redis::RedisResult<bool> {
-    match mode {
-        Mode::Exclusive => crate::scripts::release(conn, keys, token).await,
-        _ => crate::family::release(conn, keys, &crate::family::Held::Token(token), mode).await,
-    }
-}
-
-impl fmt::Debug for ReleaseOnDrop {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReleaseOnDrop")
-            .field("key", &self.keys.lock)
-            .field("nodes", &self.nodes.len())
-            .field("armed", &self.armed)
-            .finish()
-    }
 }
 
 #[cfg(test)]

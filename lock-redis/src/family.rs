@@ -237,7 +237,7 @@ pub async fn list<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
 ) -> redis::RedisResult<Listing> {
-    let reply: Vec<redis::Value> = run(conn, &LIST, &keys3(keys), &[]).await?;
+    let reply: Vec<redis::Value> = run::<_, _, &str>(conn, &LIST, &keys3(keys), &[]).await?;
     let text = |i: usize| field::<String>(&reply, i);
     let int = |i: usize| field::<i64>(&reply, i);
     let mut members: Vec<(String, Duration)> = (3..reply.len())

@@ -19,6 +19,8 @@ pub(crate) struct RedisLeaseOps {
     /// The owner token (exclusive), or the group member `<fence>:<token>`.
     pub(crate) token: Arc<str>,
     pub(crate) mode: Mode,
+    /// Granted with an election's value: the value key is renewed with the lock.
+    pub(crate) valued: bool,
     pub(crate) ttl: Duration,
     pub(crate) timeout: Duration,
     pub(crate) node: RedisNode,
@@ -36,7 +38,8 @@ impl LeaseOps for RedisLeaseOps {
         let renewing = async {
             match self.mode {
                 Mode::Exclusive => {
-                    scripts::renew(&mut conn, &self.keys, &self.token, self.ttl).await
+                    let (keys, token) = (&self.keys, &self.token);
+                    scripts::renew(&mut conn, keys, token, self.ttl, self.valued).await
                 }
                 mode => family::renew(&mut conn, &self.keys, &self.token, self.ttl, mode).await,
             }
@@ -46,6 +49,17 @@ impl LeaseOps for RedisLeaseOps {
             Ok(Ok(false)) => Err(Error::not_held(&self.keys.name())),
             Ok(Err(e)) => Err(self.node.error(&e)),
             Err(_) => Err(self.node.unavailable("renew timed out")),
+        }
+    }
+
+    async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let setting = scripts::proclaim(&mut conn, &self.keys, &self.token, value.as_bytes());
+        match tokio::time::timeout(self.timeout, setting).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(Error::not_held(&self.keys.name())),
+            Ok(Err(e)) => Err(self.node.error(&e)),
+            Err(_) => Err(self.node.unavailable("proclaim timed out")),
         }
     }
 

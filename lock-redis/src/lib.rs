@@ -131,10 +131,12 @@
 
 mod client;
 mod config;
+mod election;
 mod family;
 mod lease;
 mod lock;
 mod scripts;
+mod undo;
 mod wakeup;
 
 pub use config::{RedisConfig, DEFAULT_PREFIX};
@@ -148,7 +150,8 @@ pub use redis;
 /// **Not a stable API.** It changes whenever the two drivers need it to; depend on
 /// [`RedisLock`] and [`RedisConfig`] instead.
 pub mod raw {
-    pub use crate::client::{RedisNode, ReleaseOnDrop, ReleaseWatch};
+    pub use crate::client::{RedisNode, ReleaseWatch};
+    pub use crate::undo::ReleaseOnDrop;
     /// The Lua scripts and the key layout.
     pub mod scripts {
         pub use crate::scripts::*;
@@ -158,7 +161,7 @@ pub mod raw {
     pub mod family {
         pub use crate::family::*;
     }
-    pub use crate::client::release_any;
+    pub use crate::undo::release_any;
     /// Whether this build speaks TLS (the `tls` feature): a driver built on this one checks
     /// it where its own URL turns TLS on.
     pub const TLS: bool = cfg!(feature = "tls");

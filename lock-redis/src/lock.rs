@@ -7,15 +7,16 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::driver::{lease_end, Acquisition, Backoff, Grant, ManagedLease};
 use lock_core::{
-    Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo, Lease,
-    LockName, LockOptions, Mode, Result,
+    Capabilities, ChangeFeed, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo,
+    Leader, Lease, LockName, LockOptions, Mode, Result,
 };
 use redis::aio::ConnectionManager;
 
-use crate::client::{release_any, RedisNode, ReleaseOnDrop};
+use crate::client::RedisNode;
 use crate::config::BACKEND;
 use crate::lease::RedisLeaseOps;
 use crate::scripts::{self, Acquired, LockKeys};
+use crate::undo::{release_any, ReleaseOnDrop};
 use crate::RedisConfig;
 
 /// A distributed lock on one Redis server (or one Redis Cluster slot owner).
@@ -74,7 +75,9 @@ impl RedisLock {
             .with_inspect(true)
             .with_min_ttl(Duration::from_millis(10))
             .with_shared(family)
-            .with_permits(family);
+            .with_permits(family)
+            // A leader's value beside its lock, its term the fence counter (`election.rs`).
+            .with_election(fencing != Fencing::None);
         Ok(RedisLock {
             inner: Arc::new(Inner {
                 nodes: Arc::from([node.clone()]),
@@ -97,6 +100,17 @@ impl RedisLock {
     /// A clone of the underlying connection, for operations outside the lock contract.
     pub fn connection(&self) -> ConnectionManager {
         self.inner.node.connection()
+    }
+
+    /// Elections need the fence counter for their terms: not with plain keys or eviction.
+    fn elects(&self) -> Result<()> {
+        if self.inner.caps.election {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            operation: "leader election (no fence counter to be a term)",
+        })
     }
 
     fn keys(&self, name: &LockName) -> Arc<LockKeys> {
@@ -135,7 +149,10 @@ impl RedisLock {
         let mut conn = node.connection();
         let asking = async {
             match mode {
-                Mode::Exclusive => scripts::acquire(&mut conn.clone(), keys, &token, ttl).await,
+                Mode::Exclusive => {
+                    let value = opts.value.as_ref().map(|v| v.as_bytes());
+                    scripts::acquire(&mut conn.clone(), keys, &token, ttl, value).await
+                }
                 mode => crate::family::acquire(&mut conn.clone(), keys, &token, ttl, mode).await,
             }
         };
@@ -167,6 +184,7 @@ impl RedisLock {
                     keys: keys.clone(),
                     token,
                     mode,
+                    valued: opts.value.is_some(),
                     ttl,
                     timeout: cfg.request_timeout(),
                     node: node.clone(),
@@ -207,6 +225,17 @@ impl RedisLock {
 impl DistributedLock for RedisLock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    /// The exclusive holder with its value (`election.rs`).
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        self.elects()?;
+        crate::election::leader(&self.inner.node, &self.keys(name)).await
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Box<dyn ChangeFeed>> {
+        self.elects()?;
+        crate::election::watch(&self.inner.node, &self.keys(name)).await
     }
 
     /// The newest of [`holders`](DistributedLock::holders): the exclusive holder, or the

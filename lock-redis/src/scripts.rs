@@ -17,13 +17,20 @@ use lock_core::LockName;
 use redis::aio::ConnectionLike;
 
 /// `SET lock token NX PX ttl`, then `INCR fence` (when there is a fence key) → `{1, token}`
-/// (`{1, 0}` without); busy → `{0, pttl, holder's value}`.
+/// (`{1, 0}` without); busy → `{0, pttl, holder's value}`. With a value key (an election's
+/// candidate), the value `ARGV[3]` is set beside the lock with the same expiry, stamped with
+/// the owner token (`<token> <value>`), and the change announced on `ARGV[4]`.
 const ACQUIRE_LUA: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local fence = 0
   if KEYS[2] then
-    return {1, redis.call('INCR', KEYS[2])}
+    fence = redis.call('INCR', KEYS[2])
   end
-  return {1, 0}
+  if KEYS[3] then
+    redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+    redis.call('PUBLISH', ARGV[4], ARGV[1])
+  end
+  return {1, fence}
 end
 return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1])}
 ";
@@ -42,18 +49,47 @@ pub fn new_token() -> String {
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  if KEYS[2] then
+    redis.call('DEL', KEYS[2])
+  end
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
 end
 return 0
 ";
 
-/// Compare token, `PEXPIRE` → 1; not the owner (or gone: never recreated) → 0.
+/// Compare token, `PEXPIRE` (the value key too, if given) → 1; not the owner (or gone: never
+/// recreated) → 0.
 const RENEW_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if KEYS[2] then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+";
+
+/// Compare token, set the value key to `<token> <value>` with the lock's remaining expiry,
+/// announce the change → 1; not the owner → 0.
+const PROCLAIM_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local left = redis.call('PTTL', KEYS[1])
+  if left > 0 then
+    redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[2], 'PX', left)
+  else
+    redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[2])
+  end
+  redis.call('PUBLISH', ARGV[3], ARGV[1])
+  return 1
+end
+return 0
+";
+
+/// The lock key's value and PTTL, the fence counter and the value key, in one atomic read.
+const LEADER_LUA: &str = r"
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]),
+  redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}
 ";
 
 /// The Redis names of one lock.
@@ -67,6 +103,10 @@ pub struct LockKeys {
     pub channel: String,
     /// The members of a group of shared holders or permits.
     pub holders: String,
+    /// An election's leader value, `<owner token> <value>`, beside the lock key.
+    pub value: String,
+    /// Announcements of a leader's grant and proclaimed values (releases go on `channel`).
+    pub changed: String,
     /// Whether there is a fencing counter (not in plain-key mode).
     pub fenced: bool,
     name: LockName,
@@ -104,6 +144,8 @@ impl LockKeys {
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
             holders: format!("{lock}:holders"),
+            value: format!("{lock}:value"),
+            changed: format!("{lock}:changed"),
             lock,
             fenced,
             name: name.clone(),
@@ -171,18 +213,23 @@ impl Lua {
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(ACQUIRE_LUA));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
 static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
+static PROCLAIM: LazyLock<Lua> = LazyLock::new(|| Lua::new(PROCLAIM_LUA));
+static LEADER: LazyLock<Lua> = LazyLock::new(|| Lua::new(LEADER_LUA));
 
 /// `EVALSHA`, and on `NOSCRIPT` (a server restarted, failed over, or `SCRIPT FLUSH`ed) the
 /// script itself by `EVAL`, which also caches it: one extra round trip for the first call
 /// after the cache was emptied, never the two of `SCRIPT LOAD` + `EVALSHA` — on a slow link
 /// those made every Redlock master miss its per-node timeout. Not `EVAL` every time: the server
 /// would hash the body on every call, which cost 16 % of the single-node throughput.
-pub(crate) async fn run<T: redis::FromRedisValue, C: ConnectionLike + Send>(
+pub(crate) async fn run<T: redis::FromRedisValue, C: ConnectionLike + Send, A>(
     conn: &mut C,
     lua: &Lua,
     keys: &[&str],
-    args: &[&str],
-) -> redis::RedisResult<T> {
+    args: &[A],
+) -> redis::RedisResult<T>
+where
+    A: redis::ToRedisArgs + Sync,
+{
     let cmd = |verb: &str, body: &str| {
         let mut cmd = redis::cmd(verb);
         cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
@@ -196,17 +243,27 @@ pub(crate) async fn run<T: redis::FromRedisValue, C: ConnectionLike + Send>(
     }
 }
 
-/// Runs the acquire script.
+/// Runs the acquire script; with `value` (fenced keys only: an election needs a term), the
+/// holder's value is set beside the lock.
 pub async fn acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     token: &str,
     ttl: Duration,
+    value: Option<&[u8]>,
 ) -> redis::RedisResult<Acquired> {
     let ttl = ms(ttl).to_string();
-    let both = [keys.lock.as_str(), keys.fence.as_str()];
-    let keys = if keys.fenced { &both[..] } else { &both[..1] };
-    let reply: Vec<redis::Value> = run(conn, &ACQUIRE, keys, &[token, &ttl]).await?;
+    let all = [keys.lock.as_str(), keys.fence.as_str(), keys.value.as_str()];
+    let n = match (keys.fenced, value) {
+        (true, Some(_)) => 3,
+        (true, None) => 2,
+        (false, _) => 1,
+    };
+    let mut cmd_args: Vec<&[u8]> = vec![token.as_bytes(), ttl.as_bytes()];
+    if let (3, Some(v)) = (n, value) {
+        cmd_args.extend([v, keys.changed.as_bytes()]);
+    }
+    let reply: Vec<redis::Value> = run(conn, &ACQUIRE, &all[..n], &cmd_args).await?;
     let holder = field::<String>(&reply, 2);
     Ok(match (field::<i64>(&reply, 0), field::<i64>(&reply, 1)) {
         (Some(1), fence) => Acquired::Granted {
@@ -267,24 +324,62 @@ pub async fn acquire_unfenced<C: ConnectionLike + Send>(
     })
 }
 
-/// Runs the release script; `true` when this token held the lock and it is now deleted.
+/// Runs the release script; `true` when this token held the lock and it is now deleted (with
+/// its value key, where the keys are fenced: a leader's value goes with its lock).
 pub async fn release<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     token: &str,
 ) -> redis::RedisResult<bool> {
-    let n: i64 = run(conn, &RELEASE, &[&keys.lock], &[token, &keys.channel]).await?;
+    let both = [keys.lock.as_str(), keys.value.as_str()];
+    let ks = if keys.fenced { &both[..] } else { &both[..1] };
+    let n: i64 = run(conn, &RELEASE, ks, &[token, &keys.channel]).await?;
     Ok(n == 1)
 }
 
-/// Runs the renew script; `true` when this token still held the lock and its TTL is reset.
+/// Runs the renew script; `true` when this token still held the lock and its TTL is reset
+/// (the value key's too, for a lease `valued` by an election).
 pub async fn renew<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
     token: &str,
     ttl: Duration,
+    valued: bool,
 ) -> redis::RedisResult<bool> {
     let ttl = ms(ttl).to_string();
-    let n: i64 = run(conn, &RENEW, &[&keys.lock], &[token, &ttl]).await?;
+    let both = [keys.lock.as_str(), keys.value.as_str()];
+    let ks = if valued { &both[..] } else { &both[..1] };
+    let n: i64 = run(conn, &RENEW, ks, &[token, &ttl]).await?;
     Ok(n == 1)
+}
+
+/// Runs the proclaim script; `true` when this token still held the lock and its value is set.
+pub async fn proclaim<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+    token: &str,
+    value: &[u8],
+) -> redis::RedisResult<bool> {
+    let ks = [keys.lock.as_str(), keys.value.as_str()];
+    let args: [&[u8]; 3] = [token.as_bytes(), value, keys.changed.as_bytes()];
+    let n: i64 = run(conn, &PROCLAIM, &ks, &args).await?;
+    Ok(n == 1)
+}
+
+/// What the leader read found: the lock key's value and PTTL, the fence counter, the value key.
+pub(crate) type LeaderRead = (Option<String>, i64, Option<u64>, Option<Vec<u8>>);
+
+/// Runs the leader read.
+pub(crate) async fn read_leader<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+) -> redis::RedisResult<LeaderRead> {
+    let ks = [keys.lock.as_str(), keys.fence.as_str(), keys.value.as_str()];
+    let reply: Vec<redis::Value> = run::<_, _, &str>(conn, &LEADER, &ks, &[]).await?;
+    Ok((
+        field::<String>(&reply, 0),
+        field::<i64>(&reply, 1).unwrap_or(-2),
+        field::<u64>(&reply, 2),
+        field::<Vec<u8>>(&reply, 3),
+    ))
 }

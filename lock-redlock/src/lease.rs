@@ -44,7 +44,7 @@ impl LeaseOps for RedlockLeaseOps {
             let member = members.get(i).cloned().flatten();
             async move {
                 match (mode, member) {
-                    (Mode::Exclusive, _) => scripts::renew(&mut c, &keys, &token, ttl).await,
+                    (Mode::Exclusive, _) => scripts::renew(&mut c, &keys, &token, ttl, false).await,
                     (_, Some(m)) => family::renew(&mut c, &keys, &m, ttl, mode).await,
                     (_, None) => Ok(false),
                 }
