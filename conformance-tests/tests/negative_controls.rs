@@ -98,6 +98,14 @@ const CHECKER: &[(Flaw, Kind, Option<&[&str]>, Family)] = &[
         Some(&["cut"]),
         Family::Permits(2),
     ),
+    // An observer that never sees a leadership end: (e) judges what observers show once
+    // every lease has ended.
+    (
+        Flaw::LeaderNeverGone,
+        Kind::Observer,
+        None,
+        Family::Exclusive,
+    ),
 ];
 
 fn unbroken_wrapper_passes_every_case() -> Result<(), Failed> {

@@ -195,7 +195,47 @@ pub(crate) async fn driver_subject(
     ep: &Endpoints,
     mode: Mode,
 ) -> Result<Option<Arc<dyn Subject>>, String> {
-    // Through the facade, as an application would: the URL picks the driver.
+    let lock = connect(backend, ep).await?;
+    let caps = lock.capabilities();
+    let offered = match mode {
+        Mode::Shared => caps.shared,
+        Mode::Permits(_) => caps.permits,
+        _ => true,
+    };
+    Ok(offered.then(|| {
+        Arc::new(Driver {
+            lock,
+            opts: LockOptions::new(Duration::from_secs(10)).mode(mode),
+            label: (backend == Backend::RedisPlain)
+                .then_some("distlock redis, plain keys (keys=plain)"),
+        }) as Arc<dyn Subject>
+    }))
+}
+
+/// etcd's own election RPCs on the members of `backend`, with leases of the minimum TTL
+/// distlock's leases there get (2 s); `None` on other backends.
+pub(crate) async fn etcd_election(
+    backend: Backend,
+    ep: &Endpoints,
+) -> Result<Option<Arc<dyn crate::election::Elector>>, String> {
+    let Some((members, _)) = ep.etcd(backend) else {
+        return Ok(None);
+    };
+    let client = distlock::lock_etcd::etcd_client::Client::connect(members, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Some(Arc::new(crate::election::EtcdElection {
+        client,
+        ttl: 2,
+    })))
+}
+
+/// A distlock client of `backend`, through the facade, as an application would: the URL picks
+/// the driver.
+pub(crate) async fn connect(
+    backend: Backend,
+    ep: &Endpoints,
+) -> Result<Arc<dyn lock_core::DistributedLock>, String> {
     let url = match backend {
         Backend::Memory => "memory://lock-bench".to_string(),
         Backend::Redis => ep.redis_url.clone(),
@@ -212,21 +252,7 @@ pub(crate) async fn driver_subject(
         }
         Backend::Postgres => format!("{}?sslmode=disable", ep.pg_url),
     };
-    let lock = distlock::connect(&url).await.map_err(|e| e.to_string())?;
-    let caps = lock.capabilities();
-    let offered = match mode {
-        Mode::Shared => caps.shared,
-        Mode::Permits(_) => caps.permits,
-        _ => true,
-    };
-    Ok(offered.then(|| {
-        Arc::new(Driver {
-            lock,
-            opts: LockOptions::new(Duration::from_secs(10)).mode(mode),
-            label: (backend == Backend::RedisPlain)
-                .then_some("distlock redis, plain keys (keys=plain)"),
-        }) as Arc<dyn Subject>
-    }))
+    distlock::connect(&url).await.map_err(|e| e.to_string())
 }
 
 /// The key prefix of the `redis-plain` backend: distlock and redis-py's algorithm on the same

@@ -13,6 +13,10 @@
 //!   the next holder's acquire returning; p50/p99.
 //! - `foreign-handoff` (backends that share their keys with another client: `redis-plain`):
 //!   that client holds, each subject waits; latency from the release to the grant.
+//! - `resign`, `failover` (not run by default; backends that hold elections): a leader
+//!   resigns, or crashes (its lease left to lapse); latency until an observer shows the
+//!   waiting candidate as leader; on etcd beside the server's own Campaign/Observe RPCs
+//!   (`election.rs`).
 //!
 //! `--modes exclusive,shared,permits` measures the lock family too (`--permits K`, default
 //! 2): each mode's rows beside that mode's own baselines (`pg_advisory_lock_shared`; an
@@ -30,6 +34,7 @@ use clap::{Parser, ValueEnum};
 use serde::Serialize;
 
 mod catalog;
+mod election;
 mod etcd_baselines;
 mod memory_baselines;
 mod pg_baselines;
@@ -78,6 +83,10 @@ struct Args {
     /// Hand-offs measured per handoff run.
     #[arg(long, default_value_t = 400)]
     handoffs: u64,
+    /// Leader changes measured per resign run (a failover run measures a fifth as many: each
+    /// waits out a lease's TTL).
+    #[arg(long, default_value_t = 25)]
+    elections: u64,
     /// Modes of the lock family to measure (comma separated): each beside its own baselines.
     #[arg(long, value_enum, default_value = "exclusive", value_delimiter = ',')]
     modes: Vec<ModeArg>,
@@ -111,6 +120,10 @@ enum Scenario {
     Idle,
     /// Another client holds, the subject waits: release to grant.
     ForeignHandoff,
+    /// A leader resigns: resign to the observer showing the next leader.
+    Resign,
+    /// A leader crashes: crash to the observer showing the next leader.
+    Failover,
 }
 
 /// A mode of the lock family on the command line.
@@ -150,6 +163,29 @@ struct Row {
     server_requests_per_op: Option<f64>,
 }
 
+impl Row {
+    fn of(
+        backend: Backend,
+        subject: String,
+        baseline: bool,
+        scenario: Scenario,
+        sum: &Sample,
+        ratio: Option<f64>,
+    ) -> Row {
+        Row {
+            backend: value_name(&backend),
+            subject,
+            baseline,
+            scenario,
+            p50_us: sum.p50_us,
+            p99_us: sum.p99_us,
+            ops_per_sec: sum.ops_per_sec,
+            ratio,
+            server_requests_per_op: sum.requests_per_op,
+        }
+    }
+}
+
 async fn measure(args: &Args, backend: Backend, mode: lock_core::Mode) -> Result<Vec<Row>, String> {
     let mut subjects: Vec<(Arc<dyn Subject>, bool)> = Vec::new();
     let ep = &args.endpoints;
@@ -166,7 +202,10 @@ async fn measure(args: &Args, backend: Backend, mode: lock_core::Mode) -> Result
     let foreign = catalog::foreign_holder(backend, ep).await?;
     let mut rows = Vec::new();
     for &scenario in Scenario::value_variants() {
-        if !args.scenarios.contains(&scenario) {
+        // Elections are measured once per backend, beside their own baselines.
+        if !args.scenarios.contains(&scenario)
+            || matches!(scenario, Scenario::Resign | Scenario::Failover)
+        {
             continue;
         }
         // Interleave subjects run by run so drift in machine load hits all of them alike.
@@ -206,9 +245,11 @@ async fn measure(args: &Args, backend: Backend, mode: lock_core::Mode) -> Result
                     Scenario::Throughput => {
                         throughput(s.clone(), args.concurrency, args.duration).await?
                     }
-                    Scenario::Handoff | Scenario::Idle | Scenario::ForeignHandoff => {
-                        handoff(s.clone(), args.waiters, args.handoffs).await?
-                    }
+                    Scenario::Handoff
+                    | Scenario::Idle
+                    | Scenario::ForeignHandoff
+                    | Scenario::Resign
+                    | Scenario::Failover => handoff(s.clone(), args.waiters, args.handoffs).await?,
                 };
                 if let (Some(b), Some(a)) = (before, ep.server_requests(backend).await) {
                     // The warm-up of `uncontended`/`acquire` is counted too: a small overestimate.
@@ -235,17 +276,53 @@ async fn measure(args: &Args, backend: Backend, mode: lock_core::Mode) -> Result
                     _ => None,
                 },
             };
-            rows.push(Row {
-                backend: value_name(&backend),
-                subject: s.label(),
-                baseline: *is_base,
-                scenario,
-                p50_us: sum.p50_us,
-                p99_us: sum.p99_us,
-                ops_per_sec: sum.ops_per_sec,
-                ratio,
-                server_requests_per_op: sum.requests_per_op,
-            });
+            rows.push(Row::of(backend, s.label(), *is_base, scenario, sum, ratio));
+        }
+    }
+    Ok(rows)
+}
+
+/// The election scenarios asked for, on `backend`: etcd's own RPCs first where it has them
+/// (the baseline), then distlock's `Election`.
+async fn elections(args: &Args, backend: Backend) -> Result<Vec<Row>, String> {
+    let asked: Vec<Scenario> = (args.scenarios.iter().copied())
+        .filter(|s| matches!(s, Scenario::Resign | Scenario::Failover))
+        .collect();
+    if asked.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut subjects: Vec<(Arc<dyn election::Elector>, bool)> = Vec::new();
+    if let Some(base) = catalog::etcd_election(backend, &args.endpoints).await? {
+        subjects.push((base, true));
+    }
+    let lock = catalog::connect(backend, &args.endpoints).await?;
+    match election::Distlock::new(lock) {
+        Some(d) => subjects.push((Arc::new(d), false)),
+        None => {
+            eprintln!("lock-bench: {} holds no elections", value_name(&backend));
+            return Ok(vec![]);
+        }
+    }
+    let mut rows = Vec::new();
+    for scenario in asked {
+        let (ending, n) = match scenario {
+            Scenario::Failover => (election::Ending::Crash, (args.elections / 5).max(1)),
+            _ => (election::Ending::Resign, args.elections),
+        };
+        let mut per: Vec<Vec<Sample>> = subjects.iter().map(|_| Vec::new()).collect();
+        for _ in 0..args.runs.max(1) {
+            for (i, (e, _)) in subjects.iter().enumerate() {
+                per[i].push(election::failovers(e.clone(), n, ending).await?);
+            }
+        }
+        let sums: Vec<Sample> = per.into_iter().map(summarize).collect();
+        let base = (subjects.iter().zip(&sums)).find_map(|((_, b), s)| b.then_some(s));
+        for ((e, is_base), sum) in subjects.iter().zip(&sums) {
+            let ratio = match (sum.p50_us, base.and_then(|b| b.p50_us)) {
+                (Some(a), Some(b)) if b > 0.0 && !is_base => Some(a / b),
+                _ => None,
+            };
+            rows.push(Row::of(backend, e.label(), *is_base, scenario, sum, ratio));
         }
     }
     Ok(rows)
@@ -330,6 +407,10 @@ fn main() -> std::process::ExitCode {
                     Ok(r) => rows.extend(r),
                     Err(e) => return (rows, Some(format!("{name}: {e}"))),
                 }
+            }
+            match elections(&args, *b).await {
+                Ok(r) => rows.extend(r),
+                Err(e) => return (rows, Some(format!("{}: {e}", value_name(b)))),
             }
         }
         (rows, None)

@@ -167,6 +167,15 @@ pub(crate) fn lock_file(path: &Path, mode: Mode, value: Option<&[u8]>) -> io::Re
                 return Ok(Attempt::Busy);
             }
         }
+        // A candidate's value first, stamped with the token the bump will give (nobody else
+        // bumps under the exclusive lock): a reader never sees the new token without it.
+        #[cfg(target_os = "linux")]
+        if let (Mode::Exclusive, Some(v)) = (mode, value) {
+            let next = counter::read(&writer)?.saturating_add(1);
+            crate::value::write(&writer, next, v)?;
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = value; // no elections here: refused before (`Capabilities::election`)
         let token = match mode {
             Mode::Exclusive => counter::bump(&writer)?,
             #[cfg(target_os = "linux")]
@@ -174,12 +183,6 @@ pub(crate) fn lock_file(path: &Path, mode: Mode, value: Option<&[u8]>) -> io::Re
             #[cfg(not(target_os = "linux"))]
             _ => counter::bump(&writer)?,
         };
-        #[cfg(target_os = "linux")]
-        if let Some(v) = value {
-            crate::value::write(&writer, token, v)?;
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = value; // no elections here: refused before (`Capabilities::election`)
         return Ok(Attempt::Held(
             Held {
                 _lock: file,

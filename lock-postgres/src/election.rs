@@ -17,11 +17,38 @@ use crate::session::channel;
 
 /// The exclusive holder of `name`, its value and its term; `frees` is how long a vanished
 /// holder's lock lasts (the observer's next look, as nothing announces a session's end).
+///
+/// A holder whose counter row is not its own is read again a few times: a grant takes the
+/// lock before its statement's row commits, and a read in between sees the new holder beside
+/// the last one's row. One that stays so is another client than distlock.
 pub(crate) async fn leader(
     opener: &Opener,
     name: &LockName,
     frees: Duration,
 ) -> Result<Option<Leader>> {
+    for pause in [10, 20, 40, 80, 160].map(Duration::from_millis) {
+        match read_leader(opener, name).await? {
+            Read::Nobody => return Ok(None),
+            Read::Ours(token, value) => {
+                let value = value.as_deref().map(LeaderValue::read).unwrap_or_default();
+                return Ok(Some(Leader::new(value, token, Some(frees))));
+            }
+            Read::NotOurs => tokio::time::sleep(pause).await,
+        }
+    }
+    Err(Error::Unsupported {
+        backend: BACKEND,
+        operation: "a leader that is another client than distlock (it has no term)",
+    })
+}
+
+enum Read {
+    Nobody,
+    Ours(FencingToken, Option<Vec<u8>>),
+    NotOurs,
+}
+
+async fn read_leader(opener: &Opener, name: &LockName) -> Result<Read> {
     let session = match opener.idle.take() {
         Some(s) => s,
         None => opener.session().await?,
@@ -37,21 +64,17 @@ pub(crate) async fn leader(
         .await?;
     opener.idle.put_back(session);
     let Some(row) = rows.first() else {
-        return Ok(None);
+        return Ok(Read::Nobody);
     };
     let token: Option<i64> = row.try_get(0).unwrap_or(None);
     let value: Option<Vec<u8>> = row.try_get(1).unwrap_or(None);
     let ours: bool = row.try_get(2).unwrap_or(false);
-    let term = token
-        .filter(|_| ours)
-        .and_then(|t| u64::try_from(t).ok())
-        .map(FencingToken::new)
-        .ok_or(Error::Unsupported {
-            backend: BACKEND,
-            operation: "a leader that is another client than distlock (it has no term)",
-        })?;
-    let value = value.as_deref().map(LeaderValue::read).unwrap_or_default();
-    Ok(Some(Leader::new(value, term, Some(frees))))
+    Ok(
+        match token.filter(|_| ours).and_then(|t| u64::try_from(t).ok()) {
+            Some(t) => Read::Ours(FencingToken::new(t), value),
+            None => Read::NotOurs,
+        },
+    )
 }
 
 /// `LISTEN` on the name's channel, on a connection of its own.

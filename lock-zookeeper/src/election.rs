@@ -26,7 +26,8 @@ pub(crate) async fn leader(s: &Session, name: &LockName) -> Result<Option<Leader
         let children = match client.list_children(&parent).await {
             Ok(c) => contenders(c),
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(s.error(e, Some(name))),
+            // A session that ended is no lease lost here: a read on the next one is fine.
+            Err(e) => return Err(s.error(e, None)),
         };
         let modes: Vec<Mode> = children.iter().map(|(_, c)| mode_of(c)).collect();
         let Some((_, head)) = children.first() else {
@@ -43,7 +44,7 @@ pub(crate) async fn leader(s: &Session, name: &LockName) -> Result<Option<Leader
                 return Ok(Some(Leader::new(LeaderValue::read(&data), term, None)));
             }
             Err(zookeeper_client::Error::NoNode) => continue,
-            Err(e) => return Err(s.error(e, Some(name))),
+            Err(e) => return Err(s.error(e, None)),
         }
     }
     Err(Error::unavailable(
@@ -60,7 +61,7 @@ pub(crate) async fn watch(s: &Session, name: &LockName) -> Result<Box<dyn Change
     let watcher = client
         .watch(&parent, AddWatchMode::PersistentRecursive)
         .await
-        .map_err(|e| s.error(e, Some(name)))?;
+        .map_err(|e| s.error(e, None))?;
     Ok(Box::new(Feed {
         watcher: Some(watcher),
     }))

@@ -51,17 +51,17 @@ pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
 }
 
 /// `| label | grants | time | blackhole | delay | cut | pause | freeze | restart | partition |
-/// bridge | one-way | clock | double | a/b/c/d | stale writes refused | lost signal p50 / p99 (n) | heal to grant p50 / p99 (n) |
+/// bridge | one-way | clock | double | a/b/c/d/e | stale writes refused | lost signal p50 / p99 (n) | heal to grant p50 / p99 (n) |
 /// hand-off p50 / p99 |`
 pub fn table_row(label: &str, r: &Report) -> String {
     let faults: Vec<String> = crate::safety::FAULT_KINDS
         .iter()
         .map(|k| r.faults.get(k).copied().unwrap_or(0).to_string())
         .collect();
-    let [a, b, c, d] = r.violations_by_kind();
+    let [a, b, c, d, e] = r.violations_by_kind();
     let q = |v: Option<Duration>| v.map_or("–".to_string(), ms);
     format!(
-        "| {label} | {} | {:.0} s | {} | {a} / {b} / {c} / {d} | {} | {} / {} (n = {}) | {} / {} (n = {}) | {} / {} |",
+        "| {label} | {} | {:.0} s | {} | {a} / {b} / {c} / {d} / {e} | {} | {} / {} (n = {}) | {} / {} (n = {}) | {} / {} |",
         r.grants,
         r.elapsed.as_secs_f64(),
         faults.join(" | "),

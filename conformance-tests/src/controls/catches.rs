@@ -266,6 +266,10 @@ impl Flaw {
             Flaw::FeedSilent => cases![election::observer_sees_each_leader_in_order],
             Flaw::ObserverPolls => cases![election::observing_is_idle],
             Flaw::ElectionUndeclared => cases![input::undeclared_modes_are_unsupported],
+            Flaw::LeaderNeverGone => cases![
+                election::leader_reports_value_and_term,
+                safety::history_is_clean
+            ],
             Flaw::HangsWhileUnreachable => cases![
                 faults::unreachable_backend_is_an_error,
                 faults::cut_off_holder_gets_answers_not_hangs,

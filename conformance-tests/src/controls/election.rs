@@ -48,6 +48,10 @@ impl FlawedLock {
         let key = self.key(name)?;
         self.cross().await?;
         let Some(l) = self.inner.leader(&key).await? else {
+            if self.flaw == Flaw::LeaderNeverGone {
+                let kept = self.shared.last_leader.lock().get(&(self.id, key)).cloned();
+                return Ok(kept);
+            }
             return Ok(None);
         };
         let token = (self.shared.grants.lock().get(&key)).and_then(|g| g.token);
@@ -58,11 +62,12 @@ impl FlawedLock {
             }
             _ => l.value,
         };
-        Ok(Some(Leader::new(
-            value,
-            token.unwrap_or(l.term),
-            l.remaining,
-        )))
+        let read = Leader::new(value, token.unwrap_or(l.term), l.remaining);
+        if self.flaw == Flaw::LeaderNeverGone {
+            let mut kept = self.shared.last_leader.lock();
+            kept.insert((self.id, key), read.clone());
+        }
+        Ok(Some(read))
     }
 
     pub(super) async fn watch_flawed(&self, name: &LockName) -> Result<Box<dyn ChangeFeed>> {

@@ -73,6 +73,8 @@ pub(super) struct Shared {
     /// Per name: a value kept apart from the lock ([`Flaw::LeaderIsNewestCandidate`],
     /// [`Flaw::ProclaimUnchecked`]).
     pub(super) values: Mutex<HashMap<LockName, lock_core::LeaderValue>>,
+    /// Per client and name: the last leader it read ([`Flaw::LeaderNeverGone`]).
+    pub(super) last_leader: Mutex<HashMap<(u64, LockName), lock_core::Leader>>,
 }
 
 #[derive(Debug, Clone, Copy)]

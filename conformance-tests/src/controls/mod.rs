@@ -388,6 +388,9 @@ pub enum Flaw {
     /// Declares no election and refuses `leader` and `watch`, but takes an acquisition with a
     /// holder's value (and drops the value) instead of refusing it as `Unsupported`.
     ElectionUndeclared,
+    /// A leader read that finds no holder answers with the last leader this client read (a
+    /// missing key taken for "unchanged"): observers never see a leadership end.
+    LeaderNeverGone,
 }
 
 impl Flaw {
@@ -533,5 +536,6 @@ impl Flaw {
         Flaw::FeedSilent,
         Flaw::ObserverPolls,
         Flaw::ElectionUndeclared,
+        Flaw::LeaderNeverGone,
     ];
 }

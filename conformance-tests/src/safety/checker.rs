@@ -97,6 +97,7 @@ pub(super) fn analyse(events: &[Event], rules: &Rules) -> (Vec<Violation>, Vec<D
     }
     store_order(events, &beliefs, &rel, &mut out);
     liveness(events, rules, &by_name, &rel, &mut out);
+    observers(events, &rel, &mut out);
     out.sort_by_key(|v| (v.kind, v.at));
     (out, races)
 }
@@ -431,6 +432,81 @@ fn clients_recover(
                 rel(end)
             ),
         ));
+    }
+}
+
+/// (e) Each election observer's showings, per client and name: never a term below the highest
+/// it showed, never again a term it saw end (nobody shown after it); no failure; and, when
+/// the run stopped watching ([`Op::ObserversStopped`], every lease ended by then), nobody
+/// shown.
+fn observers(events: &[Event], rel: &dyn Fn(Instant) -> Duration, out: &mut Vec<Violation>) {
+    // Per (client, name): the highest term shown, whether nobody was shown since, the last.
+    type Shown = (Option<u64>, bool, Option<u64>);
+    let mut seen: BTreeMap<(usize, usize), Shown> = BTreeMap::new();
+    let observer = |e: &Event, detail: String| Violation {
+        kind: Kind::Observer,
+        name: e.name,
+        leases: vec![],
+        at: e.at,
+        detail,
+    };
+    for e in events {
+        match &e.op {
+            Op::Observed { term, .. } => {
+                let (top, ended, last) = seen.entry((e.client, e.name)).or_default();
+                if let (Some(t), Some(high)) = (*term, *top) {
+                    if t < high || (t == high && *ended) {
+                        let why = if t < high {
+                            "below"
+                        } else {
+                            "again, after its end:"
+                        };
+                        out.push(observer(
+                            e,
+                            format!(
+                                "client {}'s observer showed term {t} at {:?}, {why} term                                  {high}, which it had shown before",
+                                e.client,
+                                rel(e.at)
+                            ),
+                        ));
+                    }
+                }
+                match term {
+                    Some(t) => {
+                        *top = Some(top.map_or(*t, |h| h.max(*t)));
+                        *ended = false;
+                    }
+                    None => *ended = top.is_some(),
+                }
+                *last = *term;
+            }
+            Op::ObserverFailed { error } => out.push(observer(
+                e,
+                format!(
+                    "client {}'s observer failed at {:?}: {error}",
+                    e.client,
+                    rel(e.at)
+                ),
+            )),
+            Op::ObserversStopped => {
+                for ((client, name), (_, _, last)) in &seen {
+                    if let Some(t) = last {
+                        out.push(Violation {
+                            kind: Kind::Observer,
+                            name: *name,
+                            leases: vec![],
+                            at: e.at,
+                            detail: format!(
+                                "client {client}'s observer still showed a leader of term {t} \
+                                 when the run stopped watching at {:?}, every lease ended",
+                                rel(e.at)
+                            ),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
 

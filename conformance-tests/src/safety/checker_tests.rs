@@ -646,3 +646,58 @@ fn a_reader_seen_again_beside_a_newer_reader_is_no_resurrection_but_beside_a_wri
     late_look(&mut h, later);
     assert!(!fencing_details(&h).is_empty());
 }
+
+/// (e): an observer's showings. Our `Observer` never shows a term go back (lock-core's own
+/// test proves that), so these histories are made by hand: each rule must fail one.
+fn observed(term: Option<u64>) -> Op {
+    Op::Observed {
+        term,
+        resynced: false,
+    }
+}
+
+#[test]
+fn observers_showing_each_leader_once_and_nobody_at_the_end_are_clean() {
+    let mut h = H::new();
+    h.at(0, 7, observed(None))
+        .at(10, 7, observed(Some(3)))
+        .at(20, 7, observed(Some(3))) // a proclaimed value: same term
+        .at(30, 7, observed(None))
+        .at(40, 7, observed(Some(5)))
+        .at(50, 7, observed(None))
+        .at(60, NOBODY, Op::ObserversStopped);
+    assert_eq!(h.kinds(70), vec![]);
+}
+
+#[test]
+fn an_observer_showing_a_lower_term_is_reported() {
+    let mut h = H::new();
+    h.at(0, 7, observed(Some(5)))
+        .at(10, 7, observed(Some(4)))
+        .at(20, 7, observed(None));
+    assert_eq!(h.kinds(30), vec![Kind::Observer]);
+}
+
+#[test]
+fn an_observer_showing_an_ended_term_again_is_reported() {
+    let mut h = H::new();
+    h.at(0, 7, observed(Some(5)))
+        .at(10, 7, observed(None))
+        .at(20, 7, observed(Some(5)))
+        .at(30, 7, observed(None));
+    assert_eq!(h.kinds(40), vec![Kind::Observer]);
+}
+
+#[test]
+fn an_observer_left_on_a_leader_or_failed_is_reported() {
+    let mut h = H::new();
+    h.at(0, 7, observed(Some(5)))
+        .at(10, 8, observed(None))
+        .at(20, NOBODY, Op::ObserversStopped);
+    assert_eq!(h.kinds(30), vec![Kind::Observer]);
+    let mut h = H::new();
+    let error = "refused".to_string();
+    h.at(0, 7, observed(None))
+        .at(10, 7, Op::ObserverFailed { error });
+    assert_eq!(h.kinds(20), vec![Kind::Observer]);
+}

@@ -108,6 +108,21 @@ pub enum Op {
         /// What and where.
         what: String,
     },
+    /// An election's observer on this event's client and name showed a leader's term (`None`:
+    /// nobody leads), after a gap if `resynced`.
+    Observed {
+        /// The leader's term.
+        term: Option<u64>,
+        /// The observer said it re-read after a gap.
+        resynced: bool,
+    },
+    /// An observer's `next` failed (a non-retryable error): it observes no more.
+    ObserverFailed {
+        /// In the driver's words.
+        error: String,
+    },
+    /// The run stopped its observers: every lease had ended by then (or the bound ran out).
+    ObserversStopped,
     /// After the run's last heal, every server serves its clients again
     /// ([`Servers::serving`](crate::Servers::serving)), recorded when the nemesis first saw
     /// it. Liveness (d) counts from here.

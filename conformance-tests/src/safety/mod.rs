@@ -16,7 +16,10 @@
 //! - **(d) liveness**: after the last fault healed, every name is granted again within a bound
 //!   derived from the TTL, every client that asks is answered by its backend again (a grant,
 //!   a wait that ran out, a release), and every acquisition returns within its bounded wait
-//!   and the workload's margin.
+//!   and the workload's margin;
+//! - **(e) observers**, where the driver holds elections (its writers then campaign with a
+//!   value): each name's election observers never show a term go back or return after its
+//!   end, never fail, and show nobody once every lease has ended (within the recovery bound).
 //!
 //! The suite's `safety::history_is_clean` case runs [`Workload::short`] on every driver; the
 //! negative controls prove that the checker reports each broken promise as its own kind.
@@ -34,6 +37,7 @@ mod belief;
 mod checker;
 mod history;
 mod nemesis;
+mod observers;
 mod overlap;
 mod polled;
 mod report;

@@ -72,16 +72,17 @@ impl Report {
     }
 
     /// Violations of each kind, in the order (a) overlap, (b) fencing, (c) loss not seen,
-    /// (d) liveness.
-    pub fn violations_by_kind(&self) -> [usize; 4] {
+    /// (d) liveness, (e) observers.
+    pub fn violations_by_kind(&self) -> [usize; 5] {
         use super::checker::Kind;
-        let mut out = [0; 4];
+        let mut out = [0; 5];
         for v in &self.violations {
             let i = match v.kind {
                 Kind::Overlap => 0,
                 Kind::Fencing => 1,
                 Kind::LossNotSeen => 2,
                 Kind::Liveness => 3,
+                Kind::Observer => 4,
             };
             out[i] += 1;
         }
@@ -110,14 +111,20 @@ impl Report {
         by
     }
 
+    /// How many leader changes the run's election observers showed ([`Op::Observed`]).
+    pub fn observations(&self) -> usize {
+        let seen = |e: &&Event| matches!(e.op, Op::Observed { .. });
+        self.events.iter().filter(seen).count()
+    }
+
     /// One line for a log: grants, time, faults, figures, seed.
     pub fn summary(&self) -> String {
-        let [a, b, c, d] = self.violations_by_kind();
+        let [a, b, c, d, e] = self.violations_by_kind();
         let [excl, shared, permits] = self.grants_by_mode();
         format!(
             "{} grants ({excl} exclusive, {shared} shared, {permits} permits) in {:.1?} \
              (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
-             violations a/b/c/d {a}/{b}/{c}/{d}, cut-off holder to lost signal p50 {:?} p99 {:?} \
+             violations a/b/c/d/e {a}/{b}/{c}/{d}/{e}, observations {}, cut-off holder to lost signal p50 {:?} p99 {:?} \
              (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), hand-off p50 {:?} p99 {:?} \
              (n={}), cut races {} (longest {:?}), servers serving again {:?} after the last heal, \
              seed {}",
@@ -127,6 +134,7 @@ impl Report {
             self.unknown,
             self.stale_writes_refused,
             self.faults,
+            self.observations(),
             self.loss_to_signal_quantile(0.5),
             self.loss_to_signal_quantile(0.99),
             self.loss_to_signal.len(),

@@ -22,6 +22,10 @@ pub enum Kind {
     /// again; or an acquisition never finished, or overstayed its bounded wait by the
     /// workload's whole margin.
     Liveness,
+    /// (e) An election's observer showed a term below one it had shown, or again a term it
+    /// had seen end; or it failed; or, once every lease of the run had ended, it still showed
+    /// a leader when the run stopped watching (the recovery bound after the clients stopped).
+    Observer,
 }
 
 /// One broken promise, with the evidence.

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::{
-    Capabilities, DistributedLock, Fencing, Lease, LeaseState, LockName, LockOptions, Mode,
+    Capabilities, DistributedLock, Fencing, LeaderValue, Lease, LeaseState, LockName, LockOptions,
+    Mode,
 };
 
 use super::checker::{analyse, Rules};
 use super::history::{History, LeaseId, Op, NOBODY};
 use super::nemesis::{Nemesis, Rng, FAULT_KINDS};
+use super::observers::Observers;
 use super::polled::Polled;
 use super::report::{loss_to_signal, Report};
 use super::store::FencedStore;
@@ -213,6 +215,9 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         };
         clients.push(lock);
     }
+    let observed = (0..w.names)
+        .map(|i| fresh_name(&format!("safety-{i}")))
+        .collect::<Vec<_>>();
     let fencing = clients
         .first()
         .is_some_and(|c| c.capabilities().fencing != Fencing::None);
@@ -223,9 +228,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     let shared = Arc::new(Shared {
         history: Arc::new(History::default()),
         store: FencedStore::default(),
-        names: (0..w.names)
-            .map(|i| fresh_name(&format!("safety-{i}")))
-            .collect(),
+        names: observed,
         grants: AtomicU64::new(0),
         refused: AtomicU64::new(0),
         unknown: AtomicU64::new(0),
@@ -271,6 +274,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
             )));
         }
     }
+    let observers = Observers::spawn(&clients, &shared.names, &shared.history);
     let started = Instant::now();
     let tasks: Vec<_> = clients
         .into_iter()
@@ -320,6 +324,8 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     for t in tasks {
         let _ = tokio::time::timeout(grace, t).await;
     }
+    // Every lease ended (released, dropped, or abandoned to its TTL): observers show nobody.
+    observers.settle(&shared.history, recovery, ttl / 10).await;
     let events = shared.history.events();
     let (violations, cut_races) = analyse(
         &events,
@@ -402,10 +408,16 @@ async fn client_loop(me: Client, lock: Arc<dyn DistributedLock>, s: Arc<Shared>,
     while !s.stop.load(Ordering::Relaxed) {
         let n = rng.below(s.names.len() as u64) as usize;
         let mode = s.family.mode(n, &caps, &mut rng);
-        let opts = LockOptions::new(ttl)
+        let mut opts = LockOptions::new(ttl)
             .wait_for(wait)
             .auto_renew(None)
             .mode(mode);
+        // Where the driver holds elections, a writer campaigns: its value goes with its grant.
+        if let (true, Mode::Exclusive, Ok(v)) =
+            (caps.election, mode, LeaderValue::new(format!("c{c}")))
+        {
+            opts = opts.value(v);
+        }
         s.history.record(c, n, Op::Acquire);
         let mut acquiring = Polled::new(lock.acquire(&s.names[n], &opts));
         let lease = match tokio::time::timeout(limit, &mut acquiring).await {
