@@ -52,10 +52,21 @@ fn a_clock_step_on_a_minority_of_masters_keeps_exclusion_and_on_a_majority_break
 
         // A third master steps: a majority has lost the key.
         masters[2].set_step(ClockStep::Ahead(step)).await.unwrap();
-        let second = other.try_acquire(&name, &opts).await.unwrap().expect(
+        // A few tries: on a loaded machine one of the three masters may answer after the
+        // per-node timeout, which leaves two of five, no majority — a slow node, not a
+        // defence (the first holder's keys on the other two live 10 s).
+        let mut second = None;
+        for _ in 0..5 {
+            second = other.try_acquire(&name, &opts).await.unwrap();
+            if second.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let second = second.expect(
             "the documented limit: once a majority of masters' clocks step past the key's \
-             expiry, a second holder is granted. If this is refused, the driver has a defence \
-             the docs must describe",
+             expiry, a second holder is granted (refused in 5 tries). If this is refused, the \
+             driver has a defence the docs must describe",
         );
         let believed = first
             .valid_until()

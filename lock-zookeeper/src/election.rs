@@ -63,11 +63,16 @@ pub(crate) async fn watch(s: &Session, name: &LockName) -> Result<Box<dyn Change
         .await
         .map_err(|e| s.error(e, None))?;
     Ok(Box::new(Feed {
+        client,
         watcher: Some(watcher),
     }))
 }
 
 struct Feed {
+    /// The watch's session, kept open while the feed lives: the driver may move on to a new
+    /// session, and a session whose every handle is dropped ends without telling its watchers
+    /// (the client library's watcher then panics when asked for its next event).
+    client: zookeeper_client::Client,
     /// Gone after a terminal session event, which the watcher must not be asked past.
     watcher: Option<PersistentWatcher>,
 }
@@ -75,6 +80,9 @@ struct Feed {
 #[async_trait]
 impl ChangeFeed for Feed {
     async fn changed(&mut self) -> Result<Change> {
+        if self.client.state().is_terminated() {
+            self.watcher = None;
+        }
         let Some(watcher) = self.watcher.as_mut() else {
             return Err(Error::unavailable(BACKEND, "the watch's session ended"));
         };

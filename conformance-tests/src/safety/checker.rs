@@ -498,8 +498,9 @@ fn observers(events: &[Event], rel: &dyn Fn(Instant) -> Duration, out: &mut Vec<
                             at: e.at,
                             detail: format!(
                                 "client {client}'s observer still showed a leader of term {t} \
-                                 when the run stopped watching at {:?}, every lease ended",
-                                rel(e.at)
+                                 when the run stopped watching at {:?}; {}",
+                                rel(e.at),
+                                last_lease(events, *name, rel)
                             ),
                         });
                     }
@@ -508,6 +509,29 @@ fn observers(events: &[Event], rel: &dyn Fn(Instant) -> Duration, out: &mut Vec<
             _ => {}
         }
     }
+}
+
+/// The evidence for a stale observer: the name's last grant, and how its lease ended.
+fn last_lease(events: &[Event], name: usize, rel: &dyn Fn(Instant) -> Duration) -> String {
+    let granted = events.iter().rev().find_map(|e| match e.op {
+        Op::Granted { lease, token, .. } if e.name == name => Some((e, lease, token)),
+        _ => None,
+    });
+    let Some((g, lease, token)) = granted else {
+        return "the name was never granted".into();
+    };
+    let ended = events.iter().find(
+        |e| matches!(e.op, Op::Released { lease: l, .. } | Op::LetGo { lease: l } if l == lease),
+    );
+    let how = match ended {
+        Some(e) => format!("{:?} at {:?}", e.op, rel(e.at)),
+        None => "never let go".into(),
+    };
+    format!(
+        "its last grant: lease {lease} of client {} at {:?} (token {token:?}), {how}",
+        g.client,
+        rel(g.at)
+    )
 }
 
 /// When the last fault was healed, if any was.
