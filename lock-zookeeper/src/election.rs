@@ -63,6 +63,7 @@ pub(crate) async fn watch(s: &Session, name: &LockName) -> Result<Box<dyn Change
         .await
         .map_err(|e| s.error(e, None))?;
     Ok(Box::new(Feed {
+        state: client.state_watcher(),
         client,
         watcher: Some(watcher),
     }))
@@ -75,6 +76,11 @@ struct Feed {
     client: zookeeper_client::Client,
     /// Gone after a terminal session event, which the watcher must not be asked past.
     watcher: Option<PersistentWatcher>,
+    /// The session's connection state: a reconnection loses the events in between and, in an
+    /// ensemble, left the persistent watch silent after it (seen under the history checker's
+    /// server restarts and partitions), so any change of it ends this feed: the observer makes
+    /// a new watch and reads again.
+    state: zookeeper_client::StateWatcher,
 }
 
 #[async_trait]
@@ -86,15 +92,30 @@ impl ChangeFeed for Feed {
         let Some(watcher) = self.watcher.as_mut() else {
             return Err(Error::unavailable(BACKEND, "the watch's session ended"));
         };
-        let event = watcher.changed().await;
-        match (event.event_type, event.session_state) {
-            (EventType::Session, state) if state.is_terminated() => {
-                self.watcher = None;
-                Err(Error::unavailable(BACKEND, "the watch's session ended"))
+        let event = tokio::select! {
+            event = watcher.changed() => event,
+            state = self.state.changed() => {
+                if state.is_terminated() {
+                    self.watcher = None;
+                }
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!("the watch's session is {state:?}: watching anew"),
+                ));
             }
-            // Events while disconnected may be lost (ZOOKEEPER-4698): say so, and the observer
-            // reads again.
-            (EventType::Session, _) => Ok(Change::Resumed),
+        };
+        match (event.event_type, event.session_state) {
+            (EventType::Session, state) => {
+                if state.is_terminated() {
+                    self.watcher = None;
+                }
+                // Events while disconnected may be lost (ZOOKEEPER-4698): a new watch, and a
+                // read, follow.
+                Err(Error::unavailable(
+                    BACKEND,
+                    "the watch's connection changed",
+                ))
+            }
             _ => Ok(Change::Notified),
         }
     }
