@@ -223,6 +223,16 @@ impl Lock {
         out
     }
 
+    /// What `distlock leader` prints for this lock now.
+    fn leader_says(&self) -> String {
+        let out = Command::new(BIN)
+            .env("DISTLOCK_URL", &self.url)
+            .args(["leader", "--name", &self.name])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `distlock run --no-wait` on the held lock exits 75 (busy) within a few seconds.
     fn no_wait_is_busy(&self, holder: &str) {
         let out = Command::new(BIN)
@@ -607,12 +617,7 @@ fn etcdctl_and_distlock_see_each_others_leader() {
         .unwrap();
     let theirs = lock.start(Client::EtcdctlElect, 2);
     theirs.holds();
-    let once = Command::new(BIN)
-        .env("DISTLOCK_URL", &lock.url)
-        .args(["leader", "--name", &lock.name])
-        .output()
-        .unwrap();
-    let once = String::from_utf8_lossy(&once.stdout);
+    let once = lock.leader_says();
     assert!(
         once.contains("led by etcdctl-2 (term "),
         "distlock leader: {once}"
@@ -684,19 +689,13 @@ fn curator_kazoo_and_distlock_see_each_others_leader() {
         "kazoo contenders(): {said}"
     );
     ours.release();
-    for (client, id) in [
-        (Client::CuratorElect, "curator-2"),
-        (Client::KazooElect, "kazoo-3"),
+    for (client, n, id) in [
+        (Client::CuratorElect, 2, "curator-2"),
+        (Client::KazooElect, 3, "kazoo-3"),
     ] {
-        let n = if client == Client::CuratorElect { 2 } else { 3 };
         let theirs = lock.start(client, n);
         theirs.holds();
-        let once = Command::new(BIN)
-            .env("DISTLOCK_URL", &lock.url)
-            .args(["leader", "--name", &lock.name])
-            .output()
-            .unwrap();
-        let once = String::from_utf8_lossy(&once.stdout);
+        let once = lock.leader_says();
         assert!(
             once.contains(&format!("led by {id} (term ")),
             "distlock leader: {once}"

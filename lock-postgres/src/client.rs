@@ -377,19 +377,11 @@ impl Opener {
     /// in. `Ok(false)`: the table has no such column and this user may not add it — locks
     /// work, elections are `Unsupported`.
     pub(crate) async fn ensure_table(&self, o: &Opened) -> Result<bool> {
-        let exists = o
-            .client
-            .query_one(
-                "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
-                 WHERE attrelid = to_regclass($1) AND attname = 'value' AND NOT attisdropped)",
-                &[&self.config.table()],
-            )
-            .await
-            .map_err(|e| self.error(e))?;
-        if exists.try_get::<_, bool>(0).unwrap_or(false) {
-            if exists.try_get::<_, bool>(1).unwrap_or(false) {
-                return Ok(true);
-            }
+        let (exists, valued) = self.table_state(o).await?;
+        if valued {
+            return Ok(true);
+        }
+        if exists {
             let t = crate::session::quoted(self.config.table());
             let add = format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS value bytea");
             return Ok(match o.client.batch_execute(&add).await {
@@ -413,19 +405,25 @@ impl Opener {
             {
                 // Another client made it at the same moment: with the column, unless it is of
                 // an earlier version.
-                let has = o
-                    .client
-                    .query_one(
-                        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
-                         WHERE attrelid = to_regclass($1) AND attname = 'value')",
-                        &[&self.config.table()],
-                    )
-                    .await
-                    .map_err(|e| self.error(e))?;
-                Ok(has.try_get::<_, bool>(0).unwrap_or(false))
+                Ok(self.table_state(o).await?.1)
             }
             Err(e) => Err(self.error(e)),
         }
+    }
+
+    /// Whether the fencing table exists, and whether it has the `value` column.
+    async fn table_state(&self, o: &Opened) -> Result<(bool, bool)> {
+        let row = o
+            .client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attname = 'value' AND NOT attisdropped)",
+                &[&self.config.table()],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        let flag = |i| row.try_get::<_, bool>(i).unwrap_or(false);
+        Ok((flag(0), flag(1)))
     }
 
     /// Whether this server drops a vanished client's session by `tcp_user_timeout` as well as
