@@ -6,6 +6,40 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// When work run under a lease ([`while_held`](crate::while_held),
+/// [`LockExt::with_lock`](crate::LockExt::with_lock),
+/// [`LostSignal::cancellation_token`]) is stopped.
+///
+/// ```
+/// use lock_core::{LeaseState, StopOn};
+/// assert_eq!(StopOn::default(), StopOn::Lost);
+/// assert!(StopOn::AtRisk.stops(LeaseState::AtRisk) && !StopOn::Lost.stops(LeaseState::AtRisk));
+/// assert!(StopOn::Lost.stops(LeaseState::Lost) && !StopOn::AtRisk.stops(LeaseState::Held));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopOn {
+    /// When the lease turns [`LeaseState::Lost`]: from then on another client may hold the
+    /// lock.
+    #[default]
+    Lost,
+    /// Already when it turns [`LeaseState::AtRisk`]: a renewal or the connection failed, and
+    /// the lock may be lost at `valid_until` if the driver's retries do not get through. For
+    /// work that is cheaper to redo than to finish unsure.
+    AtRisk,
+}
+
+impl StopOn {
+    /// Whether work must stop in `state`.
+    pub fn stops(self, state: LeaseState) -> bool {
+        match self {
+            StopOn::Lost => state == LeaseState::Lost,
+            StopOn::AtRisk => state != LeaseState::Held,
+        }
+    }
+}
 
 /// What the holder can currently assume about its lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,11 +222,38 @@ impl LostSignal {
         self.rx.borrow().state_at(Instant::now()) == LeaseState::Lost
     }
 
+    /// The lease's state now, as [`Lease::state`](crate::Lease::state) says it: `Lost` too
+    /// once the lease was released, abandoned or dropped. For work that holds only this
+    /// signal (a [`Scope`](crate::Scope), a spawned task) and checks before each protected
+    /// step.
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// use lock_core::{driver::LeaseTracker, LeaseState};
+    /// let tracker = LeaseTracker::new(Instant::now() + Duration::from_secs(5));
+    /// let signal = tracker.signal();
+    /// tracker.at_risk();
+    /// assert_eq!(signal.state(), LeaseState::AtRisk);
+    /// drop(tracker); // the lease is gone
+    /// assert_eq!(signal.state(), LeaseState::Lost);
+    /// ```
+    pub fn state(&self) -> LeaseState {
+        if self.is_lost() {
+            return LeaseState::Lost;
+        }
+        self.rx.borrow().state_at(Instant::now())
+    }
+
     /// Waits until the lease is lost, released or dropped.
-    pub async fn wait(mut self) {
+    pub async fn wait(self) {
+        self.until(StopOn::Lost).await
+    }
+
+    /// Waits until the lease is in a state `stop` names (or lost, released or dropped).
+    pub(crate) async fn until(mut self, stop: StopOn) {
         loop {
             let status = *self.rx.borrow_and_update();
-            if status.state_at(Instant::now()) == LeaseState::Lost {
+            if stop.stops(status.state_at(Instant::now())) {
                 return;
             }
             tokio::select! {
@@ -204,6 +265,55 @@ impl LostSignal {
                 _ = tokio::time::sleep_until(status.valid_until.into()) => {}
             }
         }
+    }
+}
+
+impl LostSignal {
+    /// A [`CancellationToken`] cancelled once the lease is in a state `stop` names, or is
+    /// released, abandoned or dropped: for work spawned on other tasks, and for libraries
+    /// that take a token. A task of the current Tokio runtime watches the lease for it and ends
+    /// with the lease (or when the token is cancelled by hand), never later.
+    ///
+    /// An [`Error::Config`](crate::Error::Config) outside a Tokio runtime, where nothing could
+    /// watch the lease.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use lock_core::{memory::MemoryLock, DistributedLock, LockName, LockOptions, StopOn};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// let locks = MemoryLock::new();
+    /// let lease = locks.acquire(&LockName::new("export")?, &LockOptions::new(Duration::from_secs(5))).await?;
+    /// let cancel = lease.lost().cancellation_token(StopOn::Lost)?;
+    /// let worker = tokio::spawn({
+    ///     let cancel = cancel.clone();
+    ///     async move { cancel.cancelled().await } // a real worker selects on it between steps
+    /// });
+    /// lease.release().await?; // released: the worker is told to stop too
+    /// worker.await.map_err(|e| lock_core::Error::config_with("worker", e))?;
+    /// assert!(cancel.is_cancelled());
+    /// # Ok(()) }
+    /// ```
+    pub fn cancellation_token(&self, stop: StopOn) -> crate::Result<CancellationToken> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            crate::Error::config(
+                "a lease's cancellation token needs a Tokio runtime to watch the lease: \
+                 ask for it inside one (where the lease was acquired)",
+            )
+        })?;
+        let token = CancellationToken::new();
+        if stop.stops(self.state()) {
+            token.cancel();
+            return Ok(token);
+        }
+        let (signal, watcher) = (self.clone(), token.clone());
+        runtime.spawn(async move {
+            tokio::select! {
+                () = signal.until(stop) => watcher.cancel(),
+                () = watcher.cancelled() => {}
+            }
+        });
+        Ok(token)
     }
 }
 
