@@ -44,10 +44,12 @@ pub use lock_core::driver::Driver;
 pub use lock_core;
 pub use lock_core::memory::MemoryLock;
 pub use lock_core::{
-    async_trait, Capabilities, DistributedLock, Election, Error, Fencing, FencingToken, HolderInfo,
-    Leader, LeaderValue, Leadership, Lease, LeaseState, LockName, LockOptions, LostSignal, Mode,
-    Observation, Observer, Renewal, Result, Wait,
+    async_trait, while_held, Capabilities, DistributedLock, Election, Error, Fencing, FencingToken,
+    HolderInfo, Leader, LeaderValue, Leadership, Lease, LeaseState, LockExt, LockName, LockOptions,
+    LostSignal, Mode, Observation, Observer, Renewal, Result, Scope, StopOn, Wait,
 };
+
+pub mod blocking;
 #[cfg(feature = "etcd")]
 pub use lock_etcd;
 #[cfg(feature = "file")]
