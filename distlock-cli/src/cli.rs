@@ -202,6 +202,10 @@ pub(crate) struct StatusArgs {
     /// Print one JSON object instead of a sentence.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Tell held from free by the exit status, for scripts: 0 held, 1 free (an error keeps
+    /// its own status, 64 and above). Without it both are 0.
+    #[arg(long)]
+    pub(crate) exit_code: bool,
 }
 
 /// A duration as humans write it (`30s`, `1h 30m`, `250ms`), at most 100 years.

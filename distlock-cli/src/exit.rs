@@ -17,6 +17,8 @@ pub(crate) const EX_OSERR: u8 = 71;
 pub(crate) const EX_TEMPFAIL: u8 = 75;
 /// The backend refused the credentials (or a permission the lock needs).
 pub(crate) const EX_NOPERM: u8 = 77;
+/// `status --exit-code`: the lock is free (held is 0).
+pub(crate) const EX_FREE: u8 = 1;
 /// `status` could not write its answer (stdout closed or a broken pipe).
 pub(crate) const EX_IOERR: u8 = 74;
 

@@ -51,6 +51,18 @@ async fn supervised(
         )
         .report(secrets);
     }
+    // A job kept at least longer than it may run would be stopped before its lock may go.
+    if let (Some(min), Some(max)) = (a.min_hold, a.max_hold) {
+        if min > max {
+            return Failure::Usage(format!(
+                "--min-hold ({}) is longer than --max-hold ({}): the command would be stopped \
+                 before the lock may be let go; make --min-hold at most --max-hold",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ))
+            .report(secrets);
+        }
+    }
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use distlock::{DistributedLock, Error, HolderInfo, LockName, LockOptions, Mode};
 
 use crate::cli::StatusArgs;
-use crate::exit::{say, Failure, EX_IOERR};
+use crate::exit::{say, Failure, EX_FREE, EX_IOERR};
 use crate::target::Secrets;
 
 pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
@@ -34,6 +34,7 @@ pub(crate) async fn status(a: StatusArgs, secrets: &Secrets) -> u8 {
     // A closed stdout is a status nobody read: say so in the exit status, not by a panic.
     let mut out = std::io::stdout();
     match out.write_all(answer.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) if a.exit_code && holders.is_empty() => EX_FREE,
         Ok(()) => 0,
         Err(e) => {
             say(secrets, &format!("cannot write the answer: {e}"));

@@ -817,3 +817,77 @@ fn the_command_gets_no_descriptor_of_the_lock() {
         "a descriptor passed to distlock on purpose did not reach the command:\n{fds}"
     );
 }
+
+/// `--min-hold` longer than `--max-hold` would stop the command before the lock may go: a usage
+/// error (64) before anything is acquired or run; equal ones are fine.
+#[test]
+fn min_hold_longer_than_max_hold_is_a_usage_error() {
+    let dir = tmp("min-max");
+    let url = file_url(&dir);
+    let (marker, touch) = ran_marker(&dir, "ran");
+    for cmd in ["run", "elect"] {
+        let mut args = vec![cmd, "--name", "x", "--min-hold", "2s", "--max-hold", "1s"];
+        if cmd == "elect" {
+            args.extend(["--value", "me"]);
+        }
+        args.extend(["--", "sh", "-c", &touch]);
+        let o = output(distlock(&url, &args));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 64, "{cmd}: {err}");
+        assert!(
+            err.contains("--min-hold (2s) is longer than --max-hold (1s)"),
+            "{cmd}: {err}"
+        );
+        assert!(!marker.exists(), "{cmd}: the command ran");
+        let o = output(distlock(&url, &["status", "--name", "x", "--exit-code"]));
+        assert_eq!(code(&o), 1, "{cmd}: a refused run left the lock held");
+    }
+    let o = output(distlock(
+        &url,
+        &[
+            "run",
+            "--name",
+            "x",
+            "--min-hold",
+            "10ms",
+            "--max-hold",
+            "10ms",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    ));
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(marker.exists());
+}
+
+/// `status --exit-code`: 0 while held, 1 while free, an error's own status otherwise; without
+/// the option both are 0, as before.
+#[test]
+fn status_exit_code_tells_held_from_free() {
+    let dir = tmp("exit-code");
+    let url = file_url(&dir);
+    let free = |args: &[&str]| code(&output(distlock(&url, args)));
+    assert_eq!(free(&["status", "--name", "x", "--exit-code"]), 1);
+    assert_eq!(free(&["status", "--name", "x", "--exit-code", "--json"]), 1);
+    assert_eq!(free(&["status", "--name", "x"]), 0);
+    let started = dir.join("started");
+    let script = format!("touch {}; sleep 30", started.display());
+    let mut holder = distlock(&url, &["run", "--name", "x", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&started, Duration::from_secs(10));
+    let held = free(&["status", "--name", "x", "--exit-code"]);
+    let plain = free(&["status", "--name", "x"]);
+    kill("TERM", holder.id());
+    let _ = holder.wait();
+    assert_eq!(
+        (held, plain),
+        (0, 0),
+        "held: --exit-code {held}, plain {plain}"
+    );
+    let bad = distlock("nosuch://x", &["status", "--name", "x", "--exit-code"]);
+    assert_eq!(code(&output(bad)), 64, "an error keeps its own status");
+}
