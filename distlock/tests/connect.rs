@@ -201,3 +201,21 @@ async fn etcd_urls_connect() {
     )
     .await;
 }
+
+/// A refused connection names its root cause once, after the client's own words (tokio-postgres
+/// says only "error connecting to server" and leaves the cause to `source()`), and never the
+/// password.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_refused_postgres_connection_says_why() {
+    let err = distlock::connect("postgres://u:hunter2@127.0.0.1:1/db?sslmode=disable")
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    let said = err.to_string();
+    assert_eq!(
+        said,
+        "postgres backend unavailable: error connecting to server: Connection refused \
+         (os error 111) (postgres://u:***@127.0.0.1:1/db)"
+    );
+}

@@ -103,7 +103,7 @@ impl ClientError {
     pub fn new(error: impl Into<crate::BoxError>, secret: Option<&Secret>) -> Self {
         let inner = error.into();
         ClientError {
-            shown: scrub(&inner, secret),
+            shown: scrub(&chain(&*inner), secret),
             inner,
         }
     }
@@ -119,6 +119,23 @@ impl ClientError {
     pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
         self.inner.downcast_ref::<T>()
     }
+}
+
+/// `error`'s message and its sources' after it, each once: the root cause ("Connection
+/// refused") is shown even where a client's own message ("error connecting to server") leaves
+/// it to `source()`, and not twice where the message already includes it.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let said = cause.to_string();
+        if !said.is_empty() && !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        next = cause.source();
+    }
+    text
 }
 
 impl fmt::Debug for ClientError {
@@ -149,6 +166,40 @@ fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error with a cause, shown with or without it in its own message.
+    #[derive(Debug)]
+    struct Outer(std::io::Error, bool);
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            if self.1 {
+                write!(f, "error connecting to server: {}", self.0)
+            } else {
+                f.write_str("error connecting to server")
+            }
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_root_cause_is_shown_once() {
+        let pw = Secret::new("hunter2");
+        for says_cause in [false, true] {
+            let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused hunter2");
+            let e = ClientError::new(Outer(io, says_cause), Some(&pw)).context("pg://h:1");
+            assert_eq!(
+                e.to_string(),
+                "error connecting to server: refused *** (pg://h:1)"
+            );
+            assert!(e.downcast_ref::<Outer>().is_some());
+        }
+    }
 
     #[test]
     fn no_character_lets_the_secret_through() {
