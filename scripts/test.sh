@@ -69,6 +69,11 @@ cargo clippy -p lock-etcd --all-targets --features tls -- -D warnings
 cargo clippy -p lock-postgres --all-targets --features tls -- -D warnings
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+step "cargo package (every publishable crate; no upload)"
+# --no-verify: each crate's manifest, files and dependencies, resolved against crates.io with the
+# workspace's own crates overlaid; building each package again would double the build time.
+cargo package --workspace --no-verify --allow-dirty --quiet \
+  --exclude lock-bench --exclude table-driver --exclude test-support --exclude server-probes
 step "cargo test (in lanes: binaries that share no server run at once)"
 python3 scripts/run-tests.py "$times" -- --workspace --features distlock-cli/full
 step "cargo test -p distlock --features full (every scheme against its server)"
