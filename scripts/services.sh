@@ -108,6 +108,17 @@ install_venv() {
     die "pip install ${FOREIGN_PIP[*]} failed"
 }
 
+# mdBook, pinned, for the book in docs/ (scripts/test.sh builds it); from crates.io, built once.
+MDBOOK_VERSION=0.4.52
+install_mdbook() {
+  if [ -x "$FOREIGN/bin/mdbook" ] && "$FOREIGN/bin/mdbook" --version | grep -qx "mdbook v$MDBOOK_VERSION"; then
+    return 0
+  fi
+  log "install: mdbook $MDBOOK_VERSION into $FOREIGN/bin"
+  cargo install -q --locked --no-default-features --version "$MDBOOK_VERSION" --root "$FOREIGN" mdbook ||
+    die "cargo install mdbook $MDBOOK_VERSION failed"
+}
+
 cmd_foreign() {
   [ -x "$FOREIGN/venv/bin/python" ] || die "no foreign clients in $FOREIGN (run: scripts/services.sh install)"
   echo "$FOREIGN"
@@ -140,6 +151,7 @@ cmd_install() {
   if [ ${#missing[@]} -eq 0 ]; then
     log "install: every package present"
     install_venv
+    install_mdbook
     return 0
   fi
   log "install: ${missing[*]}"
@@ -160,6 +172,7 @@ cmd_install() {
   [ $had_policy -eq 1 ] || $sudo rm -f /usr/sbin/policy-rc.d
   [ $rc -eq 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
   install_venv
+  install_mdbook
   # On a host where a daemon did start anyway, stop it: tests own these ports.
   local svc
   for svc in redis-server zookeeper etcd postgresql pgbouncer; do

@@ -57,6 +57,9 @@ if [ -n "$long" ]; then
   printf 'over 600 lines (split by job):\n%s\n' "$long" >&2
   exit 1
 fi
+step "the docs: links, anchors, code blocks (scripts/check-docs.py) and the book (mdbook)"
+python3 scripts/check-docs.py
+"$(scripts/services.sh foreign)/bin/mdbook" build docs
 step "cargo clippy"
 # The CLI's default features leave etcd out (its client needs protoc): lint and test it whole.
 cargo clippy --workspace --all-targets --features distlock-cli/full -- -D warnings

@@ -34,6 +34,20 @@
 //! Third-party drivers add their scheme with [`register`]. URLs are never echoed in errors:
 //! drivers print them with the password replaced by `***`, and so does [`redact`].
 
+// The README's and the book's Rust examples are compiled (and, unless `no_run`, run) as this
+// crate's doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/getting-started.md")]
+struct GettingStartedGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/fencing.md")]
+struct FencingGuide;
+
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::future::Future;
