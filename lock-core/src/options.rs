@@ -272,6 +272,12 @@ impl LockOptions {
     /// let ttl = LockOptions::new(Duration::from_millis(1500)).validate(&caps)?;
     /// assert_eq!(ttl, Duration::from_secs(2));
     /// assert!(LockOptions::new(Duration::ZERO).validate(&caps).is_err());
+    /// // Below the minimum: refused, never raised silently, and the message says what to ask.
+    /// let session = Capabilities::new().with_min_ttl(Duration::from_secs(6));
+    /// let err = LockOptions::new(Duration::from_secs(5)).validate(&session).unwrap_err();
+    /// assert!(err.to_string().starts_with(
+    ///     "invalid lock options: ttl 5s is below this backend's minimum 6s: ask for at least 6s"
+    /// ));
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn validate(&self, caps: &Capabilities) -> Result<Duration> {
@@ -289,8 +295,10 @@ impl LockOptions {
         }
         if ttl < caps.min_ttl {
             return Err(Error::InvalidOptions(format!(
-                "ttl {ttl:?} is below this backend's minimum {:?}",
-                caps.min_ttl
+                "ttl {ttl:?} is below this backend's minimum {min:?}: ask for at least {min:?} \
+                 (where the lease is the session, ZooKeeper's and PostgreSQL's, the minimum is \
+                 the session timeout, which session_timeout_ms in the URL sets)",
+                min = caps.min_ttl
             )));
         }
         if self.value.is_some() && self.mode != Mode::Exclusive {
