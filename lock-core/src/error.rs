@@ -36,8 +36,17 @@ pub enum Error {
     /// backend's minimum, zero `max_hold`, ...).
     #[error("invalid lock options: {0}")]
     InvalidOptions(String),
-    /// `acquire` waited as long as [`Wait`](crate::Wait) allowed and did not get the lock.
-    #[error("lock {name} not acquired within {waited:?}")]
+    /// `acquire` waited as long as [`Wait`](crate::Wait) allowed and did not get the lock: it
+    /// is busy (with [`Wait::No`](crate::Wait::No) that is all it says).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use lock_core::{Error, LockName};
+    /// let e = Error::Timeout { name: LockName::new("jobs")?, waited: Duration::from_millis(3) };
+    /// assert_eq!(e.to_string(), "lock jobs is busy: not acquired within 3ms");
+    /// # Ok::<(), Error>(())
+    /// ```
+    #[error("lock {name} is busy: not acquired within {waited:?}")]
     Timeout {
         /// The lock that was waited for.
         name: LockName,
