@@ -162,6 +162,27 @@ impl<'a> Value<'a> {
     }
 }
 
+/// The known parameter `key` was most likely meant as: the nearest by edit distance, to the
+/// name itself or to it without its unit (`timeout` for `timeout_ms`), if near enough to be a
+/// typo (a third of its length, at least 1) and nearer than any other.
+fn nearest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+    let key = key.to_ascii_lowercase();
+    let distance = |k: &str| {
+        let bare = k.strip_suffix("_ms").unwrap_or(k);
+        strsim::levenshtein(&key, k).min(strsim::levenshtein(&key, bare))
+    };
+    let mut ranked: Vec<(usize, &'k str)> = known.iter().map(|k| (distance(k), *k)).collect();
+    ranked.sort();
+    match ranked.as_slice() {
+        [(d, k), rest @ ..]
+            if *d <= (key.len() / 3).max(1) && rest.first().map_or(true, |(d2, _)| d2 > d) =>
+        {
+            Some(k)
+        }
+        _ => None,
+    }
+}
+
 /// The query parameters of a lock URL, checked once against the keys the driver knows: an
 /// unknown key is an [`Error::Config`] that lists the known ones, a repeated key one that says
 /// so (which of two values was meant cannot be known). Values are read by key, typed; or a
@@ -190,8 +211,10 @@ impl Query {
     pub fn new(what: &str, pairs: Vec<(String, String)>, known: &[&str]) -> Result<Self> {
         for (i, (k, _)) in pairs.iter().enumerate() {
             if !known.contains(&k.as_str()) {
+                let hint =
+                    nearest(k, known).map_or(String::new(), |n| format!("did you mean {n:?}? "));
                 return Err(Error::config(format!(
-                    "{what}: unknown parameter {k:?} (known: {})",
+                    "{what}: unknown parameter {k:?} ({hint}known: {})",
                     known.join(", ")
                 )));
             }
@@ -276,5 +299,48 @@ impl Query {
     /// ```
     pub fn choice(&self, key: &str, choices: &[&'static str]) -> Result<Option<&'static str>> {
         self.value(key).map(|v| v.choice(choices)).transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REDIS: &[&str] = &[
+        "keys",
+        "prefix",
+        "allow_eviction",
+        "timeout_ms",
+        "connect_timeout_ms",
+    ];
+
+    fn said(key: &str, known: &[&str]) -> String {
+        match Query::new("Redis URL", vec![(key.into(), "1".into())], known) {
+            Err(e) => e.to_string(),
+            Ok(_) => format!("{key} was accepted"),
+        }
+    }
+
+    /// A typo gets the parameter it most likely meant, then the list; a key near none of them,
+    /// or as near to two, gets only the list (a wrong guess would mislead).
+    #[test]
+    fn a_misspelt_parameter_is_named_with_what_was_meant() {
+        assert_eq!(
+            said("timeot", REDIS),
+            "configuration error: Redis URL: unknown parameter \"timeot\" (did you mean \
+             \"timeout_ms\"? known: keys, prefix, allow_eviction, timeout_ms, connect_timeout_ms)"
+        );
+        assert!(said("prefx", REDIS).contains("did you mean \"prefix\"?"));
+        assert!(said("Timeout_MS", REDIS).contains("did you mean \"timeout_ms\"?"));
+        assert!(said("connect_timeout", REDIS).contains("did you mean \"connect_timeout_ms\"?"));
+        for far in ["password", "db", "x"] {
+            assert!(
+                !said(far, REDIS).contains("did you mean"),
+                "{far}: {}",
+                said(far, REDIS)
+            );
+        }
+        // As near to "key" as to "kez": no guess.
+        assert!(!said("keq", &["key", "kez"]).contains("did you mean"));
     }
 }
