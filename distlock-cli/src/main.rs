@@ -8,6 +8,7 @@ mod exit;
 mod keeper;
 mod leader;
 mod procs;
+mod progress;
 mod run;
 mod status;
 mod supervisor;
@@ -94,12 +95,15 @@ pub(crate) async fn connect(
         error,
     })?;
     let url = target::url_of(target.url.as_deref()).map_err(Failure::Usage)?;
-    let locks = distlock::connect(&url)
-        .await
-        .map_err(|error| Failure::Lock {
-            what: format!("cannot use {}", distlock::redact(&url)),
-            error,
-        })?;
+    // A server that accepts and never answers takes the driver's whole timeout: say so.
+    let connecting =
+        progress::Progress::start(format!("connecting to {}", distlock::redact(&url)), true);
+    let connected = distlock::connect(&url).await;
+    connecting.done();
+    let locks = connected.map_err(|error| Failure::Lock {
+        what: format!("cannot use {}", distlock::redact(&url)),
+        error,
+    })?;
     // A memory lock lives inside one process: no other `distlock` ever sees it, so it
     // excludes no other run and reads free. Said, not refused: it has been a documented URL.
     if locks.backend() == "memory" {

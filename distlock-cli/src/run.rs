@@ -1,7 +1,6 @@
 //! `distlock run`: acquire, run the command under the keeper, and keep every process of it
 //! inside the lease (see `keeper.rs` for the process side).
 
-use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use distlock::{Error, LeaderValue, Lease, LeaseState, LockName, LockOptions, Mode, Wait};
@@ -10,6 +9,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::{ElectArgs, RunArgs, Supervised};
 use crate::exit::{say, to_stderr, Failure, EX_NOPERM, EX_OSERR, EX_SOFTWARE};
+use crate::progress::Progress;
 use crate::supervisor::{keeper_status, window, Keeper};
 use crate::target::Secrets;
 
@@ -95,31 +95,16 @@ async fn supervised(
     }
 
     // Acquire, showing what we wait for on a terminal; a signal while waiting gives up.
-    let start = Instant::now();
-    let show = std::io::stderr().is_terminal() && wait != Wait::No;
     let backend = locks.backend();
-    let ticker = show.then(|| {
-        let name = name.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                to_stderr(&format!(
-                    "\rdistlock: waiting for lock {name} on {backend} ({}s)",
-                    start.elapsed().as_secs()
-                ));
-            }
-        })
-    });
+    let waiting = Progress::start(
+        format!("waiting for lock {name} on {backend}"),
+        wait != Wait::No,
+    );
     let acquired = tokio::select! {
         r = locks.acquire(&name, &opts) => Ok(r),
         sig = signals.recv() => Err(sig),
     };
-    if let Some(t) = ticker {
-        t.abort();
-        if start.elapsed() >= Duration::from_secs(1) {
-            to_stderr("\n");
-        }
-    }
+    waiting.done();
     let lease = match acquired {
         Ok(Ok(lease)) => lease,
         Ok(Err(Error::Timeout { waited, .. })) => {

@@ -366,3 +366,31 @@ fn a_script_keeps_its_terminal_while_a_run_goes_on_in_the_background() {
         });
     exits_with(&mut t, 0, Duration::from_secs(10));
 }
+
+/// A server that accepts and never answers makes distlock wait for the driver's timeout: on a
+/// terminal it says, each second, what it is waiting for (which server, the password hidden),
+/// instead of hanging silently; and the line ends when the wait does.
+#[test]
+fn a_silent_server_is_said_while_distlock_waits_for_it() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accept every connection and keep it open, answering nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let url =
+        format!("redis://app:hunter2@127.0.0.1:{port}?connect_timeout_ms=2500&timeout_ms=2500");
+    let dir = scratch("distlock-term-");
+    let mut t = OnTerminal::start(&[BIN, "status", "--url", &url, "--name", "x"], dir);
+    let said = format!("connecting to redis://app:***@127.0.0.1:{port}?connect_timeout_ms=2500&timeout_ms=2500 (1s)");
+    t.shows(&said, Duration::from_secs(5)).unwrap();
+    t.shows("(2s)", Duration::from_secs(5)).unwrap();
+    exits_with(&mut t, 69, Duration::from_secs(10));
+    let screen = t.screen();
+    assert!(!screen.contains("hunter2"), "{screen}");
+    // The progress line ended before the error was said.
+    assert!(screen.contains("s)\r\ndistlock: cannot use"), "{screen:?}");
+}
