@@ -179,6 +179,7 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         let Ok(renewed) = tokio::time::timeout_at(deadline.into(), self.shared.ops.renew()).await
         else {
             self.shared.tracker.mark_lost();
+            tracing::warn!(lock = %self.name, "manual renewal unconfirmed before valid_until; lease lost");
             return Err(Error::Lost {
                 name: self.name.clone(),
                 reason: "no renewal confirmed before valid_until".into(),
@@ -192,12 +193,16 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
                     Err(lost())
                 }
             }
+            // Said in the log as well as returned: a caller that drops the result still
+            // leaves a trace before its release finds the lease gone.
             Err(e) if e.is_retryable() => {
                 self.shared.tracker.at_risk();
+                tracing::warn!(lock = %self.name, error = %e, "manual renewal failed; lease at risk");
                 Err(e)
             }
             Err(e) => {
                 self.shared.tracker.mark_lost();
+                tracing::warn!(lock = %self.name, error = %e, "manual renewal refused; lease lost");
                 Err(e)
             }
         }
