@@ -71,13 +71,16 @@ pub enum Error {
     },
     /// The backend could not be reached or did not answer in time. Transient: retry later.
     /// After an ambiguous failure during acquire the driver has already tried to clean up.
-    #[error("{backend} backend unavailable: {source}")]
+    ///
+    /// Its `cause` is said in its message and is not its
+    /// [`source`](std::error::Error::source), so a reporter that prints the chain of sources
+    /// (anyhow's `{:#}`) says it once; match the variant to reach it.
+    #[error("{backend} backend unavailable: {cause}")]
     Unavailable {
         /// Which backend (`"redis"`, `"etcd"`, ...).
         backend: &'static str,
-        /// The client library's error. Never contains credentials.
-        #[source]
-        source: BoxError,
+        /// The client library's error, whole (for `downcast_ref`). Never contains credentials.
+        cause: BoxError,
     },
     /// A quorum-based backend did not collect enough grants or confirmations.
     #[error("quorum not reached: {granted} granted, {needed} needed")]
@@ -127,13 +130,15 @@ pub enum Error {
     },
     /// The backend answered with something the driver did not expect (a protocol or script
     /// error). Not transient: retrying the same call will most likely fail the same way.
-    #[error("{backend} backend error: {source}")]
+    ///
+    /// Its `cause` is said in its message, not repeated as its `source()` (as for
+    /// [`Error::Unavailable`]).
+    #[error("{backend} backend error: {cause}")]
     Backend {
         /// Which backend.
         backend: &'static str,
-        /// What it said.
-        #[source]
-        source: BoxError,
+        /// What it said, whole.
+        cause: BoxError,
     },
 }
 
@@ -212,13 +217,19 @@ impl Error {
     /// Shorthand for [`Error::Unavailable`].
     ///
     /// ```
+    /// use std::error::Error as _;
     /// let e = lock_core::Error::unavailable("redis", std::io::Error::other("connection refused"));
-    /// assert!(e.to_string().contains("redis backend unavailable"));
+    /// assert_eq!(e.to_string(), "redis backend unavailable: connection refused");
+    /// // Said once: a reporter walking the sources adds nothing (anyhow's `{:#}` printed it twice).
+    /// assert!(e.source().is_none());
+    /// if let lock_core::Error::Unavailable { cause, .. } = &e {
+    ///     assert!(cause.downcast_ref::<std::io::Error>().is_some()); // still whole
+    /// }
     /// ```
     pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
         Error::Unavailable {
             backend,
-            source: source.into(),
+            cause: source.into(),
         }
     }
 
@@ -231,7 +242,7 @@ impl Error {
     pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
         Error::Backend {
             backend,
-            source: source.into(),
+            cause: source.into(),
         }
     }
 }
