@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock::{LockName, LockOptions};
+use distlock::{LockExt, LockName, LockOptions, StopOn};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> distlock::Result<()> {
@@ -19,18 +19,23 @@ async fn main() -> distlock::Result<()> {
     for worker in 1..=2 {
         let (locks, name, opts) = (locks.clone(), name.clone(), opts.clone());
         workers.push(tokio::spawn(async move {
-            let lease = locks.acquire(&name, &opts).await?;
-            println!(
-                "{:>5} ms  worker {worker} holds {name}, fencing token {:?}",
-                start.elapsed().as_millis(),
-                lease.fencing_token().map(|t| t.get())
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await; // the protected work
-            println!(
-                "{:>5} ms  worker {worker} releases",
-                start.elapsed().as_millis()
-            );
-            lease.release().await
+            // Held while the work runs, released at its end; the work is stopped, and
+            // Err(Lost) returned, if the lease is lost before it ends.
+            locks
+                .with_lock(&name, &opts, StopOn::Lost, |scope| async move {
+                    println!(
+                        "{:>5} ms  worker {worker} holds {}, fencing token {:?}",
+                        start.elapsed().as_millis(),
+                        scope.name(),
+                        scope.fencing_token().map(|t| t.get())
+                    );
+                    tokio::time::sleep(Duration::from_millis(300)).await; // the protected work
+                    println!(
+                        "{:>5} ms  worker {worker} is done",
+                        start.elapsed().as_millis()
+                    );
+                })
+                .await
         }));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
