@@ -7,7 +7,9 @@
 //! - validated [`LockName`]s, [`LockOptions`] (TTL, [`Wait`], [`Renewal`], [`Mode`]: exclusive,
 //!   shared or one of K permits), [`FencingToken`]s,
 //!   [`Capabilities`] and one [`Error`] enum;
-//! - the lease states a holder watches ([`LeaseState`], [`LostSignal`]);
+//! - the lease states a holder watches ([`LeaseState`], [`LostSignal`], and its
+//!   `CancellationToken`), and scoped use that stops work when its lease is lost
+//!   ([`LockExt::with_lock`], [`while_held`]);
 //! - [`memory::MemoryLock`], the in-memory reference driver;
 //! - [`driver`]: what only driver authors need — the one watchdog, packaged as
 //!   [`ManagedLease`](driver::ManagedLease) around a driver's [`LeaseOps`](driver::LeaseOps),
