@@ -32,8 +32,10 @@
 //! }
 //! ```
 //!
-//! Calling these methods from inside an async runtime is an [`Error::Config`], never a
-//! panic or a blocked runtime thread: there, use the async API.
+//! Calling these methods on a thread inside an async runtime's context (one of its workers, or
+//! one of its `spawn_blocking` threads) is an [`Error::Config`], never a panic or a blocked
+//! runtime thread: there, use the async API (from `spawn_blocking`, `Handle::block_on` on
+//! it).
 
 use std::future::Future;
 use std::sync::Arc;
