@@ -219,3 +219,37 @@ async fn a_refused_postgres_connection_says_why() {
          (os error 111) (postgres://u:***@127.0.0.1:1/db)"
     );
 }
+
+/// A server that is not there: each driver's error names the server it tried and why, once,
+/// and is `Unavailable` (retryable).
+#[tokio::test]
+async fn an_unreachable_server_is_named_with_the_reason() {
+    let mut cases: Vec<(&str, &str)> = Vec::new();
+    #[cfg(feature = "redis")]
+    cases.push((
+        "redis://127.0.0.1:1",
+        "redis backend unavailable: cannot connect to redis://127.0.0.1:1: Connection refused (os error 111)",
+    ));
+    #[cfg(feature = "redlock")]
+    cases.push((
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        "redlock backend unavailable: only 0 of 3 masters answered (need 2); down: redis://127.0.0.1:1, redis://127.0.0.1:2, redis://127.0.0.1:3",
+    ));
+    #[cfg(feature = "zookeeper")]
+    cases.push((
+        "zk://127.0.0.1:1",
+        "zookeeper backend unavailable: cannot connect to zk://127.0.0.1:1: no available hosts",
+    ));
+    #[cfg(feature = "etcd")]
+    cases.push((
+        "etcd://127.0.0.1:1",
+        "etcd backend unavailable: cannot connect to etcd://127.0.0.1:1: Connection refused (os error 111)",
+    ));
+    for (url, want) in cases {
+        let err = distlock::connect(url)
+            .await
+            .expect_err("nothing listens there");
+        assert!(err.is_retryable(), "{url}: {err:?}");
+        assert_eq!(err.to_string(), want, "{url}");
+    }
+}

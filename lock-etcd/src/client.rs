@@ -101,13 +101,18 @@ impl Cluster {
         )
         .await
         .map_err(|e| match e {
-            Error::Unavailable { .. } => Error::unavailable(
-                BACKEND,
-                format!(
-                    "{} does not answer reads (no leader or no quorum?)",
-                    config.redacted_url()
-                ),
-            ),
+            // Say why (refused, timed out, no leader): a guess would mislead.
+            Error::Unavailable { cause, .. } => {
+                let url = config.redacted_url();
+                match refused(&*cause) {
+                    Some(io) => {
+                        Error::unavailable(BACKEND, format!("cannot connect to {url}: {io}"))
+                    }
+                    None => {
+                        Error::unavailable(BACKEND, format!("{url} does not answer reads: {cause}"))
+                    }
+                }
+            }
             e => e,
         })?;
         let term = health.header().map_or(0, |h| h.raft_term());
@@ -290,6 +295,29 @@ pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
         etcd_client::Error::TransportError(_) => true,
         _ => false,
     }
+}
+
+/// The operating system's reason a request never reached a server ("Connection refused"),
+/// from the chain under a client error, where there is one.
+fn refused(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let e = cause
+        .downcast_ref::<ClientError>()?
+        .downcast_ref::<etcd_client::Error>()?;
+    if !never_sent(e) {
+        return None;
+    }
+    // etcd-client's error does not chain to the gRPC status it wraps; the status does.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(status) => Some(status),
+        other => Some(other),
+    };
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io.to_string());
+        }
+        next = err.source();
+    }
+    None
 }
 
 /// A member refused the request for having no leader (the require-leader check, or a
