@@ -20,7 +20,11 @@ use crate::session::channel;
 ///
 /// A holder whose counter row is not its own is read again a few times: a grant takes the
 /// lock before its statement's row commits, and a read in between sees the new holder beside
-/// the last one's row. One that stays so is another client than distlock.
+/// the last one's row. One that stays so may still be a distlock grant in progress (its row
+/// held by a transaction that has not ended: a holder's release or proclaim cut off mid-way
+/// keeps it until its session ends) or another client than distlock, which has no term: the
+/// server cannot tell the two apart, so the answer is a retryable `Unavailable` (an observer
+/// reads again), never `Unsupported`, which would end an observer for good.
 pub(crate) async fn leader(
     opener: &Opener,
     name: &LockName,
@@ -36,10 +40,13 @@ pub(crate) async fn leader(
             Read::NotOurs => tokio::time::sleep(pause).await,
         }
     }
-    Err(Error::Unsupported {
-        backend: BACKEND,
-        operation: "a leader that is another client than distlock (it has no term)",
-    })
+    Err(Error::unavailable(
+        BACKEND,
+        format!(
+            "the holder of {name} has no committed grant: a distlock grant still in progress \
+             (read again), or another client than distlock, which has no term"
+        ),
+    ))
 }
 
 enum Read {
