@@ -255,9 +255,13 @@ pub async fn names_differing_in_punctuation_are_independent(
     }
     let mut leases: Vec<Box<dyn lock_core::Lease>> = Vec::new();
     let mut failure = None;
+    // Renewed while the ~130 grants are made: on a loaded machine they can take longer than
+    // an unrenewed lease is valid (a ZooKeeper ensemble vouches for half a session), and a
+    // lease lost meanwhile would fail its release for a reason this case is not about.
+    let held_on = long_opts(h).auto_renew(None);
     for tail in &tails {
         let name = LockName::new(format!("{base}{tail}"))?;
-        match a.try_acquire(&name, &long_opts(h)).await? {
+        match a.try_acquire(&name, &held_on).await? {
             Some(l) => leases.push(l),
             None => {
                 let held_now: Vec<String> = leases.iter().map(|l| l.name().to_string()).collect();
