@@ -161,7 +161,7 @@ impl Flaw {
                 cases![inspect::backend_key_is_the_locks_own]
             }
             Flaw::TokenChangesOnRenew => cases![fencing::token_is_the_grants_for_its_life],
-            Flaw::MinTtlRefused | Flaw::MinTtlUnavailable => {
+            Flaw::MinTtlRefused | Flaw::MinTtlUnavailable | Flaw::MinTtlAlwaysLate => {
                 cases![input::declared_min_ttl_is_granted]
             }
             Flaw::LostReplyLeavesGrant => cases![faults::lost_reply_leaves_no_orphan],

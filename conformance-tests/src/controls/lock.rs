@@ -344,6 +344,13 @@ impl FlawedLock {
                 self.inner.backend(),
                 "the grant arrived after the lease's validity had passed",
             )),
+            Flaw::MinTtlAlwaysLate if opts.ttl == caps.min_ttl => {
+                tokio::time::sleep(caps.min_ttl).await;
+                Err(Error::unavailable(
+                    self.inner.backend(),
+                    "the grant arrived after the lease's validity had passed",
+                ))
+            }
             _ => opts.validate(&caps),
         };
         if checked.is_err() && self.flaw == Flaw::ValidatesAfterLocking {

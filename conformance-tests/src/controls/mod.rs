@@ -243,6 +243,9 @@ pub enum Flaw {
     /// A TTL of exactly the declared `min_ttl` is refused at once with a retryable
     /// `Unavailable`, as if every grant at that TTL came back too late to use.
     MinTtlUnavailable,
+    /// A TTL of exactly the declared `min_ttl` is always refused as a late grant, after the
+    /// whole TTL has passed: the case's retries of a slow round trip must end.
+    MinTtlAlwaysLate,
     /// An acquisition whose reply was lost with its connection reports an error and leaves
     /// the grant it may have made to its TTL (it undoes only cancelled ones).
     LostReplyLeavesGrant,
@@ -483,6 +486,7 @@ impl Flaw {
         Flaw::TokenChangesOnRenew,
         Flaw::MinTtlRefused,
         Flaw::MinTtlUnavailable,
+        Flaw::MinTtlAlwaysLate,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,
         Flaw::DroppedReleaseSentOnce,
