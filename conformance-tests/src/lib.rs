@@ -49,6 +49,7 @@ mod runner;
 pub mod safety;
 mod secured;
 mod servers;
+pub mod telemetry;
 mod tls_peer;
 
 pub use cases::{record_states, Case, Facts, CASES};

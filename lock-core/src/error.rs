@@ -159,6 +159,31 @@ impl Error {
         )
     }
 
+    /// The variant's name in snake case, a bounded set: the `error.type` of spans and metrics
+    /// (`docs/observability.md`). Never says more than the kind (no names, no servers).
+    ///
+    /// ```
+    /// use lock_core::Error;
+    /// assert_eq!(Error::QuorumNotReached { granted: 1, needed: 2 }.kind(), "quorum_not_reached");
+    /// assert_eq!(Error::config("bad url").kind(), "config");
+    /// ```
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidName { .. } => "invalid_name",
+            Error::InvalidOptions(_) => "invalid_options",
+            Error::Timeout { .. } => "timeout",
+            Error::NotHeld { .. } => "not_held",
+            Error::Lost { .. } => "lost",
+            Error::Unavailable { .. } => "unavailable",
+            Error::QuorumNotReached { .. } => "quorum_not_reached",
+            Error::Unsupported { .. } => "unsupported",
+            Error::PermitsMismatch { .. } => "permits_mismatch",
+            Error::Config { .. } => "config",
+            Error::Unauthenticated { .. } => "unauthenticated",
+            Error::Backend { .. } => "backend",
+        }
+    }
+
     /// [`Error::NotHeld`] for `name`: the lease's owner check failed.
     ///
     /// ```

@@ -61,6 +61,7 @@ mod registry;
 mod scope;
 mod secret;
 mod state;
+pub mod telemetry;
 mod token;
 mod traits;
 mod value;

@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::ops::{release_with_retries, LeaseOps};
 use crate::state::LeaseTracker;
+use crate::telemetry::{LeaseReport, LossReason};
 use crate::watchdog::{watchdog, Shared};
 use crate::{Error, FencingToken, Lease, LeaseState, LockName, LostSignal, Renewal, Result};
 
@@ -62,6 +64,7 @@ impl<O: LeaseOps> ManagedLease<O> {
         } = grant;
         let granted_at = Instant::now();
         let shared = Arc::new(Shared {
+            telemetry: LeaseReport::granted(ops.backend(), &name),
             ops: Arc::new(ops),
             tracker: LeaseTracker::new(valid_until),
             released: AtomicBool::new(false),
@@ -104,11 +107,8 @@ impl<O: LeaseOps> ManagedLease<O> {
                             _ = renewing => {}
                             _ = ending => {
                                 if !shared.released.load(Ordering::SeqCst) {
-                                    tracing::warn!(
-                                        lock = %name,
-                                        "connection closed: the lock went with its session"
-                                    );
-                                    shared.tracker.mark_lost();
+                                    // The lock went with its session.
+                                    shared.lost(LossReason::ConnectionClosed, None);
                                 }
                             }
                         }
@@ -133,6 +133,54 @@ impl<O: LeaseOps> ManagedLease<O> {
     /// The driver's backend operations.
     pub fn ops(&self) -> &O {
         &self.shared.ops
+    }
+
+    /// A manual renewal ([`Lease::renew`]), in its span.
+    async fn renew_now(&self) -> Result<()> {
+        let shared = &self.shared;
+        let lost = || Error::Lost {
+            name: self.name.clone(),
+            reason: "the lease expired or was refused before this renewal".into(),
+        };
+        if shared.tracker.state() == LeaseState::Lost {
+            shared.telemetry.lost(LossReason::Expired, None);
+            return Err(lost());
+        }
+        let _gate = shared.gate.lock().await;
+        // A confirmation after `valid_until` could not save the lease: a renewal that hangs
+        // (a frozen server, a driver without a request timeout) ends there, as the
+        // watchdog's does.
+        let deadline = shared.tracker.valid_until();
+        let Ok(renewed) = tokio::time::timeout_at(deadline.into(), shared.ops.renew()).await else {
+            shared.lost(LossReason::Expired, None);
+            return Err(Error::Lost {
+                name: self.name.clone(),
+                reason: "no renewal confirmed before valid_until".into(),
+            });
+        };
+        match renewed {
+            Ok(valid_until) => {
+                shared.telemetry.renewal("manual", "renewed");
+                if shared.tracker.renewed(valid_until) {
+                    Ok(())
+                } else {
+                    shared.telemetry.lost(LossReason::Expired, None);
+                    Err(lost())
+                }
+            }
+            // Reported (an event) as well as returned: a caller that drops the result still
+            // leaves a trace before its release finds the lease gone.
+            Err(e) if e.is_retryable() => {
+                shared.telemetry.renewal("manual", "failed");
+                shared.at_risk(format_args!("manual renewal failed: {e}"));
+                Err(e)
+            }
+            Err(e) => {
+                shared.telemetry.renewal("manual", "refused");
+                shared.lost(LossReason::Refused, Some(&e));
+                Err(e)
+            }
+        }
     }
 
     fn stop_watchdog(&mut self) {
@@ -164,63 +212,45 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
     }
 
     async fn renew(&self) -> Result<()> {
-        let lost = || Error::Lost {
-            name: self.name.clone(),
-            reason: "the lease expired or was refused before this renewal".into(),
-        };
-        if self.shared.tracker.state() == LeaseState::Lost {
-            return Err(lost());
-        }
-        let _gate = self.shared.gate.lock().await;
-        // A confirmation after `valid_until` could not save the lease: a renewal that hangs
-        // (a frozen server, a driver without a request timeout) ends there, as the
-        // watchdog's does.
-        let deadline = self.shared.tracker.valid_until();
-        let Ok(renewed) = tokio::time::timeout_at(deadline.into(), self.shared.ops.renew()).await
-        else {
-            self.shared.tracker.mark_lost();
-            tracing::warn!(lock = %self.name, "manual renewal unconfirmed before valid_until; lease lost");
-            return Err(Error::Lost {
-                name: self.name.clone(),
-                reason: "no renewal confirmed before valid_until".into(),
-            });
-        };
-        match renewed {
-            Ok(valid_until) => {
-                if self.shared.tracker.renewed(valid_until) {
-                    Ok(())
-                } else {
-                    Err(lost())
-                }
-            }
-            // Said in the log as well as returned: a caller that drops the result still
-            // leaves a trace before its release finds the lease gone.
-            Err(e) if e.is_retryable() => {
-                self.shared.tracker.at_risk();
-                tracing::warn!(lock = %self.name, error = %e, "manual renewal failed; lease at risk");
-                Err(e)
-            }
-            Err(e) => {
-                self.shared.tracker.mark_lost();
-                tracing::warn!(lock = %self.name, error = %e, "manual renewal refused; lease lost");
-                Err(e)
-            }
-        }
+        let span = self.shared.telemetry.renew_span("manual");
+        self.renew_now().instrument(span).await
     }
 
     async fn release(mut self: Box<Self>) -> Result<()> {
+        let span = self.shared.telemetry.release_span();
         self.shared.released.store(true, Ordering::SeqCst);
         self.stop_watchdog();
+        if self.shared.tracker.state() == LeaseState::Lost {
+            // Lost by the clock alone (no watchdog saw it): said now, before the release.
+            self.shared.telemetry.lost(LossReason::Expired, None);
+        }
         let until = self.shared.tracker.valid_until();
-        let result = {
+        let result = async {
             let _gate = self.shared.gate.lock().await;
             release_with_retries(self.shared.ops.clone(), until).await
-        };
+        }
+        .instrument(span.clone())
+        .await;
         self.finished = true;
         self.shared.tracker.mark_released();
-        if let Err(e) = &result {
-            if e.is_retryable() {
-                tracing::warn!(lock = %self.name, error = %e, "release failed; sending it again in the background");
+        self.shared.telemetry.ended("released");
+        match &result {
+            Ok(()) => {
+                span.record("lock.outcome", "released");
+            }
+            Err(e) => {
+                span.record(
+                    "lock.outcome",
+                    if matches!(e, Error::NotHeld { .. }) {
+                        "not_held"
+                    } else {
+                        "error"
+                    },
+                );
+                span.record("error.type", e.kind());
+                if e.is_retryable() {
+                    tracing::warn!(parent: &span, lock = %self.name, error = %e, "release failed; sending it again in the background");
+                }
             }
         }
         result
@@ -238,7 +268,7 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         let deadline = self.shared.tracker.valid_until();
         match tokio::time::timeout_at(deadline.into(), self.shared.ops.proclaim(value)).await {
             Ok(Err(e)) if matches!(e, Error::NotHeld { .. } | Error::Lost { .. }) => {
-                self.shared.tracker.mark_lost();
+                self.shared.lost(LossReason::Refused, Some(&e));
                 Err(e)
             }
             Ok(done) => done,
@@ -264,6 +294,7 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         self.finished = true;
         self.shared.ops.abandon();
         self.shared.tracker.mark_released();
+        self.shared.telemetry.ended("abandoned");
     }
 }
 
@@ -276,6 +307,7 @@ impl<O: LeaseOps> Drop for ManagedLease<O> {
         self.stop_watchdog();
         let until = self.shared.tracker.valid_until();
         self.shared.tracker.mark_released();
+        self.shared.telemetry.ended("dropped");
         self.shared.ops.clone().release_on_drop(until);
     }
 }

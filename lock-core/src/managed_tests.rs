@@ -16,6 +16,10 @@ struct SessionOps {
 
 #[async_trait]
 impl LeaseOps for Arc<SessionOps> {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+
     async fn renew(&self) -> Result<Instant> {
         if self.hang {
             std::future::pending::<()>().await;
@@ -38,6 +42,10 @@ struct HangingOps;
 
 #[async_trait]
 impl LeaseOps for HangingOps {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+
     async fn renew(&self) -> Result<Instant> {
         std::future::pending().await
     }
@@ -92,6 +100,10 @@ struct FlakyRelease {
 
 #[async_trait]
 impl LeaseOps for FlakyRelease {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+
     async fn renew(&self) -> Result<Instant> {
         Ok(Instant::now() + Duration::from_secs(1))
     }
@@ -282,6 +294,10 @@ struct RenewalsHang {
 
 #[async_trait]
 impl LeaseOps for Arc<RenewalsHang> {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let hangs = {
             let mut tries = self.tries.lock();

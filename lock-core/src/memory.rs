@@ -474,6 +474,10 @@ impl MemoryLeaseOps {
 
 #[async_trait]
 impl LeaseOps for MemoryLeaseOps {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let now = Instant::now();
         let mut slots = self.store.slots();

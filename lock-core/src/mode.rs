@@ -201,6 +201,20 @@ pub fn queue_turn(queue: &[Mode], me: usize) -> Turn {
 }
 
 impl Mode {
+    /// `exclusive`, `shared` or `permits` (without K, a bounded set): the `lock.mode` of spans
+    /// and metrics.
+    ///
+    /// ```
+    /// assert_eq!(lock_core::Mode::Permits(4).kind(), "permits");
+    /// ```
+    pub fn kind(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+            Mode::Permits(_) => "permits",
+        }
+    }
+
     /// The mode as drivers write it beside a holder in the backend: `x`, `s`, `p<K>`.
     ///
     /// ```

@@ -21,6 +21,9 @@ use crate::Result;
 ///
 /// #[async_trait]
 /// impl LeaseOps for MyOps {
+///     fn backend(&self) -> &'static str {
+///         "my"
+///     }
 ///     async fn renew(&self) -> Result<Instant> {
 ///         let start = Instant::now();
 ///         // compare-owner-and-extend on the server, then:
@@ -34,6 +37,10 @@ use crate::Result;
 /// ```
 #[async_trait]
 pub trait LeaseOps: Send + Sync + 'static {
+    /// The backend's short name, as [`DistributedLock::backend`](crate::DistributedLock::backend)
+    /// says it: the `lock.backend` of the lease's spans and metrics.
+    fn backend(&self) -> &'static str;
+
     /// Extends the lease on the backend if this owner still holds it, and returns the new
     /// conservative `valid_until` (measured from before the request was sent, drift
     /// subtracted). Must never recreate a lock that is gone: `Err(NotHeld)` or `Err(Lost)`.
@@ -116,6 +123,7 @@ pub trait LeaseOps: Send + Sync + 'static {
 /// struct Ops;
 /// #[async_trait]
 /// impl LeaseOps for Ops {
+///     fn backend(&self) -> &'static str { "my" }
 ///     async fn renew(&self) -> Result<Instant> { Ok(Instant::now()) }
 ///     async fn release(&self) -> Result<()> { Ok(()) } // an owner-checked delete
 /// }

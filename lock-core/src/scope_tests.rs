@@ -188,6 +188,10 @@ struct Unreachable {
 
 #[async_trait]
 impl LeaseOps for Unreachable {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+
     async fn renew(&self) -> crate::Result<Instant> {
         Err(Error::unavailable("test", "connection refused"))
     }

@@ -142,14 +142,16 @@ impl LeaseTracker {
         ok
     }
 
-    /// A renewal or the connection failed transiently: Held becomes AtRisk.
-    pub fn at_risk(&self) {
-        self.move_to(Phase::AtRisk, |p| p == Phase::Held);
+    /// A renewal or the connection failed transiently: Held becomes AtRisk. True if it was
+    /// Held.
+    pub fn at_risk(&self) -> bool {
+        self.move_to(Phase::AtRisk, |p| p == Phase::Held)
     }
 
-    /// The backend said the lease is gone (or the driver knows it may be). Final.
-    pub fn mark_lost(&self) {
-        self.move_to(Phase::Lost, |p| matches!(p, Phase::Held | Phase::AtRisk));
+    /// The backend said the lease is gone (or the driver knows it may be). Final. True if it
+    /// was Held or AtRisk until now.
+    pub fn mark_lost(&self) -> bool {
+        self.move_to(Phase::Lost, |p| matches!(p, Phase::Held | Phase::AtRisk))
     }
 
     /// The holder released the lease; signals resolve.
@@ -157,15 +159,16 @@ impl LeaseTracker {
         self.move_to(Phase::Released, |p| p != Phase::Released);
     }
 
-    /// Moves to `to` from any phase `from` accepts; watchers hear only of a real change.
-    fn move_to(&self, to: Phase, from: impl Fn(Phase) -> bool) {
+    /// Moves to `to` from any phase `from` accepts; watchers hear only of a real change, which
+    /// is what it returns.
+    fn move_to(&self, to: Phase, from: impl Fn(Phase) -> bool) -> bool {
         self.tx.send_if_modified(|s| {
             let moves = from(s.phase);
             if moves {
                 s.phase = to;
             }
             moves
-        });
+        })
     }
 
     /// A signal that resolves when this lease is lost, released or dropped.

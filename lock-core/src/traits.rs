@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use tracing::Instrument;
 
 use crate::driver::Acquisition;
+use crate::telemetry::{AcquireReport, Acquired};
 use crate::{
     Capabilities, ChangeFeed, Deadline, FencingToken, Leader, LeaderValue, LeaseState, LockName,
     LockOptions, LostSignal, Mode, Result,
@@ -84,27 +86,54 @@ pub trait DistributedLock: Send + Sync + Debug {
         name: &LockName,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let caps = self.capabilities();
-        supports(self.backend(), &caps, opts)?;
-        let req = Acquisition::new(name, opts, &caps, Deadline::Now)?;
-        self.acquire_until(req).await
+        let probe = AcquireReport::start(self.backend(), name, opts, false);
+        let result = async {
+            let caps = self.capabilities();
+            supports(self.backend(), &caps, opts)?;
+            let req = Acquisition::new(name, opts, &caps, Deadline::Now)?;
+            self.acquire_until(req).await
+        }
+        .instrument(probe.span())
+        .await;
+        probe.finish(match &result {
+            Ok(Some(lease)) => Acquired::Granted(lease.fencing_token()),
+            Ok(None) => Acquired::Busy,
+            Err(e) => Acquired::Failed(e),
+        });
+        result
     }
 
     /// Waits for the lock as long as `opts.wait` allows, then
     /// [`Error::Timeout`](crate::Error::Timeout). Cancel-safe, like
     /// [`acquire_until`](Self::acquire_until).
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        let probe = AcquireReport::start(self.backend(), name, opts, true);
         let start = Instant::now();
-        let deadline = Deadline::from_wait(opts.wait, start);
-        let caps = self.capabilities();
-        supports(self.backend(), &caps, opts)?;
-        let req = Acquisition::new(name, opts, &caps, deadline)?;
-        match self.acquire_until(req).await? {
-            Some(lease) => Ok(lease),
-            None => Err(crate::Error::Timeout {
-                name: name.clone(),
-                waited: start.elapsed(),
-            }),
+        let result = async {
+            let deadline = Deadline::from_wait(opts.wait, start);
+            let caps = self.capabilities();
+            supports(self.backend(), &caps, opts)?;
+            let req = Acquisition::new(name, opts, &caps, deadline)?;
+            self.acquire_until(req).await
+        }
+        .instrument(probe.span())
+        .await;
+        match result {
+            Ok(Some(lease)) => {
+                probe.finish(Acquired::Granted(lease.fencing_token()));
+                Ok(lease)
+            }
+            Ok(None) => {
+                probe.finish(Acquired::Timeout);
+                Err(crate::Error::Timeout {
+                    name: name.clone(),
+                    waited: start.elapsed(),
+                })
+            }
+            Err(e) => {
+                probe.finish(Acquired::Failed(&e));
+                Err(e)
+            }
         }
     }
 

@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use crate::ops::{release_with_retries, LeaseOps};
 use crate::state::LeaseTracker;
+use crate::telemetry::{LeaseReport, LossReason};
 use crate::{Error, LockName};
 
 /// What a [`ManagedLease`](crate::driver::ManagedLease) shares with its watchdog.
@@ -17,6 +20,22 @@ pub(crate) struct Shared<O> {
     /// sent once a release has begun (no resurrection race).
     pub(crate) released: AtomicBool,
     pub(crate) gate: tokio::sync::Mutex<()>,
+    pub(crate) telemetry: LeaseReport,
+}
+
+impl<O> Shared<O> {
+    /// Marks the lease Lost for `reason`, and reports it (once, and not after its release).
+    pub(crate) fn lost(&self, reason: LossReason, error: Option<&Error>) {
+        self.tracker.mark_lost();
+        self.telemetry.lost(reason, error);
+    }
+
+    /// Marks the lease AtRisk, and reports it if it was Held.
+    pub(crate) fn at_risk(&self, why: std::fmt::Arguments<'_>) {
+        if self.tracker.at_risk() {
+            self.telemetry.at_risk(&why.to_string());
+        }
+    }
 }
 
 /// Renews when a third of the validity window has passed (`ttl` here is that window), each
@@ -37,7 +56,7 @@ pub(crate) async fn watchdog<O: LeaseOps>(
         if stop_at.is_some_and(|s| Instant::now() >= s) {
             tracing::debug!(lock = %name, "max_hold reached: watchdog stops renewing");
             if !shared.ops.lapses_without_renewal() {
-                lose(&shared, ttl, &name).await;
+                lose(&shared, ttl, &name, LossReason::MaxHold, None).await;
             }
             return;
         }
@@ -46,23 +65,25 @@ pub(crate) async fn watchdog<O: LeaseOps>(
         if shared.released.load(Ordering::SeqCst) {
             return;
         }
-        let outcome = renewal(&shared, ttl, valid_until, stop_at, &name).await;
+        let outcome = renewal(&shared, ttl, valid_until, stop_at, &name)
+            .instrument(shared.telemetry.renew_span("auto"))
+            .await;
         drop(_gate);
         match outcome {
             Ok(new_valid_until) => {
                 if !shared.tracker.renewed(new_valid_until) {
+                    // Confirmed after `valid_until`: too late to keep the lease.
+                    shared.telemetry.lost(LossReason::Expired, None);
                     return;
                 }
                 next = new_valid_until.checked_sub(lead);
             }
             Err(Some(e)) => {
-                tracing::warn!(lock = %name, error = %e, "renewal refused; lease lost");
-                lose(&shared, ttl, &name).await;
+                lose(&shared, ttl, &name, LossReason::Refused, Some(&e)).await;
                 return;
             }
             Err(None) => {
-                tracing::warn!(lock = %name, "no renewal confirmed before valid_until; lease lost");
-                lose(&shared, ttl, &name).await;
+                lose(&shared, ttl, &name, LossReason::Expired, None).await;
                 return;
             }
         }
@@ -77,8 +98,14 @@ pub(crate) async fn watchdog<O: LeaseOps>(
 /// dropped. Lost first: a successor can be granted as soon as the lock is freed, and by then the
 /// holder's signal must have fired. The release is owner-checked, so a lock already gone is
 /// untouched.
-async fn lose<O: LeaseOps>(shared: &Arc<Shared<O>>, window: Duration, name: &LockName) {
-    shared.tracker.mark_lost();
+async fn lose<O: LeaseOps>(
+    shared: &Arc<Shared<O>>,
+    window: Duration,
+    name: &LockName,
+    reason: LossReason,
+    error: Option<&Error>,
+) {
+    shared.lost(reason, error);
     if shared.ops.lapses_without_renewal() {
         return;
     }
@@ -136,13 +163,20 @@ async fn renewal<O: LeaseOps>(
         });
         tokio::select! {
             r = answer => match r {
-                Ok(t) => return Ok(t),
+                Ok(t) => {
+                    shared.telemetry.renewal("auto", "renewed");
+                    return Ok(t);
+                }
                 Err(e) if e.is_retryable() => {
-                    tracing::warn!(lock = %name, error = %e, "renewal failed; lease at risk");
-                    shared.tracker.at_risk();
+                    shared.telemetry.renewal("auto", "failed");
+                    tracing::debug!(lock = %name, error = %e, "renewal failed");
+                    shared.at_risk(format_args!("renewal failed: {e}"));
                     next_try = next_try.min(Instant::now() + retry);
                 }
-                Err(e) => return Err(Some(e)),
+                Err(e) => {
+                    shared.telemetry.renewal("auto", "refused");
+                    return Err(Some(e));
+                }
             },
             _ = tokio::time::sleep_until(next_try.into()) => {
                 let now = Instant::now();
@@ -159,8 +193,7 @@ async fn renewal<O: LeaseOps>(
             }
             _ = tokio::time::sleep_until(at_risk_at.into()), if !at_risk => {
                 at_risk = true;
-                tracing::warn!(lock = %name, "renewal unconfirmed after {slow:?}; lease at risk");
-                shared.tracker.at_risk();
+                shared.at_risk(format_args!("renewal unconfirmed after {slow:?}"));
             }
             _ = tokio::time::sleep_until(valid_until.into()) => return Err(None),
         }

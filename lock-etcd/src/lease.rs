@@ -50,6 +50,10 @@ impl EtcdLeaseOps {
 
 #[async_trait]
 impl LeaseOps for EtcdLeaseOps {
+    fn backend(&self) -> &'static str {
+        crate::config::BACKEND
+    }
+
     fn backend_key(&self) -> Option<String> {
         Some(self.key.clone())
     }

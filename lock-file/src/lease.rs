@@ -38,6 +38,10 @@ impl FileLeaseOps {
 
 #[async_trait]
 impl LeaseOps for FileLeaseOps {
+    fn backend(&self) -> &'static str {
+        crate::config::BACKEND
+    }
+
     fn backend_key(&self) -> Option<String> {
         Some(self.path.to_string_lossy().into_owned())
     }

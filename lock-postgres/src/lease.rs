@@ -80,6 +80,10 @@ fn ends_session(e: &tokio_postgres::Error) -> bool {
 
 #[async_trait]
 impl LeaseOps for PgLeaseOps {
+    fn backend(&self) -> &'static str {
+        crate::config::BACKEND
+    }
+
     fn backend_key(&self) -> Option<String> {
         Some(self.key.to_string())
     }

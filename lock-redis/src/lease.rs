@@ -28,6 +28,10 @@ pub(crate) struct RedisLeaseOps {
 
 #[async_trait]
 impl LeaseOps for RedisLeaseOps {
+    fn backend(&self) -> &'static str {
+        crate::config::BACKEND
+    }
+
     fn backend_key(&self) -> Option<String> {
         Some(self.keys.lock.clone())
     }

@@ -30,6 +30,10 @@ pub(crate) struct RedlockLeaseOps {
 
 #[async_trait]
 impl LeaseOps for RedlockLeaseOps {
+    fn backend(&self) -> &'static str {
+        crate::config::BACKEND
+    }
+
     fn backend_key(&self) -> Option<String> {
         Some(self.keys.lock.clone())
     }

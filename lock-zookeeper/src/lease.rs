@@ -29,6 +29,10 @@ impl ZkLeaseOps {
 
 #[async_trait]
 impl LeaseOps for ZkLeaseOps {
+    fn backend(&self) -> &'static str {
+        crate::config::BACKEND
+    }
+
     fn backend_key(&self) -> Option<String> {
         Some(self.path.clone())
     }

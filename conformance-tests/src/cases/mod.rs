@@ -28,6 +28,7 @@ pub mod safety;
 pub mod security;
 pub mod server;
 pub mod shared;
+pub mod telemetry;
 pub mod waiting;
 
 mod requires;
@@ -119,6 +120,11 @@ pub static CASES: &[Case] = &[
     case!(exclusion::release_frees_only_its_own_name, always),
     case!(exclusion::release_frees_at_once, always),
     case!(exclusion::cancelled_release_still_frees, always),
+    case!(
+        telemetry::acquisitions_renewals_and_releases_are_reported,
+        always
+    ),
+    case!(telemetry::a_loss_is_reported_with_its_reason, breakable),
     case!(inspect::inspect_reports_the_holder, inspects),
     case!(inspect::backend_key_is_the_locks_own, always),
     case!(inspect::backend_key_exists_on_the_server, sees_keys),

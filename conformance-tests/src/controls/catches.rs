@@ -164,6 +164,10 @@ impl Flaw {
             Flaw::MinTtlRefused | Flaw::MinTtlUnavailable | Flaw::MinTtlAlwaysLate => {
                 cases![input::declared_min_ttl_is_granted]
             }
+            Flaw::LossNotReported => cases![telemetry::a_loss_is_reported_with_its_reason],
+            Flaw::BusyReportedAsGranted => {
+                cases![telemetry::acquisitions_renewals_and_releases_are_reported]
+            }
             Flaw::LostReplyLeavesGrant => cases![faults::lost_reply_leaves_no_orphan],
             Flaw::FailedReleaseLeftToTtl => cases![
                 faults::failed_release_still_frees,

@@ -11,8 +11,10 @@ use lock_core::{
     DistributedLock, Error, FencingToken, Lease, LeaseState, LockName, LockOptions, LostSignal,
     Renewal, Result, MAX_TTL,
 };
+use tracing::Instrument;
 
 use super::harness::*;
+use super::report::Reports;
 use super::*;
 
 /// On drop while armed (the acquire future was cancelled), leaves a ghost holder behind for
@@ -74,11 +76,16 @@ pub(super) struct FlawedLease {
     pub(super) renewing: AtomicBool,
     /// Struck by [`Flaw::IntermittentSilentLoss`]: Held, its signal pending, whatever happens.
     pub(super) silent: bool,
+    /// What this lease reports ([`FlawedLock::wrap`] sets it once the lease is made).
+    pub(super) reports: Option<Reports>,
 }
 
 impl Drop for FlawedLease {
     fn drop(&mut self) {
         let live = !self.released && !self.abandoned;
+        if let (true, Some(r)) = (live, &self.reports) {
+            r.ended("dropped");
+        }
         if self.lock.flaw == Flaw::DropReleasesByName && live {
             self.lock.inner.break_lock(self.inner.name());
         }
@@ -251,6 +258,48 @@ impl Lease for FlawedLease {
         }
     }
     async fn renew(&self) -> Result<()> {
+        let Some(reports) = &self.reports else {
+            return self.renew_flawed().await;
+        };
+        let span = reports.report.renew_span("manual");
+        let r = self.renew_flawed().instrument(span.clone()).await;
+        let outcome = match &r {
+            Ok(()) => "renewed",
+            Err(e) if e.is_retryable() => "failed",
+            Err(_) => "refused",
+        };
+        span.in_scope(|| reports.report.renewal("manual", outcome));
+        r
+    }
+    async fn release(self: Box<Self>) -> Result<()> {
+        let Some(reports) = &self.reports else {
+            return self.release_flawed().await;
+        };
+        let span = reports.report.release_span();
+        // Ended before the store's lease is released, whose signal would read as a loss.
+        reports.ended("released");
+        let r = self.release_flawed().instrument(span.clone()).await;
+        span.record(
+            "lock.outcome",
+            match &r {
+                Ok(()) => "released",
+                Err(Error::NotHeld { .. }) => "not_held",
+                Err(_) => "error",
+            },
+        );
+        r
+    }
+    fn abandon(self: Box<Self>) {
+        if let Some(r) = &self.reports {
+            r.ended("abandoned");
+        }
+        self.abandon_flawed();
+    }
+}
+
+impl FlawedLease {
+    /// `renew` under the flaw (the trait's reports around it).
+    async fn renew_flawed(&self) -> Result<()> {
         if self.lock.flaw == Flaw::RenewIsANoOp {
             return Ok(());
         }
@@ -299,7 +348,9 @@ impl Lease for FlawedLease {
         }
         r
     }
-    async fn release(mut self: Box<Self>) -> Result<()> {
+
+    /// `release` under the flaw (the trait's reports around it).
+    async fn release_flawed(mut self: Box<Self>) -> Result<()> {
         self.drop_ghost.armed = false;
         self.released = true;
         let lock = self.lock.clone();
@@ -387,7 +438,8 @@ impl Lease for FlawedLease {
             _ => r,
         }
     }
-    fn abandon(mut self: Box<Self>) {
+    /// `abandon` under the flaw (the trait's reports around it).
+    fn abandon_flawed(mut self: Box<Self>) {
         self.drop_ghost.armed = false;
         self.abandoned = true;
         let name = self.inner.name().clone();

@@ -6,15 +6,17 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::driver::{self, Acquisition, LeaseTracker};
+use lock_core::telemetry::{AcquireReport, Acquired};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, Fencing, FencingToken, Lease, LockName,
-    LockOptions, LostSignal, Renewal, Result, Wait, MAX_NAME_LEN, MAX_TTL,
+    LockOptions, LostSignal, Renewal, Result, MAX_NAME_LEN, MAX_TTL,
 };
+use tracing::Instrument;
 
 use super::harness::*;
 use super::lease::*;
 use super::pace::PacedLease;
-use super::waiting::Arrived;
+use super::report::Reports;
 use super::wire::{Wire, WiredOps};
 use super::*;
 
@@ -195,7 +197,7 @@ impl FlawedLock {
         };
         let own_lost = self.own_lost(lease.as_ref(), opts.ttl);
         let silent = struck && self.flaw == Flaw::IntermittentSilentLoss;
-        Box::new(FlawedLease {
+        let mut flawed = FlawedLease {
             own_lost,
             never_lost: (matches!(
                 self.flaw,
@@ -221,7 +223,17 @@ impl FlawedLock {
             released: false,
             renewed: AtomicBool::new(false),
             renewing: AtomicBool::new(false),
-        })
+            reports: None,
+        };
+        let named = flawed.inner.name().clone();
+        flawed.reports = Some(Reports::granted(
+            self.backend(),
+            &named,
+            self.flaw,
+            flawed.lost(),
+            flawed.valid_until(),
+        ));
+        Box::new(flawed)
     }
 
     /// The lost signal a flaw puts in place of the store lease's, driven by a task that
@@ -262,7 +274,9 @@ impl FlawedLock {
                 }
                 Some(at) => tokio::select! {
                     () = store_lost.wait() => tracker.mark_released(),
-                    () = tokio::time::sleep_until(at.into()) => tracker.mark_lost(),
+                    () = tokio::time::sleep_until(at.into()) => {
+                        tracker.mark_lost();
+                    }
                 },
             }
         });
@@ -330,7 +344,7 @@ impl FlawedLock {
     }
 
     /// Checks `opts` as this flaw does, for an acquisition of `key`.
-    async fn validate(&self, key: &LockName, opts: &LockOptions) -> Result<()> {
+    pub(super) async fn validate(&self, key: &LockName, opts: &LockOptions) -> Result<()> {
         let caps = match self.flaw {
             Flaw::MaxTtlNotEnforced => self.inner.capabilities(),
             _ => self.capabilities_declared(),
@@ -441,107 +455,30 @@ impl DistributedLock for FlawedLock {
         name: &LockName,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let key = self.key_in(name, opts)?;
-        self.validate(&key, opts).await?;
-        self.note_candidate(&key, opts);
-        if self.flaw == Flaw::BlocksTheRuntime {
-            std::thread::sleep(BLOCKING_CALL);
-        }
-        if held_until(&self.shared.ghosts, &key).is_some() {
-            return Ok(None);
-        }
-        let started = Instant::now();
-        if self.flaw == Flaw::ExpiredTakeoverNotAtomic && self.expired_grant(&key).is_some() {
-            // Saw it expired; the write lands a moment later, over whatever happened since.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            self.inner.break_lock(&key);
-        }
-        match self.cross().await {
-            // The failed request taken for a refusal, as if someone held the lock.
-            Err(e) if self.flaw == Flaw::UnreachableIsRefusal && e.is_retryable() => {
-                return Ok(None)
-            }
-            r => r?,
-        }
-        if self.flaw == Flaw::SplitVoteGivesUp && self.overlapped(&key).await {
-            return Ok(None);
-        }
-        let lease = match (self.delay(), self.flaw) {
-            (None, Flaw::TryAcquireWaits) => {
-                let o = self.inner_opts(opts).wait_for(opts.ttl);
-                match self.inner.acquire(&key, &o).await {
-                    Ok(l) => Some(l),
-                    Err(Error::Timeout { .. }) => None,
-                    Err(e) => return Err(e),
-                }
-            }
-            (None, Flaw::CancelledGrantStays) => {
-                match self.inner.try_acquire(&key, &self.inner_opts(opts)).await? {
-                    // A step after the grant (reading a counter, say) with the grant held by
-                    // something that, dropped, does not release it.
-                    Some(l) => {
-                        let mut parked = AbandonOnDrop(Some(l));
-                        tokio::task::yield_now().await;
-                        parked.0.take()
-                    }
-                    None => None,
-                }
-            }
-            (None, Flaw::TryAcquireJumpsQueue) => self.jump_queue(&key, opts).await?,
-            (None, Flaw::ReadersJumpWriters) => self.jump_writers(&key, opts).await?,
-            (None, Flaw::MismatchOnlyWithHolders) => self.mismatch_with_holders(&key, opts).await?,
-            (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
-            (Some(delay), _) => {
-                let (lease, landed) = self.in_flight(delay, &key, opts).await?;
-                return match lease {
-                    Some(l) => Ok(Some(
-                        self.in_time(self.wrap(l, opts, started, landed)).await?,
-                    )),
-                    None => Ok(None),
-                };
-            }
-        };
-        Ok(lease.map(|l| self.wrap(l, opts, started, started)))
+        let report = AcquireReport::start(self.backend(), name, opts, false);
+        let r = self
+            .try_acquire_flawed(name, opts)
+            .instrument(report.span())
+            .await;
+        report.finish(match &r {
+            Ok(Some(l)) => Acquired::Granted(l.fencing_token()),
+            Ok(None) if self.flaw == Flaw::BusyReportedAsGranted => Acquired::Granted(None),
+            Ok(None) => Acquired::Busy,
+            Err(e) => Acquired::Failed(e),
+        });
+        r
     }
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let waits;
-        let opts = match (self.flaw, opts.wait) {
-            (Flaw::NoWaitWaits, Wait::No) => {
-                waits = opts.clone().wait_for(opts.ttl);
-                &waits
-            }
-            _ => opts,
-        };
-        let key = self.key_in(name, opts)?;
-        self.validate(&key, opts).await?;
-        self.note_candidate(&key, opts);
-        let started = Instant::now();
-        self.cross().await?;
-        let deadline = opts.wait.deadline(started);
-        if self.flaw == Flaw::SpentDeadlineGivesUp
-            && matches!(opts.wait, Wait::For(_))
-            && deadline.is_some_and(|d| Instant::now() >= d)
-        {
-            return Err(Self::timeout(&key, started));
-        }
-        if self.flaw != Flaw::CancelLeavesGhost && !self.wait_out_ghosts(&key, deadline).await {
-            return Err(Self::timeout(&key, started));
-        }
-        self.miss_wakeup(&key, deadline).await;
-        let arrival = {
-            let mut a = self.shared.arrivals.lock();
-            let n = a.entry(key.clone()).or_insert(0);
-            *n += 1;
-            *n
-        };
-        self.wait(Arrived {
-            name,
-            key,
-            opts,
-            started,
-            deadline,
-            arrival,
-        })
-        .await
+        let report = AcquireReport::start(self.backend(), name, opts, true);
+        let r = self
+            .acquire_flawed(name, opts)
+            .instrument(report.span())
+            .await;
+        report.finish(match &r {
+            Ok(l) => Acquired::Granted(l.fencing_token()),
+            Err(Error::Timeout { .. }) => Acquired::Timeout,
+            Err(e) => Acquired::Failed(e),
+        });
+        r
     }
 }

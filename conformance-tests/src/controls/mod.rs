@@ -6,6 +6,7 @@
 //! case, so the failures come from the flaw alone. A suite that passes a broken driver is the
 //! worst bug this project can have.
 
+mod acquire;
 mod catches;
 mod election;
 mod family;
@@ -15,6 +16,7 @@ mod intermittent;
 mod lease;
 mod lock;
 mod pace;
+mod report;
 mod secured;
 mod tls;
 mod waiting;
@@ -246,6 +248,11 @@ pub enum Flaw {
     /// A TTL of exactly the declared `min_ttl` is always refused as a late grant, after the
     /// whole TTL has passed: the case's retries of a slow round trip must end.
     MinTtlAlwaysLate,
+    /// A lease that turns Lost reports nothing: no `lock.lost`, no event (a driver with a
+    /// `Lease` of its own that forgot `LeaseReport::lost`).
+    LossNotReported,
+    /// A busy `try_acquire` is reported as granted (its outcome mislabelled).
+    BusyReportedAsGranted,
     /// An acquisition whose reply was lost with its connection reports an error and leaves
     /// the grant it may have made to its TTL (it undoes only cancelled ones).
     LostReplyLeavesGrant,
@@ -487,6 +494,8 @@ impl Flaw {
         Flaw::MinTtlRefused,
         Flaw::MinTtlUnavailable,
         Flaw::MinTtlAlwaysLate,
+        Flaw::LossNotReported,
+        Flaw::BusyReportedAsGranted,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,
         Flaw::DroppedReleaseSentOnce,

@@ -184,6 +184,10 @@ impl WiredOps {
 
 #[async_trait]
 impl LeaseOps for WiredOps {
+    fn backend(&self) -> &'static str {
+        "flawed-memory"
+    }
+
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();
         if self.flaw == Flaw::RenewsBlindWhilePartitioned && self.wire.down() {

@@ -19,6 +19,10 @@ pub(crate) struct TableOps {
 
 #[async_trait]
 impl LeaseOps for TableOps {
+    fn backend(&self) -> &'static str {
+        crate::config::BACKEND
+    }
+
     /// Compare owner and extend; never recreate a lock that is gone.
     async fn renew(&self) -> Result<Instant> {
         let start = Instant::now();

@@ -1,0 +1,236 @@
+//! `telemetry`: what a driver reports through `tracing` and `metrics` is what happened, under
+//! the names of the convention (`lock_core::telemetry`, docs/observability.md).
+//!
+//! Each case watches its own fresh name in the process's capture
+//! ([`crate::telemetry::capture`]) and reads only reports of the client's own backend, so cases
+//! running at once, and a wrapper's inner driver, do not count.
+
+use std::time::Instant;
+
+use lock_core::telemetry::{label, metric, span};
+use lock_core::{Error, LockName};
+
+use super::support::{client, held, opts, within};
+use crate::telemetry::{capture, Capture, SpanRecord};
+use crate::{ensure, fresh_name, Failure, Harness};
+
+/// The capture, or a failure that says why there is none.
+fn the_capture() -> Result<&'static Capture, Failure> {
+    capture().ok_or_else(|| {
+        Failure(
+            "another tracing subscriber or metrics recorder was installed in this process: \
+             the telemetry cases need their own"
+                .into(),
+        )
+    })
+}
+
+/// `span` spans of `name` reported by `backend`, in order.
+fn spans_of(cap: &Capture, name: &LockName, span: &str, backend: &str) -> Vec<SpanRecord> {
+    cap.spans(name, span)
+        .into_iter()
+        .filter(|s| s.field(label::BACKEND) == Some(backend))
+        .collect()
+}
+
+/// A grant, a busy try, a wait that times out, a manual renewal and a release each give one
+/// closed span with its outcome (the grant's with its fencing token), and move the counters,
+/// histograms and gauges by exactly that: 3 acquisitions (granted, busy, timeout), 3 durations,
+/// 1 renewal, 1 hold ended by its release, nothing held or waiting after, nothing lost.
+pub async fn acquisitions_renewals_and_releases_are_reported(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let cap = the_capture()?;
+    let (a, b) = (client(h).await?, client(h).await?);
+    let backend = a.backend();
+    let name = fresh_name("telemetry");
+    cap.watch(&name);
+    let o = opts(h).manual_renewal();
+    let lease = held(a.try_acquire(&name, &o).await?, "holder")?;
+    let token = lease.fencing_token();
+    ensure!(
+        b.try_acquire(&name, &o).await?.is_none(),
+        "a second client was granted a held lock"
+    );
+    match b
+        .acquire(&name, &o.clone().wait_for(h.timing().ttl / 10))
+        .await
+    {
+        Err(Error::Timeout { .. }) => {}
+        Err(e) => return Err(Failure(format!("a wait for a held lock gave {e:?}"))),
+        Ok(_) => return Err(Failure("a wait for a held lock was granted".into())),
+    }
+    lease.renew().await?;
+    lease.release().await?;
+
+    let acquired = spans_of(cap, &name, span::ACQUIRE, backend);
+    let seen = |key: &str| -> Vec<Option<String>> {
+        acquired
+            .iter()
+            .map(|s| s.field(key).map(str::to_owned))
+            .collect()
+    };
+    let want = |v: [&str; 3]| v.map(|s| Some(s.to_owned())).to_vec();
+    ensure!(
+        acquired.len() == 3 && acquired.iter().all(|s| s.closed),
+        "3 closed {} spans expected (grant, busy try, timeout), saw {acquired:?}",
+        span::ACQUIRE
+    );
+    ensure!(
+        seen(label::OUTCOME) == want(["granted", "busy", "timeout"]),
+        "acquisition outcomes {:?}, expected granted, busy, timeout",
+        seen(label::OUTCOME)
+    );
+    ensure!(
+        seen(label::ATTEMPT) == want(["try", "try", "wait"])
+            && seen(label::MODE) == want(["exclusive", "exclusive", "exclusive"]),
+        "acquisition spans' attempt and mode fields wrong: {acquired:?}"
+    );
+    ensure!(
+        acquired[0].field("lock.fencing_token") == token.map(|t| t.get().to_string()).as_deref(),
+        "the grant's span says fencing token {:?}, the lease has {token:?}",
+        acquired[0].field("lock.fencing_token")
+    );
+    let renewed = spans_of(cap, &name, span::RENEW, backend);
+    ensure!(
+        renewed.len() == 1
+            && renewed[0].field(label::RENEWAL) == Some("manual")
+            && renewed[0].field(label::OUTCOME) == Some("renewed"),
+        "one manual renewal span with outcome renewed expected, saw {renewed:?}"
+    );
+    let released = spans_of(cap, &name, span::RELEASE, backend);
+    ensure!(
+        released.len() == 1
+            && released[0].closed
+            && released[0].field(label::OUTCOME) == Some("released"),
+        "one closed release span with outcome released expected, saw {released:?}"
+    );
+
+    let b = (label::BACKEND, backend);
+    for (outcome, n) in [("granted", 1), ("busy", 1), ("timeout", 1), ("error", 0)] {
+        let got = cap.counter(&name, metric::ACQUISITIONS, &[b, (label::OUTCOME, outcome)]);
+        ensure!(
+            got == n,
+            "{} with outcome {outcome} counted {got}, expected {n}",
+            metric::ACQUISITIONS
+        );
+    }
+    let durations = cap.histogram(&name, metric::ACQUIRE_DURATION, &[b]);
+    ensure!(
+        durations.len() == 3,
+        "{} recorded {} values for 3 acquisitions",
+        metric::ACQUIRE_DURATION,
+        durations.len()
+    );
+    let renewals = cap.counter(&name, metric::RENEWALS, &[b, (label::OUTCOME, "renewed")]);
+    ensure!(
+        renewals == 1,
+        "{} counted {renewals} renewed, expected 1",
+        metric::RENEWALS
+    );
+    let holds = cap.histogram(&name, metric::HOLD_DURATION, &[b, (label::END, "released")]);
+    ensure!(
+        holds.len() == 1,
+        "{} (end released) recorded {} values for one released lease",
+        metric::HOLD_DURATION,
+        holds.len()
+    );
+    for gauge in [metric::HELD, metric::WAITING] {
+        let left = cap.gauge(&name, gauge, &[b]);
+        ensure!(
+            left == 0.0,
+            "{gauge} is {left} after every lease was released and every wait ended"
+        );
+    }
+    let lost = cap.counter(&name, metric::LOST, &[b]);
+    ensure!(
+        lost == 0,
+        "{} counted {lost} losses; none happened",
+        metric::LOST
+    );
+    Ok(())
+}
+
+/// A lease lost because its lock was deleted behind its back is reported once, before or as
+/// its lost signal fires: a `lock.lost` count and a warning event with `lock.state = lost` and
+/// the same reason (`refused`, or `connection_closed` where the lock is its connection's
+/// session), its hold ended as `lost`, nothing left held — and the release that follows
+/// changes none of it.
+pub async fn a_loss_is_reported_with_its_reason(h: &dyn Harness) -> Result<(), Failure> {
+    let cap = the_capture()?;
+    let t = h.timing();
+    let a = client(h).await?;
+    let backend = a.backend();
+    let name = fresh_name("telemetry-lost");
+    cap.watch(&name);
+    let long = opts(h).ttl(t.ttl * 4).auto_renew(None);
+    let lease = held(a.try_acquire(&name, &long).await?, "holder")?;
+    match h.break_lock(&name).await {
+        Some(r) => r?,
+        None => return Err(Failure("harness stopped supporting break_lock".into())),
+    }
+    within(
+        lease.ttl() / 2 + t.slack,
+        "lost signal after a refused renewal",
+        lease.lost().wait(),
+    )
+    .await?;
+    // Reported by the time the signal fires, give or take the slack of a task switch.
+    let by = Instant::now() + t.slack;
+    let b = (label::BACKEND, backend);
+    let reported = |cap: &Capture| {
+        ["refused", "connection_closed"]
+            .into_iter()
+            .find(|r| cap.counter(&name, metric::LOST, &[b, (label::LOSS_REASON, r)]) > 0)
+    };
+    let mut reason = reported(cap);
+    while reason.is_none() && Instant::now() < by {
+        tokio::time::sleep(t.slack / 10).await;
+        reason = reported(cap);
+    }
+    let Some(reason) = reason else {
+        return Err(Failure(format!(
+            "the lease turned Lost (its lock deleted) and {} counted no loss with reason \
+             refused or connection_closed within {:?} (counted for other reasons: {})",
+            metric::LOST,
+            t.slack,
+            cap.counter(&name, metric::LOST, &[b])
+        )));
+    };
+    let _ = lease.release().await;
+    let lost = cap.counter(&name, metric::LOST, &[b]);
+    ensure!(
+        lost == 1,
+        "{} counted {lost} losses of one lease",
+        metric::LOST
+    );
+    let events: Vec<_> = cap
+        .events(&name)
+        .into_iter()
+        .filter(|e| {
+            e.field("lock.state") == Some("lost") && e.field(label::BACKEND) == Some(backend)
+        })
+        .collect();
+    ensure!(
+        events.len() == 1
+            && events[0].level == tracing::Level::WARN
+            && events[0].field(label::LOSS_REASON) == Some(reason),
+        "one warning event with lock.state = lost and reason {reason} expected, saw {events:?}"
+    );
+    let ends = cap.histogram(&name, metric::HOLD_DURATION, &[b]);
+    let as_lost = cap.histogram(&name, metric::HOLD_DURATION, &[b, (label::END, "lost")]);
+    ensure!(
+        ends.len() == 1 && as_lost.len() == 1,
+        "{} recorded {} ends ({} as lost) for one lost lease released after",
+        metric::HOLD_DURATION,
+        ends.len(),
+        as_lost.len()
+    );
+    let held_now = cap.gauge(&name, metric::HELD, &[b]);
+    ensure!(
+        held_now == 0.0,
+        "{} is {held_now} after the only lease was lost and released",
+        metric::HELD
+    );
+    Ok(())
+}

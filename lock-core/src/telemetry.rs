@@ -1,0 +1,410 @@
+//! Spans and metrics, recorded in one place: the trait's `try_acquire`/`acquire` and
+//! [`ManagedLease`](crate::driver::ManagedLease), under the names of the published convention
+//! ([`docs/observability.md`](https://github.com/distlock/distlock/blob/main/docs/observability.md)).
+//!
+//! Spans go through [`tracing`], metrics through the [`metrics`] facade: the application
+//! installs a subscriber and a recorder (any exporter); with neither installed, nothing is
+//! recorded. The lock name is a span field always, and a metric label only after
+//! [`label_lock_names`]`(true)`: one label value per name is a series per name.
+//!
+//! ```
+//! use lock_core::telemetry::{self, metric, label};
+//! assert_eq!(metric::ACQUISITIONS, "lock.acquisitions");
+//! assert_eq!(label::BACKEND, "lock.backend");
+//! assert!(!telemetry::lock_names_labelled()); // off by default: bounded cardinality
+//! ```
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use metrics::Label;
+use tracing::Span;
+
+use crate::{Error, FencingToken, LockName, LockOptions};
+
+/// Metric names (units in the names' documentation; durations in seconds).
+pub mod metric {
+    /// Counter: acquisitions finished, by `lock.backend`, `lock.mode`, `lock.attempt`,
+    /// `lock.outcome` (and `error.type` when the outcome is `error`).
+    pub const ACQUISITIONS: &str = "lock.acquisitions";
+    /// Histogram, seconds: how long an acquisition took, from the call to its outcome; with
+    /// `lock.attempt = wait`, the time spent waiting for the lock. Same labels as
+    /// [`ACQUISITIONS`].
+    pub const ACQUIRE_DURATION: &str = "lock.acquire.duration";
+    /// Gauge: acquisitions waiting now (`acquire` calls under way), by `lock.backend`.
+    pub const WAITING: &str = "lock.waiting";
+    /// Gauge: leases held now (granted, not yet released, abandoned, dropped or lost), by
+    /// `lock.backend`.
+    pub const HELD: &str = "lock.held";
+    /// Histogram, seconds: from grant to the lease's end, by `lock.backend` and `lock.end`.
+    pub const HOLD_DURATION: &str = "lock.hold.duration";
+    /// Counter: renewal requests answered, by `lock.backend`, `lock.renewal` (auto or manual)
+    /// and `lock.outcome` (`renewed`, `failed`: a failure that may pass, `refused`).
+    pub const RENEWALS: &str = "lock.renewals";
+    /// Counter: leases lost, by `lock.backend` and `lock.loss.reason`.
+    pub const LOST: &str = "lock.lost";
+}
+
+/// Label names, which are also the span fields' names.
+pub mod label {
+    /// The lock's name: a span field always, a metric label only with
+    /// [`label_lock_names`](super::label_lock_names).
+    pub const NAME: &str = "lock.name";
+    /// The backend ([`DistributedLock::backend`](crate::DistributedLock::backend)).
+    pub const BACKEND: &str = "lock.backend";
+    /// `exclusive`, `shared` or `permits` ([`Mode::kind`](crate::Mode::kind)).
+    pub const MODE: &str = "lock.mode";
+    /// `try` (`try_acquire`) or `wait` (`acquire`).
+    pub const ATTEMPT: &str = "lock.attempt";
+    /// What an operation came to; its values are listed per metric and span.
+    pub const OUTCOME: &str = "lock.outcome";
+    /// The error's kind ([`Error::kind`](crate::Error::kind)) when the outcome is `error`.
+    pub const ERROR: &str = "error.type";
+    /// `auto` (the watchdog) or `manual` ([`Lease::renew`](crate::Lease::renew)).
+    pub const RENEWAL: &str = "lock.renewal";
+    /// Why a lease was lost ([`LossReason::as_str`](super::LossReason::as_str)).
+    pub const LOSS_REASON: &str = "lock.loss.reason";
+    /// How a lease ended: `released`, `abandoned`, `dropped` or `lost`.
+    pub const END: &str = "lock.end";
+}
+
+/// Span names. Each span's fields are listed in the convention.
+pub mod span {
+    /// One `try_acquire` or `acquire`.
+    pub const ACQUIRE: &str = "lock.acquire";
+    /// One renewal: the watchdog's (all its tries) or a manual one.
+    pub const RENEW: &str = "lock.renew";
+    /// One release.
+    pub const RELEASE: &str = "lock.release";
+}
+
+/// Why a lease was lost: the `lock.loss.reason` label and event field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The backend refused a renewal: the lock is gone or another's (key deleted or evicted,
+    /// etcd lease revoked, ZooKeeper session expired or node deleted, lock file replaced).
+    Refused,
+    /// No renewal was confirmed before `valid_until` (the backend did not answer in time, or
+    /// the lease was not renewed at all).
+    Expired,
+    /// The connection that was the lock's session closed (PostgreSQL): the server freed it.
+    ConnectionClosed,
+    /// `max_hold` was reached on a backend whose lock lives as long as its session: the
+    /// watchdog let go.
+    MaxHold,
+}
+
+impl LossReason {
+    /// The label value: `refused`, `expired`, `connection_closed`, `max_hold`.
+    ///
+    /// ```
+    /// assert_eq!(lock_core::telemetry::LossReason::ConnectionClosed.as_str(), "connection_closed");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Refused => "refused",
+            LossReason::Expired => "expired",
+            LossReason::ConnectionClosed => "connection_closed",
+            LossReason::MaxHold => "max_hold",
+        }
+    }
+}
+
+static NAMES_LABELLED: AtomicBool = AtomicBool::new(false);
+
+/// Adds the lock's name as the `lock.name` label of every metric recorded from now on, in this
+/// process. Off by default: every name becomes its own series, which a service with a lock per
+/// tenant or per job cannot afford. Spans carry the name either way.
+///
+/// ```
+/// lock_core::telemetry::label_lock_names(true);
+/// assert!(lock_core::telemetry::lock_names_labelled());
+/// # lock_core::telemetry::label_lock_names(false);
+/// ```
+pub fn label_lock_names(on: bool) {
+    NAMES_LABELLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether metrics carry the `lock.name` label ([`label_lock_names`]).
+pub fn lock_names_labelled() -> bool {
+    NAMES_LABELLED.load(Ordering::Relaxed)
+}
+
+/// The labels every metric of `name` on `backend` carries, then `more`.
+fn labels(
+    backend: &'static str,
+    name: &LockName,
+    more: &[(&'static str, &'static str)],
+) -> Vec<Label> {
+    let mut v = Vec::with_capacity(more.len() + 2);
+    v.push(Label::from_static_parts(label::BACKEND, backend));
+    if lock_names_labelled() {
+        v.push(Label::new(label::NAME, name.as_str().to_owned()));
+    }
+    v.extend(more.iter().map(|(k, val)| Label::from_static_parts(k, val)));
+    v
+}
+
+/// How an acquisition ended, for [`AcquireReport::finish`].
+#[derive(Debug)]
+pub enum Acquired<'a> {
+    /// Granted, with the grant's fencing token if the backend fences.
+    Granted(Option<FencingToken>),
+    /// `try_acquire` found it held.
+    Busy,
+    /// `acquire` was not granted within its wait.
+    Timeout,
+    /// Failed with this error.
+    Failed(&'a Error),
+}
+
+/// One acquisition being reported: its span, its clock, and the waiting gauge while it waits.
+/// Dropped without [`finish`](Self::finish), it was cancelled, and says so.
+///
+/// The trait's `try_acquire` and `acquire` make one for every call; only a driver that
+/// overrides them needs it.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::telemetry::{AcquireReport, Acquired};
+/// use lock_core::{LockName, LockOptions};
+/// let name = LockName::new("jobs")?;
+/// let report = AcquireReport::start("my", &name, &LockOptions::new(Duration::from_secs(5)), false);
+/// // ... the attempt, run inside `report.span()` ...
+/// report.finish(Acquired::Busy);
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct AcquireReport {
+    span: Span,
+    backend: &'static str,
+    name: LockName,
+    mode: &'static str,
+    attempt: &'static str,
+    started: Instant,
+    finished: bool,
+}
+
+impl AcquireReport {
+    /// Starts observing an acquisition of `name`; `waits` for `acquire`, not `try_acquire`.
+    pub fn start(backend: &'static str, name: &LockName, opts: &LockOptions, waits: bool) -> Self {
+        let attempt = if waits { "wait" } else { "try" };
+        let mode = opts.mode.kind();
+        let span = tracing::info_span!(
+            "lock.acquire",
+            lock.name = %name,
+            lock.backend = backend,
+            lock.mode = mode,
+            lock.attempt = attempt,
+            lock.outcome = tracing::field::Empty,
+            lock.fencing_token = tracing::field::Empty,
+            lock.waited_ms = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        if waits {
+            metrics::gauge!(metric::WAITING, labels(backend, name, &[])).increment(1.0);
+        }
+        AcquireReport {
+            span,
+            backend,
+            name: name.clone(),
+            mode,
+            attempt,
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+
+    /// The span to run the acquisition in.
+    pub fn span(&self) -> Span {
+        self.span.clone()
+    }
+
+    /// Records how the acquisition ended.
+    pub fn finish(mut self, how: Acquired<'_>) {
+        self.finished = true;
+        let (outcome, error) = match how {
+            Acquired::Granted(token) => {
+                if let Some(t) = token {
+                    self.span.record("lock.fencing_token", t.get());
+                }
+                ("granted", None)
+            }
+            Acquired::Busy => ("busy", None),
+            Acquired::Timeout => ("timeout", None),
+            Acquired::Failed(e) => ("error", Some(e.kind())),
+        };
+        self.record(outcome, error);
+    }
+
+    fn record(&self, outcome: &'static str, error: Option<&'static str>) {
+        let waited = self.started.elapsed();
+        self.span.record("lock.outcome", outcome);
+        self.span
+            .record("lock.waited_ms", waited.as_secs_f64() * 1e3);
+        let mut more = vec![
+            (label::MODE, self.mode),
+            (label::ATTEMPT, self.attempt),
+            (label::OUTCOME, outcome),
+        ];
+        if let Some(kind) = error {
+            self.span.record("error.type", kind);
+            more.push((label::ERROR, kind));
+        }
+        let l = labels(self.backend, &self.name, &more);
+        metrics::counter!(metric::ACQUISITIONS, l.clone()).increment(1);
+        metrics::histogram!(metric::ACQUIRE_DURATION, l).record(waited.as_secs_f64());
+    }
+}
+
+impl Drop for AcquireReport {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.record("cancelled", None);
+        }
+        if self.attempt == "wait" {
+            metrics::gauge!(metric::WAITING, labels(self.backend, &self.name, &[])).decrement(1.0);
+        }
+    }
+}
+
+/// What one lease reports, from its grant to its end: the held gauge, renewals, the AtRisk
+/// and Lost events, the loss counter and the hold time.
+///
+/// [`ManagedLease`](crate::driver::ManagedLease) keeps one; only a driver with a `Lease` of its
+/// own needs it.
+///
+/// ```
+/// use lock_core::telemetry::{LeaseReport, LossReason};
+/// let name = lock_core::LockName::new("jobs")?;
+/// let report = LeaseReport::granted("my", &name);
+/// report.renewal("manual", "refused");
+/// report.lost(LossReason::Refused, None);
+/// report.ended("released"); // already ended by the loss: not counted twice
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct LeaseReport {
+    backend: &'static str,
+    name: LockName,
+    granted_at: Instant,
+    /// Set by the first end (release, abandon, drop, loss): the held gauge and the hold time
+    /// are recorded once.
+    ended: AtomicBool,
+}
+
+impl LeaseReport {
+    /// A lease granted now: counted as held.
+    pub fn granted(backend: &'static str, name: &LockName) -> Self {
+        metrics::gauge!(metric::HELD, labels(backend, name, &[])).increment(1.0);
+        LeaseReport {
+            backend,
+            name: name.clone(),
+            granted_at: Instant::now(),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    /// The lease ended `how` (`released`, `abandoned`, `dropped`, `lost`); only the first end
+    /// counts.
+    pub fn ended(&self, how: &'static str) {
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.record_end(how);
+    }
+
+    /// The held gauge and the hold time, for an end already claimed.
+    fn record_end(&self, how: &'static str) {
+        metrics::gauge!(metric::HELD, labels(self.backend, &self.name, &[])).decrement(1.0);
+        metrics::histogram!(
+            metric::HOLD_DURATION,
+            labels(self.backend, &self.name, &[(label::END, how)])
+        )
+        .record(self.granted_at.elapsed().as_secs_f64());
+    }
+
+    /// The span of one renewal, `auto` or `manual`.
+    pub fn renew_span(&self, renewal: &'static str) -> Span {
+        tracing::debug_span!(
+            "lock.renew",
+            lock.name = %self.name,
+            lock.backend = self.backend,
+            lock.renewal = renewal,
+            lock.outcome = tracing::field::Empty,
+        )
+    }
+
+    /// One renewal request answered: `renewed`, `failed` (may pass) or `refused`.
+    pub fn renewal(&self, renewal: &'static str, outcome: &'static str) {
+        Span::current().record("lock.outcome", outcome);
+        metrics::counter!(
+            metric::RENEWALS,
+            labels(
+                self.backend,
+                &self.name,
+                &[(label::RENEWAL, renewal), (label::OUTCOME, outcome)]
+            )
+        )
+        .increment(1);
+    }
+
+    /// The lease turned AtRisk (`why` says what failed): an event.
+    pub fn at_risk(&self, why: &str) {
+        tracing::warn!(
+            lock.name = %self.name,
+            lock.backend = self.backend,
+            lock.state = "at_risk",
+            "lease at risk: {why}"
+        );
+    }
+
+    /// The lease turned Lost for `reason`: an event, the counter, and its end; nothing if it
+    /// had ended already.
+    pub fn lost(&self, reason: LossReason, error: Option<&Error>) {
+        // A lease ends once: a loss after its release (or a second loss) is not one.
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        match error {
+            Some(e) => tracing::warn!(
+                lock.name = %self.name,
+                lock.backend = self.backend,
+                lock.state = "lost",
+                lock.loss.reason = reason.as_str(),
+                error = %e,
+                "lease lost"
+            ),
+            None => tracing::warn!(
+                lock.name = %self.name,
+                lock.backend = self.backend,
+                lock.state = "lost",
+                lock.loss.reason = reason.as_str(),
+                "lease lost"
+            ),
+        }
+        metrics::counter!(
+            metric::LOST,
+            labels(
+                self.backend,
+                &self.name,
+                &[(label::LOSS_REASON, reason.as_str())]
+            )
+        )
+        .increment(1);
+        self.record_end("lost");
+    }
+
+    /// The span of the release.
+    pub fn release_span(&self) -> Span {
+        tracing::info_span!(
+            "lock.release",
+            lock.name = %self.name,
+            lock.backend = self.backend,
+            lock.outcome = tracing::field::Empty,
+            lock.held_ms = self.granted_at.elapsed().as_secs_f64() * 1e3,
+            "error.type" = tracing::field::Empty,
+        )
+    }
+}
