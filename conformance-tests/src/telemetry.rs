@@ -205,6 +205,19 @@ impl Visit for Fields {
 }
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for CaptureLayer {
+    /// Only what names a lock: every other span and event in the process (a client library's
+    /// trace events) is never built for this layer.
+    fn register_callsite(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if metadata.fields().field("lock.name").is_some() {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
         let mut f = Fields::default();
         attrs.record(&mut f);
