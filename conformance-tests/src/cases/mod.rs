@@ -125,6 +125,14 @@ pub static CASES: &[Case] = &[
         always
     ),
     case!(telemetry::a_loss_is_reported_with_its_reason, breakable),
+    case!(
+        telemetry::a_partitioned_lease_is_reported_at_risk_then_lost,
+        partitions
+    ),
+    case!(
+        telemetry::a_cut_session_is_reported_lost_as_connection_closed,
+        delays_and_connection_bound
+    ),
     case!(inspect::inspect_reports_the_holder, inspects),
     case!(inspect::backend_key_is_the_locks_own, always),
     case!(inspect::backend_key_exists_on_the_server, sees_keys),

@@ -10,8 +10,9 @@ use std::time::Instant;
 use lock_core::telemetry::{label, metric, span};
 use lock_core::{Error, LockName};
 
-use super::support::{client, held, opts, within};
+use super::support::{client, faulty, held, opts, within};
 use crate::telemetry::{capture, Capture, SpanRecord};
+use crate::Fault;
 use crate::{ensure, fresh_name, Failure, Harness};
 
 /// The capture, or a failure that says why there is none.
@@ -231,6 +232,129 @@ pub async fn a_loss_is_reported_with_its_reason(h: &dyn Harness) -> Result<(), F
         held_now == 0.0,
         "{} is {held_now} after the only lease was lost and released",
         metric::HELD
+    );
+    Ok(())
+}
+
+/// Waits up to the slack for `name`'s loss to be counted, and returns its reason.
+async fn loss_reason(
+    cap: &Capture,
+    name: &LockName,
+    backend: &str,
+    slack: std::time::Duration,
+) -> Option<&'static str> {
+    let by = Instant::now() + slack;
+    let b = (label::BACKEND, backend);
+    loop {
+        let reason = ["refused", "expired", "connection_closed", "max_hold"]
+            .into_iter()
+            .find(|r| cap.counter(name, metric::LOST, &[b, (label::LOSS_REASON, r)]) > 0);
+        if reason.is_some() || Instant::now() >= by {
+            return reason;
+        }
+        tokio::time::sleep(slack / 10).await;
+    }
+}
+
+/// A holder cut off from the backend (its link blackholed: nothing answers, nothing is
+/// refused) is reported AtRisk (a warning event, `lock.state = at_risk`) and then Lost, as
+/// `expired` — or as `connection_closed` where the lock is its connection's session and the
+/// driver saw that connection end — once, with one warning event.
+pub async fn a_partitioned_lease_is_reported_at_risk_then_lost(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let cap = the_capture()?;
+    let t = h.timing();
+    let holder = faulty(h, std::time::Duration::ZERO).await?;
+    holder.link.set(Fault::Healed);
+    let backend = holder.lock.backend();
+    let name = fresh_name("telemetry-partition");
+    cap.watch(&name);
+    let lease = holder
+        .lock
+        .acquire(&name, &opts(h).auto_renew(None))
+        .await?;
+    holder.link.set(Fault::Blackhole);
+    let limit = lease
+        .valid_until()
+        .saturating_duration_since(Instant::now())
+        + t.slack;
+    let fired = within(
+        limit,
+        "lost signal of a partitioned holder",
+        lease.lost().wait(),
+    )
+    .await;
+    holder.link.set(Fault::Healed);
+    fired?;
+    let reason = loss_reason(cap, &name, backend, t.slack).await;
+    let events: Vec<_> = cap
+        .events(&name)
+        .into_iter()
+        .filter(|e| e.field(label::BACKEND) == Some(backend))
+        .collect();
+    let states: Vec<_> = events
+        .iter()
+        .filter_map(|e| e.field("lock.state"))
+        .collect();
+    let _ = lease.release().await;
+    match reason {
+        Some("expired") => ensure!(
+            states == ["at_risk", "lost"],
+            "a partitioned lease lost as expired must be reported at_risk, then lost (one event \
+             each), saw the events {events:?}"
+        ),
+        Some("connection_closed") => ensure!(
+            states.last() == Some(&"lost") && states.iter().filter(|s| **s == "lost").count() == 1,
+            "one lost event expected, saw {events:?}"
+        ),
+        other => {
+            return Err(Failure(format!(
+                "a partitioned lease turned Lost and {} said the reason {other:?} (expected \
+                 expired, or connection_closed for a session-bound lock); events {events:?}",
+                metric::LOST
+            )))
+        }
+    }
+    let lost = cap.counter(&name, metric::LOST, &[(label::BACKEND, backend)]);
+    ensure!(
+        lost == 1,
+        "{} counted {lost} losses of one lease",
+        metric::LOST
+    );
+    Ok(())
+}
+
+/// Where the lock is its connection's session, a holder whose connection was cut is reported
+/// Lost as `connection_closed`, within the notice a session-bound lease promises
+/// ([`crate::Timing::dropped_connection_notice`]) plus the slack.
+pub async fn a_cut_session_is_reported_lost_as_connection_closed(
+    h: &dyn Harness,
+) -> Result<(), Failure> {
+    let cap = the_capture()?;
+    let t = h.timing();
+    let holder = faulty(h, std::time::Duration::ZERO).await?;
+    holder.link.set(Fault::Healed);
+    let backend = holder.lock.backend();
+    let name = fresh_name("telemetry-cut");
+    cap.watch(&name);
+    let lease = holder
+        .lock
+        .acquire(&name, &opts(h).auto_renew(None))
+        .await?;
+    holder.link.set(Fault::Cut);
+    within(
+        t.dropped_connection_notice() + t.slack,
+        "lost signal of a holder whose session was cut",
+        lease.lost().wait(),
+    )
+    .await?;
+    let reason = loss_reason(cap, &name, backend, t.slack).await;
+    let _ = lease.release().await;
+    ensure!(
+        reason == Some("connection_closed"),
+        "a lease whose session was cut was reported lost as {reason:?}, expected \
+         connection_closed"
     );
     Ok(())
 }

@@ -110,6 +110,7 @@ impl FlawedHarness {
                         | Flaw::SessionLostByPolling
                         | Flaw::CutGrantsTwoWaiters
                         | Flaw::CutGrantsPermitBeyondK
+                        | Flaw::LeaseReportsAsAnotherBackend
                 ),
                 ..Shared::default()
             }),

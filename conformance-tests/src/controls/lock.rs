@@ -225,14 +225,17 @@ impl FlawedLock {
             renewing: AtomicBool::new(false),
             reports: None,
         };
-        let named = flawed.inner.name().clone();
-        flawed.reports = Some(Reports::granted(
-            self.backend(),
-            &named,
-            self.flaw,
-            flawed.lost(),
-            flawed.valid_until(),
-        ));
+        // A wired lease is a `ManagedLease` over the wire, which reports for itself.
+        if self.link.is_none() {
+            let named = flawed.inner.name().clone();
+            flawed.reports = Some(Reports::granted(
+                self.backend(),
+                &named,
+                self.flaw,
+                flawed.lost(),
+                flawed.valid_until(),
+            ));
+        }
         Box::new(flawed)
     }
 

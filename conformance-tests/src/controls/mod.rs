@@ -253,6 +253,9 @@ pub enum Flaw {
     LossNotReported,
     /// A busy `try_acquire` is reported as granted (its outcome mislabelled).
     BusyReportedAsGranted,
+    /// A lease over the wire reports under another backend's name (`memory`, the store's),
+    /// so none of its renewals, turns or loss is the driver's.
+    LeaseReportsAsAnotherBackend,
     /// An acquisition whose reply was lost with its connection reports an error and leaves
     /// the grant it may have made to its TTL (it undoes only cancelled ones).
     LostReplyLeavesGrant,
@@ -496,6 +499,7 @@ impl Flaw {
         Flaw::MinTtlAlwaysLate,
         Flaw::LossNotReported,
         Flaw::BusyReportedAsGranted,
+        Flaw::LeaseReportsAsAnotherBackend,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,
         Flaw::DroppedReleaseSentOnce,

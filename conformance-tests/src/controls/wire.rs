@@ -185,7 +185,11 @@ impl WiredOps {
 #[async_trait]
 impl LeaseOps for WiredOps {
     fn backend(&self) -> &'static str {
-        "flawed-memory"
+        if self.flaw == Flaw::LeaseReportsAsAnotherBackend {
+            "memory"
+        } else {
+            "flawed-memory"
+        }
     }
 
     async fn renew(&self) -> Result<Instant> {
