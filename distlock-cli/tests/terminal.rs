@@ -49,9 +49,13 @@ impl OnTerminal {
         let pty = openpty(None, None).expect("a pseudo-terminal");
         let slave = File::from(pty.slave);
         // setsid(1) does not fork here (a child of this test leads no group): the pid is the
-        // program's, and it leads the session and its foreground group.
-        let child = Command::new("setsid")
-            .arg("-c")
+        // program's, and it leads the session and its foreground group. env(1) first puts
+        // SIGINT and SIGQUIT back to their defaults, as an interactive shell does for the jobs
+        // it starts: a test run started as a background job of a shell without job control
+        // (`scripts/test.sh &`) has them ignored, distlock keeps an ignored signal ignored
+        // (as `nohup` expects), and a Ctrl-C typed here would reach no one.
+        let child = Command::new("env")
+            .args(["--default-signal=INT,QUIT", "setsid", "-c"])
             .args(program)
             .env("RUST_LOG", "error")
             .env("PS1", "$ ")
@@ -60,7 +64,7 @@ impl OnTerminal {
             .stdout(slave.try_clone().unwrap())
             .stderr(slave)
             .spawn()
-            .expect("setsid(1) from util-linux");
+            .expect("env(1) from coreutils, setsid(1) from util-linux");
         let master = File::from(pty.master);
         let screen = Arc::new(Mutex::new(Vec::new()));
         let mut reader = master.try_clone().unwrap();
