@@ -123,6 +123,34 @@ impl Capture {
             .collect()
     }
 
+    /// Everything captured of `name` as text: its spans, its events, and its metrics' label
+    /// sets (for a search, such as for a password that must not be there).
+    pub fn dump(&self, name: &LockName) -> String {
+        self.drain();
+        let s = self.store.lock();
+        let spans = s
+            .spans
+            .iter()
+            .map(|(_, r)| r)
+            .filter(|r| r.field("lock.name") == Some(name.as_str()));
+        let events = s.events.iter().filter(|(n, _)| n == name.as_str());
+        let series = s
+            .counters
+            .keys()
+            .chain(s.gauges.keys())
+            .chain(s.histograms.keys())
+            .filter(|k| {
+                k.1.iter()
+                    .any(|(a, b)| a == "lock.name" && b == name.as_str())
+            });
+        format!(
+            "spans {:?}; events {:?}; metrics {:?}",
+            spans.collect::<Vec<_>>(),
+            events.collect::<Vec<_>>(),
+            series.collect::<Vec<_>>()
+        )
+    }
+
     /// The counter `metric` of `name` summed over every label set that has `labels`.
     pub fn counter(&self, name: &LockName, metric: &str, labels: &[(&str, &str)]) -> u64 {
         self.drain();

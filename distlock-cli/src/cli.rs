@@ -88,6 +88,22 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) cmd: Cmd,
+    /// How log lines on stderr are written: `text` for people, `json` for log collectors (one
+    /// JSON object per line, with the fields of the spans it happened in, and one line per
+    /// acquisition and release with their outcome and timings: docs/observability.md).
+    /// RUST_LOG filters them (default: warn; with json also the lock's own lines, lock_core's
+    /// and distlock's info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]

@@ -24,7 +24,7 @@ use std::time::Duration;
 use clap::Parser;
 use distlock::{DistributedLock, LockName};
 
-use crate::cli::{Cli, Cmd, Target};
+use crate::cli::{Cli, Cmd, LogFormat, Target};
 use crate::exit::Failure;
 use crate::target::Secrets;
 
@@ -34,14 +34,6 @@ fn main() -> ExitCode {
         return ExitCode::from(keeper::main(&args[2..]));
     }
     let secrets = Arc::new(Secrets::from_args_and_env());
-    tracing_subscriber::fmt()
-        .with_writer(ScrubbedStderr(secrets.clone()))
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
@@ -64,6 +56,7 @@ fn main() -> ExitCode {
             return ExitCode::from(f.report(&secrets));
         }
     };
+    init_logs(cli.log_format, &secrets);
     // Before any thread exists, so that every thread has it blocked (`terminal.rs`).
     terminal::block_background_stops();
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -118,6 +111,31 @@ pub(crate) async fn connect(
 
 pub(crate) fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Log lines on stderr, scrubbed, as `--log-format` asks: JSON lines carry the fields of the
+/// spans they happened in, and a line closes each acquisition and release span.
+fn init_logs(format: LogFormat, secrets: &Arc<Secrets>) {
+    let filter = |default: &str| {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+    };
+    let writer = ScrubbedStderr(secrets.clone());
+    match format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_env_filter(filter("warn"))
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .with_writer(writer)
+            .with_env_filter(filter("warn,lock_core=info,distlock=info"))
+            .init(),
+    }
 }
 
 /// stderr for log lines, with the command line's secrets hidden (a driver's log line may

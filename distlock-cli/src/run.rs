@@ -100,6 +100,7 @@ async fn supervised(
         format!("waiting for lock {name} on {backend}"),
         wait != Wait::No,
     );
+    let asked = Instant::now();
     let acquired = tokio::select! {
         r = locks.acquire(&name, &opts) => Ok(r),
         sig = signals.recv() => Err(sig),
@@ -134,6 +135,12 @@ async fn supervised(
     };
     let granted = Instant::now();
     tracing::info!(%name, backend, token = ?lease.fencing_token(), "acquired");
+    // The lock's timings, said once at the end whichever way the run ends (`--log-format`).
+    let _timings = Timings {
+        name: name.clone(),
+        waited: granted - asked,
+        granted,
+    };
 
     let fencing = locks.capabilities().fencing;
     let term = lease.fencing_token().filter(|_| elected);
@@ -224,6 +231,25 @@ async fn supervised(
     }
     release(lease).await;
     code
+}
+
+/// Said as the run's last debug line when dropped: how long it waited for the lock and how
+/// long it held it.
+struct Timings {
+    name: LockName,
+    waited: Duration,
+    granted: Instant,
+}
+
+impl Drop for Timings {
+    fn drop(&mut self) {
+        tracing::debug!(
+            lock.name = %self.name,
+            lock.waited_ms = self.waited.as_secs_f64() * 1e3,
+            lock.held_ms = self.granted.elapsed().as_secs_f64() * 1e3,
+            "run finished"
+        );
+    }
 }
 
 /// Why the command was stopped.

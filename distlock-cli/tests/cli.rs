@@ -891,3 +891,63 @@ fn status_exit_code_tells_held_from_free() {
     let bad = distlock("nosuch://x", &["status", "--name", "x", "--exit-code"]);
     assert_eq!(code(&output(bad)), 64, "an error keeps its own status");
 }
+
+/// `--log-format json`: every stderr line is one JSON object; the acquisition's and the
+/// release's spans close with a line each, with the lock's fields (name, backend, outcome,
+/// token, timings), and at debug the run's last line says how long it waited and held; the
+/// text format stays the default. Given after the subcommand too (a global flag).
+#[test]
+fn log_format_json_writes_one_object_per_line_with_the_locks_spans() {
+    let dir = tmp("json");
+    let url = file_url(&dir);
+    let mut c = distlock(
+        &url,
+        &[
+            "run",
+            "--log-format",
+            "json",
+            "--name",
+            "jobs",
+            "--",
+            "true",
+        ],
+    );
+    c.env("RUST_LOG", "warn,lock_core=info,distlock=debug");
+    let o = output(c);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(code(&o), 0, "{err}");
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
+        .collect();
+    let span_closed = |name: &str| {
+        lines
+            .iter()
+            .find(|v| v["span"]["name"] == name && v["fields"]["message"] == "close")
+            .unwrap_or_else(|| panic!("no line closing the {name} span in {err}"))
+    };
+    let acquire = &span_closed("lock.acquire")["span"];
+    assert_eq!(acquire["lock.name"], "jobs", "{acquire}");
+    assert_eq!(acquire["lock.backend"], "file", "{acquire}");
+    assert_eq!(acquire["lock.outcome"], "granted", "{acquire}");
+    assert!(acquire["lock.fencing_token"].is_u64(), "{acquire}");
+    assert!(acquire["lock.waited_ms"].is_f64(), "{acquire}");
+    let release = &span_closed("lock.release")["span"];
+    assert_eq!(release["lock.outcome"], "released", "{release}");
+    let last = lines.last().map(|v| &v["fields"]);
+    assert!(
+        last.is_some_and(|f| f["message"] == "run finished"
+            && f["lock.held_ms"].is_f64()
+            && f["lock.waited_ms"].is_f64()),
+        "the last line must give the lock's timings: {err}"
+    );
+    // Text by default: no JSON.
+    let mut c = distlock(&url, &["run", "--name", "jobs", "--", "true"]);
+    c.env("RUST_LOG", "info");
+    let o = output(c);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        err.lines().count() > 0 && err.lines().all(|l| !l.starts_with('{')),
+        "{err}"
+    );
+}

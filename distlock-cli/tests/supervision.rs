@@ -1281,7 +1281,7 @@ fn passwords_never_appear_in_any_output() {
     for t in templates {
         for pw in [raw, encoded] {
             let url = servers::url(&t.replace("{pw}", pw)); // the password has no braces
-            let runs: [(Vec<&str>, bool); 4] = [
+            let runs: [(Vec<&str>, bool); 5] = [
                 (
                     vec![
                         "run",
@@ -1299,6 +1299,22 @@ fn passwords_never_appear_in_any_output() {
                 (vec!["status", "--name", "n", "--json"], true),
                 (
                     vec!["run", "--url", &url, "--name", "bad name", "--", "true"],
+                    false,
+                ),
+                // The JSON lines carry the spans' fields.
+                (
+                    vec![
+                        "run",
+                        "--log-format",
+                        "json",
+                        "--url",
+                        &url,
+                        "--name",
+                        "n",
+                        "--no-wait",
+                        "--",
+                        "true",
+                    ],
                     false,
                 ),
             ];

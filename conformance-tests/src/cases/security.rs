@@ -69,8 +69,10 @@ fn auth_server(s: &Secured) -> Result<AuthServer, Failure> {
 }
 
 /// The right credentials in the URL lock, renew and release, for every account the harness
-/// names, and the password shows neither in the client's `Debug` nor in the lease's.
+/// names, and the password shows neither in the client's `Debug` nor in the lease's, nor in
+/// any span, event or metric label reported for the lock.
 pub async fn right_credentials_lock_and_never_show(h: &dyn Harness) -> Result<(), Failure> {
+    let capture = crate::telemetry::capture();
     let s = secured(h)?;
     let a = auth_server(&s)?;
     for (user, password) in &a.accounts {
@@ -93,8 +95,12 @@ pub async fn right_credentials_lock_and_never_show(h: &dyn Harness) -> Result<()
             !shows(&shown, password),
             "the password shows in the client's Debug: {shown}"
         );
+        let name = fresh_name("auth");
+        if let Some(c) = capture {
+            c.watch(&name);
+        }
         let lease = held(
-            lock.try_acquire(&fresh_name("auth"), &long_opts(h)).await?,
+            lock.try_acquire(&name, &long_opts(h)).await?,
             "a fresh name with the right credentials",
         )?;
         lease.renew().await?;
@@ -104,6 +110,13 @@ pub async fn right_credentials_lock_and_never_show(h: &dyn Harness) -> Result<()
             "the password shows in the lease's Debug: {shown}"
         );
         lease.release().await?;
+        if let Some(c) = capture {
+            let reported = c.dump(&name);
+            ensure!(
+                !shows(&reported, password),
+                "the password shows in what was reported of the lock: {reported}"
+            );
+        }
     }
     Ok(())
 }
