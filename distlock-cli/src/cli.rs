@@ -91,8 +91,8 @@ pub(crate) struct Cli {
     /// How log lines on stderr are written: `text` for people, `json` for log collectors (one
     /// JSON object per line, with the fields of the spans it happened in, and one line per
     /// acquisition and release with their outcome and timings: docs/observability.md).
-    /// RUST_LOG filters them (default: warn; with json also the lock's own lines, lock_core's
-    /// and distlock's info).
+    /// RUST_LOG filters them (default: warn; with json also the lock's own lines: lock_core's
+    /// debug, distlock's info).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
 }

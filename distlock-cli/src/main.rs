@@ -133,7 +133,7 @@ fn init_logs(format: LogFormat, secrets: &Arc<Secrets>) {
             .with_span_list(true)
             .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .with_writer(writer)
-            .with_env_filter(filter("warn,lock_core=info,distlock=info"))
+            .with_env_filter(filter("warn,lock_core=debug,distlock=info"))
             .init(),
     }
 }

@@ -912,7 +912,7 @@ fn log_format_json_writes_one_object_per_line_with_the_locks_spans() {
             "true",
         ],
     );
-    c.env("RUST_LOG", "warn,lock_core=info,distlock=debug");
+    c.env("RUST_LOG", "warn,lock_core=debug,distlock=debug");
     let o = output(c);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(code(&o), 0, "{err}");

@@ -102,6 +102,38 @@ struct Args {
     /// Also write the markdown table here.
     #[arg(long)]
     markdown: Option<PathBuf>,
+    /// `on`: install a tracing subscriber (formatting INFO lines to nowhere) and a Prometheus
+    /// recorder first, as a service that exports both would: the cost of distlock's spans and
+    /// metrics (docs/observability.md) against a run with `off`, where nothing is installed.
+    #[arg(long, value_enum, default_value = "off")]
+    telemetry: Telemetry,
+}
+
+/// `--telemetry`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Telemetry {
+    Off,
+    On,
+}
+
+/// Installs what `--telemetry on` measures; the Prometheus handle is kept so that its
+/// histograms are drained as a scrape would (every second).
+fn install_telemetry(rt: &tokio::runtime::Runtime) -> Result<(), String> {
+    use tracing_subscriber::layer::SubscriberExt;
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::sink))
+        .with(tracing_subscriber::filter::LevelFilter::INFO);
+    tracing::subscriber::set_global_default(subscriber).map_err(|e| e.to_string())?;
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| e.to_string())?;
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = handle.render();
+        }
+    });
+    Ok(())
 }
 
 /// What is measured (the crate docs say how), in the order the scenarios run.
@@ -396,6 +428,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(70);
         }
     };
+    if args.telemetry == Telemetry::On {
+        if let Err(e) = install_telemetry(&rt) {
+            eprintln!("lock-bench: cannot install the telemetry: {e}");
+            return std::process::ExitCode::from(70);
+        }
+    }
     // A backend that fails ends the run, but what was measured before it is still written.
     let (rows, failed) = rt.block_on(async {
         let mut rows = Vec::new();

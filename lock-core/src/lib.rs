@@ -48,6 +48,7 @@ mod election;
 mod endpoint;
 mod error;
 mod feed;
+mod handles;
 mod managed;
 pub mod memory;
 mod mode;

@@ -17,9 +17,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use metrics::Label;
 use tracing::Span;
 
+use crate::handles;
 use crate::{Error, FencingToken, LockName, LockOptions};
 
 /// Metric names (units in the names' documentation; durations in seconds).
@@ -131,21 +131,6 @@ pub fn lock_names_labelled() -> bool {
     NAMES_LABELLED.load(Ordering::Relaxed)
 }
 
-/// The labels every metric of `name` on `backend` carries, then `more`.
-fn labels(
-    backend: &'static str,
-    name: &LockName,
-    more: &[(&'static str, &'static str)],
-) -> Vec<Label> {
-    let mut v = Vec::with_capacity(more.len() + 2);
-    v.push(Label::from_static_parts(label::BACKEND, backend));
-    if lock_names_labelled() {
-        v.push(Label::new(label::NAME, name.as_str().to_owned()));
-    }
-    v.extend(more.iter().map(|(k, val)| Label::from_static_parts(k, val)));
-    v
-}
-
 /// How an acquisition ended, for [`AcquireReport::finish`].
 #[derive(Debug)]
 pub enum Acquired<'a> {
@@ -191,7 +176,7 @@ impl AcquireReport {
     pub fn start(backend: &'static str, name: &LockName, opts: &LockOptions, waits: bool) -> Self {
         let attempt = if waits { "wait" } else { "try" };
         let mode = opts.mode.kind();
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "lock.acquire",
             lock.name = %name,
             lock.backend = backend,
@@ -203,7 +188,7 @@ impl AcquireReport {
             "error.type" = tracing::field::Empty,
         );
         if waits {
-            metrics::gauge!(metric::WAITING, labels(backend, name, &[])).increment(1.0);
+            handles::gauge(metric::WAITING, backend, name, &[]).increment(1.0);
         }
         AcquireReport {
             span,
@@ -226,7 +211,7 @@ impl AcquireReport {
         self.finished = true;
         let (outcome, error) = match how {
             Acquired::Granted(token) => {
-                if let Some(t) = token {
+                if let (Some(t), false) = (token, self.span.is_disabled()) {
                     self.span.record("lock.fencing_token", t.get());
                 }
                 ("granted", None)
@@ -240,21 +225,32 @@ impl AcquireReport {
 
     fn record(&self, outcome: &'static str, error: Option<&'static str>) {
         let waited = self.started.elapsed();
-        self.span.record("lock.outcome", outcome);
-        self.span
-            .record("lock.waited_ms", waited.as_secs_f64() * 1e3);
-        let mut more = vec![
+        // A span nobody listens to records nothing, but asking it still costs (the `log`
+        // fallback): skipped.
+        let listened = !self.span.is_disabled();
+        if listened {
+            self.span.record("lock.outcome", outcome);
+            self.span
+                .record("lock.waited_ms", waited.as_secs_f64() * 1e3);
+        }
+        let all = [
             (label::MODE, self.mode),
             (label::ATTEMPT, self.attempt),
             (label::OUTCOME, outcome),
+            (label::ERROR, error.unwrap_or_default()),
         ];
-        if let Some(kind) = error {
-            self.span.record("error.type", kind);
-            more.push((label::ERROR, kind));
-        }
-        let l = labels(self.backend, &self.name, &more);
-        metrics::counter!(metric::ACQUISITIONS, l.clone()).increment(1);
-        metrics::histogram!(metric::ACQUIRE_DURATION, l).record(waited.as_secs_f64());
+        let more = match error {
+            Some(kind) => {
+                if listened {
+                    self.span.record("error.type", kind);
+                }
+                &all[..]
+            }
+            None => &all[..3],
+        };
+        handles::counter(metric::ACQUISITIONS, self.backend, &self.name, more).increment(1);
+        handles::histogram(metric::ACQUIRE_DURATION, self.backend, &self.name, more)
+            .record(waited.as_secs_f64());
     }
 }
 
@@ -264,7 +260,7 @@ impl Drop for AcquireReport {
             self.record("cancelled", None);
         }
         if self.attempt == "wait" {
-            metrics::gauge!(metric::WAITING, labels(self.backend, &self.name, &[])).decrement(1.0);
+            handles::gauge(metric::WAITING, self.backend, &self.name, &[]).decrement(1.0);
         }
     }
 }
@@ -297,7 +293,7 @@ pub struct LeaseReport {
 impl LeaseReport {
     /// A lease granted now: counted as held.
     pub fn granted(backend: &'static str, name: &LockName) -> Self {
-        metrics::gauge!(metric::HELD, labels(backend, name, &[])).increment(1.0);
+        handles::gauge(metric::HELD, backend, name, &[]).increment(1.0);
         LeaseReport {
             backend,
             name: name.clone(),
@@ -317,10 +313,12 @@ impl LeaseReport {
 
     /// The held gauge and the hold time, for an end already claimed.
     fn record_end(&self, how: &'static str) {
-        metrics::gauge!(metric::HELD, labels(self.backend, &self.name, &[])).decrement(1.0);
-        metrics::histogram!(
+        handles::gauge(metric::HELD, self.backend, &self.name, &[]).decrement(1.0);
+        handles::histogram(
             metric::HOLD_DURATION,
-            labels(self.backend, &self.name, &[(label::END, how)])
+            self.backend,
+            &self.name,
+            &[(label::END, how)],
         )
         .record(self.granted_at.elapsed().as_secs_f64());
     }
@@ -339,13 +337,11 @@ impl LeaseReport {
     /// One renewal request answered: `renewed`, `failed` (may pass) or `refused`.
     pub fn renewal(&self, renewal: &'static str, outcome: &'static str) {
         Span::current().record("lock.outcome", outcome);
-        metrics::counter!(
+        handles::counter(
             metric::RENEWALS,
-            labels(
-                self.backend,
-                &self.name,
-                &[(label::RENEWAL, renewal), (label::OUTCOME, outcome)]
-            )
+            self.backend,
+            &self.name,
+            &[(label::RENEWAL, renewal), (label::OUTCOME, outcome)],
         )
         .increment(1);
     }
@@ -384,13 +380,11 @@ impl LeaseReport {
                 "lease lost"
             ),
         }
-        metrics::counter!(
+        handles::counter(
             metric::LOST,
-            labels(
-                self.backend,
-                &self.name,
-                &[(label::LOSS_REASON, reason.as_str())]
-            )
+            self.backend,
+            &self.name,
+            &[(label::LOSS_REASON, reason.as_str())],
         )
         .increment(1);
         self.record_end("lost");
@@ -398,7 +392,7 @@ impl LeaseReport {
 
     /// The span of the release.
     pub fn release_span(&self) -> Span {
-        tracing::info_span!(
+        tracing::debug_span!(
             "lock.release",
             lock.name = %self.name,
             lock.backend = self.backend,

@@ -1,0 +1,184 @@
+//! Metric handles kept per label set, for the telemetry (`telemetry.rs`): registering a metric
+//! (building its key, allocating its labels, hashing them in the recorder) cost more than the
+//! memory driver's whole acquire-and-release, also with no recorder installed; a kept handle
+//! costs one lookup here and an atomic add.
+//!
+//! Kept per thread and per recorder: each handle is kept with the address of the recorder it
+//! came from and used only while that one is installed, so the no-op handles taken before an
+//! application installed its recorder are never used after. With the lock name as a label
+//! (unbounded values), nothing is kept.
+
+use std::cell::RefCell;
+
+use metrics::{Counter, Gauge, Histogram, Label};
+
+use crate::telemetry::{label, lock_names_labelled};
+use crate::LockName;
+
+/// One series: the addresses of the metric's name, its backend and its other label values in
+/// their fixed order (0 where unused). Every one is a `&'static str` of this crate or a
+/// driver's, so its address names it; the same text at two addresses only keeps two handles of
+/// one series.
+type Series = [usize; 6];
+
+/// The handles of one kind this thread keeps, with the recorder each came from, searched
+/// linearly: a process has a few dozen series, and comparing addresses costs less than hashing
+/// them (SipHash of the texts cost more than the registration it saved).
+type Kept<H> = RefCell<Vec<(usize, Series, H)>>;
+
+/// How many handles of one kind a thread keeps before it starts again (a bound, never reached
+/// by the backends and outcomes of one process).
+const KEEP: usize = 256;
+
+thread_local! {
+    static COUNTERS: Kept<Counter> = const { RefCell::new(Vec::new()) };
+    static GAUGES: Kept<Gauge> = const { RefCell::new(Vec::new()) };
+    static HISTOGRAMS: Kept<Histogram> = const { RefCell::new(Vec::new()) };
+}
+
+/// The address of the recorder metrics go to now (the no-op one when none is installed).
+fn recorder() -> usize {
+    metrics::with_recorder(|r| (r as *const dyn metrics::Recorder).cast::<()>() as usize)
+}
+
+/// The labels of a series of `name`: `lock.backend`, the lock name if labelled, then `more`.
+fn labels(
+    backend: &'static str,
+    name: &LockName,
+    more: &[(&'static str, &'static str)],
+) -> Vec<Label> {
+    let mut v = Vec::with_capacity(more.len() + 2);
+    v.push(Label::from_static_parts(label::BACKEND, backend));
+    if lock_names_labelled() {
+        v.push(Label::new(label::NAME, name.as_str().to_owned()));
+    }
+    v.extend(more.iter().map(|(k, val)| Label::from_static_parts(k, val)));
+    v
+}
+
+/// The handle of `metric` for `name` on `backend` with `more` labels: kept, or registered with
+/// `register` (and kept unless the name is a label).
+fn handle<H: Clone>(
+    kept: &'static std::thread::LocalKey<Kept<H>>,
+    metric: &'static str,
+    backend: &'static str,
+    name: &LockName,
+    more: &[(&'static str, &'static str)],
+    register: fn(&'static str, Vec<Label>) -> H,
+) -> H {
+    if lock_names_labelled() {
+        return register(metric, labels(backend, name, more));
+    }
+    let mut series = [0; 6];
+    series[0] = metric.as_ptr() as usize;
+    series[1] = backend.as_ptr() as usize;
+    for (slot, (_, v)) in series[2..].iter_mut().zip(more) {
+        *slot = v.as_ptr() as usize;
+    }
+    let now = recorder();
+    kept.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if let Some((_, _, h)) = kept.iter().find(|(r, s, _)| *r == now && *s == series) {
+            return h.clone();
+        }
+        if kept.len() >= KEEP {
+            kept.clear();
+        }
+        let h = register(metric, labels(backend, name, more));
+        kept.push((now, series, h.clone()));
+        h
+    })
+}
+
+/// The counter `metric` (see [`handle`]).
+pub(crate) fn counter(
+    metric: &'static str,
+    backend: &'static str,
+    name: &LockName,
+    more: &[(&'static str, &'static str)],
+) -> Counter {
+    handle(&COUNTERS, metric, backend, name, more, |m, l| {
+        metrics::counter!(m, l)
+    })
+}
+
+/// The gauge `metric` (see [`handle`]).
+pub(crate) fn gauge(
+    metric: &'static str,
+    backend: &'static str,
+    name: &LockName,
+    more: &[(&'static str, &'static str)],
+) -> Gauge {
+    handle(&GAUGES, metric, backend, name, more, |m, l| {
+        metrics::gauge!(m, l)
+    })
+}
+
+/// The histogram `metric` (see [`handle`]).
+pub(crate) fn histogram(
+    metric: &'static str,
+    backend: &'static str,
+    name: &LockName,
+    more: &[(&'static str, &'static str)],
+) -> Histogram {
+    handle(&HISTOGRAMS, metric, backend, name, more, |m, l| {
+        metrics::histogram!(m, l)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+
+    /// The counter `lock.test` on `backend`'s series as `recorder` saw it.
+    fn count(
+        snapshot: Vec<(
+            metrics_util::CompositeKey,
+            Option<metrics::Unit>,
+            Option<metrics::SharedString>,
+            DebugValue,
+        )>,
+    ) -> u64 {
+        snapshot
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == "lock.test")
+            .map(|(.., v)| match v {
+                DebugValue::Counter(n) => n,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    #[test]
+    fn kept_handles_follow_the_recorder_installed_now() {
+        let name = LockName::new("kept").unwrap_or_else(|e| panic!("{e}"));
+        // Kept while no recorder is installed: a no-op handle.
+        counter("lock.test", "memory", &name, &[("lock.outcome", "granted")]).increment(1);
+        let first = DebuggingRecorder::new();
+        let seen = first.snapshotter();
+        metrics::with_local_recorder(&first, || {
+            for _ in 0..3 {
+                counter("lock.test", "memory", &name, &[("lock.outcome", "granted")]).increment(1);
+            }
+            // Another label value is another series.
+            counter("lock.test", "memory", &name, &[("lock.outcome", "busy")]).increment(10);
+        });
+        assert_eq!(
+            count(seen.snapshot().into_vec()),
+            13,
+            "the no-op handle kept before was used"
+        );
+        let second = DebuggingRecorder::new();
+        let seen = second.snapshotter();
+        metrics::with_local_recorder(&second, || {
+            counter("lock.test", "memory", &name, &[("lock.outcome", "granted")]).increment(2);
+        });
+        assert_eq!(
+            count(seen.snapshot().into_vec()),
+            2,
+            "a handle of the first recorder was used"
+        );
+    }
+}
