@@ -12,7 +12,7 @@ use std::cell::RefCell;
 
 use metrics::{Counter, Gauge, Histogram, Label};
 
-use crate::telemetry::{label, lock_names_labelled};
+use crate::convention::{label, lock_names_labelled};
 use crate::LockName;
 
 /// One series: the addresses of the metric's name, its backend and its other label values in

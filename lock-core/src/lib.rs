@@ -43,6 +43,7 @@ mod acquisition;
 mod authority;
 mod backoff;
 mod caps;
+mod convention;
 pub mod driver;
 mod election;
 mod endpoint;
