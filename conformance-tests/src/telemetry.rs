@@ -8,8 +8,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use lock_core::LockName;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
 use parking_lot::Mutex;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -54,25 +58,92 @@ impl EventRecord {
     }
 }
 
-/// A metric's name and its labels, sorted.
-type Series = (String, Vec<(String, String)>);
-
 #[derive(Default)]
 struct Store {
     watched: HashSet<String>,
     /// Every watched span by id, open or closed, in order of creation.
     spans: Vec<(Id, SpanRecord)>,
     events: Vec<(String, EventRecord)>,
-    /// Metrics drained from the recorder, summed: (name, sorted labels) → value.
-    counters: HashMap<Series, u64>,
-    gauges: HashMap<Series, f64>,
-    histograms: HashMap<Series, Vec<f64>>,
+}
+
+/// The metrics of watched names, each series as its recorder handle left it.
+#[derive(Default)]
+struct Kept {
+    counters: HashMap<Labels, Arc<AtomicU64>>,
+    gauges: HashMap<Labels, Arc<AtomicU64>>,
+    histograms: HashMap<Labels, Arc<Values>>,
+}
+
+/// A metric's name and its labels, sorted.
+type Labels = (String, Vec<(String, String)>);
+
+/// A histogram's values.
+#[derive(Default)]
+struct Values(Mutex<Vec<f64>>);
+
+impl HistogramFn for Values {
+    fn record(&self, value: f64) {
+        self.0.lock().push(value);
+    }
+}
+
+/// The recorder: a series whose `lock.name` is watched gets storage; every other one a no-op
+/// handle, so the rest of the process (thousands of names in a conformance run) costs nothing
+/// and never waits here.
+struct WatchingRecorder {
+    store: Arc<Mutex<Store>>,
+    series: Arc<Mutex<Kept>>,
+}
+
+impl WatchingRecorder {
+    /// `key` as kept, if its lock name is watched.
+    fn watched(&self, key: &Key) -> Option<Labels> {
+        let name = key.labels().find(|l| l.key() == "lock.name")?;
+        if !self.store.lock().watched.contains(name.value()) {
+            return None;
+        }
+        let mut labels: Vec<(String, String)> = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        labels.sort();
+        Some((key.name().to_owned(), labels))
+    }
+}
+
+impl Recorder for WatchingRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        match self.watched(key) {
+            Some(k) => Counter::from_arc(self.series.lock().counters.entry(k).or_default().clone()),
+            None => Counter::noop(),
+        }
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        match self.watched(key) {
+            Some(k) => Gauge::from_arc(self.series.lock().gauges.entry(k).or_default().clone()),
+            None => Gauge::noop(),
+        }
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        match self.watched(key) {
+            Some(k) => {
+                Histogram::from_arc(self.series.lock().histograms.entry(k).or_default().clone())
+            }
+            None => Histogram::noop(),
+        }
+    }
 }
 
 /// The process's capture of spans, events and metrics ([`capture`]).
 pub struct Capture {
     store: Arc<Mutex<Store>>,
-    snapshotter: Snapshotter,
+    series: Arc<Mutex<Kept>>,
 }
 
 /// The capture, installed on first use as this process's global tracing subscriber and metrics
@@ -82,16 +153,19 @@ pub fn capture() -> Option<&'static Capture> {
     CAPTURE
         .get_or_init(|| {
             let store = Arc::new(Mutex::new(Store::default()));
-            let recorder = DebuggingRecorder::new();
-            let snapshotter = recorder.snapshotter();
+            let series = Arc::new(Mutex::new(Kept::default()));
+            let recorder = WatchingRecorder {
+                store: store.clone(),
+                series: series.clone(),
+            };
             let layer = CaptureLayer {
                 store: store.clone(),
             };
             let subscriber = tracing_subscriber::registry().with(layer);
             tracing::subscriber::set_global_default(subscriber).ok()?;
-            recorder.install().ok()?;
+            metrics::set_global_recorder(recorder).ok()?;
             lock_core::telemetry::label_lock_names(true);
-            Some(Capture { store, snapshotter })
+            Some(Capture { store, series })
         })
         .as_ref()
 }
@@ -126,7 +200,6 @@ impl Capture {
     /// Everything captured of `name` as text: its spans, its events, and its metrics' label
     /// sets (for a search, such as for a password that must not be there).
     pub fn dump(&self, name: &LockName) -> String {
-        self.drain();
         let s = self.store.lock();
         let spans = s
             .spans
@@ -134,11 +207,12 @@ impl Capture {
             .map(|(_, r)| r)
             .filter(|r| r.field("lock.name") == Some(name.as_str()));
         let events = s.events.iter().filter(|(n, _)| n == name.as_str());
-        let series = s
+        let m = self.series.lock();
+        let series = m
             .counters
             .keys()
-            .chain(s.gauges.keys())
-            .chain(s.histograms.keys())
+            .chain(m.gauges.keys())
+            .chain(m.histograms.keys())
             .filter(|k| {
                 k.1.iter()
                     .any(|(a, b)| a == "lock.name" && b == name.as_str())
@@ -153,65 +227,38 @@ impl Capture {
 
     /// The counter `metric` of `name` summed over every label set that has `labels`.
     pub fn counter(&self, name: &LockName, metric: &str, labels: &[(&str, &str)]) -> u64 {
-        self.drain();
-        let s = self.store.lock();
-        s.counters
+        let m = self.series.lock();
+        m.counters
             .iter()
             .filter(|(k, _)| matches(k, name, metric, labels))
-            .map(|(_, v)| *v)
+            .map(|(_, v)| v.load(Ordering::Relaxed))
             .sum()
     }
 
     /// The gauge `metric` of `name`: the sum of its increments and decrements so far, over
     /// every label set that has `labels`.
     pub fn gauge(&self, name: &LockName, metric: &str, labels: &[(&str, &str)]) -> f64 {
-        self.drain();
-        let s = self.store.lock();
-        s.gauges
+        let m = self.series.lock();
+        m.gauges
             .iter()
             .filter(|(k, _)| matches(k, name, metric, labels))
-            .map(|(_, v)| *v)
+            .map(|(_, v)| f64::from_bits(v.load(Ordering::Relaxed)))
             .sum()
     }
 
     /// The values the histogram `metric` of `name` recorded, over every label set that has
     /// `labels`.
     pub fn histogram(&self, name: &LockName, metric: &str, labels: &[(&str, &str)]) -> Vec<f64> {
-        self.drain();
-        let s = self.store.lock();
-        s.histograms
+        let m = self.series.lock();
+        m.histograms
             .iter()
             .filter(|(k, _)| matches(k, name, metric, labels))
-            .flat_map(|(_, v)| v.iter().copied())
+            .flat_map(|(_, v)| v.0.lock().clone())
             .collect()
-    }
-
-    /// Moves what the recorder holds into the sums (its snapshots drain it).
-    fn drain(&self) {
-        let snapshot = self.snapshotter.snapshot().into_vec();
-        let mut s = self.store.lock();
-        for (key, _, _, value) in snapshot {
-            let kind_key = key.key();
-            let mut labels: Vec<(String, String)> = kind_key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort();
-            let k = (kind_key.name().to_owned(), labels);
-            match value {
-                DebugValue::Counter(v) => *s.counters.entry(k).or_default() += v,
-                DebugValue::Gauge(v) => *s.gauges.entry(k).or_default() += v.into_inner(),
-                DebugValue::Histogram(v) => s
-                    .histograms
-                    .entry(k)
-                    .or_default()
-                    .extend(v.into_iter().map(|x| x.into_inner())),
-            }
-        }
     }
 }
 
-fn matches(k: &Series, name: &LockName, metric: &str, labels: &[(&str, &str)]) -> bool {
+fn matches(k: &Labels, name: &LockName, metric: &str, labels: &[(&str, &str)]) -> bool {
     let has = |key: &str, value: &str| k.1.iter().any(|(a, b)| a == key && b == value);
     k.0 == metric && has("lock.name", name.as_str()) && labels.iter().all(|(a, b)| has(a, b))
 }
