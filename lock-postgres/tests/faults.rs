@@ -381,10 +381,18 @@ async fn a_terminate_that_answers_a_confirmation_loses_the_lease_case() {
 
 /// A dropped connection, 40 times, with a waiter queued behind the holder: the server frees
 /// the lock the moment it sees the close, and the holder's lease turns Lost as soon as its own
-/// client sees the same close — every time within a sixth of the session timeout (the
-/// suite's promise for session-bound locks). Which of the two comes first is not ordered:
-/// the waiter's grant sometimes returns a fraction of a millisecond before the holder's lost
-/// signal. The figures (how often, by how much) are printed, and quoted in RELIABILITY.md.
+/// client sees the same close — not at its next confirmation. Measured against a baseline: a
+/// plain socket cut at the same instant, read by a thread of this process. On a machine whose
+/// cores are busy with other work (eight test lanes on two cores) the whole process learns of
+/// the cut late (the socket's thread: up to 112 ms), and the lease's chain of task wake-ups
+/// can each wait for a core (once 34 ms after the socket, at a load of 13). So: in the median
+/// round the lease adds at most [`CUT_NOTICE`] to the socket's notice, and in no round as
+/// much as a sixth of the session (where a lease that learns of the close by confirming would
+/// land). Which of holder and waiter comes first is not ordered: the waiter's grant sometimes
+/// returns a fraction of a millisecond before the holder's lost signal. The figures (how
+/// often, by how much, how late the baseline) are printed, and quoted in RELIABILITY.md.
+///
+/// [`CUT_NOTICE`]: conformance_tests::safety::CUT_NOTICE
 #[test]
 fn a_cut_holder_is_lost_as_its_successor_is_granted() {
     serial(a_cut_holder_is_lost_as_its_successor_is_granted_case());
@@ -396,6 +404,7 @@ async fn a_cut_holder_is_lost_as_its_successor_is_granted_case() {
     let (other, admin) = (lock().await, admin().await);
     let notice = conformance_tests::safety::CUT_NOTICE;
     let (mut ahead, mut longest, mut slowest) = (0, Duration::ZERO, Duration::ZERO);
+    let (mut latest_baseline, mut beyonds) = (Duration::ZERO, Vec::new());
     const ROUNDS: u32 = 40;
     for round in 0..ROUNDS {
         let n = name(&format!("cut-race-{round}"));
@@ -416,14 +425,27 @@ async fn a_cut_holder_is_lost_as_its_successor_is_granted_case() {
             lockers(&admin, &n).await.iter().any(|(_, g)| !g)
         })
         .await;
+        let baseline = plain_socket_through(&proxy);
         let cut = Instant::now();
         proxy.cut();
-        let lost_at = tokio::time::timeout(notice, lost)
+        let lost_at = tokio::time::timeout(SESSION, lost)
             .await
             .unwrap_or_else(|_| {
-                panic!("round {round}: lease not Lost within {notice:?} of its connection's cut")
+                panic!("round {round}: lease not Lost within {SESSION:?} of its connection's cut")
             })
             .unwrap();
+        let seen_at = baseline.join().unwrap();
+        let beyond = lost_at.saturating_duration_since(seen_at);
+        assert!(
+            beyond <= SESSION / 6,
+            "round {round}: the lease turned Lost {:?} after the cut, {beyond:?} after a plain \
+             socket cut with it saw the close ({:?} after the cut): as late as a confirmation \
+             would find it, not when its connection closed",
+            lost_at - cut,
+            seen_at.saturating_duration_since(cut)
+        );
+        latest_baseline = latest_baseline.max(seen_at.saturating_duration_since(cut));
+        beyonds.push(beyond);
         let (next, granted_at) = tokio::time::timeout(SESSION, waiter)
             .await
             .unwrap_or_else(|_| panic!("round {round}: waiter not granted within {SESSION:?}"))
@@ -439,10 +461,38 @@ async fn a_cut_holder_is_lost_as_its_successor_is_granted_case() {
         slowest = slowest.max(lost_at - cut);
         next.release().await.unwrap();
     }
+    beyonds.sort();
+    let (median, most) = (beyonds[beyonds.len() / 2], beyonds[beyonds.len() - 1]);
     eprintln!(
-        "{ROUNDS} cuts: lost at most {slowest:?} after the cut (promise {notice:?}); the \
-         successor's grant returned first {ahead} times, by at most {longest:?}"
+        "{ROUNDS} cuts: lost at most {slowest:?} after the cut; after the plain socket saw it: \
+         median {median:?}, at most {most:?} (promise {notice:?}; that socket saw it at most \
+         {latest_baseline:?} after the cut); the successor's grant returned first {ahead} \
+         times, by at most {longest:?}"
     );
+    assert!(
+        median <= notice,
+        "the lease turned Lost a median {median:?} after a plain socket cut with it saw the \
+         close (at most {most:?}): more than the {notice:?} a session-bound lease may add to its \
+         connection's close"
+    );
+}
+
+/// A plain connection through `proxy` to the server (answered once, so the proxy holds it),
+/// and a thread that reads it until the proxy closes it: when this process could first see
+/// a cut, whatever its runtime's threads were doing.
+fn plain_socket_through(proxy: &conformance_tests::FaultProxy) -> std::thread::JoinHandle<Instant> {
+    use std::io::{Read, Write};
+    let mut socket = std::net::TcpStream::connect(proxy.addr()).unwrap();
+    // PostgreSQL's SSLRequest: the server answers one byte ('N' or 'S') and then waits for
+    // the startup message, long past this round.
+    socket.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).unwrap();
+    let mut answer = [0u8; 1];
+    socket.read_exact(&mut answer).unwrap();
+    std::thread::spawn(move || {
+        let mut rest = [0u8; 64];
+        while matches!(socket.read(&mut rest), Ok(n) if n > 0) {}
+        Instant::now()
+    })
 }
 
 /// A waiter whose `acquire` future is dropped, and one whose bounded wait runs out, leave no
