@@ -2,9 +2,9 @@
 //! lowest holds the lock, every other watches the one just before its own.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use lock_core::driver::{queue_turn, Acquisition, Grant, ManagedLease, Turn};
+use lock_core::driver::{queue_turn, Acquisition, Backoff, Grant, ManagedLease, Turn};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Mode, Renewal, Result};
 use zookeeper_client::{Client, CreateMode, Stat};
 
@@ -151,13 +151,19 @@ pub(crate) async fn wait_turn(
 ) -> Result<Option<Instant>> {
     let parent = &parent(s, name)?;
     let pace = s.pace(client);
+    let mut outage = Outage::new(pace.session_timeout);
     loop {
         // In an ensemble the listing comes after a sync: a follower behind its leader could
         // still list this contender's node after the leader ended its session.
-        let (children, asked) = pace
+        let (children, asked) = match pace
             .fresh(client, parent, || client.list_children(parent))
             .await
-            .map_err(|e| s.error(e, Some(name)))?;
+        {
+            Ok(listed) => listed,
+            Err(e) if outage.ride(&e, client, deadline).await => continue,
+            Err(e) => return Err(s.error(e, Some(name))),
+        };
+        outage.over();
         let children = contenders(children);
         let Some(idx) = children.iter().position(|(_, c)| c == me) else {
             return Err(Error::Lost {
@@ -197,10 +203,11 @@ pub(crate) async fn wait_turn(
             // The node it waits for.
             Some(j) => {
                 let pred = format!("{parent}/{}", children[j].1);
-                let (stat, watcher) = client
-                    .check_and_watch_stat(&pred)
-                    .await
-                    .map_err(|e| s.error(e, Some(name)))?;
+                let (stat, watcher) = match client.check_and_watch_stat(&pred).await {
+                    Ok(watched) => watched,
+                    Err(e) if outage.ride(&e, client, deadline).await => continue,
+                    Err(e) => return Err(s.error(e, Some(name))),
+                };
                 if stat.is_none() {
                     continue; // gone between the listing and the watch
                 }
@@ -209,10 +216,11 @@ pub(crate) async fn wait_turn(
             // A permit: any node before it may go first. The children's watch also fires
             // for newer waiters (a wake-up per change under the name, never a poll).
             None => {
-                let (now, watcher) = client
-                    .list_and_watch_children(parent)
-                    .await
-                    .map_err(|e| s.error(e, Some(name)))?;
+                let (now, watcher) = match client.list_and_watch_children(parent).await {
+                    Ok(watched) => watched,
+                    Err(e) if outage.ride(&e, client, deadline).await => continue,
+                    Err(e) => return Err(s.error(e, Some(name))),
+                };
                 if children[..idx].iter().any(|(_, c)| !now.contains(c)) {
                     continue; // one went between the listing and the watch
                 }
@@ -225,6 +233,60 @@ pub(crate) async fn wait_turn(
                 s.wakeups.fetch_add(1, Ordering::Relaxed);
             }
             _ = until => return Ok(None),
+        }
+    }
+}
+
+/// A waiter's connection loss that its session may survive. The waiter's node lives as long as
+/// its session, so its place in the queue does too: it asks again after a pause rather than
+/// give the place up. Not past the deadline (a wait that cannot be answered in time ends with
+/// the error), and not once the connection has been gone a whole session timeout — the
+/// server has expired the session by then, and its node with it, though the client learns so
+/// only when it reconnects.
+struct Outage {
+    since: Option<Instant>,
+    pauses: Backoff,
+    session: Duration,
+}
+
+impl Outage {
+    fn new(session: Duration) -> Self {
+        Outage {
+            since: None,
+            pauses: Backoff::transient(),
+            session,
+        }
+    }
+
+    /// Whether to ask again after `e`; if so, after the pause it waited.
+    async fn ride(
+        &mut self,
+        e: &zookeeper_client::Error,
+        client: &Client,
+        deadline: Deadline,
+    ) -> bool {
+        if !transient(e) || client.state().is_terminated() {
+            return false;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let pause = self.pauses.pause();
+        let next = Instant::now() + pause;
+        let in_time = match deadline {
+            Deadline::Now => false,
+            Deadline::At(t) => next < t,
+            Deadline::Never => true,
+        };
+        if !in_time || next >= since + self.session {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        true
+    }
+
+    /// Answered again: the next loss starts a new outage.
+    fn over(&mut self) {
+        if self.since.take().is_some() {
+            self.pauses.reset();
         }
     }
 }
@@ -271,11 +333,25 @@ pub(crate) async fn contend_on(
         }
         Ok(None) => {
             // Not ours: leave no node behind for later waiters to queue behind (retried
-            // in the background if the connection drops under the delete).
+            // in the background if the connection drops under the delete). The deadline has
+            // passed, so the caller waits for that a third of a session at most: a link that
+            // does not answer gets an error now, and the delete goes on until the session ends.
             guard.path = None;
+            let grace = s.pace(client).session_timeout / 3;
             if let Some(deleting) = delete_in_background(client, &path) {
-                if let Ok(Err(e)) = deleting.await {
-                    return Err(s.error(e, Some(name)));
+                match tokio::time::timeout(grace, deleting).await {
+                    Ok(Ok(Err(e))) => return Err(s.error(e, Some(name))),
+                    Err(_) => {
+                        return Err(Error::unavailable(
+                            crate::config::BACKEND,
+                            format!(
+                                "not granted by the deadline, and the waiter's node {path} was \
+                                 not deleted within {grace:?} after it (connection lost); the \
+                                 delete goes on until the session ends"
+                            ),
+                        ))
+                    }
+                    Ok(_) => {}
                 }
             }
             Ok(None)

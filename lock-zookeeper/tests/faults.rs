@@ -428,6 +428,121 @@ fn a_create_lost_with_the_connection_is_found_not_repeated() {
     });
 }
 
+/// A waiter whose connection drops while it waits — here the reply to the listing it sends
+/// when its turn may have come is lost with its connection — keeps its place: its node lives
+/// as long as its session, which survives the reconnect, so it asks again and is granted,
+/// rather than failing the whole wait (and leaving the queue) on a loss that passes. A wait
+/// the session does not survive still ends, with an error (below, a loss outlasting the wait).
+#[test]
+fn a_waiter_keeps_its_place_across_a_connection_loss() {
+    serial(async {
+        let session = Duration::from_secs(6);
+        let (proxy, waiter, holder) = behind_proxy(session).await;
+        let name = fresh_name("zk-waiter-loss");
+        let held = holder
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let parent = holder.config().lock_path(&name);
+        let w = waiter.clone();
+        let n = name.clone();
+        let waiting = tokio::spawn(async move {
+            w.acquire(
+                &n,
+                &LockOptions::new(session).wait_for(Duration::from_secs(8)),
+            )
+            .await
+        });
+        let start = Instant::now();
+        while holder.client().list_children(&parent).await.unwrap().len() < 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the waiter never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let session_id = waiter.client().session_id();
+        // The next request naming the lock is the waiter's listing once the holder is gone.
+        proxy.lose_replies(parent.as_bytes(), 1);
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let lease = tokio::time::timeout(Duration::from_secs(4), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("waiter not granted within 4 s of the release"))
+            .unwrap()
+            .unwrap_or_else(|e| {
+                panic!("the wait failed on a connection loss its session survived: {e}")
+            });
+        assert!(
+            !proxy.trap_armed(),
+            "the waiter's listing never went through the trap"
+        );
+        assert_eq!(
+            waiter.client().session_id(),
+            session_id,
+            "the waiter's session changed"
+        );
+        eprintln!("granted {:?} after the release", released.elapsed());
+        lease.release().await.unwrap();
+
+        // A loss that outlasts the wait: the waiter's link blackholed while it waits. The
+        // wait still ends, by its deadline plus the third of a session it gives the delete of
+        // its node (one request's time), with an error, never a lease, and leaves no node of
+        // the waiter behind once the link heals.
+        let held = holder
+            .acquire(&name, &LockOptions::new(session))
+            .await
+            .unwrap();
+        let w = waiter.clone();
+        let n = name.clone();
+        let waiting = tokio::spawn(async move {
+            w.acquire(
+                &n,
+                &LockOptions::new(session).wait_for(Duration::from_secs(2)),
+            )
+            .await
+        });
+        let start = Instant::now();
+        while holder.client().list_children(&parent).await.unwrap().len() < 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the waiter never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        proxy.blackhole();
+        let blackholed = Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the wait outlived its 2 s deadline and the 2 s for its delete by 1 s")
+            })
+            .unwrap();
+        assert!(
+            ended.is_err(),
+            "granted through a blackholed link: {ended:?}"
+        );
+        eprintln!(
+            "ended {:?} after the blackhole: {ended:?}",
+            blackholed.elapsed()
+        );
+        proxy.heal();
+        held.release().await.unwrap();
+        let start = Instant::now();
+        loop {
+            let left = holder.client().list_children(&parent).await;
+            if left.as_ref().map_or(true, |c| c.is_empty()) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the timed-out waiter's node is still there: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
 /// A stalled leader (RELIABILITY.md, "ZooKeeper ensemble: stale followers and a stalled
 /// leader"): a holder connected to a follower, the leader frozen (SIGSTOP) for 1.5–4 s with a
 /// 2 s session. The leader learns of the session's activity only from the follower's replies to its
