@@ -1,6 +1,7 @@
 //! `distlock run`: acquire, run the command under the keeper, and keep every process of it
 //! inside the lease (see `keeper.rs` for the process side).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use distlock::{Error, LeaderValue, Lease, LeaseState, LockName, LockOptions, Mode, Wait};
@@ -136,10 +137,11 @@ async fn supervised(
     let granted = Instant::now();
     tracing::info!(%name, backend, token = ?lease.fencing_token(), "acquired");
     // The lock's timings, said once at the end whichever way the run ends (`--log-format`).
-    let _timings = Timings {
+    let timings = Timings {
         name: name.clone(),
         waited: granted - asked,
         granted,
+        renewals: AtomicU64::new(0),
     };
 
     let fencing = locks.capabilities().fencing;
@@ -148,7 +150,7 @@ async fn supervised(
     let mut keeper = match spawned {
         Ok(k) => k,
         Err(e) => {
-            release(lease).await;
+            release(lease, &timings).await;
             return Failure::Supervision(format!("cannot start the command's keeper: {e}"))
                 .report(secrets);
         }
@@ -181,29 +183,31 @@ async fn supervised(
             }
             if !keeper.kill_group_and_wait(lease.valid_until()).await {
                 if !keeper.unkillable().is_empty() {
-                    return hold_while_they_run(lease, &keeper, &name, secrets).await;
+                    return hold_while_they_run(lease, &keeper, &name, secrets, &timings).await;
                 }
                 say(
                     secrets,
                     "processes of the command may still run: the lock is left to expire, \
                      not released",
                 );
+                timings.note(lease.as_ref());
                 lease.abandon();
                 return EX_OSERR;
             }
             if !ours {
-                release(lease).await;
+                release(lease, &timings).await;
                 return EX_OSERR;
             }
             EX_SOFTWARE
         }
     };
     if !keeper.unkillable().is_empty() {
-        return hold_while_they_run(lease, &keeper, &name, secrets).await;
+        return hold_while_they_run(lease, &keeper, &name, secrets, &timings).await;
     }
     if let Some(stop) = stop {
+        timings.note(lease.as_ref());
         if lease.state() != LeaseState::Lost {
-            release(lease).await;
+            release(lease, &timings).await;
         }
         tracing::debug!(?stop, "command stopped");
         return EX_SOFTWARE;
@@ -214,6 +218,7 @@ async fn supervised(
         tokio::select! {
             _ = tokio::time::sleep_until(until.into()) => {}
             _ = lost.wait() => {
+                timings.note(lease.as_ref());
                 say(secrets, &format!("lock {name} was lost during --min-hold (the command had ended)"));
                 return code;
             }
@@ -224,29 +229,43 @@ async fn supervised(
                 // session being shared), nor the close of a session or the revoke of a lease
                 // that dropping the client could send. The process ends here, the lease in
                 // hand; a PostgreSQL or file lock ends with it (`--help`).
+                timings.note(lease.as_ref());
                 std::mem::forget(lease);
                 std::process::exit(i32::from(code));
             }
         }
     }
-    release(lease).await;
+    release(lease, &timings).await;
     code
 }
 
-/// Said as the run's last debug line when dropped: how long it waited for the lock and how
-/// long it held it.
+/// Said as the run's last debug line when dropped: how long it waited for the lock, how long
+/// it held it, and how many renewals the backend confirmed (where the driver counts them).
 struct Timings {
     name: LockName,
     waited: Duration,
     granted: Instant,
+    /// The lease's renewal count plus one, noted as it ends (0: not known).
+    renewals: AtomicU64,
+}
+
+impl Timings {
+    /// Notes the lease's renewals before it ends: the count goes with it.
+    fn note(&self, lease: &dyn Lease) {
+        if let Some(n) = lease.renewals() {
+            self.renewals.store(n.saturating_add(1), Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for Timings {
     fn drop(&mut self) {
+        let renewals = self.renewals.load(Ordering::Relaxed).checked_sub(1);
         tracing::debug!(
             lock.name = %self.name,
             lock.waited_ms = self.waited.as_secs_f64() * 1e3,
             lock.held_ms = self.granted.elapsed().as_secs_f64() * 1e3,
+            lock.renewals = renewals,
             "run finished"
         );
     }
@@ -401,6 +420,7 @@ async fn hold_while_they_run(
     keeper: &Keeper,
     name: &LockName,
     secrets: &Secrets,
+    timings: &Timings,
 ) -> u8 {
     let pids = |p: &[nix::unistd::Pid]| {
         p.iter()
@@ -422,10 +442,11 @@ async fn hold_while_they_run(
     loop {
         let left = keeper.unkillable();
         if left.is_empty() {
-            release(lease).await;
+            release(lease, timings).await;
             return EX_NOPERM;
         }
         if lease.state() == LeaseState::Lost {
+            timings.note(lease.as_ref());
             say(
                 secrets,
                 &format!(
@@ -442,7 +463,8 @@ async fn hold_while_they_run(
     }
 }
 
-async fn release(lease: Box<dyn Lease>) {
+async fn release(lease: Box<dyn Lease>, timings: &Timings) {
+    timings.note(lease.as_ref());
     if let Err(e) = lease.release().await {
         tracing::warn!(error = %e, "release failed (the lock frees itself when its lease ends)");
     }

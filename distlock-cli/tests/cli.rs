@@ -901,7 +901,8 @@ fn status_exit_code_tells_held_from_free() {
 
 /// `--log-format json`: every stderr line is one JSON object; the acquisition's and the
 /// release's spans close with a line each, with the lock's fields (name, backend, outcome,
-/// token, timings), and at debug the run's last line says how long it waited and held; the
+/// token, timings), and at debug the run's last line says how long it waited and held and how
+/// many renewals the backend confirmed; the
 /// text format stays the default. Given after the subcommand too (a global flag).
 #[test]
 fn log_format_json_writes_one_object_per_line_with_the_locks_spans() {
@@ -945,8 +946,40 @@ fn log_format_json_writes_one_object_per_line_with_the_locks_spans() {
     assert!(
         last.is_some_and(|f| f["message"] == "run finished"
             && f["lock.held_ms"].is_f64()
-            && f["lock.waited_ms"].is_f64()),
-        "the last line must give the lock's timings: {err}"
+            && f["lock.waited_ms"].is_f64()
+            && f["lock.renewals"].is_u64()),
+        "the last line must give the lock's timings and renewals: {err}"
+    );
+    // The renewals are the lease's: a 600 ms TTL on Redis held for 1 s is renewed about every
+    // 200 ms (never fewer than 3 times, never 10).
+    let mut c = distlock(
+        &servers::url("redis://{redis}"),
+        &[
+            "run",
+            "--log-format",
+            "json",
+            "--name",
+            "renewed",
+            "--ttl",
+            "600ms",
+            "--",
+            "sleep",
+            "1",
+        ],
+    );
+    c.env("RUST_LOG", "warn,distlock=debug");
+    let o = output(c);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(code(&o), 0, "{err}");
+    let last: serde_json::Value = err
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON last line: {err}"));
+    let renewals = last["fields"]["lock.renewals"].as_u64();
+    assert!(
+        renewals.is_some_and(|n| (3..10).contains(&n)),
+        "a 600 ms lease held for 1 s: {renewals:?} renewals in the run's last line: {err}"
     );
     // Text by default: no JSON.
     let mut c = distlock(&url, &["run", "--name", "jobs", "--", "true"]);

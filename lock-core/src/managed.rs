@@ -279,6 +279,10 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
         }
     }
 
+    fn renewals(&self) -> Option<u64> {
+        Some(self.shared.telemetry.renewed())
+    }
+
     fn backend_key(&self) -> Option<String> {
         self.shared.ops.backend_key()
     }

@@ -14,7 +14,7 @@
 //! assert!(!telemetry::lock_names_labelled()); // off by default: bounded cardinality
 //! ```
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use tracing::Span;
@@ -213,6 +213,8 @@ pub struct LeaseReport {
     /// Set by the first end (release, abandon, drop, loss): the held gauge and the hold time
     /// are recorded once.
     ended: AtomicBool,
+    /// Renewals the backend confirmed ([`Lease::renewals`](crate::Lease::renewals)).
+    renewed: AtomicU64,
 }
 
 impl LeaseReport {
@@ -224,6 +226,7 @@ impl LeaseReport {
             name: name.clone(),
             granted_at: Instant::now(),
             ended: AtomicBool::new(false),
+            renewed: AtomicU64::new(0),
         }
     }
 
@@ -261,6 +264,9 @@ impl LeaseReport {
 
     /// One renewal request answered: `renewed`, `failed` (may pass) or `refused`.
     pub fn renewal(&self, renewal: &'static str, outcome: &'static str) {
+        if outcome == "renewed" {
+            self.renewed.fetch_add(1, Ordering::Relaxed);
+        }
         Span::current().record("lock.outcome", outcome);
         handles::counter(
             metric::RENEWALS,
@@ -269,6 +275,11 @@ impl LeaseReport {
             &[(label::RENEWAL, renewal), (label::OUTCOME, outcome)],
         )
         .increment(1);
+    }
+
+    /// How many renewals were reported `renewed` so far.
+    pub fn renewed(&self) -> u64 {
+        self.renewed.load(Ordering::Relaxed)
     }
 
     /// The lease turned AtRisk (`why` says what failed): an event.

@@ -341,6 +341,27 @@ pub trait Lease: Send + Sync + Debug {
         None
     }
 
+    /// How many renewals of this lease the backend has confirmed so far, by the watchdog or by
+    /// [`renew`](Self::renew); `None` (the default) where the driver does not count them.
+    /// Every [`ManagedLease`](crate::driver::ManagedLease) counts (conformance cases
+    /// `telemetry::acquisitions_renewals_and_releases_are_reported` and
+    /// `renewal::watchdog_renews_at_about_a_third_of_the_ttl`).
+    ///
+    /// ```
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::{memory::MemoryLock, DistributedLock, LockName, LockOptions};
+    /// let locks = MemoryLock::new();
+    /// let lease = locks
+    ///     .acquire(&LockName::new("jobs")?, &LockOptions::new(std::time::Duration::from_secs(5)))
+    ///     .await?;
+    /// lease.renew().await?;
+    /// assert_eq!(lease.renewals(), Some(1));
+    /// # lease.release().await }
+    /// ```
+    fn renewals(&self) -> Option<u64> {
+        None
+    }
+
     /// Duplicates of the descriptors whose open files hold this lock, for a supervisor that
     /// starts processes (`distlock run`): a child that inherits them keeps the lock held until
     /// it exits, even if this process dies first — `flock(1)`'s way. Empty (the default) where

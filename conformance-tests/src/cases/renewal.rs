@@ -215,9 +215,11 @@ async fn held_for_three_ttls(
 /// `valid_until` moves at most twice as often as a third of the window explains (a watchdog
 /// that renews in a loop floods the backend). The window is the most validity seen left at a
 /// sample; "typically" is the median over the renewals, so one late wake-up on a loaded
-/// machine does not decide it.
+/// machine does not decide it. Where the lease counts its renewals ([`Lease::renewals`]), the
+/// count is at least the moves seen and within the same bound.
 ///
 /// [`Renewal::Auto`]: lock_core::Renewal::Auto
+/// [`Lease::renewals`]: lock_core::Lease::renewals
 pub async fn watchdog_renews_at_about_a_third_of_the_ttl(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { a, name, .. } = scene(h, "cadence").await?;
     let lease = held(
@@ -242,9 +244,21 @@ pub async fn watchdog_renews_at_about_a_third_of_the_ttl(h: &dyn Harness) -> Res
         window = window.max(left);
     }
     in_state(&*lease, LeaseState::Held, "after three TTLs auto-renewed")?;
+    let counted = lease.renewals();
     lease.release().await?;
     let elapsed = start.elapsed();
     let moves = left_at_renewal.len();
+    // Each move of valid_until was a renewal the backend confirmed (two between samples look
+    // like one): the lease's own count is at least the moves seen, and as bounded as they are.
+    let allowed = 6 * elapsed.as_micros() / window.as_micros().max(1);
+    if let Some(n) = counted {
+        ensure!(
+            n >= moves as u64 && u128::from(n) <= allowed,
+            "the lease counts {n} renewals (Lease::renewals) where valid_until moved {moves} \
+             times in {elapsed:?} (at most {allowed} renewals allowed): the count is not the \
+             confirmed renewals'"
+        );
+    }
     left_at_renewal.sort();
     let Some(&typical) = left_at_renewal.get(moves / 2) else {
         return Err(Failure(format!(
@@ -260,7 +274,6 @@ pub async fn watchdog_renews_at_about_a_third_of_the_ttl(h: &dyn Harness) -> Res
         left_at_renewal[0]
     );
     // Twice one renewal per third of the window.
-    let allowed = 6 * elapsed.as_micros() / window.as_micros().max(1);
     ensure!(
         moves as u128 <= allowed,
         "valid_until moved {moves} times in {elapsed:?} ({samples} samples, one every TTL/20), \

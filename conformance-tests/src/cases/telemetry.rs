@@ -37,7 +37,8 @@ fn spans_of(cap: &Capture, name: &LockName, span: &str, backend: &str) -> Vec<Sp
 /// A grant, a busy try, a wait that times out, a manual renewal and a release each give one
 /// closed span with its outcome (the grant's with its fencing token), and move the counters,
 /// histograms and gauges by exactly that: 3 acquisitions (granted, busy, timeout), 3 durations,
-/// 1 renewal, 1 hold ended by its release, nothing held or waiting after, nothing lost.
+/// 1 renewal (also in the lease's own count, where it keeps one), 1 hold ended by its
+/// release, nothing held or waiting after, nothing lost.
 pub async fn acquisitions_renewals_and_releases_are_reported(
     h: &dyn Harness,
 ) -> Result<(), Failure> {
@@ -61,7 +62,15 @@ pub async fn acquisitions_renewals_and_releases_are_reported(
         Err(e) => return Err(Failure(format!("a wait for a held lock gave {e:?}"))),
         Ok(_) => return Err(Failure("a wait for a held lock was granted".into())),
     }
+    let before = lease.renewals();
     lease.renew().await?;
+    let after = lease.renewals();
+    ensure!(
+        before.is_none() == after.is_none()
+            && after.map_or(true, |n| Some(n) == before.map(|b| b + 1)),
+        "Lease::renewals gave {before:?} before a manual renewal and {after:?} after it (one more \
+         expected, or None both times where the driver does not count)"
+    );
     lease.release().await?;
 
     let acquired = spans_of(cap, &name, span::ACQUIRE, backend);

@@ -165,6 +165,9 @@ impl Flaw {
                 cases![input::declared_min_ttl_is_granted]
             }
             Flaw::LossNotReported => cases![telemetry::a_loss_is_reported_with_its_reason],
+            Flaw::ManualRenewalsUncounted => {
+                cases![telemetry::acquisitions_renewals_and_releases_are_reported]
+            }
             Flaw::LeaseReportsAsAnotherBackend => cases![
                 telemetry::a_partitioned_lease_is_reported_at_risk_then_lost,
                 telemetry::a_cut_session_is_reported_lost_as_connection_closed

@@ -1,7 +1,7 @@
 //! The flawed leases, and the ghosts a cancelled acquire or a dropped lease leaves behind.
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,8 @@ pub(super) struct FlawedLease {
     pub(super) released: bool,
     /// Renewed by hand at least once.
     pub(super) renewed: AtomicBool,
+    /// `renew` calls the store confirmed ([`Flaw::ManualRenewalsUncounted`] leaves them out).
+    pub(super) manual_renewals: AtomicU64,
     /// A renewal is under way ([`Flaw::CancelledRenewLeavesAtRisk`]).
     pub(super) renewing: AtomicBool,
     /// Struck by [`Flaw::IntermittentSilentLoss`]: Held, its signal pending, whatever happens.
@@ -151,6 +153,14 @@ impl FlawedLease {
 impl Lease for FlawedLease {
     fn name(&self) -> &LockName {
         self.inner.name()
+    }
+    /// The store lease renews (by its watchdog, and for every `renew` that reaches it).
+    fn renewals(&self) -> Option<u64> {
+        let n = self.inner.renewals()?;
+        if self.lock.flaw == Flaw::ManualRenewalsUncounted {
+            return Some(n.saturating_sub(self.manual_renewals.load(Ordering::Relaxed)));
+        }
+        Some(n)
     }
     async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
         self.lock.proclaim_flawed(&*self.inner, value).await
@@ -312,6 +322,7 @@ impl FlawedLease {
         self.renewing.store(false, Ordering::SeqCst);
         if r.is_ok() {
             self.renewed.store(true, Ordering::Relaxed);
+            self.manual_renewals.fetch_add(1, Ordering::Relaxed);
         }
         let resurrect = match self.lock.flaw {
             Flaw::RenewResurrects => true,

@@ -222,6 +222,7 @@ impl FlawedLock {
             abandoned: false,
             released: false,
             renewed: AtomicBool::new(false),
+            manual_renewals: std::sync::atomic::AtomicU64::new(0),
             renewing: AtomicBool::new(false),
             reports: None,
         };

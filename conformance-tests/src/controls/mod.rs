@@ -253,6 +253,9 @@ pub enum Flaw {
     LossNotReported,
     /// A busy `try_acquire` is reported as granted (its outcome mislabelled).
     BusyReportedAsGranted,
+    /// `Lease::renewals` counts only the watchdog's renewals, not a `renew` call's (a lease
+    /// that keeps its count beside the watchdog instead of where renewals are confirmed).
+    ManualRenewalsUncounted,
     /// A lease over the wire reports under another backend's name (`memory`, the store's),
     /// so none of its renewals, turns or loss is the driver's.
     LeaseReportsAsAnotherBackend,
@@ -499,6 +502,7 @@ impl Flaw {
         Flaw::MinTtlAlwaysLate,
         Flaw::LossNotReported,
         Flaw::BusyReportedAsGranted,
+        Flaw::ManualRenewalsUncounted,
         Flaw::LeaseReportsAsAnotherBackend,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,

@@ -96,6 +96,9 @@ impl Lease for PacedLease {
     fn lost(&self) -> LostSignal {
         self.lease.lost()
     }
+    fn renewals(&self) -> Option<u64> {
+        self.lease.renewals()
+    }
     async fn renew(&self) -> Result<()> {
         self.lease.renew().await
     }
