@@ -1,7 +1,9 @@
 //! [`Acquisition`]: one acquisition as a driver receives it, with its TTL already validated.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::telemetry::AcquireReport;
 use crate::{Capabilities, Deadline, LockName, LockOptions, Result};
 
 /// One acquisition, as [`DistributedLock::acquire_until`](crate::DistributedLock::acquire_until)
@@ -31,6 +33,8 @@ pub struct Acquisition<'a> {
     opts: &'a LockOptions,
     ttl: Duration,
     deadline: Deadline,
+    /// Raised by [`queued`](Self::queued), for the report that follows this acquisition.
+    queued: Option<&'a AtomicBool>,
 }
 
 impl<'a> Acquisition<'a> {
@@ -48,7 +52,43 @@ impl<'a> Acquisition<'a> {
             opts,
             ttl,
             deadline,
+            queued: None,
         })
+    }
+
+    /// The same acquisition, reported by `report`: a grant after [`queued`](Self::queued) is
+    /// counted as a hand-off. The trait's `try_acquire` and `acquire` do this.
+    pub fn reported_by(self, report: &'a AcquireReport) -> Self {
+        Acquisition {
+            queued: Some(report.queue_flag()),
+            ..self
+        }
+    }
+
+    /// Says that this acquisition found the lock held and waits for it (behind its holder, or
+    /// in the backend's queue): if it is granted later, the grant is a hand-off
+    /// (`lock.handoffs`, and `lock.queued` on its span). Drivers call it where a busy attempt
+    /// turns into a wait; calling it again, or before a timeout, is harmless.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::driver::Acquisition;
+    /// use lock_core::telemetry::AcquireReport;
+    /// use lock_core::{Capabilities, Deadline, LockName, LockOptions};
+    ///
+    /// let name = LockName::new("jobs")?;
+    /// let opts = LockOptions::new(Duration::from_secs(5));
+    /// let report = AcquireReport::start("my", &name, &opts, true);
+    /// let req = Acquisition::new(&name, &opts, &Capabilities::new(), Deadline::Never)?
+    ///     .reported_by(&report);
+    /// req.queued(); // the first attempt found it held
+    /// assert!(report.was_queued());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn queued(&self) {
+        if let Some(flag) = self.queued {
+            flag.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The same acquisition with another deadline (a driver that retries on a fresh session,

@@ -24,6 +24,9 @@ pub mod metric {
     pub const RENEWALS: &str = "lock.renewals";
     /// Counter: leases lost, by `lock.backend` and `lock.loss.reason`.
     pub const LOST: &str = "lock.lost";
+    /// Counter: hand-offs — grants to an acquisition that found the lock held and waited for
+    /// it (its holder released it, or its lease ended), by `lock.backend` and `lock.mode`.
+    pub const HANDOFFS: &str = "lock.handoffs";
 }
 
 /// Label names, which are also the span fields' names.

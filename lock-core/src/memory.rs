@@ -413,7 +413,10 @@ impl DistributedLock for MemoryLock {
         };
         let mut expires_at = match self.store.enter(&req, &me)? {
             Ok(grant) => return Ok(Some(self.lease(name, ttl, opts, grant))),
-            Err(first_expiry) => first_expiry,
+            Err(first_expiry) => {
+                req.queued();
+                first_expiry
+            }
         };
         let _guard = QueueGuard {
             store: &self.store,

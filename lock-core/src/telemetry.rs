@@ -94,6 +94,8 @@ pub struct AcquireReport {
     attempt: &'static str,
     started: Instant,
     finished: bool,
+    /// Raised by the driver ([`Acquisition::queued`](crate::driver::Acquisition::queued)).
+    queued: AtomicBool,
 }
 
 impl AcquireReport {
@@ -110,6 +112,7 @@ impl AcquireReport {
             lock.outcome = tracing::field::Empty,
             lock.fencing_token = tracing::field::Empty,
             lock.waited_ms = tracing::field::Empty,
+            lock.queued = tracing::field::Empty,
             "error.type" = tracing::field::Empty,
         );
         if waits {
@@ -123,6 +126,7 @@ impl AcquireReport {
             attempt,
             started: Instant::now(),
             finished: false,
+            queued: AtomicBool::new(false),
         }
     }
 
@@ -131,13 +135,44 @@ impl AcquireReport {
         self.span.clone()
     }
 
+    /// The flag an [`Acquisition`](crate::driver::Acquisition) reported by this raises when it
+    /// waits.
+    pub(crate) fn queue_flag(&self) -> &AtomicBool {
+        &self.queued
+    }
+
+    /// Says that this acquisition found the lock held and waits for it: a grant after this
+    /// is a hand-off. For a driver that overrides `acquire`; one that implements
+    /// `acquire_until` calls [`Acquisition::queued`](crate::driver::Acquisition::queued).
+    pub fn queued(&self) {
+        self.queued.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the driver said this acquisition waited for a holder.
+    pub fn was_queued(&self) -> bool {
+        self.queued.load(Ordering::Relaxed)
+    }
+
     /// Records how the acquisition ended.
     pub fn finish(mut self, how: Acquired<'_>) {
         self.finished = true;
         let (outcome, error) = match how {
             Acquired::Granted(token) => {
-                if let (Some(t), false) = (token, self.span.is_disabled()) {
-                    self.span.record("lock.fencing_token", t.get());
+                let queued = self.was_queued();
+                if !self.span.is_disabled() {
+                    if let Some(t) = token {
+                        self.span.record("lock.fencing_token", t.get());
+                    }
+                    self.span.record("lock.queued", queued);
+                }
+                if queued {
+                    handles::counter(
+                        metric::HANDOFFS,
+                        self.backend,
+                        &self.name,
+                        &[(label::MODE, self.mode)],
+                    )
+                    .increment(1);
                 }
                 ("granted", None)
             }

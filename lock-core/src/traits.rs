@@ -90,7 +90,7 @@ pub trait DistributedLock: Send + Sync + Debug {
         let result = async {
             let caps = self.capabilities();
             supports(self.backend(), &caps, opts)?;
-            let req = Acquisition::new(name, opts, &caps, Deadline::Now)?;
+            let req = Acquisition::new(name, opts, &caps, Deadline::Now)?.reported_by(&probe);
             self.acquire_until(req).await
         }
         .instrument(probe.span())
@@ -113,7 +113,7 @@ pub trait DistributedLock: Send + Sync + Debug {
             let deadline = Deadline::from_wait(opts.wait, start);
             let caps = self.capabilities();
             supports(self.backend(), &caps, opts)?;
-            let req = Acquisition::new(name, opts, &caps, deadline)?;
+            let req = Acquisition::new(name, opts, &caps, deadline)?.reported_by(&probe);
             self.acquire_until(req).await
         }
         .instrument(probe.span())

@@ -396,10 +396,12 @@ pub(crate) async fn contend(
                     return Err(lease.lost("its key vanished while waiting (lease expired?)"))
                 }
                 Ok((Position::Behind { pred, seen }, term)) => {
+                    req.queued();
                     lease.observed(term, sent);
                     (Watched::Key(pred.0, pred.1), seen)
                 }
                 Ok((Position::BehindAny { older, seen }, term)) => {
+                    req.queued();
                     lease.observed(term, sent);
                     let dir = dir(&c.config, name);
                     (Watched::Any { dir, older }, seen)

@@ -96,6 +96,7 @@ pub(crate) async fn contend(
         if deadline.passed() {
             return Ok(None);
         }
+        req.queued();
         if !watched {
             // Watch first, then look once more: a release in between is not missed.
             watched = true;

@@ -193,7 +193,12 @@ impl PgLock {
             }
         };
         let row = match granted {
-            Ok(Some(row)) => row,
+            Ok(Some(row)) => {
+                if waited {
+                    req.queued();
+                }
+                row
+            }
             Ok(None) => {
                 // Not granted, nothing taken: the session stays usable.
                 if let Some(s) = pending.0.take() {

@@ -311,6 +311,7 @@ impl DistributedLock for RedisLock {
             let busy = match self.attempt(name, &keys, ttl, opts).await {
                 Ok(Ok(lease)) => return Ok(Some(lease)),
                 Ok(Err(busy)) => {
+                    req.queued();
                     pauses.reset();
                     busy
                 }

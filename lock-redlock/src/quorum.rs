@@ -90,6 +90,7 @@ pub(crate) async fn contend(m: &Masters, req: Acquisition<'_>) -> Result<Option<
         let remaining = match attempt(m, name, &keys, ttl, opts).await {
             Ok(Attempt::Granted(l)) => return Ok(Some(l)),
             Ok(Attempt::Held(r)) => {
+                req.queued();
                 pauses.reset();
                 r
             }

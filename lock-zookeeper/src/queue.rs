@@ -145,10 +145,10 @@ pub(crate) async fn find_own(
 pub(crate) async fn wait_turn(
     s: &Session,
     client: &Client,
-    name: &LockName,
+    req: &Acquisition<'_>,
     me: &str,
-    deadline: Deadline,
 ) -> Result<Option<Instant>> {
+    let (name, deadline) = (req.name(), req.deadline());
     let parent = &parent(s, name)?;
     let pace = s.pace(client);
     let mut outage = Outage::new(pace.session_timeout);
@@ -199,6 +199,7 @@ pub(crate) async fn wait_turn(
         if deadline.passed() {
             return Ok(None);
         }
+        req.queued();
         let watcher = match blocker {
             // The node it waits for.
             Some(j) => {
@@ -296,7 +297,7 @@ pub(crate) async fn contend_on(
     client: &Client,
     req: Acquisition<'_>,
 ) -> Result<Option<Box<dyn Lease>>> {
-    let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
+    let (name, ttl, opts) = (req.name(), req.ttl(), req.opts());
     let parent = parent(s, name)?;
     let (me, stat) = enqueue(s, client, &req).await?;
     let path = format!("{parent}/{me}");
@@ -305,7 +306,7 @@ pub(crate) async fn contend_on(
         client: client.clone(),
         path: Some(path.clone()),
     };
-    match wait_turn(s, client, name, &me, deadline).await {
+    match wait_turn(s, client, &req, &me).await {
         Ok(Some(valid_until)) => {
             guard.path = None;
             let renewal = match opts.renewal {

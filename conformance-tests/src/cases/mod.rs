@@ -124,6 +124,7 @@ pub static CASES: &[Case] = &[
         telemetry::acquisitions_renewals_and_releases_are_reported,
         always
     ),
+    case!(telemetry::a_handoff_is_reported, always),
     case!(telemetry::a_loss_is_reported_with_its_reason, breakable),
     case!(
         telemetry::a_partitioned_lease_is_reported_at_risk_then_lost,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use lock_core::telemetry::{label, metric, span};
 use lock_core::{Error, LockName};
 
-use super::support::{client, faulty, held, opts, within};
+use super::support::{client, faulty, held, opts, spawn_waiter, within};
 use crate::telemetry::{capture, Capture, SpanRecord};
 use crate::Fault;
 use crate::{ensure, fresh_name, Failure, Harness};
@@ -157,6 +157,68 @@ pub async fn acquisitions_renewals_and_releases_are_reported(
         lost == 0,
         "{} counted {lost} losses; none happened",
         metric::LOST
+    );
+    let handoffs = cap.counter(&name, metric::HANDOFFS, &[b]);
+    ensure!(
+        handoffs == 0,
+        "{} counted {handoffs}: nobody was granted after waiting (the waiter timed out)",
+        metric::HANDOFFS
+    );
+    Ok(())
+}
+
+/// A waiter granted when its holder releases is a hand-off: `lock.handoffs` counts it once
+/// (with its mode), its acquisition span says `lock.queued = true`; the holder's uncontended
+/// grant says `false` and counts none.
+pub async fn a_handoff_is_reported(h: &dyn Harness) -> Result<(), Failure> {
+    let cap = the_capture()?;
+    let t = h.timing();
+    let (a, b) = (client(h).await?, client(h).await?);
+    let backend = a.backend();
+    let name = fresh_name("telemetry-handoff");
+    cap.watch(&name);
+    let o = opts(h).ttl(t.ttl * 4);
+    let lease = held(a.try_acquire(&name, &o).await?, "holder")?;
+    let waiter = spawn_waiter(b.clone(), &name, o.clone().wait_for(t.ttl * 8 + t.slack));
+    // Waiting once its call has started (the gauge), and a slack later surely past its first
+    // attempt, which found the lock held.
+    let bl = (label::BACKEND, backend);
+    let start = Instant::now();
+    while cap.gauge(&name, metric::WAITING, &[bl]) < 1.0 {
+        ensure!(
+            start.elapsed() < t.slack * 4,
+            "{} never showed the waiter waiting",
+            metric::WAITING
+        );
+        tokio::time::sleep(t.slack / 20).await;
+    }
+    tokio::time::sleep(t.slack).await;
+    // A holder that expired on a loaded machine hands off all the same.
+    match lease.release().await {
+        Ok(()) | Err(Error::NotHeld { .. } | Error::Lost { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let (_, next) = within(
+        t.ttl * 4 + t.slack * 4,
+        "the waiter after the release",
+        waiter,
+    )
+    .await?
+    .map_err(|e| Failure(format!("the waiter panicked: {e}")))?;
+    next?.release().await?;
+
+    let handoffs = cap.counter(&name, metric::HANDOFFS, &[bl, (label::MODE, "exclusive")]);
+    ensure!(
+        handoffs == 1,
+        "{} counted {handoffs} for one waiter granted on its holder's release (expected 1)",
+        metric::HANDOFFS
+    );
+    let acquired = spans_of(cap, &name, span::ACQUIRE, backend);
+    let queued: Vec<Option<&str>> = acquired.iter().map(|s| s.field("lock.queued")).collect();
+    ensure!(
+        queued == [Some("false"), Some("true")],
+        "the holder's and the waiter's acquisition spans say lock.queued {queued:?}, expected \
+         false then true"
     );
     Ok(())
 }

@@ -79,6 +79,20 @@ impl FlawedLock {
         };
         Ok(lease.map(|l| self.wrap(l, opts, started, started)))
     }
+    /// Whether an acquisition of `name` in `opts.mode` arriving now finds it held in a way
+    /// that makes it wait (its holders and it may not hold together).
+    pub(super) async fn must_wait(&self, name: &LockName, opts: &LockOptions) -> bool {
+        let Ok(key) = self.key_in(name, opts) else {
+            return false;
+        };
+        let Ok(holders) = self.inner.holders(&key).await else {
+            return false;
+        };
+        let mut modes: Vec<lock_core::Mode> = holders.iter().map(|h| h.mode).collect();
+        modes.push(opts.mode);
+        lock_core::driver::queue_turn(&modes, modes.len() - 1) != lock_core::driver::Turn::Granted
+    }
+
     /// `acquire` under the flaw (the trait's reports around it).
     pub(super) async fn acquire_flawed(
         &self,

@@ -165,6 +165,7 @@ impl Flaw {
                 cases![input::declared_min_ttl_is_granted]
             }
             Flaw::LossNotReported => cases![telemetry::a_loss_is_reported_with_its_reason],
+            Flaw::HandoffNotReported => cases![telemetry::a_handoff_is_reported],
             Flaw::ManualRenewalsUncounted => {
                 cases![telemetry::acquisitions_renewals_and_releases_are_reported]
             }

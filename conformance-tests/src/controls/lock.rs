@@ -474,6 +474,11 @@ impl DistributedLock for FlawedLock {
     }
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
         let report = AcquireReport::start(self.backend(), name, opts, true);
+        // Whether it will wait: decided from the store's holders as it arrives (a driver
+        // knows it from its first attempt).
+        if self.flaw != Flaw::HandoffNotReported && self.must_wait(name, opts).await {
+            report.queued();
+        }
         let r = self
             .acquire_flawed(name, opts)
             .instrument(report.span())

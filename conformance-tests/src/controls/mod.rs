@@ -256,6 +256,9 @@ pub enum Flaw {
     /// `Lease::renewals` counts only the watchdog's renewals, not a `renew` call's (a lease
     /// that keeps its count beside the watchdog instead of where renewals are confirmed).
     ManualRenewalsUncounted,
+    /// A waiter granted on its holder's release is not reported as a hand-off (a driver that
+    /// never calls `Acquisition::queued`).
+    HandoffNotReported,
     /// A lease over the wire reports under another backend's name (`memory`, the store's),
     /// so none of its renewals, turns or loss is the driver's.
     LeaseReportsAsAnotherBackend,
@@ -503,6 +506,7 @@ impl Flaw {
         Flaw::LossNotReported,
         Flaw::BusyReportedAsGranted,
         Flaw::ManualRenewalsUncounted,
+        Flaw::HandoffNotReported,
         Flaw::LeaseReportsAsAnotherBackend,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,

@@ -100,6 +100,8 @@ impl DistributedLock for TableLock {
             if deadline.passed() {
                 return Ok(None);
             }
+            // Held: this acquisition waits now (a grant after it is a hand-off).
+            req.queued();
             // Sleep until a release, the holder's expiry, or our deadline: never a spin.
             let mut until = now + holder_left;
             if let Some(d) = deadline.at() {
