@@ -899,6 +899,68 @@ fn status_exit_code_tells_held_from_free() {
     assert_eq!(code(&output(bad)), 64, "an error keeps its own status");
 }
 
+/// Each server backend names, in the acquisition's span, what holds the lock on its side
+/// (docs/observability.md): PostgreSQL the backend pid, ZooKeeper the session and its node,
+/// etcd the key's create revision and its lease, Redlock how many masters granted.
+#[test]
+fn log_format_json_gives_each_backends_detail_of_a_grant() {
+    let mut backends = vec![
+        (
+            servers::url("postgres://locker@{pg}/postgres?sslmode=disable"),
+            vec!["lock.postgres.pid"],
+        ),
+        (
+            servers::url("zk://{zk}"),
+            vec!["lock.zookeeper.session", "lock.zookeeper.node"],
+        ),
+        (
+            servers::url("redlock://{redlock1},{redlock2},{redlock3}"),
+            vec!["lock.redlock.masters", "lock.redlock.quorum"],
+        ),
+    ];
+    if cfg!(feature = "etcd") {
+        backends.push((
+            servers::url("etcd://{etcd}"),
+            vec!["lock.etcd.revision", "lock.etcd.lease"],
+        ));
+    }
+    for (url, fields) in backends {
+        let mut c = distlock(
+            &url,
+            &[
+                "run",
+                "--log-format",
+                "json",
+                "--name",
+                "detail",
+                "--",
+                "true",
+            ],
+        );
+        c.env(
+            "RUST_LOG",
+            "warn,lock_core=debug,lock_postgres=debug,lock_zookeeper=debug,lock_redlock=debug,\
+             lock_etcd=debug",
+        );
+        let o = output(c);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(code(&o), 0, "{url}: {err}");
+        let lines: Vec<serde_json::Value> = err
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let grant = lines
+            .iter()
+            .find(|v| fields.iter().all(|f| !v["fields"][f].is_null()))
+            .unwrap_or_else(|| panic!("{url}: no event with {fields:?}: {err}"));
+        assert_eq!(
+            grant["span"]["name"], "lock.acquire",
+            "{url}: the detail is not in the acquisition's span: {grant}"
+        );
+        assert_eq!(grant["span"]["lock.name"], "detail", "{grant}");
+    }
+}
+
 /// `--log-format json`: every stderr line is one JSON object; the acquisition's and the
 /// release's spans close with a line each, with the lock's fields (name, backend, outcome,
 /// token, timings), and at debug the run's last line says how long it waited and held and how

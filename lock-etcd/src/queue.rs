@@ -443,6 +443,12 @@ pub(crate) async fn contend(
         }
     }
     guard.disarm();
+    // The backend's detail of the grant, in the acquisition's span (docs/observability.md).
+    tracing::debug!(
+        lock.etcd.revision = rev,
+        lock.etcd.lease = lease.id,
+        "granted at the key's create revision"
+    );
     let tenure = Tenure {
         id: lease.id,
         term: lease.term,

@@ -218,6 +218,12 @@ impl PgLock {
         if pid != pending.session()?.pid {
             return Err(self.pooled_after_all());
         }
+        // The backend's detail of the grant, in the acquisition's span (docs/observability.md):
+        // the server process that holds it, as pg_locks and pg_stat_activity name it.
+        tracing::debug!(
+            lock.postgres.pid = pid,
+            "granted in the session of backend pid"
+        );
         let token = u64::try_from(token)
             .map_err(|_| Error::backend(BACKEND, format!("fencing counter {token} < 0")))?;
         // The server heard from this session when the statement arrived (after `sent`), so it

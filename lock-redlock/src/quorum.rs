@@ -219,6 +219,12 @@ pub(crate) async fn attempt(
     let validity = ttl.checked_sub(start.elapsed() + drift).unwrap_or_default();
     if granted >= quorum && validity > cfg.min_validity() {
         undo.disarm(); // the lease owns the token from here
+                       // The backend's detail of the grant, in the acquisition's span (docs/observability.md).
+        tracing::debug!(
+            lock.redlock.masters = granted,
+            lock.redlock.quorum = quorum,
+            "granted by a majority of the masters"
+        );
         let ops = RedlockLeaseOps {
             nodes: nodes.clone(),
             keys: keys.clone(),

@@ -309,6 +309,14 @@ pub(crate) async fn contend_on(
     match wait_turn(s, client, &req, &me).await {
         Ok(Some(valid_until)) => {
             guard.path = None;
+            // The backend's detail of the grant, in the acquisition's span
+            // (docs/observability.md): the session that owns the node, as the four-letter
+            // commands and zkCli show it.
+            tracing::debug!(
+                lock.zookeeper.session = %format_args!("{:#x}", client.session_id().0),
+                lock.zookeeper.node = %path,
+                "granted to the session's node"
+            );
             let renewal = match opts.renewal {
                 Renewal::Manual => Renewal::Auto { max_hold: None },
                 auto => auto,
