@@ -38,7 +38,8 @@ fn spans_of(cap: &Capture, name: &LockName, span: &str, backend: &str) -> Vec<Sp
 /// closed span with its outcome (the grant's with its fencing token), and move the counters,
 /// histograms and gauges by exactly that: 3 acquisitions (granted, busy, timeout), 3 durations,
 /// 1 renewal (also in the lease's own count, where it keeps one), 1 hold ended by its
-/// release, nothing held or waiting after, nothing lost.
+/// release, nothing held or waiting after, nothing lost. The durations are the times: the
+/// timed-out wait's at least its bound, the hold's at least what the case held it.
 pub async fn acquisitions_renewals_and_releases_are_reported(
     h: &dyn Harness,
 ) -> Result<(), Failure> {
@@ -49,15 +50,14 @@ pub async fn acquisitions_renewals_and_releases_are_reported(
     cap.watch(&name);
     let o = opts(h).manual_renewal();
     let lease = held(a.try_acquire(&name, &o).await?, "holder")?;
+    let granted = Instant::now();
     let token = lease.fencing_token();
     ensure!(
         b.try_acquire(&name, &o).await?.is_none(),
         "a second client was granted a held lock"
     );
-    match b
-        .acquire(&name, &o.clone().wait_for(h.timing().ttl / 10))
-        .await
-    {
+    let bound = h.timing().ttl / 10;
+    match b.acquire(&name, &o.clone().wait_for(bound)).await {
         Err(Error::Timeout { .. }) => {}
         Err(e) => return Err(Failure(format!("a wait for a held lock gave {e:?}"))),
         Ok(_) => return Err(Failure("a wait for a held lock was granted".into())),
@@ -71,6 +71,7 @@ pub async fn acquisitions_renewals_and_releases_are_reported(
         "Lease::renewals gave {before:?} before a manual renewal and {after:?} after it (one more \
          expected, or None both times where the driver does not count)"
     );
+    let held_for = granted.elapsed();
     lease.release().await?;
 
     let acquired = spans_of(cap, &name, span::ACQUIRE, backend);
@@ -132,6 +133,17 @@ pub async fn acquisitions_renewals_and_releases_are_reported(
         metric::ACQUIRE_DURATION,
         durations.len()
     );
+    // The values are the times: the wait that timed out took its whole bound at least.
+    let waited = cap.histogram(
+        &name,
+        metric::ACQUIRE_DURATION,
+        &[b, (label::OUTCOME, "timeout")],
+    );
+    ensure!(
+        waited.len() == 1 && waited[0] >= bound.as_secs_f64(),
+        "{} of the wait that timed out after {bound:?}: {waited:?} s",
+        metric::ACQUIRE_DURATION
+    );
     let renewals = cap.counter(&name, metric::RENEWALS, &[b, (label::OUTCOME, "renewed")]);
     ensure!(
         renewals == 1,
@@ -140,10 +152,10 @@ pub async fn acquisitions_renewals_and_releases_are_reported(
     );
     let holds = cap.histogram(&name, metric::HOLD_DURATION, &[b, (label::END, "released")]);
     ensure!(
-        holds.len() == 1,
-        "{} (end released) recorded {} values for one released lease",
+        holds.len() == 1 && holds[0] >= held_for.as_secs_f64(),
+        "{} (end released) recorded {holds:?} s for one lease held {held_for:?} before its \
+         release",
         metric::HOLD_DURATION,
-        holds.len()
     );
     for gauge in [metric::HELD, metric::WAITING] {
         let left = cap.gauge(&name, gauge, &[b]);

@@ -166,6 +166,9 @@ impl Flaw {
             }
             Flaw::LossNotReported => cases![telemetry::a_loss_is_reported_with_its_reason],
             Flaw::HandoffNotReported => cases![telemetry::a_handoff_is_reported],
+            Flaw::AcquireTimedFromItsEnd => {
+                cases![telemetry::acquisitions_renewals_and_releases_are_reported]
+            }
             Flaw::ManualRenewalsUncounted => {
                 cases![telemetry::acquisitions_renewals_and_releases_are_reported]
             }

@@ -473,6 +473,16 @@ impl DistributedLock for FlawedLock {
         r
     }
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
+        if self.flaw == Flaw::AcquireTimedFromItsEnd {
+            let r = self.acquire_flawed(name, opts).await;
+            let report = AcquireReport::start(self.backend(), name, opts, true);
+            report.finish(match &r {
+                Ok(l) => Acquired::Granted(l.fencing_token()),
+                Err(Error::Timeout { .. }) => Acquired::Timeout,
+                Err(e) => Acquired::Failed(e),
+            });
+            return r;
+        }
         let report = AcquireReport::start(self.backend(), name, opts, true);
         // Whether it will wait: decided from the store's holders as it arrives (a driver
         // knows it from its first attempt).

@@ -259,6 +259,9 @@ pub enum Flaw {
     /// A waiter granted on its holder's release is not reported as a hand-off (a driver that
     /// never calls `Acquisition::queued`).
     HandoffNotReported,
+    /// `acquire` starts its report when the acquisition is over: every duration it records is
+    /// about zero (a driver that reads its clock in the wrong place).
+    AcquireTimedFromItsEnd,
     /// A lease over the wire reports under another backend's name (`memory`, the store's),
     /// so none of its renewals, turns or loss is the driver's.
     LeaseReportsAsAnotherBackend,
@@ -507,6 +510,7 @@ impl Flaw {
         Flaw::BusyReportedAsGranted,
         Flaw::ManualRenewalsUncounted,
         Flaw::HandoffNotReported,
+        Flaw::AcquireTimedFromItsEnd,
         Flaw::LeaseReportsAsAnotherBackend,
         Flaw::LostReplyLeavesGrant,
         Flaw::FailedReleaseLeftToTtl,
