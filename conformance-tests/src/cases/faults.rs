@@ -237,35 +237,55 @@ pub async fn lost_fires_after_a_reconnect(h: &dyn Harness) -> Result<(), Failure
     Ok(())
 }
 
+/// Cuts [`dropped_connection_is_lost_at_once`] makes before it calls a late notice a failure.
+const NOTICE_ATTEMPTS: usize = 3;
+
 /// Where the lock belongs to the connection (`outlives_connection = false`, a PostgreSQL
 /// session): a dropped connection frees the lock on the server at once, so the lease must turn
 /// Lost at once too — when the client sees its connection close, not at its next renewal —
 /// and its late release or renewal must not touch the next holder.
+///
+/// "At once" is [`Timing::dropped_connection_notice`](crate::Timing::dropped_connection_notice)
+/// of wall-clock time, which a loaded machine can take from any process (a PostgreSQL test
+/// measured its whole process learning of a cut 112 ms late at a load of 13): so up to
+/// [`NOTICE_ATTEMPTS`] cuts, each of a fresh lease, and the case fails only if every one was
+/// late. A lease that learns of the close by renewing is late every time.
 pub async fn dropped_connection_is_lost_at_once(h: &dyn Harness) -> Result<(), Failure> {
-    let (t, holder, other, name) = holder_and_other(h, "cut-lost").await?;
-    let lease = holder
-        .lock
-        .acquire(&name, &opts(h).auto_renew(None))
-        .await?;
-    let lost = watch_lost(lease.as_ref());
-    // Right after the grant, so that the next renewal is about a third of the TTL away: a
-    // driver that only learns of the loss by renewing misses the bound.
-    holder.link.set(Fault::Cut);
-    let cut_at = Instant::now();
+    let (t, holder, other, _) = holder_and_other(h, "cut-lost").await?;
     let bound = t.dropped_connection_notice();
-    let fired = within(
-        bound * 4,
-        "the lost signal after the connection dropped",
-        lost,
-    )
-    .await?
-    .map_err(|e| Failure(format!("watcher failed: {e}")))?;
-    ensure!(
-        fired.saturating_duration_since(cut_at) <= bound,
-        "the lease turned Lost {:?} after its connection dropped (bound {bound:?}): the server \
-         freed the lock at once, and another client could hold it meanwhile",
-        fired.saturating_duration_since(cut_at)
-    );
+    let mut late = Vec::new();
+    let (lease, name, cut_at) = loop {
+        let name = fresh_name("cut-lost");
+        let lease = holder
+            .lock
+            .acquire(&name, &opts(h).auto_renew(None))
+            .await?;
+        let lost = watch_lost(lease.as_ref());
+        // Right after the grant, so that the next renewal is about a third of the TTL away: a
+        // driver that only learns of the loss by renewing misses the bound.
+        holder.link.set(Fault::Cut);
+        let cut_at = Instant::now();
+        let fired = within(
+            bound * 4 + t.ttl,
+            "the lost signal after the connection dropped",
+            lost,
+        )
+        .await?
+        .map_err(|e| Failure(format!("watcher failed: {e}")))?;
+        let after = fired.saturating_duration_since(cut_at);
+        if after <= bound {
+            break (lease, name, cut_at);
+        }
+        late.push(after);
+        ensure!(
+            late.len() < NOTICE_ATTEMPTS,
+            "the lease turned Lost {late:?} after its connection dropped, in each of \
+             {NOTICE_ATTEMPTS} attempts (bound {bound:?}): the server freed the lock at once, \
+             and another client could hold it meanwhile"
+        );
+        holder.link.set(Fault::Healed);
+        drop(lease);
+    };
     in_state(
         lease.as_ref(),
         LeaseState::Lost,
