@@ -117,6 +117,31 @@ impl Endpoints {
     }
 }
 
+impl Endpoints {
+    /// Client connections (sessions) the backend's servers have open, where they count them:
+    /// etcd's clients multiplex every request on one gRPC connection per member, and the
+    /// memory and file drivers have no server.
+    pub(crate) async fn server_connections(&self, backend: Backend) -> Option<u64> {
+        match backend {
+            Backend::Redis | Backend::RedisPlain => {
+                server_probes::redis_clients(&self.redis_url).await
+            }
+            Backend::Redlock => {
+                let mut total = 0;
+                for url in redlock_masters(&self.redlock_url) {
+                    total += server_probes::redis_clients(&url).await?;
+                }
+                Some(total)
+            }
+            Backend::Zookeeper | Backend::ZookeeperEnsemble => {
+                server_probes::zk_connections(self.zk(backend)?.0).await
+            }
+            Backend::Postgres => server_probes::pg_sessions(&self.pg_url).await,
+            Backend::Memory | Backend::Etcd | Backend::EtcdCluster => None,
+        }
+    }
+}
+
 /// The masters of a `redlock://h1:p1,h2:p2` URL as `redis://` URLs (for the baselines).
 fn redlock_masters(url: &str) -> Vec<String> {
     let hosts = url.trim_start_matches("redlock://");

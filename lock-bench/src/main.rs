@@ -39,6 +39,7 @@ mod etcd_baselines;
 mod memory_baselines;
 mod pg_baselines;
 mod redis_baselines;
+mod scale;
 mod scenarios;
 mod subject;
 mod zk_baselines;
@@ -107,6 +108,16 @@ struct Args {
     /// metrics (docs/observability.md) against a run with `off`, where nothing is installed.
     #[arg(long, value_enum, default_value = "off")]
     telemetry: Telemetry,
+    /// Instead of the scenarios: one client of each backend holds this many locks at once
+    /// (comma separated: one row per count), auto-renewed, for `--scale-window` (`scale.rs`).
+    #[arg(long, value_delimiter = ',')]
+    scale: Vec<usize>,
+    /// The TTL of the locks `--scale` holds.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    scale_ttl: Duration,
+    /// How long `--scale` holds them (renewals counted, cycles timed meanwhile).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    scale_window: Duration,
 }
 
 /// `--telemetry`.
@@ -434,6 +445,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(70);
         }
     }
+    if !args.scale.is_empty() {
+        return scale_only(&args, &rt);
+    }
     // A backend that fails ends the run, but what was measured before it is still written.
     let (rows, failed) = rt.block_on(async {
         let mut rows = Vec::new();
@@ -478,4 +492,38 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(69)
         }
     }
+}
+
+/// `--scale`: its table on stdout (and `--markdown`), its rows as JSON (`--json`).
+fn scale_only(args: &Args, rt: &tokio::runtime::Runtime) -> std::process::ExitCode {
+    let plan = scale::Plan {
+        ttl: args.scale_ttl,
+        window: args.scale_window,
+    };
+    let rows = rt.block_on(async {
+        let mut rows = Vec::new();
+        for b in &args.backend {
+            for &n in &args.scale {
+                eprintln!("lock-bench: {} holding {n} locks ...", value_name(b));
+                rows.push(scale::scale(*b, &args.endpoints, n, plan).await);
+            }
+        }
+        rows
+    });
+    let md = scale::table(&rows);
+    print!("{md}");
+    if let Some(p) = &args.markdown {
+        if let Err(e) = std::fs::write(p, &md) {
+            eprintln!("lock-bench: cannot write {}: {e}", p.display());
+        }
+    }
+    if let Some(dir) = args.json.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Ok(j) = serde_json::to_string_pretty(&rows) {
+        if let Err(e) = std::fs::write(&args.json, j) {
+            eprintln!("lock-bench: cannot write {}: {e}", args.json.display());
+        }
+    }
+    std::process::ExitCode::SUCCESS
 }

@@ -141,3 +141,46 @@ pub async fn etcd_status(endpoint: &str) -> Option<(String, String)> {
     };
     Some((field("member_id")?, field("leader")?))
 }
+
+/// Client connections the Redis server at `url` has open (`INFO clients`), this probe's own
+/// among them.
+pub async fn redis_clients(url: &str) -> Option<u64> {
+    let mut c = redis::Client::open(url)
+        .ok()?
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Client sessions the PostgreSQL server at `conninfo` has open (`pg_stat_activity`'s client
+/// backends), this probe's own among them.
+pub async fn pg_sessions(conninfo: &str) -> Option<u64> {
+    let client = pg_client(conninfo).await.ok()?;
+    pg_count(
+        &client,
+        "SELECT count(*)::int8 FROM pg_stat_activity WHERE backend_type = 'client backend'",
+    )
+    .await
+}
+
+/// Client connections every ZooKeeper server in `hosts` has open (`srvr`'s `Connections`),
+/// this probe's own among them.
+pub async fn zk_connections(hosts: &str) -> Option<u64> {
+    let mut total = 0;
+    for host in hosts.split(',') {
+        total += zk_srvr(host, "Connections")
+            .await?
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+    }
+    Some(total)
+}
