@@ -23,6 +23,10 @@
 //! expiring sorted-set semaphore on Redis), where the backend has one. Readers never wait for
 //! each other, so shared rows have no hand-off.
 //!
+//! `--scale 10,100,1000` runs none of those: one client of each backend holds that many
+//! auto-renewed locks for `--scale-window` (`scale.rs`): connections, memory and renewals per
+//! held lock, and an acquire + release meanwhile.
+//!
 //! Output: a markdown table on stdout (and `--markdown FILE`) and a JSON file (`--json FILE`).
 
 use std::fmt::Write as _;
