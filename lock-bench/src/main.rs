@@ -44,6 +44,7 @@ mod memory_baselines;
 mod pg_baselines;
 mod redis_baselines;
 mod scale;
+mod scale_plot;
 mod scenarios;
 mod subject;
 mod zk_baselines;
@@ -122,6 +123,10 @@ struct Args {
     /// How long `--scale` holds them (renewals counted, cycles timed meanwhile).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     scale_window: Duration,
+    /// Where `--scale` draws its pictures (`scale-*.svg`: each figure against the number of
+    /// locks held, one line per backend).
+    #[arg(long, default_value = "bench-results")]
+    scale_svg: PathBuf,
 }
 
 /// `--telemetry`.
@@ -516,6 +521,9 @@ fn scale_only(args: &Args, rt: &tokio::runtime::Runtime) -> std::process::ExitCo
     });
     let md = scale::table(&rows);
     print!("{md}");
+    if let Err(e) = scale_plot::draw(&rows, &args.scale_svg) {
+        eprintln!("lock-bench: cannot draw the pictures: {e}");
+    }
     if let Some(p) = &args.markdown {
         if let Err(e) = std::fs::write(p, &md) {
             eprintln!("lock-bench: cannot write {}: {e}", p.display());

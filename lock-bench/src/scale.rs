@@ -20,24 +20,24 @@ use crate::catalog::{connect, value_name, Backend, Endpoints};
 /// One backend holding `held` locks.
 #[derive(Serialize, Debug, Clone)]
 pub(crate) struct ScaleRow {
-    backend: String,
-    held: usize,
+    pub(crate) backend: String,
+    pub(crate) held: usize,
     /// The locks' TTL (renewed every third of it).
     ttl_ms: u128,
     /// Server connections (sessions) the holding client added, where the server counts them.
-    connections: Option<i64>,
+    pub(crate) connections: Option<i64>,
     /// The client's resident memory growth per held lock.
-    rss_kib_per_lock: Option<f64>,
+    pub(crate) rss_kib_per_lock: Option<f64>,
     /// Renewals the backend confirmed per second per held lock, over the window.
-    renewals_per_sec_per_lock: Option<f64>,
+    pub(crate) renewals_per_sec_per_lock: Option<f64>,
     /// Leases not Held at the end of the window (AtRisk or Lost): renewals that did not keep
     /// up.
     lost: usize,
     /// Acquire + release of one more name while the `held` are held.
     cycle_p50_us: Option<f64>,
-    cycle_p99_us: Option<f64>,
+    pub(crate) cycle_p99_us: Option<f64>,
     /// Why the row has no figures.
-    error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// How the locks are held and for how long.
