@@ -248,7 +248,7 @@ const NOTICE_ATTEMPTS: usize = 3;
 /// "At once" is [`Timing::dropped_connection_notice`](crate::Timing::dropped_connection_notice)
 /// of wall-clock time, which a loaded machine can take from any process (a PostgreSQL test
 /// measured its whole process learning of a cut 112 ms late at a load of 13): so up to
-/// [`NOTICE_ATTEMPTS`] cuts, each of a fresh lease, and the case fails only if every one was
+/// three cuts (`NOTICE_ATTEMPTS`), each of a fresh lease, and the case fails only if every one was
 /// late. A lease that learns of the close by renewing is late every time.
 pub async fn dropped_connection_is_lost_at_once(h: &dyn Harness) -> Result<(), Failure> {
     let (t, holder, other, _) = holder_and_other(h, "cut-lost").await?;
