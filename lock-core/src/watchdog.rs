@@ -162,6 +162,11 @@ async fn renewal<O: LeaseOps>(
             }
         });
         tokio::select! {
+            // Checked first: at valid_until the lease has expired, also when a driver that
+            // gives up on its unanswered renewal at the same instant answers with an error in
+            // the same poll (a refusal before it still counts as one).
+            biased;
+            _ = tokio::time::sleep_until(valid_until.into()) => return Err(None),
             r = answer => match r {
                 Ok(t) => {
                     shared.telemetry.renewal("auto", "renewed");
@@ -195,7 +200,6 @@ async fn renewal<O: LeaseOps>(
                 at_risk = true;
                 shared.at_risk(format_args!("renewal unconfirmed after {slow:?}"));
             }
-            _ = tokio::time::sleep_until(valid_until.into()) => return Err(None),
         }
     }
 }

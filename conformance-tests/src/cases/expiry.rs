@@ -175,8 +175,13 @@ pub async fn expired_lock_goes_to_exactly_one_racer(h: &dyn Harness) -> Result<(
                 while Instant::now() < give_up {
                     // Winners keep their lease to the end of the round: a second winner can
                     // only be a second holder.
-                    if let Some(l) = c.try_acquire(&name, &o).await? {
-                        return Ok::<_, Failure>(Some((Instant::now(), l)));
+                    match c.try_acquire(&name, &o).await {
+                        Ok(Some(l)) => return Ok::<_, Failure>(Some((Instant::now(), l))),
+                        Ok(None) => {}
+                        // A split vote among the racers (Redlock: no majority for anyone), or
+                        // a slow answer: nobody holds it through this try, so try again.
+                        Err(e) if e.is_retryable() => {}
+                        Err(e) => return Err(e.into()),
                     }
                     sleep(Duration::from_millis(2)).await;
                 }
