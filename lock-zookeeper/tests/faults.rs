@@ -428,6 +428,32 @@ fn a_create_lost_with_the_connection_is_found_not_repeated() {
     });
 }
 
+/// `waiter` waiting for `name` (held by `holder`'s session) in a task of its own, returned once
+/// its node is queued under the lock.
+async fn queued_waiter(
+    waiter: &ZkLock,
+    holder: &ZkLock,
+    name: &lock_core::LockName,
+    session: Duration,
+    wait: Duration,
+) -> tokio::task::JoinHandle<lock_core::Result<Box<dyn lock_core::Lease>>> {
+    let parent = holder.config().lock_path(name);
+    let (w, n) = (waiter.clone(), name.clone());
+    let waiting = tokio::spawn(async move {
+        w.acquire(&n, &LockOptions::new(session).wait_for(wait))
+            .await
+    });
+    let start = Instant::now();
+    while holder.client().list_children(&parent).await.unwrap().len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    waiting
+}
+
 /// A waiter whose connection drops while it waits — here the reply to the listing it sends
 /// when its turn may have come is lost with its connection — keeps its place: its node lives
 /// as long as its session, which survives the reconnect, so it asks again and is granted,
@@ -444,23 +470,7 @@ fn a_waiter_keeps_its_place_across_a_connection_loss() {
             .await
             .unwrap();
         let parent = holder.config().lock_path(&name);
-        let w = waiter.clone();
-        let n = name.clone();
-        let waiting = tokio::spawn(async move {
-            w.acquire(
-                &n,
-                &LockOptions::new(session).wait_for(Duration::from_secs(8)),
-            )
-            .await
-        });
-        let start = Instant::now();
-        while holder.client().list_children(&parent).await.unwrap().len() < 2 {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let waiting = queued_waiter(&waiter, &holder, &name, session, Duration::from_secs(8)).await;
         let session_id = waiter.client().session_id();
         // The next request naming the lock is the waiter's listing once the holder is gone.
         proxy.lose_replies(parent.as_bytes(), 1);
@@ -493,23 +503,7 @@ fn a_waiter_keeps_its_place_across_a_connection_loss() {
             .acquire(&name, &LockOptions::new(session))
             .await
             .unwrap();
-        let w = waiter.clone();
-        let n = name.clone();
-        let waiting = tokio::spawn(async move {
-            w.acquire(
-                &n,
-                &LockOptions::new(session).wait_for(Duration::from_secs(2)),
-            )
-            .await
-        });
-        let start = Instant::now();
-        while holder.client().list_children(&parent).await.unwrap().len() < 2 {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "the waiter never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let waiting = queued_waiter(&waiter, &holder, &name, session, Duration::from_secs(2)).await;
         proxy.blackhole();
         let blackholed = Instant::now();
         let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
