@@ -51,6 +51,7 @@ mod secured;
 mod servers;
 pub mod telemetry;
 mod tls_peer;
+mod witness;
 
 pub use cases::{record_states, Case, Facts, CASES};
 pub use link::{Fault, Faulty, Link};
@@ -58,6 +59,7 @@ pub use proxy::FaultProxy;
 pub use runner::{run, run_case, run_trials, run_with_args, trials, trials_prefixed};
 pub use secured::{assert_bad_urls_rejected, assert_refused_at_connect, Secured, UrlParts};
 pub use servers::{ClockStep, Partition, Servers};
+pub use witness::Witness;
 
 /// What the suite needs from a driver's test.
 #[async_trait]

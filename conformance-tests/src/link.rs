@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lock_core::DistributedLock;
 
-use crate::FaultProxy;
+use crate::{FaultProxy, Witness};
 
 /// What a client's link to its backend does to its traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +29,12 @@ pub enum Fault {
 pub trait Link: Send + Sync + fmt::Debug {
     /// Applies `fault` from now on ([`Fault::Cut`] once, leaving the link as it was).
     fn set(&self, fault: Fault);
+
+    /// A plain connection over this link that tells when this process saw the next cut
+    /// ([`FaultProxy::witness`]); `None` (the default) where the link has no such thing.
+    fn witness(&self) -> Option<Witness> {
+        None
+    }
 }
 
 impl Link for FaultProxy {
@@ -40,6 +46,10 @@ impl Link for FaultProxy {
             Fault::Cut => self.cut(),
         }
     }
+
+    fn witness(&self) -> Option<Witness> {
+        Some(FaultProxy::witness(self))
+    }
 }
 
 impl Link for Vec<FaultProxy> {
@@ -47,6 +57,11 @@ impl Link for Vec<FaultProxy> {
         for proxy in self {
             proxy.set(fault);
         }
+    }
+
+    /// Through the first proxy: a cut closes every proxy's connections at once.
+    fn witness(&self) -> Option<Witness> {
+        self.first().map(FaultProxy::witness)
     }
 }
 

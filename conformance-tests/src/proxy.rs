@@ -1,6 +1,7 @@
 //! A loopback TCP proxy that injects network faults between a client and a real server.
 
 use parking_lot::Mutex;
+use std::collections::HashSet;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
+
+use crate::witness::Witness;
 use tokio::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +32,8 @@ struct Shared {
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
     accepted: AtomicU64,
+    /// The client addresses of the connections open now (see [`FaultProxy::witness`]).
+    open: Mutex<HashSet<SocketAddr>>,
     /// See [`FaultProxy::lose_replies`]: the bytes to look for and how many more times.
     trap: Mutex<Option<(Vec<u8>, u32)>>,
     /// See [`FaultProxy::server_keepalive`].
@@ -96,6 +101,7 @@ impl FaultProxy {
             bytes_up: AtomicU64::new(0),
             bytes_down: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
+            open: Mutex::new(HashSet::new()),
             trap: Mutex::new(None),
             keepalive: Mutex::new(None),
         });
@@ -239,6 +245,27 @@ impl FaultProxy {
     pub fn connections(&self) -> u64 {
         self.shared.accepted.load(Ordering::Relaxed)
     }
+
+    /// A plain connection through this proxy, read by a thread of its own: when this process
+    /// could first see the next [`cut`](Self::cut), whatever its other threads are doing. A
+    /// cut's notice by a client of the proxy is late by this much before any work of that
+    /// client's own (the machine's load: up to 112 ms measured with eight test lanes on two
+    /// cores). Wait for [`Witness::armed`] before the cut.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let proxy = conformance_tests::FaultProxy::start("127.0.0.1:5432".parse()?)?;
+    /// let mut witness = proxy.witness();
+    /// if witness.armed().await {
+    ///     proxy.cut();
+    ///     let seen = witness.seen().await; // None: it saw nothing within a second
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn witness(&self) -> Witness {
+        let shared = self.shared.clone();
+        Witness::through(self.addr, move |me| shared.open.lock().contains(&me))
+    }
 }
 
 impl Drop for FaultProxy {
@@ -268,13 +295,18 @@ async fn accept_loop(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                if let Ok((client, _)) = accepted {
+                if let Ok((client, peer)) = accepted {
                     shared.accepted.fetch_add(1, Ordering::Relaxed);
                     // Subscribed before the task starts, so a cut right after accept counts.
                     let cuts = shared.cuts.subscribe();
                     let stop = shared.shutdown.subscribe();
                     let upstream = *shared.upstream.borrow();
-                    tokio::spawn(connection(client, upstream, shared.clone(), cuts, stop));
+                    shared.open.lock().insert(peer);
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        connection(client, upstream, &shared, cuts, stop).await;
+                        shared.open.lock().remove(&peer);
+                    });
                 }
             }
             _ = shutdown.changed() => return,
@@ -285,7 +317,7 @@ async fn accept_loop(
 async fn connection(
     client: TcpStream,
     upstream: SocketAddr,
-    shared: Arc<Shared>,
+    shared: &Shared,
     mut cuts: watch::Receiver<u64>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -300,9 +332,9 @@ async fn connection(
         let (cr, cw) = client.into_split();
         let (sr, sw) = server.into_split();
         let heard = Heard::default();
-        let up = pump(cr, sw, Direction::Up(&shared), &trapped, &heard);
-        let down = pump(sr, cw, Direction::Down(&shared), &trapped, &heard);
-        tokio::join!(up, down, reaper(&shared, &heard));
+        let up = pump(cr, sw, Direction::Up(shared), &trapped, &heard);
+        let down = pump(sr, cw, Direction::Down(shared), &trapped, &heard);
+        tokio::join!(up, down, reaper(shared, &heard));
         Some(())
     };
     let linger = async {

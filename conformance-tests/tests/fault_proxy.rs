@@ -174,3 +174,33 @@ async fn drop_stops_the_proxy() {
         "proxy still listening after drop"
     );
 }
+
+/// A witness sees a cut, as soon as a client of the proxy does; without a cut it sees nothing
+/// (its thread gives up after a second), and a blackhole is not a cut. A witness that were
+/// armed before the proxy held its connection would miss the cut: armed means held.
+#[tokio::test]
+async fn a_witness_sees_a_cut_and_nothing_else() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+    roundtrip(&mut client, b"warm").await.unwrap();
+    for round in 0..20 {
+        let mut witness = proxy.witness();
+        assert!(witness.armed().await, "round {round}: witness not armed");
+        let cut = std::time::Instant::now();
+        proxy.cut();
+        let seen = witness.seen().await.expect("the witness saw no cut");
+        assert!(seen >= cut, "round {round}: seen before the cut");
+        assert!(
+            seen - cut < Duration::from_millis(900),
+            "round {round}: seen {:?} after the cut",
+            seen - cut
+        );
+    }
+    let mut client_read = [0u8; 1];
+    assert_eq!(client.read(&mut client_read).await.unwrap_or(0), 0, "cut too");
+    let mut quiet = proxy.witness();
+    assert!(quiet.armed().await);
+    proxy.blackhole();
+    assert_eq!(quiet.seen().await, None, "no cut, nothing seen");
+    proxy.heal();
+}

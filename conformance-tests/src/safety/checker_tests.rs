@@ -281,6 +281,69 @@ fn a_cut_session_holder_racing_its_successor_is_a_race_only_within_the_notice() 
     );
 }
 
+/// On a loaded machine the whole process learns of a cut late: the notice counts from when
+/// the nemesis's witness on the holder's link saw the close ([`Op::CutSeen`]), and only from
+/// the first witness of that holder's latest cut — never another client's, never an earlier
+/// cut's. Holder cut at 50 ms, its witness saw it at 80 ms, the successor granted at 80.2 ms.
+#[test]
+fn a_cut_race_notice_counts_from_the_holders_witness() {
+    let race = |lost_ms: u64, seen: &[(u64, usize)]| {
+        let mut h = H::new();
+        h.grant(0, 1, 0, 1, 1000)
+            .at(10, 1, Op::Cut)
+            .at(11, 1, Op::CutSeen);
+        h.at(50, 1, Op::Cut);
+        for &(at, client) in seen {
+            h.at(at, client, Op::CutSeen);
+        }
+        let granted = h.ms(80) + Duration::from_micros(200);
+        h.events.push(Event {
+            at: granted,
+            client: 2,
+            name: 0,
+            op: Op::Granted {
+                lease: 1,
+                token: Some(2),
+                valid_until: h.ms(1080),
+            },
+        });
+        h.at(lost_ms, 1, Op::LostSignal { lease: 0 });
+        let k = h.kinds_with(2000, true);
+        k.contains(&Kind::Overlap)
+    };
+    let notice = CUT_NOTICE.as_millis() as u64;
+    assert!(
+        !race(85, &[(80, 1)]),
+        "lost 5 ms after the witness saw the cut"
+    );
+    assert!(
+        !race(80 + notice, &[(80, 1)]),
+        "lost CUT_NOTICE after the witness"
+    );
+    assert!(
+        race(81 + notice, &[(80, 1)]),
+        "lost past CUT_NOTICE after the witness"
+    );
+    assert!(race(85, &[]), "no witness: 35 ms after the cut");
+    assert!(race(85, &[(80, 3)]), "another client's witness");
+    assert!(
+        race(85, &[(52, 1), (80, 1)]),
+        "only the cut's first witness counts"
+    );
+    // The earlier cut's witness (at 11 ms, before this lease's grant) excuses nothing here.
+    let mut h = H::new();
+    h.at(10, 1, Op::Cut)
+        .grant(20, 1, 0, 1, 1000)
+        .at(60, 1, Op::CutSeen)
+        .grant(61, 2, 1, 2, 1061)
+        .at(62, 1, Op::LostSignal { lease: 0 });
+    let k = h.kinds_with(2000, true);
+    assert!(
+        k.contains(&Kind::Overlap),
+        "{k:?}: a witness of a cut before the grant"
+    );
+}
+
 /// The excuse covers the cut holder and its successor only. Before, each span was compared
 /// with the one reaching furthest: the cut holder's belief, which reached past both of its
 /// successors, hid that they overlapped each other.

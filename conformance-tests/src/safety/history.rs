@@ -98,6 +98,11 @@ pub enum Op {
     /// ([`Fault::Cut`](crate::Fault::Cut)), recorded the moment it did. For a driver whose lock
     /// is its connection's session, this is when the server may free the lock.
     Cut,
+    /// The nemesis's witness of the client's last [`Op::Cut`] — a plain connection over the
+    /// same link, read by a thread of its own — saw it close: the earliest this process could
+    /// see the cut, later than the cut by the machine's load. A cut race's notice counts from
+    /// here ([`CUT_NOTICE`](super::CUT_NOTICE)).
+    CutSeen,
     /// A fault began (nemesis).
     Fault {
         /// What and where.

@@ -215,9 +215,22 @@ impl Nemesis {
         // moment its link drops, and a waiter may be granted it microseconds later), so a
         // record made after it could land after what it caused.
         if fault == Fault::Cut {
+            let mut witness = link.witness();
+            if let Some(w) = witness.as_mut() {
+                if !w.armed().await {
+                    witness = None;
+                }
+            }
             self.history.record(c, NOBODY, Op::Cut);
+            link.set(fault);
+            if let Some(seen) = witness {
+                if let Some(at) = seen.seen().await {
+                    self.history.record_at(at, c, NOBODY, Op::CutSeen);
+                }
+            }
+        } else {
+            link.set(fault);
         }
-        link.set(fault);
         self.history.record(
             c,
             NOBODY,

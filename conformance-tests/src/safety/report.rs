@@ -111,6 +111,28 @@ impl Report {
         by
     }
 
+    /// How late the nemesis's witnesses saw its cuts ([`Op::CutSeen`]), the median and the
+    /// longest: the machine's load, which a cut race's notice is counted after.
+    pub fn witness_lag(&self) -> Option<(Duration, Duration)> {
+        let mut cut: std::collections::HashMap<usize, std::time::Instant> = Default::default();
+        let mut lags = Vec::new();
+        for e in &self.events {
+            match e.op {
+                Op::Cut => {
+                    cut.insert(e.client, e.at);
+                }
+                Op::CutSeen => {
+                    if let Some(c) = cut.remove(&e.client) {
+                        lags.push(e.at.saturating_duration_since(c));
+                    }
+                }
+                _ => {}
+            }
+        }
+        lags.sort();
+        Some((*lags.get(lags.len() / 2)?, *lags.last()?))
+    }
+
     /// How many leader changes the run's election observers showed ([`Op::Observed`]).
     pub fn observations(&self) -> usize {
         let seen = |e: &&Event| matches!(e.op, Op::Observed { .. });
@@ -126,7 +148,7 @@ impl Report {
              (refused {}, unknown {}, stale writes refused {}), faults {:?}, \
              violations a/b/c/d/e {a}/{b}/{c}/{d}/{e}, observations {}, cut-off holder to lost signal p50 {:?} p99 {:?} \
              (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), hand-off p50 {:?} p99 {:?} \
-             (n={}), cut races {} (longest {:?}), servers serving again {:?} after the last heal, \
+             (n={}), cut races {} (longest {:?}; cuts seen by a witness p50/max {:?}), servers serving again {:?} after the last heal, \
              seed {}",
             self.grants,
             self.elapsed,
@@ -146,6 +168,7 @@ impl Report {
             self.handoff.len(),
             self.cut_races.len(),
             self.cut_races.iter().max(),
+            self.witness_lag(),
             self.serving_after_last_heal(),
             self.seed
         )
