@@ -197,7 +197,11 @@ async fn a_witness_sees_a_cut_and_nothing_else() {
         );
     }
     let mut client_read = [0u8; 1];
-    assert_eq!(client.read(&mut client_read).await.unwrap_or(0), 0, "cut too");
+    assert_eq!(
+        client.read(&mut client_read).await.unwrap_or(0),
+        0,
+        "cut too"
+    );
     let mut quiet = proxy.witness();
     assert!(quiet.armed().await);
     proxy.blackhole();
