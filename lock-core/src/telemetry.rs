@@ -115,22 +115,22 @@ impl AcquireReport {
     pub fn start(backend: &'static str, name: &LockName, opts: &LockOptions, waits: bool) -> Self {
         let attempt = if waits { "wait" } else { "try" };
         let mode = opts.mode.kind();
-        let span = spans_on()
-            .then(|| {
-                tracing::debug_span!(
-                    "lock.acquire",
-                    lock.name = %name,
-                    lock.backend = backend,
-                    lock.mode = mode,
-                    lock.attempt = attempt,
-                    lock.outcome = tracing::field::Empty,
-                    lock.fencing_token = tracing::field::Empty,
-                    lock.waited_ms = tracing::field::Empty,
-                    lock.queued = tracing::field::Empty,
-                    "error.type" = tracing::field::Empty,
-                )
-            })
-            .unwrap_or_else(Span::none);
+        let span = if spans_on() {
+            tracing::debug_span!(
+                "lock.acquire",
+                lock.name = %name,
+                lock.backend = backend,
+                lock.mode = mode,
+                lock.attempt = attempt,
+                lock.outcome = tracing::field::Empty,
+                lock.fencing_token = tracing::field::Empty,
+                lock.waited_ms = tracing::field::Empty,
+                lock.queued = tracing::field::Empty,
+                "error.type" = tracing::field::Empty,
+            )
+        } else {
+            Span::none()
+        };
         // Kept to the end: the decrement needs no second look-up.
         let waiting = waits.then(|| handles::gauge(metric::WAITING, backend, name, &[]));
         if let Some(g) = &waiting {
