@@ -99,6 +99,11 @@ struct Args {
     /// The permits of the `permits` mode's semaphore.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     permits: u32,
+    /// Measures only the subjects whose label contains this text (`distlock` for the driver,
+    /// `baseline` for its baselines): one subject per process, so that a count of the whole
+    /// process's instructions is that subject's (`scripts/instructions.sh`).
+    #[arg(long)]
+    only: Option<String>,
     /// Repetitions of each scenario; the median run is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -249,6 +254,15 @@ async fn measure(args: &Args, backend: Backend, mode: lock_core::Mode) -> Result
         None => {
             eprintln!("lock-bench: {} has no {mode} mode", value_name(&backend));
             return Ok(vec![]);
+        }
+    }
+    if let Some(only) = &args.only {
+        subjects.retain(|(s, _)| s.label().contains(only.as_str()));
+        if subjects.is_empty() {
+            return Err(format!(
+                "--only {only:?}: no subject of {} has it in its label",
+                value_name(&backend)
+            ));
         }
     }
     let foreign = catalog::foreign_holder(backend, ep).await?;
