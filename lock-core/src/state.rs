@@ -348,3 +348,35 @@ impl fmt::Debug for LostSignal {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A change made while no signal listens wakes nobody (nobody to wake), and loses
+    /// nothing: a signal made after it sees it at once, and one made before a later change
+    /// is woken by that change.
+    #[tokio::test]
+    async fn a_change_nobody_listens_to_is_seen_by_the_next_signal() {
+        let tracker = LeaseTracker::new(Instant::now() + Duration::from_secs(60));
+        assert!(tracker.at_risk());
+        let late = tracker.signal();
+        assert_eq!(late.state(), LeaseState::AtRisk, "missed the silent change");
+        let waiting = tokio::spawn(late.clone().wait());
+        tokio::task::yield_now().await;
+        assert!(tracker.mark_lost());
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("a listening signal was not woken by the loss"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let released = LeaseTracker::new(Instant::now() + Duration::from_secs(60));
+        released.mark_released();
+        let after = released.signal();
+        assert!(after.is_lost(), "a signal made after the release");
+        tokio::time::timeout(Duration::from_secs(5), after.wait())
+            .await
+            .unwrap_or_else(|_| panic!("a signal made after the release waited"));
+    }
+}
