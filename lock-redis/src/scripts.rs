@@ -40,7 +40,22 @@ pub const TOKEN_TAG: &str = "distlock-";
 
 /// A fresh owner token: [`TOKEN_TAG`] and a random UUID.
 pub fn new_token() -> String {
-    format!("{TOKEN_TAG}{}", uuid::Uuid::new_v4().simple())
+    // Written, not formatted: `format!` was a tenth of a cycle's client instructions.
+    let mut uuid = uuid::Uuid::encode_buffer();
+    joined(&[
+        TOKEN_TAG,
+        uuid::Uuid::new_v4().simple().encode_lower(&mut uuid),
+    ])
+}
+
+/// `parts` end to end, in one allocation (what `format!` does for strings, at a tenth of its
+/// instructions: the key names are made at every acquisition).
+fn joined(parts: &[&str]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        s.push_str(p);
+    }
+    s
 }
 
 /// Compare token, `DEL`, `PUBLISH` the token → 1; not the owner → 0. The token as payload
@@ -122,7 +137,7 @@ impl LockKeys {
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn new(prefix: &str, name: &LockName) -> Self {
-        Self::around(format!("{prefix}{{{name}}}"), true, name)
+        Self::around(joined(&[prefix, "{", name.as_str(), "}"]), true, name)
     }
 
     /// Plain-key mode: the lock is `<prefix><name>`, without a fencing counter.
@@ -135,17 +150,17 @@ impl LockKeys {
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn plain(prefix: &str, name: &LockName) -> Self {
-        Self::around(format!("{prefix}{name}"), false, name)
+        Self::around(joined(&[prefix, name.as_str()]), false, name)
     }
 
     /// The names derived from the lock key.
     fn around(lock: String, fenced: bool, name: &LockName) -> Self {
         LockKeys {
-            fence: format!("{lock}:fence"),
-            channel: format!("{lock}:released"),
-            holders: format!("{lock}:holders"),
-            value: format!("{lock}:value"),
-            changed: format!("{lock}:changed"),
+            fence: joined(&[&lock, ":fence"]),
+            channel: joined(&[&lock, ":released"]),
+            holders: joined(&[&lock, ":holders"]),
+            value: joined(&[&lock, ":value"]),
+            changed: joined(&[&lock, ":changed"]),
             lock,
             fenced,
             name: name.clone(),
@@ -382,4 +397,44 @@ pub(crate) async fn read_leader<C: ConnectionLike + Send>(
         field::<u64>(&reply, 2),
         field::<Vec<u8>>(&reply, 3),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys and tokens are written piece by piece: every one is still exactly what the
+    /// format of the key layout (docs, interop with redis-py and the CLI) says.
+    #[test]
+    fn keys_and_tokens_keep_their_layout() {
+        let name: LockName = "tenant-42:jobs@x+y=z"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let k = LockKeys::new("app:", &name);
+        let lock = format!("app:{{{name}}}");
+        assert_eq!(k.lock, lock);
+        for (got, suffix) in [
+            (&k.fence, "fence"),
+            (&k.channel, "released"),
+            (&k.holders, "holders"),
+            (&k.value, "value"),
+            (&k.changed, "changed"),
+        ] {
+            assert_eq!(*got, format!("{lock}:{suffix}"));
+        }
+        let plain = LockKeys::plain("app:", &name);
+        assert_eq!(plain.lock, format!("app:{name}"));
+        assert_eq!(plain.channel, format!("app:{name}:released"));
+        let token = new_token();
+        assert!(token.starts_with(TOKEN_TAG), "{token}");
+        let hex = &token[TOKEN_TAG.len()..];
+        assert!(
+            hex.len() == 32
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{token}"
+        );
+        assert_ne!(new_token(), token);
+    }
 }
