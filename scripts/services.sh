@@ -148,6 +148,8 @@ cmd_install() {
   command -v javac >/dev/null || missing+=(default-jdk-headless)
   [ -f /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
   "$(system_python)" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  # Instruction counts (scripts/instructions.py, BENCHMARKS.md): not needed by the tests.
+  command -v valgrind >/dev/null || missing+=(valgrind)
   if [ ${#missing[@]} -eq 0 ]; then
     log "install: every package present"
     install_venv
