@@ -10,7 +10,10 @@
 #   scripts/soak.sh                 every driver
 #   scripts/soak.sh redis etcd      some of them (names below)
 #
-# DISTLOCK_SAFETY_SEED fixes the nemesis's schedule (default 20261124).
+# DISTLOCK_SAFETY_SEED fixes the nemesis's schedule (default 20261124). DISTLOCK_SOAK_FAMILY
+# picks the modes the names are taken in: mixed (default: a third each exclusive, read-write,
+# semaphores), exclusive, read-write (shared 3 times in 5), permits (semaphores of 2): a soak
+# of one primitive (100,000 shared grants take DISTLOCK_SOAK_GRANTS=170000 in read-write).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -111,3 +111,35 @@ async fn fault_kinds_the_harness_cannot_make_fail_the_run() {
         );
     }
 }
+
+/// Each family takes the names in its modes: read-write names shared about 3 times in 5 and
+/// else exclusive, never a permit; permits only permits; exclusive only exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_family_takes_the_names_in_its_modes() {
+    use conformance_tests::safety::Family;
+    let h = FlawedHarness::new(Flaw::None);
+    for (name, want) in [
+        ("read-write", [true, true, false]),
+        ("permits", [false, false, true]),
+        ("exclusive", [true, false, false]),
+    ] {
+        let w = Workload {
+            clients: 4,
+            names: 3,
+            grants: 200,
+            limit: Duration::from_secs(30),
+            faults: false,
+            family: Family::named(name).expect("a family"),
+            ..Workload::short(12)
+        };
+        let report = run(&h, &w).await.expect("the run");
+        report.verdict().expect("a clean history");
+        let by = report.grants_by_mode();
+        let got = by.map(|n| n > 0);
+        assert_eq!(got, want, "{name}: grants exclusive/shared/permits {by:?}");
+        if name == "read-write" {
+            let share = by[1] as f64 / (by[0] + by[1]) as f64;
+            assert!((0.45..0.75).contains(&share), "{name}: {by:?} shared");
+        }
+    }
+}

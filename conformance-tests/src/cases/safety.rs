@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::safety::{run, seed, Report, Workload};
+use crate::safety::{run, seed, Family, Report, Workload};
 use crate::{Failure, Harness};
 
 /// Eight clients over six names make 2,000 grants and meet at least six faults (or run for a
@@ -23,8 +23,9 @@ pub async fn history_is_clean(h: &dyn Harness) -> Result<(), Failure> {
 }
 
 /// The soak (not a case: [`trials`](crate::trials) lists it as `safety::soak`, ignored unless
-/// asked for): [`Workload::soak`] with `DISTLOCK_SOAK_GRANTS` grants (default 100,000) and the
-/// seed of `DISTLOCK_SAFETY_SEED`. Prints the report's summary and, where `DISTLOCK_SOAK_OUT`
+/// asked for): [`Workload::soak`] with `DISTLOCK_SOAK_GRANTS` grants (default 100,000), the
+/// seed of `DISTLOCK_SAFETY_SEED` and the family of `DISTLOCK_SOAK_FAMILY` ([`Family::named`];
+/// default mixed). Prints the report's summary and, where `DISTLOCK_SOAK_OUT`
 /// names a path prefix, writes `<prefix>.svg` (the timeline) and `<prefix>.md` (a table row
 /// for RELIABILITY.md, labelled `DISTLOCK_SOAK_LABEL`, else `label`).
 pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
@@ -37,6 +38,13 @@ pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
     let t = h.timing();
     let mut w = Workload::soak(seed(), grants);
     w.hold = w.hold.min(t.ttl / 4);
+    if let Ok(name) = std::env::var("DISTLOCK_SOAK_FAMILY") {
+        w.family = Family::named(&name).ok_or_else(|| {
+            Failure(format!(
+                "DISTLOCK_SOAK_FAMILY={name:?}: mixed, exclusive, read-write or permits"
+            ))
+        })?;
+    }
     let report = run(h, &w).await?;
     eprintln!("soak: {}", report.summary());
     if let Ok(prefix) = std::env::var("DISTLOCK_SOAK_OUT") {
