@@ -104,6 +104,14 @@ struct Waiter {
     mode: Mode,
 }
 
+/// A waiter's place in a name's queue, from [`Store::enter`].
+struct Queued {
+    id: u64,
+    notify: Arc<Notify>,
+    /// When the first holder's lease ends.
+    first_expiry: Option<Instant>,
+}
+
 enum Attempt {
     Granted(Granted),
     /// Busy until `expires_at` (`None`: not this waiter's turn yet, or waiters queued ahead).
@@ -206,11 +214,7 @@ impl Store {
 
     /// Takes the lock, or joins the queue, in one step: no release can slip in between.
     /// `Ok(Err(first_expiry))` once queued.
-    fn enter(
-        &self,
-        req: &Acquisition<'_>,
-        waiter: &Waiter,
-    ) -> Result<std::result::Result<Granted, Option<Instant>>> {
+    fn enter(&self, req: &Acquisition<'_>) -> Result<std::result::Result<Granted, Queued>> {
         let (name, mode) = (req.name(), req.mode());
         let now = Instant::now();
         let mut slots = self.slots();
@@ -220,12 +224,18 @@ impl Store {
             let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
             return Ok(Ok(slot.grant(owner, req, now)));
         }
+        // Made only here: an acquisition granted at once needs no wake-up of its own.
+        let queued = Queued {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            notify: Arc::new(Notify::new()),
+            first_expiry: slot.first_expiry(),
+        };
         slot.queue.push_back(Waiter {
-            id: waiter.id,
-            notify: waiter.notify.clone(),
+            id: queued.id,
+            notify: queued.notify.clone(),
             mode,
         });
-        Ok(Err(slot.first_expiry()))
+        Ok(Err(queued))
     }
 }
 
@@ -411,25 +421,20 @@ impl DistributedLock for MemoryLock {
 
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         let (name, ttl, opts, deadline) = (req.name(), req.ttl(), req.opts(), req.deadline());
-        let mode = req.mode();
         if deadline == Deadline::Now {
             return Ok(match self.store.attempt(&req, None)? {
                 Attempt::Granted(grant) => Some(self.lease(name, ttl, opts, grant)),
                 Attempt::Busy { .. } => None,
             });
         }
-        let me = Waiter {
-            id: self.store.next_id.fetch_add(1, Ordering::Relaxed),
-            notify: Arc::new(Notify::new()),
-            mode,
-        };
-        let mut expires_at = match self.store.enter(&req, &me)? {
+        let me = match self.store.enter(&req)? {
             Ok(grant) => return Ok(Some(self.lease(name, ttl, opts, grant))),
-            Err(first_expiry) => {
+            Err(queued) => {
                 req.queued();
-                first_expiry
+                queued
             }
         };
+        let mut expires_at = me.first_expiry;
         let _guard = QueueGuard {
             store: &self.store,
             name,

@@ -390,6 +390,9 @@ pub trait Lease: Send + Sync + Debug {
 /// `Arc<T>` and `Box<T>` are locks too, forwarding every method (provided ones included, so a
 /// driver's own override is kept); clippy's `missing_trait_methods` catches a method added to
 /// the trait and not forwarded here.
+/// The future an `#[async_trait]` method returns.
+type Boxed<'f, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'f>>;
+
 macro_rules! forward {
     ($ptr:ident) => {
         #[async_trait]
@@ -401,18 +404,44 @@ macro_rules! forward {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
             }
-            async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-                (**self).acquire_until(req).await
+            // The hot three hand on the inner lock's boxed future as it is: an `async fn`
+            // here would box it again (an allocation per call).
+            fn acquire_until<'s, 'r, 'f>(
+                &'s self,
+                req: Acquisition<'r>,
+            ) -> Boxed<'f, Result<Option<Box<dyn Lease>>>>
+            where
+                's: 'f,
+                'r: 'f,
+                Self: 'f,
+            {
+                (**self).acquire_until(req)
             }
-            async fn try_acquire(
-                &self,
-                name: &LockName,
-                opts: &LockOptions,
-            ) -> Result<Option<Box<dyn Lease>>> {
-                (**self).try_acquire(name, opts).await
+            fn try_acquire<'s, 'n, 'o, 'f>(
+                &'s self,
+                name: &'n LockName,
+                opts: &'o LockOptions,
+            ) -> Boxed<'f, Result<Option<Box<dyn Lease>>>>
+            where
+                's: 'f,
+                'n: 'f,
+                'o: 'f,
+                Self: 'f,
+            {
+                (**self).try_acquire(name, opts)
             }
-            async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-                (**self).acquire(name, opts).await
+            fn acquire<'s, 'n, 'o, 'f>(
+                &'s self,
+                name: &'n LockName,
+                opts: &'o LockOptions,
+            ) -> Boxed<'f, Result<Box<dyn Lease>>>
+            where
+                's: 'f,
+                'n: 'f,
+                'o: 'f,
+                Self: 'f,
+            {
+                (**self).acquire(name, opts)
             }
             async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
                 (**self).inspect(name).await
