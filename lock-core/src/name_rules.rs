@@ -27,6 +27,24 @@ fn invalid(name: &str, reason: impl Into<String>) -> Error {
     }
 }
 
+/// Which bytes a name may hold: ASCII letters, digits and [`NAME_PUNCTUATION`] (any other
+/// byte, a UTF-8 one included, is not allowed).
+static ALLOWED: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let p = NAME_PUNCTUATION.as_bytes();
+    let mut i = 0;
+    while i < p.len() {
+        t[p[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
+
 fn validate(s: &str) -> Result<()> {
     if s.is_empty() {
         return Err(invalid(s, "must not be empty"));
@@ -36,6 +54,14 @@ fn validate(s: &str) -> Result<()> {
             s,
             format!("is {} bytes long; the limit is {MAX_NAME_LEN}", s.len()),
         ));
+    }
+    // The common case by a table look-up per byte; the walk below finds what to say.
+    if s.bytes().all(|b| ALLOWED[usize::from(b)]) {
+        return if s == "." || s == ".." {
+            Err(invalid(s, "`.` and `..` are reserved"))
+        } else {
+            Ok(())
+        };
     }
     for (i, c) in s.chars().enumerate() {
         if c.is_control() {
@@ -92,6 +118,18 @@ mod tests {
             "...",
         ] {
             assert!(LockName::new(ok).is_ok(), "{ok:?} should be accepted");
+        }
+    }
+
+    /// The byte table says what the rule says, for every character up to U+07FF (two-byte
+    /// UTF-8 included) in every position.
+    #[test]
+    fn the_fast_path_agrees_with_the_rule() {
+        for c in (0..0x800u32).filter_map(char::from_u32) {
+            let allowed = c.is_ascii_alphanumeric() || NAME_PUNCTUATION.contains(c);
+            for name in [format!("a{c}"), format!("{c}b"), format!("x{c}y")] {
+                assert_eq!(LockName::new(&name).is_ok(), allowed, "{name:?}");
+            }
         }
     }
 
