@@ -64,7 +64,7 @@ impl<O: LeaseOps> ManagedLease<O> {
         } = grant;
         let granted_at = Instant::now();
         let shared = Arc::new(Shared {
-            telemetry: LeaseReport::granted(ops.backend(), &name),
+            telemetry: LeaseReport::granted_at(ops.backend(), &name, granted_at),
             ops: Arc::new(ops),
             tracker: LeaseTracker::new(valid_until),
             released: AtomicBool::new(false),

@@ -276,13 +276,18 @@ pub struct LeaseReport {
 impl LeaseReport {
     /// A lease granted now: counted as held.
     pub fn granted(backend: &'static str, name: &LockName) -> Self {
+        Self::granted_at(backend, name, Instant::now())
+    }
+
+    /// A lease granted at `at` (a clock reading the caller already took): counted as held.
+    pub(crate) fn granted_at(backend: &'static str, name: &LockName, at: Instant) -> Self {
         let held = handles::gauge(metric::HELD, backend, name, &[]);
         held.increment(1.0);
         LeaseReport {
             held,
             backend,
             name: name.clone(),
-            granted_at: Instant::now(),
+            granted_at: at,
             ended: AtomicBool::new(false),
             renewed: AtomicU64::new(0),
         }
