@@ -35,6 +35,7 @@
 
 mod belief;
 mod checker;
+mod family;
 mod history;
 mod nemesis;
 mod observers;
@@ -47,9 +48,10 @@ mod violation;
 mod workload;
 
 pub use checker::{check, cut_races, Kind, Rules, Violation, CUT_NOTICE};
+pub use family::Family;
 pub use history::{Event, History, LeaseId, Op, NOBODY};
 pub use nemesis::{Rng, FAULT_KINDS};
 pub use report::{quantile, Report};
 pub use store::FencedStore;
 pub use timeline::draw;
-pub use workload::{run, seed, Family, Workload};
+pub use workload::{run, seed, Workload};
