@@ -548,7 +548,11 @@ async fn lost_release_still_frees(
     let (t, holder, other, name) = holder_and_other(h, tag).await?;
     let lease = holder.lock.try_acquire(&name, &long_opts(h)).await?;
     let lease = held(lease, "holder")?;
-    let delay = (t.ttl / 5).clamp(Duration::from_millis(50), Duration::from_millis(200));
+    // The cut must find the request still in the link: half the delay is how late the
+    // release's task may start. With a fifth of a 200 ms TTL (25 ms), eight test lanes on two
+    // cores started it later once, and a driver that sends its release only once passed
+    // (2026-11-30); half the TTL, at least 100 ms, leaves it 50 ms at the least.
+    let delay = (t.ttl / 2).clamp(Duration::from_millis(100), Duration::from_millis(400));
     holder.link.set(Fault::Delay(delay));
     let release = if by_drop {
         drop(lease);
