@@ -284,7 +284,7 @@ fn a_cut_session_holder_racing_its_successor_is_a_race_only_within_the_notice() 
 /// On a loaded machine the whole process learns of a cut late: the notice counts from when
 /// the nemesis's witness on the holder's link saw the close ([`Op::CutSeen`]), and only from
 /// the first witness of that holder's latest cut — never another client's, never an earlier
-/// cut's. Holder cut at 50 ms, its witness saw it at 80 ms, the successor granted at 80.2 ms.
+/// cut's. Holder cut at 50 ms, its witness saw it at 80 ms, the successor granted at 81 ms.
 #[test]
 fn a_cut_race_notice_counts_from_the_holders_witness() {
     let race = |lost_ms: u64, seen: &[(u64, usize)]| {
@@ -296,17 +296,7 @@ fn a_cut_race_notice_counts_from_the_holders_witness() {
         for &(at, client) in seen {
             h.at(at, client, Op::CutSeen);
         }
-        let granted = h.ms(80) + Duration::from_micros(200);
-        h.events.push(Event {
-            at: granted,
-            client: 2,
-            name: 0,
-            op: Op::Granted {
-                lease: 1,
-                token: Some(2),
-                valid_until: h.ms(1080),
-            },
-        });
+        h.grant(81, 2, 1, 2, 1081);
         h.at(lost_ms, 1, Op::LostSignal { lease: 0 });
         let k = h.kinds_with(2000, true);
         k.contains(&Kind::Overlap)
