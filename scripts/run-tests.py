@@ -113,7 +113,32 @@ class Binary:
             else:
                 say(f"\n==== FAILED {self.label()} (lane {self.lane}, {took:.1f} s), "
                     f"its whole output ({log}):\n{text}\n==== end of {self.label()}\n")
+                DIGESTS.append((self.label(), digest(text)))
         return code == 0
+
+
+# What each failed binary said about its failures, printed again at the very end: a whole
+# output can run to thousands of lines, and a reader of the last screen (or of CI's excerpt)
+# should see which promise broke and the evidence without scrolling back.
+DIGESTS = []
+
+
+def digest(text: str, most: int = 40) -> str:
+    """The failure messages of a test binary's output: from libtest's first `failures:` line
+    to its summary, at most `most` lines, each cut to 2,000 characters."""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip() == "failures:"), None)
+    if start is None:
+        # It did not get to its summary (a crash, an exit): its last lines say why.
+        part = lines[-most:]
+    else:
+        end = next((i for i in range(start, len(lines)) if lines[i].startswith("test result:")),
+                   len(lines))
+        part = lines[start:end + 1]
+    cut = [l if len(l) <= 2000 else l[:2000] + " [...]" for l in part if l.strip()]
+    if len(cut) > most:
+        cut = cut[:most] + [f"[... {len(cut) - most} more lines in the whole output above]"]
+    return "\n".join(cut)
 
 
 def build(cargo_args) -> list:
@@ -183,6 +208,8 @@ def main() -> int:
     times.write(f"{time.monotonic() - began:.1f}\tdoc tests ({' '.join(cargo_args)})\n")
     if doc != 0:
         failed.append("doc tests")
+    for label, text in DIGESTS:
+        say(f"\n==> why {label} failed (its failures; the whole output is above):\n{text}")
     if failed:
         say("\n==> FAILED: " + "; ".join(failed))
         return 1

@@ -6,6 +6,11 @@
 //! blocking socket or file call, a lock held across a wait) keeps the ticker from running, and
 //! the gap it sees names what the driver was doing. A poll that only computes takes
 //! microseconds; a blocking wait, as long as what it waits for.
+//!
+//! The time the thread spent waiting for a CPU is not the driver's: on a loaded machine (the
+//! test lanes run eight binaries on two cores) the scheduler alone can leave a runnable thread
+//! aside for 50 ms. Where Linux reports it (`/proc/thread-self/schedstat`, the run-queue delay),
+//! a gap counts without that wait; what remains is time the thread ran or slept in a call.
 
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -263,8 +268,8 @@ async fn under_faults(h: &dyn Harness, ticker: &Ticker) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A task that wakes every millisecond and notes each gap of [`BLOCKED`] or more, with what
-/// the calls were doing during it.
+/// A task that wakes every millisecond and notes each gap of [`BLOCKED`] or more, not counting
+/// the time its thread waited for a CPU, with what the calls were doing during it.
 struct Ticker {
     /// When each of the calls' steps began, in order.
     steps: Arc<Mutex<Vec<(Instant, &'static str)>>>,
@@ -281,16 +286,28 @@ impl Ticker {
         let (ticking, first) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let started = Instant::now();
+            // Opened here: the ticker runs on the runtime's one thread, the thread it measures.
+            let queue = RunQueue::of_this_thread();
             let _ = ticking.send(());
+            let mut waited_before = queue.waited();
             loop {
                 let before = Instant::now();
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 let gap = before.elapsed();
-                if gap >= BLOCKED {
+                if gap < BLOCKED {
+                    waited_before = queue.waited();
+                    continue;
+                }
+                let waited_after = queue.waited();
+                let waited = waited_after.saturating_sub(waited_before).min(gap);
+                waited_before = waited_after;
+                if gap - waited >= BLOCKED {
                     let during = during(&d.lock(), before, before + gap);
                     let at = before - started;
-                    s.lock()
-                        .push(format!("{gap:.0?} during {during} ({at:.0?} in)"));
+                    s.lock().push(format!(
+                        "{gap:.0?} during {during} ({at:.0?} in; {waited:.0?} of it waiting for \
+                         a CPU)"
+                    ));
                 }
             }
         });
@@ -313,6 +330,32 @@ impl Ticker {
     }
 }
 
+/// The time a thread has spent runnable but waiting for a CPU, read from
+/// `/proc/thread-self/schedstat` (its second field, nanoseconds): zero where the system does
+/// not report it, so that every gap counts whole there.
+struct RunQueue(Option<std::fs::File>);
+
+impl RunQueue {
+    /// The calling thread's: the file names the thread that opens it.
+    fn of_this_thread() -> Self {
+        RunQueue(std::fs::File::open("/proc/thread-self/schedstat").ok())
+    }
+
+    /// The run-queue delay so far. Read again from offset 0: the kernel writes the figures
+    /// afresh on each read. A quick read of a kernel counter, not a wait for a device.
+    fn waited(&self) -> Duration {
+        use std::os::unix::fs::FileExt;
+        let Some(file) = &self.0 else {
+            return Duration::ZERO;
+        };
+        let mut buf = [0u8; 96];
+        let n = file.read_at(&mut buf, 0).unwrap_or(0);
+        let text = std::str::from_utf8(&buf[..n]).unwrap_or("");
+        let ns = text.split_whitespace().nth(1).and_then(|f| f.parse().ok());
+        Duration::from_nanos(ns.unwrap_or(0))
+    }
+}
+
 /// The steps under way at some time in `from..to`: the one begun last before `from`, and
 /// those begun in between.
 fn during(steps: &[(Instant, &'static str)], from: Instant, to: Instant) -> String {
@@ -322,4 +365,57 @@ fn during(steps: &[(Instant, &'static str)], from: Instant, to: Instant) -> Stri
         .map(|(_, what)| *what)
         .collect();
     names.join(" / ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunQueue;
+    use std::time::{Duration, Instant};
+
+    /// The exemption covers waiting for a CPU and nothing else: a thread asleep in a call
+    /// (what a blocking driver does) gains no run-queue delay, so its gap counts whole.
+    #[test]
+    fn sleeping_in_a_call_is_not_waiting_for_a_cpu() {
+        let queue = RunQueue::of_this_thread();
+        let before = queue.waited();
+        std::thread::sleep(Duration::from_millis(200));
+        let waited = queue.waited() - before;
+        assert!(
+            waited < Duration::from_millis(50),
+            "200 ms asleep were counted as {waited:?} of waiting for a CPU"
+        );
+    }
+
+    /// Where Linux reports it, a thread among many more busy threads than cores waits for a
+    /// CPU most of the time, and the reading says so (not its time on a CPU, the file's
+    /// first field, which would be a small share): without it every gap on a loaded machine
+    /// would count whole.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn competing_for_a_cpu_is_seen() {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let busy = cores * 7;
+        let spin = |for_: Duration| {
+            let until = Instant::now() + for_;
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        };
+        let queue = RunQueue::of_this_thread();
+        let (before, began) = (queue.waited(), Instant::now());
+        std::thread::scope(|s| {
+            for _ in 0..busy {
+                s.spawn(|| spin(Duration::from_millis(400)));
+            }
+            spin(Duration::from_millis(400));
+        });
+        let (waited, took) = (queue.waited() - before, began.elapsed());
+        assert!(
+            waited >= took / 2,
+            "{took:?} among {busy} busy threads on {cores} cores (a share of about {:.0} %), \
+             yet only {waited:?} waiting for a CPU reported: is /proc/thread-self/schedstat \
+             missing, or its wrong field read?",
+            100.0 * cores as f64 / (busy + 1) as f64
+        );
+    }
 }
