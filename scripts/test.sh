@@ -70,6 +70,9 @@ cargo clippy -p lock-redis --all-targets --features tls -- -D warnings
 cargo clippy -p lock-redlock --all-targets --features tls -- -D warnings
 cargo clippy -p lock-etcd --all-targets --features tls -- -D warnings
 cargo clippy -p lock-postgres --all-targets --features tls -- -D warnings
+step "telemetry compiled out (lock-core without default features): nothing recorded"
+cargo clippy -p lock-core --all-targets --no-default-features -- -D warnings
+cargo test -p lock-core --no-default-features --lib telemetry_off
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo package (every publishable crate; no upload)"

@@ -7,6 +7,8 @@
 //! came from and used only while that one is installed, so the no-op handles taken before an
 //! application installed its recorder are never used after. With the lock name as a label
 //! (unbounded values), nothing is kept.
+//!
+//! Built without the `telemetry` feature, every handle is a no-op one, with no look-up.
 
 use std::cell::RefCell;
 
@@ -97,6 +99,9 @@ pub(crate) fn counter(
     name: &LockName,
     more: &[(&'static str, &'static str)],
 ) -> Counter {
+    if !cfg!(feature = "telemetry") {
+        return Counter::noop();
+    }
     handle(&COUNTERS, metric, backend, name, more, |m, l| {
         metrics::counter!(m, l)
     })
@@ -109,6 +114,9 @@ pub(crate) fn gauge(
     name: &LockName,
     more: &[(&'static str, &'static str)],
 ) -> Gauge {
+    if !cfg!(feature = "telemetry") {
+        return Gauge::noop();
+    }
     handle(&GAUGES, metric, backend, name, more, |m, l| {
         metrics::gauge!(m, l)
     })
@@ -121,12 +129,15 @@ pub(crate) fn histogram(
     name: &LockName,
     more: &[(&'static str, &'static str)],
 ) -> Histogram {
+    if !cfg!(feature = "telemetry") {
+        return Histogram::noop();
+    }
     handle(&HISTOGRAMS, metric, backend, name, more, |m, l| {
         metrics::histogram!(m, l)
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "telemetry"))]
 mod tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -182,3 +193,9 @@ mod tests {
         );
     }
 }
+
+/// Built without the `telemetry` feature (`cargo test -p lock-core --no-default-features --lib
+/// telemetry_off`, a step of `scripts/test.sh`).
+#[cfg(all(test, not(feature = "telemetry")))]
+#[path = "handles_off_tests.rs"]
+mod telemetry_off;

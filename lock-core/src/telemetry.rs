@@ -7,6 +7,10 @@
 //! recorded. The lock name is a span field always, and a metric label only after
 //! [`label_lock_names`]`(true)`: one label value per name is a series per name.
 //!
+//! Built without the `telemetry` cargo feature (on by default in every crate of distlock; off
+//! with `default-features = false` on each that the application depends on), no span is made
+//! and no metric recorded, whatever is installed; the AtRisk and Lost events are still logged.
+//!
 //! ```
 //! use lock_core::telemetry::{self, metric, label};
 //! assert_eq!(metric::ACQUISITIONS, "lock.acquisitions");
@@ -30,7 +34,7 @@ use crate::{Error, FencingToken, LockName, LockOptions};
 /// at its every enter, exit and drop — a third of what the memory driver's cycle cost over
 /// its cycle without telemetry. Events (AtRisk, Lost) still reach `log`.
 fn spans_on() -> bool {
-    tracing::dispatcher::has_been_set()
+    cfg!(feature = "telemetry") && tracing::dispatcher::has_been_set()
 }
 
 /// Why a lease was lost: the `lock.loss.reason` label and event field.
