@@ -33,7 +33,8 @@ zk lock-zookeeper single::safety::soak ZooKeeper,_single
 zk-ensemble lock-zookeeper ensemble::safety::soak ZooKeeper,_ensemble_of_3
 etcd lock-etcd single::safety::soak etcd,_single
 etcd-cluster lock-etcd cluster::safety::soak etcd,_cluster_of_3
-postgres lock-postgres safety::soak PostgreSQL"
+postgres lock-postgres safety::soak PostgreSQL
+postgres-shared lock-postgres shared_sessions::safety::soak PostgreSQL,_shared_sessions=2"
 
 wanted=("$@")
 status=0

@@ -411,10 +411,7 @@ fn terminate_holder(key: &str) {
     run_tool(
         "psql",
         &[
-            &format!(
-                "host=127.0.0.1 port={} user=locker dbname=postgres",
-                servers::port("pg")
-            ),
+            &test_support::pg_conninfo("pg"),
             "-Atc",
             &format!(
                 "SELECT pg_terminate_backend(pid) FROM pg_locks \

@@ -36,6 +36,9 @@ pub(crate) enum Backend {
     EtcdCluster,
     /// One PostgreSQL server.
     Postgres,
+    /// The same server, the driver's exclusive locks on at most 4 shared sessions
+    /// (`shared_sessions=4`); the same baselines.
+    PostgresShared,
 }
 
 /// The name a [`ValueEnum`] value has on the command line (and in the results).
@@ -112,7 +115,9 @@ impl Endpoints {
             Backend::Etcd | Backend::EtcdCluster => {
                 server_probes::etcd_grpc_messages_received(&self.etcd(backend)?.0).await
             }
-            Backend::Postgres => server_probes::pg_statements(&self.pg_url).await,
+            Backend::Postgres | Backend::PostgresShared => {
+                server_probes::pg_statements(&self.pg_url).await
+            }
         }
     }
 }
@@ -136,7 +141,9 @@ impl Endpoints {
             Backend::Zookeeper | Backend::ZookeeperEnsemble => {
                 server_probes::zk_connections(self.zk(backend)?.0).await
             }
-            Backend::Postgres => server_probes::pg_sessions(&self.pg_url).await,
+            Backend::Postgres | Backend::PostgresShared => {
+                server_probes::pg_sessions(&self.pg_url).await
+            }
             Backend::Memory | Backend::Etcd | Backend::EtcdCluster => None,
         }
     }
@@ -159,7 +166,7 @@ pub(crate) async fn baselines_for(
     use crate::{etcd_baselines, pg_baselines, redis_baselines, zk_baselines};
     match (backend, mode) {
         (_, Mode::Exclusive) => {}
-        (Backend::Postgres, Mode::Shared) => {
+        (Backend::Postgres | Backend::PostgresShared, Mode::Shared) => {
             return Ok(vec![Arc::new(
                 pg_baselines::PgFloor::connect_as(&ep.pg_url, true).await?,
             )])
@@ -206,7 +213,7 @@ pub(crate) async fn baselines_for(
                 Arc::new(etcd_baselines::LockRpc::connect(&eps, label).await?),
             ]
         }
-        Backend::Postgres => vec![
+        Backend::Postgres | Backend::PostgresShared => vec![
             Arc::new(pg_baselines::PgFloor::connect(&ep.pg_url).await?),
             Arc::new(pg_baselines::SqlxLock::connect(&ep.pg_url).await?),
         ],
@@ -276,6 +283,7 @@ pub(crate) async fn connect(
             )
         }
         Backend::Postgres => format!("{}?sslmode=disable", ep.pg_url),
+        Backend::PostgresShared => format!("{}?sslmode=disable&shared_sessions=4", ep.pg_url),
     };
     distlock::connect(&url).await.map_err(|e| e.to_string())
 }

@@ -202,6 +202,8 @@ pub(crate) struct Opener {
     pub(crate) sql: Sql,
     /// Sessions kept open between leases.
     pub(crate) idle: Pool,
+    /// Sessions that locks granted at once share (`shared_sessions`; none by default).
+    pub(crate) shared: crate::shared::SharedSessions,
 }
 
 /// A connection with its server settings made, not yet prepared.
@@ -222,6 +224,7 @@ impl Opener {
             // Until `ensure_table` has looked: elections only where the table has the column.
             sql: Sql::for_table(config.table(), false),
             idle: Pool::default(),
+            shared: crate::shared::SharedSessions::new(config.shared_sessions()),
             config,
         })
     }

@@ -40,6 +40,7 @@ pub struct PgConfig {
     connect_timeout: Duration,
     session_timeout: Duration,
     table: String,
+    shared_sessions: usize,
 }
 
 impl PgConfig {
@@ -58,6 +59,7 @@ impl PgConfig {
             connect_timeout: Duration::from_secs(10),
             session_timeout: Duration::from_secs(6),
             table: "distlock_fencing".into(),
+            shared_sessions: 0,
         }
     }
 
@@ -70,7 +72,8 @@ impl PgConfig {
     /// `connect_timeout_ms`, or libpq's `connect_timeout` in seconds (up to a day: libpq's 0
     /// for "no limit" is refused), `application_name`, and distlock's own
     /// `session_timeout_ms` (how long the server keeps the session, and its locks, of a
-    /// client that vanished) and `table` (the fencing counter's table, `[schema.]name`); the
+    /// client that vanished), `table` (the fencing counter's table, `[schema.]name`) and
+    /// `shared_sessions` (see [`with_shared_sessions`](Self::with_shared_sessions)); the
     /// table is [`PgConfig::URL_PARAMS`]. Unknown or repeated parameters are refused, and so is
     /// one given under both its spellings.
     ///
@@ -164,6 +167,9 @@ impl PgConfig {
             c.with_session_timeout(v.millis()?)
         }),
         Param::new("table", |c: Self, v| c.with_table(v.raw())),
+        Param::new("shared_sessions", |c: Self, v| {
+            c.with_shared_sessions(v.number()?)
+        }),
     ];
 
     // with_credentials and user: a password login (scram-sha-256 or md5, as the server asks).
@@ -235,6 +241,44 @@ impl PgConfig {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
+    /// How many sessions the locks this client takes without waiting share (0: a session per
+    /// lock). See [`with_shared_sessions`](Self::with_shared_sessions).
+    pub fn shared_sessions(&self) -> usize {
+        self.shared_sessions
+    }
+
+    /// Locks granted at once (a `try_acquire`, or an `acquire` that finds the lock free) are
+    /// taken on one of at most `n` sessions that they share, instead of a session each: a
+    /// service holding 1,000 locks needs `n` connections, not 1,000. An `acquire` that has to
+    /// wait still waits on a session of its own (the server's lock queue blocks the session
+    /// that waits) and keeps it while it holds the lock. The price: when a shared session
+    /// ends (its connection cut, its backend terminated, a request on it unanswered), every
+    /// lock on it is lost at once, and each of their leases says so. `0` (the default): a
+    /// session per lock. At most [`MAX_SHARED_SESSIONS`](Self::MAX_SHARED_SESSIONS).
+    ///
+    /// ```
+    /// use lock_postgres::PgConfig;
+    /// let c = PgConfig::from_url("postgres://app@db/app?shared_sessions=4")?;
+    /// assert_eq!(c.shared_sessions(), 4);
+    /// assert!(PgConfig::from_url("postgres://app@db/app?shared_sessions=1000").is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn with_shared_sessions(mut self, n: usize) -> Result<Self> {
+        if n > Self::MAX_SHARED_SESSIONS {
+            return Err(Error::config(format!(
+                "PostgreSQL shared_sessions={n}: at most {} (each is a server connection; 0 \
+                 gives each lock a session of its own)",
+                Self::MAX_SHARED_SESSIONS
+            )));
+        }
+        self.shared_sessions = n;
+        Ok(self)
+    }
+
+    /// The most sessions [`with_shared_sessions`](Self::with_shared_sessions) takes: the
+    /// point is a few connections, not a pool the size of the server's limit.
+    pub const MAX_SHARED_SESSIONS: usize = 64;
+
     /// The fencing counters' table.
     pub fn table(&self) -> &str {
         &self.table

@@ -11,6 +11,7 @@ use lock_core::{Error, LockName, Result};
 use crate::client::Opener;
 use crate::config::BACKEND;
 use crate::session::Session;
+use crate::shared::SharedSession;
 
 pub(crate) struct PgLeaseOps {
     opener: Arc<Opener>,
@@ -24,12 +25,15 @@ pub(crate) struct PgLeaseOps {
     valued: bool,
     /// The lease's current `valid_until`, as the confirmations moved it.
     valid_until: parking_lot::Mutex<Instant>,
+    /// The session is shared with other leases (`shared_sessions`): it is not closed when
+    /// this lease ends, so its key is unlocked (or, if that fails, the session is ended).
+    shared: Option<Arc<SharedSession>>,
 }
 
 impl PgLeaseOps {
     pub(crate) fn new(
         opener: Arc<Opener>,
-        session: Session,
+        session: Arc<Session>,
         key: i64,
         name: LockName,
         mode: lock_core::Mode,
@@ -38,12 +42,37 @@ impl PgLeaseOps {
     ) -> Self {
         PgLeaseOps {
             opener,
-            session: parking_lot::Mutex::new(Some(Arc::new(session))),
+            session: parking_lot::Mutex::new(Some(session)),
             key,
             name,
             mode,
             valued,
             valid_until: parking_lot::Mutex::new(valid_until),
+            shared: None,
+        }
+    }
+
+    /// A lease on a shared session, whose key is claimed there.
+    pub(crate) fn on_shared(mut self, shared: Arc<SharedSession>) -> Self {
+        *self.session.get_mut() = Some(shared.session.clone());
+        self.shared = Some(shared);
+        self
+    }
+
+    /// The lease is over while its session may still hold the lock: a session of its own is
+    /// closed (dropped); a shared one, whose other leases live on, is ended as well, since
+    /// its requests go unanswered or the lock cannot be vouched for.
+    fn close(&self) {
+        if let (Some(_), Some(shared)) = (self.take(), &self.shared) {
+            shared.close();
+        }
+    }
+
+    /// The server let go of the key for this session (an unlock answered, or a check that
+    /// found it not held): another lease may ask for it on the shared session.
+    fn let_go(&self) {
+        if let Some(shared) = &self.shared {
+            shared.unclaim(self.key);
         }
     }
 
@@ -97,7 +126,7 @@ impl LeaseOps for PgLeaseOps {
     async fn renew(&self) -> Result<Instant> {
         let session = self.current().ok_or_else(|| self.ended("was closed"))?;
         if session.is_closed() {
-            drop(self.take());
+            self.close();
             return Err(self.ended("ended (connection closed or backend terminated)"));
         }
         let mut expired = CloseIfExpired {
@@ -105,29 +134,46 @@ impl LeaseOps for PgLeaseOps {
             at: self.valid_until(),
             armed: true,
         };
-        let start = Instant::now();
+        let bound = self.opener.config.session_timeout();
+        let mut start = Instant::now();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
-        let check = session.client.query_one(&session.stmts.check, &params);
+        let check = async {
+            match &self.shared {
+                // The session's life vouches for the lock (see `SharedSession::confirm`).
+                Some(shared) => {
+                    start = shared.confirm(bound / 6).await?;
+                    Ok(true)
+                }
+                None => session
+                    .client
+                    .query_one(&session.stmts.check, &params)
+                    .await
+                    .and_then(|r| r.try_get::<_, bool>(0)),
+            }
+        };
         // Unanswered at valid_until: the lease is over (the guard closes the connection).
         let Ok(held) = tokio::time::timeout_at(expired.at.into(), check).await else {
             return Err(self.ended("unconfirmed at valid_until; connection closed"));
         };
-        let held = held.and_then(|r| r.try_get::<_, bool>(0));
         expired.armed = false;
         let outcome = match held {
             Ok(true) => {
-                let bound = self.opener.config.session_timeout();
                 let until = start + bound - drift(bound);
                 *self.valid_until.lock() = until;
                 return Ok(until);
             }
-            Ok(false) => Error::not_held(&self.name),
+            Ok(false) => {
+                // Not held by this session: nothing of this lease's stays in it.
+                self.let_go();
+                drop(self.take());
+                return Err(Error::not_held(&self.name));
+            }
             Err(e) if session.is_closed() || ends_session(&e) => {
                 self.ended("ended (connection closed or backend terminated)")
             }
             Err(e) => return Err(self.opener.error(e)),
         };
-        drop(self.take());
+        self.close();
         Err(outcome)
     }
 
@@ -179,7 +225,10 @@ impl LeaseOps for PgLeaseOps {
         };
         let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
             // Closing the connection ends the session, and the lock with it, once the server
-            // hears of it (or its keepalive gives up).
+            // hears of it (or its keepalive gives up); a shared one's other leases with it.
+            if let Some(shared) = &self.shared {
+                shared.close();
+            }
             return Err(Error::unavailable(
                 BACKEND,
                 format!("unlock unanswered after {bound:?}; connection closed instead"),
@@ -188,17 +237,28 @@ impl LeaseOps for PgLeaseOps {
         let unlocked = unlocked.and_then(|r| r.try_get::<_, bool>(0));
         match unlocked {
             Ok(true) => {
+                self.let_go();
+                // A shared session stays with the others (its Arc is not this lease's alone).
                 if let Ok(s) = Arc::try_unwrap(session) {
                     self.opener.idle.put_back(s);
                 }
                 Ok(())
             }
-            Ok(false) => Err(Error::not_held(&self.name)),
+            Ok(false) => {
+                self.let_go();
+                Err(Error::not_held(&self.name))
+            }
             Err(e) if session.is_closed() || ends_session(&e) => {
                 Err(self.ended("ended before the release"))
             }
-            // Dropping the session closes the connection: the lock goes with the session.
-            Err(e) => Err(self.opener.error(e)),
+            // Dropping the session closes the connection: the lock goes with the session. A
+            // shared one is ended: the unlock's outcome is unknown.
+            Err(e) => {
+                if let Some(shared) = &self.shared {
+                    shared.close();
+                }
+                Err(self.opener.error(e))
+            }
         }
     }
 
@@ -212,9 +272,14 @@ impl LeaseOps for PgLeaseOps {
     }
 
     /// As if the holder had crashed: the connection is closed without unlocking, and the
-    /// server frees the lock when it sees the session end.
+    /// server frees the lock when it sees the session end. A shared session lives on for its
+    /// other leases: the key is unlocked in the background instead (the session is ended if
+    /// that goes unanswered).
     fn abandon(&self) {
-        drop(self.take());
+        let session = self.take();
+        if let (Some(_), Some(shared)) = (session, &self.shared) {
+            shared.undo(self.key, self.opener.request_bound());
+        }
     }
 }
 
@@ -229,7 +294,18 @@ struct CloseIfExpired<'a> {
 impl Drop for CloseIfExpired<'_> {
     fn drop(&mut self) {
         if self.armed && Instant::now() >= self.at {
-            drop(self.ops.take());
+            self.ops.close();
+        }
+    }
+}
+
+/// A lease dropped while its session still held its key (no release ran: the runtime is
+/// gone, or its owner forgot it): a shared session, which lives on for other leases, must
+/// not keep the lock.
+impl Drop for PgLeaseOps {
+    fn drop(&mut self) {
+        if let (Some(_), Some(shared)) = (self.session.get_mut().take(), &self.shared) {
+            shared.undo(self.key, self.opener.request_bound());
         }
     }
 }

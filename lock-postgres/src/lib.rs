@@ -25,7 +25,10 @@
 //! sessions, the `statement_timeout` and `idle_session_timeout` an administrator may have set:
 //! they would cut a waiting acquire, or end a holder's idle session and free its lock.
 //!
-//! **What it costs.** A connection (a server process) per held or awaited lock. A waiter's
+//! **What it costs.** A connection (a server process) per held or awaited lock — or, with
+//! [`shared_sessions=N`](PgConfig::with_shared_sessions), at most `N` connections for every
+//! exclusive lock granted at once, one confirmation per session for all of them, and the
+//! loss of every lock of a session when it ends (see `docs/backends.md`). A waiter's
 //! statement holds a snapshot while it waits, which holds back the `xmin` horizon (and
 //! vacuum) for as long as it waits, like any long-running statement. Every grant writes one
 //! row (the counter), so it costs a commit.
@@ -137,6 +140,7 @@ mod lease;
 mod lock;
 mod pooler;
 mod session;
+mod shared;
 
 pub use client::advisory_key;
 pub use config::PgConfig;

@@ -17,6 +17,7 @@ use crate::config::BACKEND;
 use crate::family::Entered;
 use crate::lease::PgLeaseOps;
 use crate::session::{Session, Sql};
+use crate::shared::{self, GrantParams, Pick};
 use crate::PgConfig;
 
 /// A PostgreSQL lock client: sessions of its own, one per held or awaited lock.
@@ -75,7 +76,11 @@ impl PgLock {
             .await?;
         opener.sql = Sql::for_table(opener.config.table(), valued);
         opener.warn_unbounded(&first);
-        opener.idle.put_back(opener.prepare(first).await?);
+        let first = opener.prepare(first).await?;
+        // The first grant's session: a shared one where locks share them.
+        if let Some(first) = opener.shared.adopt(first) {
+            opener.idle.put_back(first);
+        }
         let bound = opener.config.session_timeout();
         Ok(PgLock {
             inner: Arc::new(Inner {
@@ -209,23 +214,7 @@ impl PgLock {
             // `pending` closes the session on the way out.
             Err(e) => return Err(e),
         };
-        let token: i64 = row
-            .try_get(0)
-            .map_err(|e| Error::backend(BACKEND, opener.scrub(&e)))?;
-        let pid: i32 = row
-            .try_get(1)
-            .map_err(|e| Error::backend(BACKEND, opener.scrub(&e)))?;
-        if pid != pending.session()?.pid {
-            return Err(self.pooled_after_all());
-        }
-        // The backend's detail of the grant, in the acquisition's span (docs/observability.md):
-        // the server process that holds it, as pg_locks and pg_stat_activity name it.
-        tracing::debug!(
-            lock.postgres.pid = pid,
-            "granted in the session of backend pid"
-        );
-        let token = u64::try_from(token)
-            .map_err(|_| Error::backend(BACKEND, format!("fencing counter {token} < 0")))?;
+        let token = self.granted_row(&row, pending.session()?.pid)?;
         // The server heard from this session when the statement arrived (after `sent`), so it
         // cannot end it before `sent + bound`: that bounds the lease also after a wait. Only a
         // wait long enough to eat a third of the bound is followed by a fresh confirmation.
@@ -256,25 +245,14 @@ impl PgLock {
         };
         let ops = PgLeaseOps::new(
             self.inner.opener.clone(),
-            session,
+            Arc::new(session),
             key,
             name.clone(),
             req.mode(),
             req.value().is_some(),
             grant.valid_until,
         );
-        // The session is confirmed in the background whatever the renewal option says: the
-        // lock lives as long as the session, so only confirmations can vouch for it.
-        let renewal = match req.opts().renewal {
-            Renewal::Manual => Renewal::Auto { max_hold: None },
-            auto => auto,
-        };
-        Ok(Some(Box::new(ManagedLease::new(
-            name.clone(),
-            grant,
-            renewal,
-            ops,
-        ))))
+        Ok(Some(self.managed(&req, grant, ops)))
     }
 
     /// A reader's or permit holder's locks (`family`), then its token: the try, and the wait
@@ -381,6 +359,99 @@ impl PgLock {
         Ok(Some((row, waited)))
     }
 
+    /// An exclusive try on a shared session (`shared_sessions`): the lease if granted, `None`
+    /// if the lock is held. A shared session that was open already may have died with the
+    /// server since: an error there earns one more try.
+    async fn try_shared(&self, req: &Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        let opener = &self.inner.opener;
+        let key = advisory_key(req.name());
+        let mut again = true;
+        loop {
+            let (shared, reused) = match opener.shared.pick(key) {
+                Pick::Claimed(s) => (s, true),
+                Pick::Busy => return Ok(None),
+                Pick::Open(slot) => (slot.fill(opener.session().await?, key), false),
+            };
+            let sent = Instant::now();
+            let params = GrantParams {
+                key,
+                name: req.name().as_str().to_owned(),
+                value: req.value().map(|v| v.as_bytes().to_vec()),
+                valued: opener.sql.valued,
+            };
+            let bound = opener.request_bound();
+            let row = match shared::try_grant(&shared, params, bound, |e| opener.error(e)).await {
+                Ok(Some(row)) => row,
+                Ok(None) => return Ok(None),
+                Err(e) if reused && again && e.is_retryable() && shared.session.is_closed() => {
+                    again = false;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            // From here to the lease nothing awaits: a grant cannot be dropped half-taken.
+            let granted = self.granted_row(&row, shared.session.pid);
+            let token = match granted {
+                Ok(token) => token,
+                Err(e) => {
+                    shared.undo(key, bound);
+                    return Err(e);
+                }
+            };
+            let timeout = opener.config.session_timeout();
+            let grant = Grant {
+                token: Some(FencingToken::new(token)),
+                ttl: req.ttl(),
+                valid_until: sent + timeout - drift(timeout),
+            };
+            let ops = PgLeaseOps::new(
+                opener.clone(),
+                shared.session.clone(),
+                key,
+                req.name().clone(),
+                Mode::Exclusive,
+                req.value().is_some(),
+                grant.valid_until,
+            )
+            .on_shared(shared);
+            return Ok(Some(self.managed(req, grant, ops)));
+        }
+    }
+
+    /// A grant's token, checked: the row's pid must be the session's (else a pooler is in
+    /// the way). Its detail goes to the acquisition's span.
+    fn granted_row(&self, row: &tokio_postgres::Row, session_pid: i32) -> Result<u64> {
+        let opener = &self.inner.opener;
+        let token: i64 = row
+            .try_get(0)
+            .map_err(|e| Error::backend(BACKEND, opener.scrub(&e)))?;
+        let pid: i32 = row
+            .try_get(1)
+            .map_err(|e| Error::backend(BACKEND, opener.scrub(&e)))?;
+        if pid != session_pid {
+            return Err(self.pooled_after_all());
+        }
+        // The backend's detail of the grant, in the acquisition's span (docs/observability.md):
+        // the server process that holds it, as pg_locks and pg_stat_activity name it.
+        tracing::debug!(
+            lock.postgres.pid = pid,
+            "granted in the session of backend pid"
+        );
+        u64::try_from(token)
+            .map_err(|_| Error::backend(BACKEND, format!("fencing counter {token} < 0")))
+    }
+
+    /// The lease of `grant`. The session is confirmed in the background whatever the renewal
+    /// option says: the lock lives as long as the session, so only confirmations can vouch
+    /// for it.
+    fn managed(&self, req: &Acquisition<'_>, grant: Grant, ops: PgLeaseOps) -> Box<dyn Lease> {
+        let renewal = match req.opts().renewal {
+            Renewal::Manual => Renewal::Auto { max_hold: None },
+            auto => auto,
+        };
+        Box::new(ManagedLease::new(req.name().clone(), grant, renewal, ops))
+    }
+
     fn pooled_after_all(&self) -> Error {
         Error::config(format!(
             "{}: the lock granted on this connection is not held by its session; a \
@@ -423,6 +494,16 @@ impl DistributedLock for PgLock {
     /// On a session of its own; a session kept idle may have died with the server since: an
     /// error there earns one more try on a new one.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+        if self.inner.opener.shared.enabled() && req.mode() == Mode::Exclusive {
+            if let Some(lease) = self.try_shared(&req).await? {
+                return Ok(Some(lease));
+            }
+            if matches!(req.deadline(), Deadline::Now) || req.deadline().passed() {
+                return Ok(None);
+            }
+            // Busy: the wait takes a session of its own (a waiting session serves nothing
+            // else), and keeps it while it holds the lock.
+        }
         let (session, reused) = self.session().await?;
         match self.contend_on(session, req).await {
             Err(e) if reused && e.is_retryable() && !req.deadline().passed() => {

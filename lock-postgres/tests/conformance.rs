@@ -1,7 +1,8 @@
 //! The shared conformance suite against a real PostgreSQL 15 (`PG_URL`, default
 //! `postgres://locker@{pg}/postgres`, from `scripts/services.sh up`), with the
 //! password server `pg-auth` and, with the `tls` feature, the TLS-only `pg-tls` for the
-//! `security` cases.
+//! `security` cases. Run twice: a session per lock (the default, unprefixed) and
+//! `shared_sessions::`, where locks granted at once share at most 2 sessions.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::process::ExitCode;
@@ -25,7 +26,13 @@ struct Pg {
     servers: Arc<ServicesSh>,
     /// Reads of the statement counter so far (each one is a statement).
     reads: AtomicU64,
+    /// The `security` cases' servers: run once, by the default configuration.
+    secured: bool,
 }
+
+/// How many sessions the `shared_sessions::` run's locks share: two, so that grants meet
+/// both on one session and across sessions.
+const SHARED: usize = 2;
 
 /// Where the harness's own statements go: the server, without TLS.
 fn admin_conninfo(config: &PgConfig) -> String {
@@ -106,6 +113,9 @@ impl Harness for Pg {
     }
     /// `pg-auth` (scram) and, with the `tls` feature, the TLS-only `pg-tls`.
     fn secured(&self) -> Option<Secured> {
+        if !self.secured {
+            return None;
+        }
         let secured = Secured::new(lock_postgres::DRIVER.connect, |p: &UrlParts<'_>| {
             let extra: &[&str] = if p.tls {
                 &["session_timeout_ms=2000", "sslmode=verify-full"]
@@ -144,9 +154,11 @@ impl Harness for Pg {
                 let mut config = self.config.clone();
                 let hosts: Vec<String> = keep.iter().map(|p| p.addr().to_string()).collect();
                 config = PgConfig::from_url(&format!(
-                    "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={}",
+                    "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={}\
+                     &shared_sessions={}",
                     hosts.join(","),
-                    config.session_timeout().as_millis()
+                    config.session_timeout().as_millis(),
+                    config.shared_sessions()
                 ))?;
                 Ok(Faulty::new(Arc::new(PgLock::connect(config).await?), keep))
             }
@@ -163,9 +175,22 @@ fn main() -> ExitCode {
         .with_session_timeout(SESSION)
         .expect("session timeout");
     let servers = Arc::new(ServicesSh::new(&["pg"], false).with_children());
-    conformance_tests::run_trials(conformance_tests::trials(Arc::new(Pg {
-        config,
-        servers,
+    let mut trials = conformance_tests::trials(Arc::new(Pg {
+        config: config.clone(),
+        servers: servers.clone(),
         reads: AtomicU64::new(0),
-    })))
+        secured: true,
+    }));
+    trials.extend(conformance_tests::trials_prefixed(
+        Arc::new(Pg {
+            config: config
+                .with_shared_sessions(SHARED)
+                .expect("shared sessions"),
+            servers,
+            reads: AtomicU64::new(0),
+            secured: false,
+        }),
+        "shared_sessions",
+    ));
+    conformance_tests::run_trials(trials)
 }

@@ -19,10 +19,7 @@ fn pg() -> String {
 
 /// A libpq conninfo for the server called `name`, as user `locker`.
 fn conninfo(name: &str) -> String {
-    format!(
-        "host=127.0.0.1 port={} user=locker dbname=postgres",
-        servers::port(name)
-    )
+    test_support::pg_conninfo(name)
 }
 const SESSION: Duration = Duration::from_secs(2);
 

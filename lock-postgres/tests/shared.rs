@@ -11,13 +11,7 @@ use lock_postgres::{advisory_key, PgLock};
 use test_support::servers;
 
 async fn sql() -> tokio_postgres::Client {
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=locker dbname=postgres",
-        servers::port("pg")
-    );
-    test_support::pg_client(&conninfo)
-        .await
-        .expect("the pg server of scripts/services.sh (scripts/services.sh up pg)")
+    test_support::pg_locker().await
 }
 
 /// `SELECT f($1)` for an advisory-lock function `f` returning a boolean.

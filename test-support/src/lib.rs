@@ -64,6 +64,26 @@ pub fn test_ca(server: &str) -> String {
     format!("{dir}/{server}/ca.crt")
 }
 
+/// A libpq conninfo for services.sh's PostgreSQL server `name` (`pg`, `pg-auth`, …) as user
+/// `locker`.
+pub fn pg_conninfo(name: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=locker dbname=postgres",
+        servers::port(name)
+    )
+}
+
+/// A plain client of services.sh's `pg` server as `locker`, for a test's own statements.
+///
+/// # Panics
+/// If the server cannot be reached: the message says how to start it.
+#[allow(clippy::expect_used)] // test support: a panic is the test's failure report
+pub async fn pg_locker() -> tokio_postgres::Client {
+    pg_client(&pg_conninfo("pg"))
+        .await
+        .expect("the pg server of scripts/services.sh (scripts/services.sh up pg)")
+}
+
 /// `127.0.0.1:port`, where `scripts/services.sh` runs its servers.
 pub fn loopback(port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], port))

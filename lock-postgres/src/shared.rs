@@ -1,0 +1,263 @@
+//! Sessions that many held locks share (`shared_sessions=N`): which session a grant is asked
+//! on, the keys each one holds or is asking for, and how a grant whose caller is gone is
+//! undone.
+//!
+//! Advisory locks are re-entrant within a session: a second request of a key the session
+//! holds is granted at once on the server. So a key is *claimed* on a session from before its
+//! request is sent until the server has let go of it (its unlock answered, or the session
+//! ended), and no two claims of one key meet on one session. A grant is asked by a task of
+//! its own: if the caller is gone when the answer comes (its future dropped, its request
+//! bound passed), the task unlocks what was granted, so no lock stays in a session that lives
+//! on for other leases.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::{Error, Result};
+use parking_lot::Mutex;
+use tokio_postgres::Row;
+
+use crate::config::BACKEND;
+use crate::session::Session;
+
+/// One shared session and the keys claimed on it.
+pub(crate) struct SharedSession {
+    pub(crate) session: Arc<Session>,
+    keys: Mutex<HashSet<i64>>,
+    /// When the latest confirmation that the session lives was sent, once answered: one
+    /// round trip vouches for every lock in the session.
+    confirmed: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl SharedSession {
+    fn new(session: Session, keys: HashSet<i64>) -> Self {
+        SharedSession {
+            session: Arc::new(session),
+            keys: Mutex::new(keys),
+            confirmed: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// When a request was sent that the session answered: a session advisory lock ends only
+    /// by an unlock in its own session (this driver's) or with the session, so a live
+    /// session vouches for each lock of its leases. One confirmation is shared by the leases
+    /// that ask within `fresh` of its sending (they wait for it when it is under way); the
+    /// others send one. Renewing N leases costs one request per session and period, not N.
+    pub(crate) async fn confirm(
+        &self,
+        fresh: Duration,
+    ) -> std::result::Result<Instant, tokio_postgres::Error> {
+        let mut last = self.confirmed.lock().await;
+        if let Some(at) = *last {
+            if at.elapsed() < fresh {
+                return Ok(at);
+            }
+        }
+        let sent = Instant::now();
+        self.session.client.simple_query("").await?;
+        *last = Some(sent);
+        Ok(sent)
+    }
+
+    /// The server no longer holds `key` for this session: another lease may ask for it here.
+    pub(crate) fn unclaim(&self, key: i64) {
+        self.keys.lock().remove(&key);
+    }
+
+    /// Ends the session at once (its connection task stops, the socket closes): the server
+    /// frees every lock in it, and every lease on it turns Lost as its connection closes.
+    /// For a request on it left unanswered, or a lock it may hold that nobody can unlock.
+    pub(crate) fn close(&self) {
+        self.session.task.abort();
+    }
+
+    /// Unlocks `key` in the background (a lease that ends without its release: abandoned,
+    /// or a grant nobody took), then lets go of the claim; closes the session if the unlock
+    /// is not answered within `bound`, or if there is no runtime to send it on.
+    pub(crate) fn undo(self: &Arc<Self>, key: i64, bound: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.close();
+            return;
+        };
+        let me = self.clone();
+        rt.spawn(async move {
+            let unlock = me.session.stmts.exclusive.unlock.clone();
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key];
+            let sent = me.session.client.query_one(&unlock, &params);
+            match tokio::time::timeout(bound, sent).await {
+                Ok(Ok(_)) => me.unclaim(key),
+                _ => me.close(),
+            }
+        });
+    }
+}
+
+/// The shared sessions of one client: at most `max`, opened as grants need them, kept while
+/// open.
+pub(crate) struct SharedSessions {
+    max: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: Vec<Arc<SharedSession>>,
+    /// Sessions being opened for a [`Reservation`].
+    opening: usize,
+}
+
+/// Where a grant of a key can be asked.
+pub(crate) enum Pick<'a> {
+    /// On this session, the key claimed on it (and whether it is new).
+    Claimed(Arc<SharedSession>),
+    /// On a session still to be opened: the slot is reserved.
+    Open(Reservation<'a>),
+    /// Every session (all `max` of them) has a claim on the key: this client holds it, or is
+    /// asking for it, already.
+    Busy,
+}
+
+impl SharedSessions {
+    pub(crate) fn new(max: usize) -> Self {
+        SharedSessions {
+            max,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Whether locks share sessions at all (`shared_sessions` > 0).
+    pub(crate) fn enabled(&self) -> bool {
+        self.max > 0
+    }
+
+    /// Keeps `session` (which holds nothing) as a shared one, if fewer than `max` are: the
+    /// connection's first session, so that the first grant needs no new one. Else it is
+    /// handed back.
+    pub(crate) fn adopt(&self, session: Session) -> Option<Session> {
+        let mut st = self.state.lock();
+        if st.sessions.len() + st.opening >= self.max {
+            return Some(session);
+        }
+        st.sessions
+            .push(Arc::new(SharedSession::new(session, HashSet::new())));
+        None
+    }
+
+    /// The session to ask for `key` on, spreading the locks over up to `max` sessions (one
+    /// backend process serves a session's requests one after the other, and a session's end
+    /// loses every lock in it): an open one that holds nothing, else a new one while fewer
+    /// than `max` are open or being opened, else the open one with the fewest claims. Never a
+    /// session with a claim on `key`.
+    pub(crate) fn pick(&self, key: i64) -> Pick<'_> {
+        let mut st = self.state.lock();
+        st.sessions.retain(|s| !s.session.is_closed());
+        let free = st.sessions.iter().find(|s| s.keys.lock().is_empty());
+        if let Some(s) = free {
+            s.keys.lock().insert(key);
+            return Pick::Claimed(s.clone());
+        }
+        if st.sessions.len() + st.opening < self.max {
+            st.opening += 1;
+            return Pick::Open(Reservation {
+                of: self,
+                filled: false,
+            });
+        }
+        let fewest = (st.sessions.iter())
+            .filter(|s| !s.keys.lock().contains(&key))
+            .min_by_key(|s| s.keys.lock().len());
+        match fewest {
+            Some(s) => {
+                s.keys.lock().insert(key);
+                Pick::Claimed(s.clone())
+            }
+            None => Pick::Busy,
+        }
+    }
+}
+
+/// A slot for a session being opened; given back if dropped unfilled (the opening failed or
+/// its future was dropped).
+pub(crate) struct Reservation<'a> {
+    of: &'a SharedSessions,
+    filled: bool,
+}
+
+impl Reservation<'_> {
+    /// The opened session joins the shared ones, with `key` claimed on it.
+    pub(crate) fn fill(mut self, session: Session, key: i64) -> Arc<SharedSession> {
+        self.filled = true;
+        let s = Arc::new(SharedSession::new(session, HashSet::from([key])));
+        let mut st = self.of.state.lock();
+        st.opening -= 1;
+        st.sessions.push(s.clone());
+        s
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.of.state.lock().opening -= 1;
+        }
+    }
+}
+
+/// The owned parameters of an exclusive grant: the key, the name, and the holder's value
+/// where the table keeps one (`valued`).
+pub(crate) struct GrantParams {
+    pub(crate) key: i64,
+    pub(crate) name: String,
+    pub(crate) value: Option<Vec<u8>>,
+    pub(crate) valued: bool,
+}
+
+/// Asks for `p.key` (claimed on `shared`) with the exclusive try, on a task of its own, and
+/// waits up to `bound` for the answer. The row of a grant, `None` if refused. If the caller
+/// is gone or `bound` passes first, the task undoes a grant when it comes; an error of the
+/// request unlocks the key too (a failed statement may have taken the lock before it failed),
+/// and the claim goes once the server has let go of it.
+pub(crate) async fn try_grant(
+    shared: &Arc<SharedSession>,
+    p: GrantParams,
+    bound: Duration,
+    error: impl Fn(tokio_postgres::Error) -> Error,
+) -> Result<Option<Row>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let me = shared.clone();
+    tokio::spawn(async move {
+        let stmt = me.session.stmts.exclusive.try_grant.clone();
+        let all: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&p.key, &p.name, &p.value];
+        let params = &all[..if p.valued { 3 } else { 2 }];
+        let answer = me.session.client.query_opt(&stmt, params).await;
+        let key = p.key;
+        match answer {
+            Ok(None) => {
+                me.unclaim(key);
+                let _ = tx.send(Ok(None));
+            }
+            Ok(Some(row)) => {
+                if let Err(Ok(Some(_))) = tx.send(Ok(Some(row))) {
+                    me.undo(key, bound); // nobody took the grant
+                }
+            }
+            Err(e) => {
+                me.undo(key, bound);
+                let _ = tx.send(Err(e));
+            }
+        }
+    });
+    match tokio::time::timeout(bound, rx).await {
+        Ok(Ok(Ok(row))) => Ok(row),
+        Ok(Ok(Err(e))) => Err(error(e)),
+        Ok(Err(_)) => Err(Error::unavailable(
+            BACKEND,
+            "the shared session's request task ended without an answer",
+        )),
+        Err(_) => Err(Error::unavailable(
+            BACKEND,
+            format!("no answer to the lock request within {bound:?} on a shared session"),
+        )),
+    }
+}

@@ -1,0 +1,239 @@
+//! `shared_sessions=N`: what the conformance suite's `shared_sessions::` run cannot see from
+//! outside a client. Many held locks on few connections; a client never granted a name twice
+//! because advisory locks are re-entrant in a session; a grant whose caller is gone is undone;
+//! a shared session's end loses exactly the leases on it; an abandoned lease frees its lock
+//! while its session lives on. Against the `pg` server of `scripts/services.sh`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use conformance_tests::{fresh_name, FaultProxy};
+use lock_core::{DistributedLock, LeaseState, LockName, LockOptions};
+use lock_postgres::{advisory_key, PgLock};
+use test_support::servers;
+
+const SESSION_MS: u64 = 2000;
+
+fn url(shared: usize) -> String {
+    servers::url(&format!(
+        "postgres://locker@{{pg}}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
+         &shared_sessions={shared}&application_name=distlock-shared-test"
+    ))
+}
+
+async fn sql() -> tokio_postgres::Client {
+    test_support::pg_locker().await
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new(Duration::from_millis(SESSION_MS))
+}
+
+/// The backend pids holding each of `names`' advisory keys.
+async fn holding_pids(c: &tokio_postgres::Client, names: &[LockName]) -> Vec<i32> {
+    let keys: Vec<i64> = names.iter().map(advisory_key).collect();
+    let rows = c
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+             AND ((classid::int8 << 32) | objid::int8) = ANY($1)",
+            &[&keys],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// 1,000 locks held by one client on at most 3 sessions: the server sees 1,000 advisory locks
+/// in at most 3 backends, every lease is Held, and releasing them all leaves none.
+#[tokio::test]
+async fn a_thousand_held_locks_on_three_sessions() {
+    let lock = PgLock::from_url(&url(3)).await.unwrap();
+    let names: Vec<LockName> = (0..1000).map(|_| fresh_name("shared-many")).collect();
+    let mut leases = Vec::new();
+    for n in &names {
+        leases.push(
+            lock.try_acquire(n, &opts())
+                .await
+                .unwrap()
+                .expect("a free name"),
+        );
+    }
+    let admin = sql().await;
+    let pids = holding_pids(&admin, &names).await;
+    let sessions: HashSet<i32> = pids.iter().copied().collect();
+    assert_eq!(pids.len(), 1000, "advisory locks held on the server");
+    assert!(
+        sessions.len() <= 3,
+        "1,000 locks on {} sessions",
+        sessions.len()
+    );
+    // Held past a confirmation round (a third of the session timeout), all of them.
+    tokio::time::sleep(Duration::from_millis(SESSION_MS / 2)).await;
+    assert!(leases.iter().all(|l| l.state() == LeaseState::Held));
+    for l in leases {
+        l.release().await.unwrap();
+    }
+    assert!(holding_pids(&admin, &names).await.is_empty());
+}
+
+/// Advisory locks are re-entrant in a session: a client that asked again for a name it holds
+/// must be refused, on one shared session and on two.
+#[tokio::test]
+async fn a_held_name_is_not_granted_again_to_its_own_client() {
+    for shared in [1, 2] {
+        let lock = PgLock::from_url(&url(shared)).await.unwrap();
+        let name = fresh_name("shared-twice");
+        let first = lock.try_acquire(&name, &opts()).await.unwrap().unwrap();
+        for _ in 0..3 {
+            let again = lock.try_acquire(&name, &opts()).await.unwrap();
+            assert!(
+                again.is_none(),
+                "shared_sessions={shared}: a held name was granted again to its own client"
+            );
+        }
+        // Nor by a wait that ends before the holder does.
+        let waited = lock
+            .acquire(&name, &opts().wait_for(Duration::from_millis(300)))
+            .await;
+        assert!(
+            matches!(waited, Err(lock_core::Error::Timeout { .. })),
+            "{waited:?}"
+        );
+        first.release().await.unwrap();
+        // The timed-out waiter's own session may hold it for a moment (the server grants a
+        // cancelled wait until it sees the connection close): a wait, not a try.
+        let next = lock
+            .acquire(&name, &opts().wait_for(Duration::from_secs(5)))
+            .await;
+        assert!(next.is_ok(), "the released name was refused: {next:?}");
+    }
+}
+
+/// A `try_acquire` whose future is dropped after its request reached the server (the grant
+/// made, its reply on the way through a slow link) leaves no lock behind in the shared
+/// session, which lives on: another client gets it within a request's time, not never.
+#[tokio::test]
+async fn a_dropped_try_leaves_no_lock_in_the_shared_session() {
+    let delay = Duration::from_millis(300);
+    let proxies = FaultProxy::in_front_of([servers::addr("pg")], Duration::ZERO).unwrap();
+    let slow_url = format!(
+        "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
+         &shared_sessions=1",
+        proxies[0].addr()
+    );
+    let slow = PgLock::from_url(&slow_url).await.unwrap();
+    // One lease keeps the shared session busy with something of its own.
+    let kept = slow
+        .try_acquire(&fresh_name("shared-kept"), &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    proxies[0].delay(delay);
+    let other = PgLock::from_url(&url(0)).await.unwrap();
+    let admin = sql().await;
+    let name = fresh_name("shared-dropped");
+    let attempt = {
+        let (slow, name) = (slow.clone(), name.clone());
+        tokio::spawn(async move { slow.try_acquire(&name, &opts()).await })
+    };
+    // Dropped the moment the grant shows on the server, its reply still on its way.
+    let sent = Instant::now();
+    while holding_pids(&admin, std::slice::from_ref(&name))
+        .await
+        .is_empty()
+    {
+        assert!(
+            sent.elapsed() < delay * 20,
+            "the try never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    attempt.abort();
+    let dropped_at = Instant::now();
+    proxies[0].delay(Duration::ZERO);
+    let next = other
+        .acquire(&name, &opts().wait_for(Duration::from_secs(10)))
+        .await;
+    let took = dropped_at.elapsed();
+    assert!(
+        next.is_ok(),
+        "the dropped grant stayed in the shared session: {next:?}"
+    );
+    assert!(
+        took < delay * 4 + Duration::from_millis(500),
+        "freed {took:?} after the try was dropped (a request takes {delay:?} each way)"
+    );
+    assert_eq!(kept.state(), LeaseState::Held, "the shared session's lease");
+    next.unwrap().release().await.unwrap();
+    kept.release().await.unwrap();
+}
+
+/// When a shared session ends (its backend terminated), every lease on it is Lost, and only
+/// those: the leases on the client's other session stay Held.
+#[tokio::test]
+async fn a_shared_sessions_end_loses_exactly_its_leases() {
+    let lock = PgLock::from_url(&url(2)).await.unwrap();
+    let names: Vec<LockName> = (0..40).map(|_| fresh_name("shared-end")).collect();
+    let mut leases = Vec::new();
+    for n in &names {
+        leases.push(lock.try_acquire(n, &opts()).await.unwrap().unwrap());
+    }
+    let admin = sql().await;
+    // Which session holds which: a grant's session is the backend pid holding its key.
+    let mut on = Vec::new();
+    for n in &names {
+        on.push(holding_pids(&admin, std::slice::from_ref(n)).await[0]);
+    }
+    let victim = on[0];
+    let spared: HashSet<i32> = on.iter().copied().filter(|p| *p != victim).collect();
+    assert!(
+        !spared.is_empty(),
+        "40 locks all on one of two sessions: the test needs both in use"
+    );
+    admin
+        .query("SELECT pg_terminate_backend($1)", &[&victim])
+        .await
+        .unwrap();
+    for (lease, pid) in leases.iter().zip(&on).filter(|(_, p)| **p == victim) {
+        let lost = tokio::time::timeout(Duration::from_millis(SESSION_MS), lease.lost()).await;
+        assert!(
+            lost.is_ok(),
+            "a lease on the ended session {pid} was not told"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(SESSION_MS / 2)).await;
+    for (lease, pid) in leases.iter().zip(&on) {
+        let expected = if *pid == victim {
+            LeaseState::Lost
+        } else {
+            LeaseState::Held
+        };
+        assert_eq!(lease.state(), expected, "a lease on session {pid}");
+    }
+    // The lost names are free; the client grants them again, on a session that lives.
+    for (n, _) in names.iter().zip(&on).filter(|(_, p)| **p == victim) {
+        let again = lock.try_acquire(n, &opts()).await.unwrap();
+        assert!(again.is_some(), "{n} still held after its session ended");
+    }
+}
+
+/// An abandoned lease on a shared session frees its lock at once (the session lives on for
+/// the others, so it is unlocked rather than closed), and the others stay Held.
+#[tokio::test]
+async fn an_abandoned_lease_frees_its_lock_and_spares_the_session() {
+    let lock = PgLock::from_url(&url(1)).await.unwrap();
+    let other = PgLock::from_url(&url(0)).await.unwrap();
+    let (a, b) = (fresh_name("shared-abandon"), fresh_name("shared-stays"));
+    let abandoned = lock.try_acquire(&a, &opts()).await.unwrap().unwrap();
+    let stays = lock.try_acquire(&b, &opts()).await.unwrap().unwrap();
+    abandoned.abandon();
+    let next = other
+        .acquire(&a, &opts().wait_for(Duration::from_secs(1)))
+        .await;
+    assert!(next.is_ok(), "the abandoned lock was not freed: {next:?}");
+    assert!(other.try_acquire(&b, &opts()).await.unwrap().is_none());
+    tokio::time::sleep(Duration::from_millis(SESSION_MS / 2)).await;
+    assert_eq!(stays.state(), LeaseState::Held);
+    stays.release().await.unwrap();
+}
