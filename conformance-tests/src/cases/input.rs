@@ -276,8 +276,28 @@ pub async fn names_differing_in_punctuation_are_independent(
             }
         }
     }
+    // A lease the driver already reported AtRisk or Lost (a ZooKeeper session that expired
+    // on a starved machine: CI of df761a6) may fail its release: a loss this case is not
+    // about, and no sign of two names on one key, which shows as a refused try above, or as
+    // a release refused while the lease is Held, which still fails here.
+    let mut lost = Vec::new();
     for l in leases {
-        l.release().await?;
+        let state = l.state();
+        let name = l.name().to_string();
+        match l.release().await {
+            Ok(()) => {}
+            Err(e) if state != lock_core::LeaseState::Held => lost.push(format!("{name} ({e})")),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !lost.is_empty() {
+        eprintln!(
+            "{}: {} leases were already AtRisk or Lost before their release, which then \
+             failed: {}",
+            super::case_name!(input::names_differing_in_punctuation_are_independent),
+            lost.len(),
+            lost.join("; ")
+        );
     }
     match failure {
         Some(f) => Err(Failure(f)),
