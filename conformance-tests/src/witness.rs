@@ -57,6 +57,14 @@ impl Witness {
         Witness { armed, seen }
     }
 
+    /// A witness of a link without sockets (the negative controls' simulated wire): armed at
+    /// once; `seen` resolves with the instant a task of this process was woken by the cut.
+    pub(crate) fn of_parts(seen: oneshot::Receiver<Instant>) -> Witness {
+        let (armed_tx, armed) = oneshot::channel();
+        let _ = armed_tx.send(());
+        Witness { armed, seen }
+    }
+
     /// Whether the proxy holds the connection, so a cut from now on closes it (`false`: it
     /// could not connect, or was not held within a second).
     pub async fn armed(&mut self) -> bool {
