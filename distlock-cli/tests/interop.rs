@@ -55,6 +55,9 @@ enum Client {
     /// kazoo's `Election`, identifier `kazoo-N`.
     KazooElect,
     RedisPy,
+    /// redis-py's `Lock` on the master its `Sentinel` finds (`master_for`).
+    RedisPySentinel,
+    RedisPyCluster,
     /// `psql` holding `pg_advisory_lock` on the key of the documented SQL expression.
     Psql,
     /// `psql` holding `pg_advisory_lock_shared` on that key.
@@ -106,6 +109,16 @@ impl Lock {
     /// Plain keys with no prefix: distlock's lock `n` is redis-py's `r.lock("n")`.
     fn redis(tag: &str) -> Lock {
         Lock::new(servers::url("redis://{redis}?keys=plain&prefix="), tag)
+    }
+    /// The same, through the sentinels of the Sentinel deployment.
+    fn redis_sentinel(tag: &str) -> Lock {
+        let sentinels = "{sentinel1},{sentinel2},{sentinel3}/distlock?keys=plain&prefix=";
+        Lock::new(servers::url(&format!("redis+sentinel://{sentinels}")), tag)
+    }
+    /// The same, on the Redis Cluster (the key in its slot's master).
+    fn redis_cluster(tag: &str) -> Lock {
+        let nodes = "{cluster1},{cluster2}?keys=plain&prefix=";
+        Lock::new(servers::url(&format!("redis+cluster://{nodes}")), tag)
     }
     fn new(url: String, tag: &str) -> Lock {
         Lock {
@@ -172,6 +185,15 @@ impl Lock {
                 python("kazoo_hold.py", [&*zk_hosts(), &path, &r, "election", &id])
             }
             Client::RedisPy => python("redis_hold.py", [&*servers::url("{redis}"), &self.name, &r]),
+            Client::RedisPySentinel => {
+                let sentinels =
+                    servers::url("sentinel:{sentinel1},{sentinel2},{sentinel3}/distlock");
+                python("redis_hold.py", [&*sentinels, &self.name, &r])
+            }
+            Client::RedisPyCluster => {
+                let nodes = servers::url("cluster:{cluster1},{cluster2}");
+                python("redis_hold.py", [&*nodes, &self.name, &r])
+            }
             Client::Psql | Client::PsqlShared => {
                 // One session: lock (waiting in the server's queue), then hold until released.
                 let f = match client {
@@ -832,6 +854,26 @@ fn distlock_key_is_the_key_psql_computes() {
 #[test]
 fn redis_py_and_distlock_exclude_each_other() {
     exclusion_both_ways(Lock::redis("redis-py"), Client::RedisPy);
+}
+
+/// Behind sentinels: redis-py's `Sentinel(...).master_for("distlock")` and its `Lock`, and
+/// distlock's `redis+sentinel://` in plain keys, are one lock both ways.
+#[test]
+fn redis_py_sentinel_and_distlock_sentinel_exclude_each_other() {
+    exclusion_both_ways(
+        Lock::redis_sentinel("redis-py-sentinel"),
+        Client::RedisPySentinel,
+    );
+}
+
+/// On a Redis Cluster: redis-py's `RedisCluster` and its `Lock`, and distlock's
+/// `redis+cluster://` in plain keys, are one lock both ways.
+#[test]
+fn redis_py_cluster_and_distlock_cluster_exclude_each_other() {
+    exclusion_both_ways(
+        Lock::redis_cluster("redis-py-cluster"),
+        Client::RedisPyCluster,
+    );
 }
 
 /// `distlock status` on a lock redis-py holds: held by another client, and no token (the

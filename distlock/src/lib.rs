@@ -88,7 +88,7 @@ type Connector = Arc<dyn Fn(String) -> ConnectFuture + Send + Sync>;
 /// test checks that the two agree.
 const FEATURES: &[(&str, &[&str])] = &[
     ("file", &["file"]),
-    ("redis", &["redis"]),
+    ("redis", &["redis", "redis+sentinel", "redis+cluster"]),
     ("redis-tls", &["rediss"]),
     ("redlock", &["redlock"]),
     ("zookeeper", &["zk"]),

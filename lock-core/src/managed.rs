@@ -73,11 +73,14 @@ impl<O: LeaseOps> ManagedLease<O> {
         // One background task per lease: the watchdog (with `Renewal::Auto`), watching for the
         // end of the lock's connection beside it where the driver has one to watch.
         let ended = shared.ops.ended();
+        let doubts = shared.ops.doubts();
+        // Renew now: the server changed under the lease (`LeaseOps::doubts`).
+        let poke = Arc::new(tokio::sync::Notify::new());
         let stop_at = match renewal {
             Renewal::Manual => None,
             Renewal::Auto { max_hold } => Some(max_hold.and_then(|d| granted_at.checked_add(d))),
         };
-        let watchdog = if stop_at.is_none() && ended.is_none() {
+        let watchdog = if stop_at.is_none() && ended.is_none() && doubts.is_none() {
             None
         } else {
             match tokio::runtime::Handle::try_current() {
@@ -92,10 +95,24 @@ impl<O: LeaseOps> ManagedLease<O> {
                         let renewing = async {
                             match stop_at {
                                 Some(stop_at) => {
-                                    watchdog(shared.clone(), window, stop_at, name.clone()).await
+                                    let (s, n, p) = (shared.clone(), name.clone(), poke.clone());
+                                    watchdog(s, window, stop_at, n, p).await
                                 }
                                 None => std::future::pending().await,
                             }
+                        };
+                        let doubting = async {
+                            let Some(mut doubts) = doubts else {
+                                return std::future::pending().await;
+                            };
+                            while doubts.changed().await.is_ok() {
+                                shared.at_risk(format_args!(
+                                    "the backend's server changed under the lease (a \
+                                     failover): not yet confirmed there"
+                                ));
+                                poke.notify_one();
+                            }
+                            std::future::pending().await
                         };
                         let ending = async {
                             match ended {
@@ -105,6 +122,7 @@ impl<O: LeaseOps> ManagedLease<O> {
                         };
                         tokio::select! {
                             _ = renewing => {}
+                            () = doubting => {}
                             _ = ending => {
                                 if !shared.released.load(Ordering::SeqCst) {
                                     // The lock went with its session.

@@ -435,3 +435,128 @@ async fn a_slow_renewal_that_answers_in_time_keeps_the_lease() -> std::result::R
     }
     Ok(())
 }
+
+/// Ops whose server can change under the lease ([`LeaseOps::doubts`]): renewals are counted,
+/// wait for `proceed` before answering, and are refused once `refuse` is set (the new server
+/// does not have the lock).
+struct DoubtedOps {
+    doubts: tokio::sync::watch::Receiver<u64>,
+    renewals: Arc<AtomicU32>,
+    proceed: Arc<tokio::sync::Semaphore>,
+    refuse: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl LeaseOps for DoubtedOps {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+    async fn renew(&self) -> Result<Instant> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        let _ = self.proceed.acquire().await.map(|p| p.forget());
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(Error::not_held(
+                &LockName::new("doubted").expect("a valid name"),
+            ));
+        }
+        Ok(Instant::now() + Duration::from_secs(30))
+    }
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+    fn doubts(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.doubts.clone())
+    }
+}
+
+/// Waits (1 s at most) until `lease` is in `want`.
+async fn reaches(
+    lease: &dyn Lease,
+    want: LeaseState,
+    when: &str,
+) -> std::result::Result<(), String> {
+    let until = Instant::now() + Duration::from_secs(1);
+    while lease.state() != want {
+        if Instant::now() > until {
+            return Err(format!(
+                "{when}: the lease is {:?}, not {want:?}",
+                lease.state()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// The promise of [`LeaseOps::doubts`]: at each change the lease turns AtRisk and an
+/// automatically renewed one is renewed at once (not at a third of its 30 s validity), Held
+/// again when the server confirms it and Lost when it refuses; a manually renewed one stays
+/// AtRisk until its holder's renewal confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_doubt_puts_the_lease_at_risk_and_renews_it_at_once() -> std::result::Result<(), String> {
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    let ops = |renewals: &Arc<AtomicU32>,
+               proceed: &Arc<tokio::sync::Semaphore>,
+               refuse: &Arc<AtomicBool>| DoubtedOps {
+        doubts: rx.clone(),
+        renewals: renewals.clone(),
+        proceed: proceed.clone(),
+        refuse: refuse.clone(),
+    };
+    let (renewals, proceed, refuse) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let grant = || Grant {
+        token: None,
+        ttl: Duration::from_secs(30),
+        valid_until: Instant::now() + Duration::from_secs(30),
+    };
+    let name = LockName::new("doubted").map_err(|e| e.to_string())?;
+    let auto = Renewal::Auto { max_hold: None };
+    let lease = ManagedLease::new(
+        name.clone(),
+        grant(),
+        auto,
+        ops(&renewals, &proceed, &refuse),
+    );
+    let manual = ManagedLease::new(
+        name,
+        grant(),
+        Renewal::Manual,
+        ops(&renewals, &proceed, &refuse),
+    );
+    tx.send_modify(|n| *n += 1);
+    // Held back by `proceed`, the renewal it started keeps the lease AtRisk.
+    reaches(&lease, LeaseState::AtRisk, "after a doubt").await?;
+    reaches(
+        &manual,
+        LeaseState::AtRisk,
+        "after a doubt, renewed by hand",
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    if renewals.load(Ordering::SeqCst) != 1 {
+        return Err(format!(
+            "{} renewals after the doubt, expected the watchdog's one",
+            renewals.load(Ordering::SeqCst)
+        ));
+    }
+    proceed.add_permits(1);
+    reaches(&lease, LeaseState::Held, "once the server confirmed it").await?;
+    if manual.state() != LeaseState::AtRisk {
+        return Err(format!(
+            "a manual lease is {:?} before its holder renewed it",
+            manual.state()
+        ));
+    }
+    proceed.add_permits(1);
+    manual.renew().await.map_err(|e| e.to_string())?;
+    reaches(&manual, LeaseState::Held, "after its holder's renewal").await?;
+    refuse.store(true, Ordering::SeqCst);
+    proceed.add_permits(10);
+    tx.send_modify(|n| *n += 1);
+    reaches(&lease, LeaseState::Lost, "after a doubt the server refused").await?;
+    Ok(())
+}

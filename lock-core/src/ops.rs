@@ -99,6 +99,15 @@ pub trait LeaseOps: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// For a backend whose server can change under a held lease (a Redis Sentinel failover,
+    /// which may have lost the lease's key with the old master): a receiver whose value changes
+    /// each time it did. At each change the lease turns AtRisk, and with
+    /// [`Renewal::Auto`](crate::Renewal::Auto) is renewed at once: Held again if the new server
+    /// confirms it, Lost if it refuses. The default: none.
+    fn doubts(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// Whether the lock ends by itself once renewals stop (a TTL). Backends where it lives as
     /// long as the client's session (ZooKeeper) return `false`; the watchdog then releases
     /// actively at `max_hold`, and once the lease has turned Lost, instead of just ceasing to

@@ -38,7 +38,8 @@ impl<O> Shared<O> {
     }
 }
 
-/// Renews when a third of the validity window has passed (`ttl` here is that window), each
+/// Renews when a third of the validity window has passed (`ttl` here is that window), or at
+/// once when `poke` is notified, each
 /// time a [`renewal`] tried until `valid_until`; on refusal or when `valid_until` passes marks
 /// Lost and stops.
 pub(crate) async fn watchdog<O: LeaseOps>(
@@ -46,12 +47,17 @@ pub(crate) async fn watchdog<O: LeaseOps>(
     ttl: Duration,
     stop_at: Option<Instant>,
     name: LockName,
+    poke: Arc<tokio::sync::Notify>,
 ) {
     let lead = ttl * 2 / 3;
     let mut next = shared.tracker.valid_until().checked_sub(lead);
     loop {
         if let Some(at) = next {
-            tokio::time::sleep_until(at.into()).await;
+            // Early when poked: the server changed under the lease (`LeaseOps::doubts`).
+            tokio::select! {
+                () = tokio::time::sleep_until(at.into()) => {}
+                () = poke.notified() => {}
+            }
         }
         if stop_at.is_some_and(|s| Instant::now() >= s) {
             tracing::debug!(lock = %name, "max_hold reached: watchdog stops renewing");

@@ -89,7 +89,7 @@ impl Cluster {
             "" => "/",
             p => p,
         };
-        let health = call(
+        let health = send(
             &config,
             &client,
             limit,
@@ -100,21 +100,7 @@ impl Cluster {
             },
         )
         .await
-        .map_err(|e| match e {
-            // Say why (refused, timed out, no leader): a guess would mislead.
-            Error::Unavailable { cause, .. } => {
-                let url = config.redacted_url();
-                match refused(&*cause) {
-                    Some(io) => {
-                        Error::unavailable(BACKEND, format!("cannot connect to {url}: {io}"))
-                    }
-                    None => {
-                        Error::unavailable(BACKEND, format!("{url} does not answer reads: {cause}"))
-                    }
-                }
-            }
-            e => e,
-        })?;
+        .map_err(|e| unhealthy(e, &config, limit))?;
         let term = health.header().map_or(0, |h| h.raft_term());
         // The server raises short leases to its minimum TTL; measure it so that validation and
         // `ttl()` report what the server will actually enforce.
@@ -222,15 +208,26 @@ pub(crate) enum Resend {
 /// The first pause before a request is sent again (see [`send`]).
 const RESEND_FIRST: Duration = Duration::from_millis(20);
 
+/// Why [`send`] returned without an answer.
+#[derive(Debug)]
+pub(crate) enum Unanswered {
+    /// The client's own error, not one `resend` covers (or no time was left to resend).
+    Failed(etcd_client::Error),
+    /// `limit` passed with a request in flight; `before`: the error of the try before it,
+    /// if one was not taken (refused, no leader) — the likeliest reason, when the last try
+    /// was cut short by the deadline rather than answered.
+    Late { before: Option<etcd_client::Error> },
+}
+
 /// Sends `f`'s request until it is answered, fails in a way `resend` does not cover, or
-/// `limit` has passed: the client's own error, or `None` when no answer came in time.
+/// `limit` has passed.
 pub(crate) async fn send<T, Fut>(
     config: &EtcdConfig,
     client: &Client,
     limit: Duration,
     resend: Resend,
     mut f: impl FnMut(Client) -> Fut,
-) -> std::result::Result<T, Option<etcd_client::Error>>
+) -> std::result::Result<T, Unanswered>
 where
     Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
 {
@@ -238,6 +235,7 @@ where
     // Short: a member without a leader gets one within an election timeout (1 s by default),
     // and the request is sent again as soon as it has.
     let mut pauses = Backoff::new(RESEND_FIRST, RESEND_FIRST * 2);
+    let mut before = None;
     loop {
         let answer = tokio::time::timeout_at(deadline, f(client.clone())).await;
         let pause = pauses.pause();
@@ -248,21 +246,29 @@ where
                     && tokio::time::Instant::now() + pause < deadline =>
             {
                 tracing::debug!(error = %scrub(&e, config.secret()), "etcd request not taken; sending it again");
+                before = Some(e);
                 tokio::time::sleep(pause).await;
             }
-            Ok(Err(e)) => return Err(Some(e)),
-            Err(_) => return Err(None),
+            Ok(Err(e)) => return Err(Unanswered::Failed(e)),
+            Err(_) => return Err(Unanswered::Late { before }),
         }
     }
 }
 
 /// The contract's error for what [`send`] returned.
-fn mapped(e: Option<etcd_client::Error>, config: &EtcdConfig, limit: Duration) -> Error {
+pub(crate) fn mapped(e: Unanswered, config: &EtcdConfig, limit: Duration) -> Error {
+    let url = config.redacted_url();
     match e {
-        Some(e) => map_error(e, config),
-        None => Error::unavailable(
+        Unanswered::Failed(e) => map_error(e, config),
+        Unanswered::Late { before: None } => {
+            Error::unavailable(BACKEND, format!("no answer from {url} within {limit:?}"))
+        }
+        Unanswered::Late { before: Some(e) } => Error::unavailable(
             BACKEND,
-            format!("no answer from {} within {limit:?}", config.redacted_url()),
+            format!(
+                "no answer from {url} within {limit:?}; the try before was not taken: {}",
+                scrub(&e, config.secret())
+            ),
         ),
     }
 }
@@ -297,12 +303,29 @@ pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// The health check's error: why the cluster does not answer reads, saying so plainly where
+/// every try that was answered was refused before reaching a server (the deadline may cut the
+/// last try short: the refusal before it is still the reason).
+fn unhealthy(e: Unanswered, config: &EtcdConfig, limit: Duration) -> Error {
+    let url = config.redacted_url();
+    let refusal = match &e {
+        Unanswered::Failed(e) | Unanswered::Late { before: Some(e) } => refused(e),
+        Unanswered::Late { before: None } => None,
+    };
+    if let Some(io) = refusal {
+        return Error::unavailable(BACKEND, format!("cannot connect to {url}: {io}"));
+    }
+    match mapped(e, config, limit) {
+        Error::Unavailable { cause, .. } => {
+            Error::unavailable(BACKEND, format!("{url} does not answer reads: {cause}"))
+        }
+        e => e,
+    }
+}
+
 /// The operating system's reason a request never reached a server ("Connection refused"),
-/// from the chain under a client error, where there is one.
-fn refused(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let e = cause
-        .downcast_ref::<ClientError>()?
-        .downcast_ref::<etcd_client::Error>()?;
+/// where the client's error says so.
+fn refused(e: &etcd_client::Error) -> Option<String> {
     if !never_sent(e) {
         return None;
     }
@@ -393,3 +416,7 @@ pub(crate) fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
 fn client(e: etcd_client::Error, config: &EtcdConfig) -> ClientError {
     ClientError::new(e, config.secret()).context(config.redacted_url())
 }
+
+#[cfg(test)]
+#[path = "client_tests.rs"]
+mod tests;

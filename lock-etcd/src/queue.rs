@@ -368,7 +368,7 @@ pub(crate) async fn contend(
                                 guard.switch(tenure.id, lease.ttl);
                                 lease = WaitingLease::new(name, tenure, lease.ttl);
                             }
-                            Ok(None) => return Err(lease.lost("its key vanished at its turn")),
+                            Ok(None) => return Err(lease.failed("its key vanished at its turn")),
                             Err(e) if e.is_retryable() && !deadline.passed() => {
                                 tokio::time::sleep(RECHECK).await;
                             }
@@ -393,7 +393,7 @@ pub(crate) async fn contend(
                     continue;
                 }
                 Ok((Position::Gone, _)) => {
-                    return Err(lease.lost("its key vanished while waiting (lease expired?)"))
+                    return Err(lease.failed("its key vanished while waiting (lease expired?)"))
                 }
                 Ok((Position::Behind { pred, seen }, term)) => {
                     req.queued();

@@ -6,7 +6,7 @@ use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
 use lock_core::driver::{drift, lease_end};
 use lock_core::{Deadline, Error, LockName, Result};
 
-use crate::client::{map_error, send, Cluster, Resend};
+use crate::client::{mapped, send, Cluster, Resend, Unanswered};
 use crate::config::BACKEND;
 use crate::term::Tenure;
 use crate::EtcdConfig;
@@ -212,7 +212,7 @@ impl WaitingLease {
                 self.next_keep_alive = start + ttl / 3;
                 Ok(())
             }
-            Ok(None) => Err(self.lost("its lease expired while waiting")),
+            Ok(None) => Err(self.failed("its lease expired while waiting")),
             Err(e) if e.is_retryable() => {
                 let now = Instant::now();
                 if now > self.valid_until + cluster.config.request_timeout() {
@@ -221,15 +221,16 @@ impl WaitingLease {
                 self.next_keep_alive = now + Duration::from_millis(100);
                 Ok(())
             }
-            Err(_) => Err(self.lost("its lease could not be kept alive while waiting")),
+            Err(_) => Err(self.failed("its lease could not be kept alive while waiting")),
         }
     }
 
-    pub(crate) fn lost(&self, why: &str) -> Error {
-        Error::Lost {
-            name: self.name.clone(),
-            reason: format!("not granted: {why}"),
-        }
+    /// The acquisition failed because its own lease is gone: nothing was held, so not
+    /// [`Error::Lost`] (which speaks of a lease the caller had) but a retryable failure — a
+    /// link too slow to keep a waiter's lease alive is transient, and a new attempt starts
+    /// afresh.
+    pub(crate) fn failed(&self, why: &str) -> Error {
+        Error::unavailable(BACKEND, format!("{} not granted: {why}", self.name))
     }
 }
 
@@ -254,16 +255,18 @@ pub(crate) async fn keep_alive(
     .await;
     match sent {
         Ok(_) => Ok(Some(ttl)),
-        Err(Some(etcd_client::Error::LeaseKeepAliveError(m))) if m.contains("not found") => {
+        Err(Unanswered::Failed(etcd_client::Error::LeaseKeepAliveError(m)))
+            if m.contains("not found") =>
+        {
             Ok(None)
         }
-        Err(Some(e)) => Err(map_error(e, config)),
-        Err(None) => Err(Error::unavailable(
+        Err(Unanswered::Late { before: None }) => Err(Error::unavailable(
             BACKEND,
             format!(
                 "no keep-alive answer from {} within {limit:?}",
                 config.redacted_url()
             ),
         )),
+        Err(e) => Err(mapped(e, config, limit)),
     }
 }

@@ -11,7 +11,10 @@ use lock_core::driver::{scrub, ClientError};
 use lock_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::acknowledged::Acknowledged;
 use crate::config::BACKEND;
+use crate::conn::Conn;
+use crate::facts::ServerFacts;
 use crate::scripts::LockKeys;
 use crate::wakeup::{ReleaseDedup, Wakeups, Watch};
 use crate::RedisConfig;
@@ -21,14 +24,36 @@ use crate::RedisConfig;
 #[derive(Clone)]
 pub struct RedisNode {
     config: RedisConfig,
-    conn: ConnectionManager,
+    /// The connection, which a Sentinel deployment's follower moves to a new master.
+    target: Arc<Target>,
+    /// The connections' settings with the wake-ups' push handler, for a new master's.
+    manager_config: ConnectionManagerConfig,
+    /// Kept alive with the node and its leases (behind sentinels: the task that follows the
+    /// master, stopped when the last of them is dropped).
+    follower: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// For connections of their own (an election's observers): the client and the manager's
     /// settings, without the wake-ups' push handler.
     client: redis::Client,
     feed_config: ConnectionManagerConfig,
     wakeups: Arc<Wakeups>,
+    /// What every connection of the node does with a push message (a release announcement, a
+    /// disconnection): the wake-ups, and the count of drops that makes the next grant check.
+    on_push: PushHandler,
     backend: &'static str,
     check: Arc<Mutex<Check>>,
+}
+
+/// A connection's handler of push messages, shared by the node's connections.
+pub(crate) type PushHandler = Arc<dyn Fn(redis::PushInfo) + Send + Sync>;
+
+/// The server a node talks to now: one for good, or a Sentinel deployment's current master.
+pub(crate) struct Target {
+    conn: parking_lot::RwLock<Conn>,
+    /// Counts the switches to a new master: a lease granted before one is in doubt until it
+    /// is confirmed on the new master.
+    pub(crate) switched: tokio::sync::watch::Sender<u64>,
+    /// Notified when the connection drops: behind sentinels, ask them again.
+    pub(crate) dropped: Arc<tokio::sync::Notify>,
 }
 
 /// How often a connection that never dropped is checked again anyway: an operator's
@@ -75,7 +100,7 @@ impl fmt::Debug for ReleaseWatch {
 }
 
 impl RedisNode {
-    async fn build(
+    pub(crate) async fn build(
         config: RedisConfig,
         backend: &'static str,
         dedup: Option<ReleaseDedup>,
@@ -97,19 +122,26 @@ impl RedisNode {
         let w = wakeups.clone();
         let check = Arc::new(Mutex::new(Check::default()));
         let c = check.clone();
+        let dropped = Arc::new(tokio::sync::Notify::new());
+        let d = dropped.clone();
         let feed_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout()))
             .set_response_timeout(Some(config.request_timeout()))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
             .set_automatic_resubscription();
+        let on_push: PushHandler = Arc::new(move |info: redis::PushInfo| {
+            if info.kind == redis::PushKind::Disconnection {
+                c.lock().drops += 1; // the next connection is checked before any grant
+                d.notify_one();
+            }
+            w.on_push(info);
+        });
+        let handler = on_push.clone();
         let manager_config = feed_config
             .clone()
             .set_push_sender(move |info: redis::PushInfo| {
-                if info.kind == redis::PushKind::Disconnection {
-                    c.lock().drops += 1; // the next connection is checked before any grant
-                }
-                w.on_push(info);
+                handler(info);
                 Ok::<(), std::convert::Infallible>(())
             });
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
@@ -123,10 +155,17 @@ impl RedisNode {
         Ok((
             RedisNode {
                 config,
-                conn,
+                target: Arc::new(Target {
+                    conn: parking_lot::RwLock::new(Conn::Server(conn)),
+                    switched: tokio::sync::watch::Sender::new(0),
+                    dropped,
+                }),
+                manager_config: manager_config.clone(),
+                follower: None,
                 client: client.clone(),
                 feed_config,
                 wakeups,
+                on_push,
                 backend,
                 check,
             },
@@ -144,7 +183,7 @@ impl RedisNode {
     /// [`connect`](Self::connect), naming `backend` in errors (`"redlock"` for its masters).
     pub async fn connect_as(config: RedisConfig, backend: &'static str) -> Result<Self> {
         config.check_timeouts()?;
-        let (mut node, client, manager_config) = Self::build(config, backend, None).await?;
+        let (node, client, manager_config) = Self::build(config, backend, None).await?;
         let conn = tokio::time::timeout(
             node.config.connect_timeout() + node.config.request_timeout(),
             ConnectionManager::new_with_config(client, manager_config),
@@ -152,7 +191,7 @@ impl RedisNode {
         .await
         .map_err(|_| node.unavailable("connection attempt timed out"))?
         .map_err(|e| node.connect_error(&e))?;
-        node.conn = conn;
+        *node.target.conn.write() = Conn::Server(conn);
         node.verify(node.config.request_timeout()).await?;
         Ok(node)
     }
@@ -183,8 +222,15 @@ impl RedisNode {
     /// [`Error::Config`] when the server is a replica or a Redis Cluster node, when `maxmemory`
     /// is set with an evicting `maxmemory-policy` (unless
     /// [`RedisConfig::with_allow_eviction`]), or when the server rejects the credentials;
-    /// [`Error::Unavailable`] when it does not answer.
+    /// [`Error::Unavailable`] when it does not answer. On a Redis Cluster: every master.
     pub async fn verify(&self, timeout: Duration) -> Result<()> {
+        self.verify_for(timeout, None).await
+    }
+
+    /// [`verify`](Self::verify) before a grant on `key`: on a Redis Cluster, of the master of
+    /// its slot only (the one the grant goes to), so that a shard down or failing over
+    /// holds up no grant on another; elsewhere the same as `verify`.
+    pub(crate) async fn verify_for(&self, timeout: Duration, key: Option<&str>) -> Result<()> {
         if !self.needs_verify() {
             return Ok(());
         }
@@ -194,35 +240,65 @@ impl RedisNode {
             c.attempted_at = Some(started);
             c.drops
         };
-        let reply = tokio::time::timeout(
-            timeout,
-            redis::cmd("INFO").query_async::<String>(&mut self.conn.clone()),
-        )
-        .await
-        .map_err(|_| self.unavailable("no answer to INFO within the timeout"))?
-        .map_err(|e| {
-            if e.to_string().contains("NOPERM") {
-                Error::config(format!(
-                    "Redis at {}: user {:?} may not run INFO, which the driver needs to check \
-                     that the server cannot evict lock keys; grant it +info",
-                    self.config.endpoint(),
-                    self.config.user().unwrap_or("default")
-                ))
-            } else {
-                self.connect_error(&e)
-            }
-        })?;
-        let facts = ServerFacts::parse(&reply);
-        if facts.cluster {
+        let reply = tokio::time::timeout(timeout, self.connection().info(key))
+            .await
+            .map_err(|_| self.unavailable("no answer to INFO within the timeout"))?
+            .map_err(|e| self.info_error(&e))?;
+        // One server's INFO, or each master's of a cluster: every one must pass.
+        let mut run_id = None;
+        for text in ServerFacts::texts(reply) {
+            let text = text.map_err(|e| self.unavailable(&format!("INFO answered {e}")))?;
+            let facts = ServerFacts::parse(&text);
+            self.check_facts(&facts)?;
+            run_id = facts.run_id;
+        }
+        if self.config.cluster().is_some() {
+            run_id = None; // several servers: none is "the" server
+        }
+        let mut c = self.check.lock();
+        // A drop while INFO was on its way leaves the node stale: the next call checks again.
+        c.verified_drops = Some(drops);
+        c.verified_at = Some(started);
+        c.run_id = run_id.map(Arc::from);
+        Ok(())
+    }
+
+    fn info_error(&self, e: &redis::RedisError) -> Error {
+        if e.to_string().contains("NOPERM") {
+            Error::config(format!(
+                "Redis at {}: user {:?} may not run INFO, which the driver needs to check \
+                 that the server cannot evict lock keys; grant it +info",
+                self.config.endpoint(),
+                self.config.user().unwrap_or("default")
+            ))
+        } else {
+            self.connect_error(e)
+        }
+    }
+
+    /// A server whose `INFO` says this may not hold locks: a cluster node where one server was
+    /// named, a replica, or a server that can evict keys.
+    fn check_facts(&self, facts: &ServerFacts) -> Result<()> {
+        if facts.cluster && self.config.cluster().is_none() {
             // Its slots live on other nodes (MOVED) or nowhere yet (CLUSTERDOWN), and move.
             return Err(Error::config(format!(
-                "Redis at {} runs in cluster mode: the driver speaks to one server and does not \
-                 follow a cluster's slots (MOVED) or failovers. Point distlock at a standalone \
-                 master",
+                "Redis at {} runs in cluster mode: a redis:// URL speaks to one server. Name \
+                 the cluster's nodes in a redis+cluster:// URL",
                 self.config.endpoint()
             )));
         }
-        if let Some(master) = facts.replica_of() {
+        if let (Some(master), Some(_)) = (facts.replica_of(), self.config.sentinels()) {
+            // The sentinels named it, and it has been demoted since (a failover).
+            self.target.dropped.notify_one();
+            return Err(self.unavailable(&format!(
+                "the master the sentinels named is a replica now (of {master}): a failover is \
+                 under way"
+            )));
+        }
+        if facts.replica_of().is_some() && self.config.cluster().is_some() {
+            // The client's map of the slots still names a master deposed since (a failover):
+            // the grant, sent there too, is redirected (`MOVED`) and corrects the map.
+        } else if let Some(master) = facts.replica_of() {
             // Read-only, it refuses every grant; writable, it erases them at its next sync.
             return Err(Error::config(format!(
                 "Redis at {} is a replica (of {master}): a read-only one refuses every lock, a \
@@ -249,11 +325,6 @@ impl RedisNode {
                 )));
             }
         }
-        let mut c = self.check.lock();
-        // A drop while INFO was on its way leaves the node stale: the next call checks again.
-        c.verified_drops = Some(drops);
-        c.verified_at = Some(started);
-        c.run_id = facts.run_id.map(Arc::from);
         Ok(())
     }
 
@@ -280,16 +351,104 @@ impl RedisNode {
         &self.config
     }
 
+    /// The node's handler of push messages, for a connection made elsewhere (a cluster's).
+    pub(crate) fn push_handler(&self) -> PushHandler {
+        self.on_push.clone()
+    }
+
+    /// Puts `conn` in place of the node's connection (a cluster's, made by `cluster.rs`).
+    pub(crate) fn install(&self, conn: Conn) {
+        *self.target.conn.write() = conn;
+    }
+
     /// A handle on the connection (clones share it).
-    pub fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+    pub fn connection(&self) -> Conn {
+        self.target.conn.read().clone()
+    }
+
+    /// How many times the node moved to a new master so far (0 but behind sentinels): an
+    /// answer to a request sent before a move came from a deposed master and confirms nothing.
+    pub(crate) fn switches(&self) -> u64 {
+        *self.target.switched.borrow()
+    }
+
+    /// The node's server behind its switches (see [`Target`]).
+    pub(crate) fn target(&self) -> &Arc<Target> {
+        &self.target
+    }
+
+    /// The node's connection for a write that counts only once
+    /// [`RedisConfig::with_wait_replicas`]`(n)` replicas acknowledged it (and, with
+    /// [`RedisConfig::with_wait_aof`], once the master and that many replicas fsynced it):
+    /// each command goes with its waits, a quarter of the request timeout at most together, to the same
+    /// server (see [`Acknowledged`]). Waiting for nothing, the connection itself.
+    pub(crate) fn acknowledged(&self) -> Acknowledged {
+        let (replicas, aof) = (self.config.wait_replicas(), self.config.wait_aof());
+        // The waits of one pipeline within a quarter of the request timeout together: a
+        // script the server forgot (a restarted or promoted master) costs two pipelines, the
+        // first answered `NOSCRIPT` after its waits, and both must fit in the request timeout
+        // (with half of it each, such a grant timed out instead of saying what it was short of).
+        let waits = 1 + u32::from(replicas > 0 && aof.is_some());
+        let ms = (self.config.request_timeout() / 4 / waits)
+            .as_millis()
+            .max(1);
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX);
+        Acknowledged::new(self.connection(), replicas, aof, ms)
+    }
+
+    /// This node, keeping `guard` alive as long as it or a clone lives.
+    pub(crate) fn keeping(mut self, guard: Arc<dyn std::any::Any + Send + Sync>) -> RedisNode {
+        self.follower = Some(guard);
+        self
+    }
+
+    /// This node without its follower: what the follower itself holds (holding its own
+    /// handle, it would never stop).
+    pub(crate) fn detached(&self) -> RedisNode {
+        RedisNode {
+            follower: None,
+            ..self.clone()
+        }
+    }
+
+    /// Moves this node to the master at `host:port` (a Sentinel failover): connects, checks
+    /// that the server answers as a master itself, then swaps the connection, resubscribes the
+    /// waiters' channels there (and wakes them: announcements may have been lost) and counts the
+    /// switch, which puts every lease granted before it in doubt until it is confirmed there.
+    pub(crate) async fn switch_to(&self, host: &str, port: u16) -> Result<()> {
+        let config = self.config.at(host, port);
+        let client = open_client(config.connection_info()?, None)
+            .map_err(|e| Error::config(scrub(&e, config.secret())))?;
+        let limit = config.connect_timeout() + config.request_timeout();
+        let connecting = ConnectionManager::new_with_config(client, self.manager_config.clone());
+        let conn = tokio::time::timeout(limit, connecting)
+            .await
+            .map_err(|_| self.unavailable("the new master did not answer"))?
+            .map_err(|e| self.connect_error(&e))?;
+        let mut role = redis::cmd("INFO");
+        role.arg("replication");
+        let info = tokio::time::timeout(limit, role.query_async::<String>(&mut conn.clone()))
+            .await
+            .map_err(|_| self.unavailable("the new master did not answer INFO"))?
+            .map_err(|e| self.error(&e))?;
+        if let Some(of) = ServerFacts::parse(&info).replica_of() {
+            return Err(self.unavailable(&format!(
+                "{host}:{port}, named by the sentinels, is still a replica (of {of})"
+            )));
+        }
+        let conn = Conn::Server(conn);
+        *self.target.conn.write() = conn.clone();
+        self.check.lock().drops += 1; // the next grant checks the new server first
+        self.wakeups.moved_to(&conn).await;
+        self.target.switched.send_modify(|n| *n += 1);
+        Ok(())
     }
 
     /// Subscribes (once per lock, however many wait) to `keys`' release announcements; returns
     /// after the server confirmed the subscription.
     pub async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
         self.wakeups
-            .watch(&self.conn, &keys.channel)
+            .watch(&self.connection(), &keys.channel)
             .await
             .map(ReleaseWatch)
             .map_err(|e| self.error(&e))
@@ -382,63 +541,6 @@ impl RedisNode {
     }
 }
 
-/// What `INFO` says about a server that matters for locks.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct ServerFacts {
-    run_id: Option<String>,
-    maxmemory: u64,
-    policy: String,
-    /// `master` or `slave` (Redis's word for a replica).
-    role: String,
-    /// The master of a replica, `host:port` as `INFO` gives them.
-    master: [Option<String>; 2],
-    /// `cluster_enabled:1`: a Redis Cluster node.
-    cluster: bool,
-}
-
-impl ServerFacts {
-    fn parse(info: &str) -> Self {
-        let mut f = ServerFacts {
-            policy: "noeviction".into(),
-            ..ServerFacts::default()
-        };
-        for line in info.lines() {
-            match line.trim_end().split_once(':') {
-                Some(("run_id", v)) => f.run_id = Some(v.to_string()),
-                Some(("maxmemory", v)) => f.maxmemory = v.parse().unwrap_or(u64::MAX),
-                Some(("maxmemory_policy", v)) => f.policy = v.to_string(),
-                Some(("role", v)) => f.role = v.to_string(),
-                Some(("master_host", v)) => f.master[0] = Some(v.to_string()),
-                Some(("master_port", v)) => f.master[1] = Some(v.to_string()),
-                Some(("cluster_enabled", v)) => f.cluster = v == "1",
-                _ => {}
-            }
-        }
-        f
-    }
-
-    /// The master of a server that is a replica (`?` for what `INFO` leaves out).
-    fn replica_of(&self) -> Option<String> {
-        (self.role != "master" && !self.role.is_empty()).then(|| {
-            let [host, port] = self.master.clone().map(|v| v.unwrap_or_else(|| "?".into()));
-            format!("{host}:{port}")
-        })
-    }
-
-    /// Which of the lock's keys the server may evict, if any. No `maxmemory` means no eviction
-    /// whatever the policy; `volatile-*` evicts keys with a TTL (a held lock's), `allkeys-*`
-    /// any key (also the fencing counter); an unknown policy is assumed to evict anything.
-    fn eviction_risk(&self) -> Option<&'static str> {
-        if self.maxmemory == 0 || self.policy == "noeviction" {
-            None
-        } else if self.policy.starts_with("volatile-") {
-            Some("held locks' keys")
-        } else {
-            Some("held locks' keys and the fencing counter")
-        }
-    }
-}
-
 impl fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisNode")
@@ -470,61 +572,4 @@ fn open_client(
     #[cfg(not(feature = "tls"))]
     let _ = ca; // a CA without TLS support: connection_info() already refused TLS
     redis::Client::open(info)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn facts(maxmemory: u64, policy: &str) -> ServerFacts {
-        ServerFacts::parse(&format!(
-            "# Server\r\nrun_id:abc\r\n# Memory\r\nmaxmemory:{maxmemory}\r\nmaxmemory_policy:{policy}\r\n"
-        ))
-    }
-
-    #[test]
-    fn reads_identity_and_memory_policy() {
-        let f = facts(67108864, "allkeys-lru");
-        assert_eq!(f.run_id.as_deref(), Some("abc"));
-        assert_eq!((f.maxmemory, f.policy.as_str()), (67108864, "allkeys-lru"));
-    }
-
-    #[test]
-    fn reads_whether_the_server_is_a_replica() {
-        let replica = "# Replication\r\nrole:slave\r\nmaster_host:10.0.0.5\r\nmaster_port:6379\r\n";
-        let f = ServerFacts::parse(replica);
-        assert_eq!(f.replica_of().as_deref(), Some("10.0.0.5:6379"));
-        let master = ServerFacts::parse("# Replication\r\nrole:master\r\nconnected_slaves:1\r\n");
-        assert_eq!(master.replica_of(), None);
-        assert_eq!(
-            facts(0, "noeviction").replica_of(),
-            None,
-            "no role line: not a replica"
-        );
-    }
-
-    #[test]
-    fn eviction_risk_follows_maxmemory_and_policy() {
-        assert_eq!(facts(0, "allkeys-lru").eviction_risk(), None);
-        assert_eq!(facts(1 << 20, "noeviction").eviction_risk(), None);
-        // Every evicting policy is a risk; the counter is at risk unless only volatile keys
-        // (those with a TTL) can be evicted, and an unknown policy is assumed the worst.
-        let policies = [
-            ("volatile-lru", false),
-            ("volatile-lfu", false),
-            ("volatile-random", false),
-            ("volatile-ttl", false),
-            ("allkeys-lru", true),
-            ("allkeys-lfu", true),
-            ("allkeys-random", true),
-            ("something-new", true),
-        ];
-        for (p, counter) in policies {
-            let r = facts(1 << 20, p).eviction_risk();
-            assert!(
-                r.is_some_and(|r| r.contains("counter") == counter),
-                "{p}: {r:?}"
-            );
-        }
-    }
 }

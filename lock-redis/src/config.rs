@@ -43,7 +43,36 @@ pub struct RedisConfig {
     request_timeout: Duration,
     allow_eviction: bool,
     plain_keys: bool,
+    /// Replicas that must acknowledge a grant or renewal (`WAIT`) before it counts.
+    wait_replicas: u32,
+    /// Replicas that must have fsynced a grant or renewal to their AOF, besides the master,
+    /// before it counts (`WAITAOF 1 N`); `None`: no such wait.
+    wait_aof: Option<u32>,
+    /// Where the master is: the one server at `host:port`, the one the sentinels name, or
+    /// the cluster's master of each lock's slot.
+    deployment: Deployment,
 }
+
+/// How the servers are deployed (the URL's scheme).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Deployment {
+    /// One server, at `host:port` (`redis://`, `rediss://`).
+    Server,
+    /// The master the sentinels name (`redis+sentinel://`).
+    Sentinels(std::sync::Arc<Sentinels>),
+    /// A Redis Cluster, found from these of its nodes (`redis+cluster://`).
+    Cluster(std::sync::Arc<[(String, u16)]>),
+}
+
+/// A Sentinel deployment: the sentinels to ask, and the name they know the master by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Sentinels {
+    pub(crate) hosts: Vec<(String, u16)>,
+    pub(crate) master: String,
+}
+
+/// Sentinels listen on 26379 unless told otherwise.
+const SENTINEL_PORT: u16 = 26379;
 
 impl RedisConfig {
     /// `host:port`, database 0, no credentials, prefix [`DEFAULT_PREFIX`], 2 s connect timeout,
@@ -62,6 +91,9 @@ impl RedisConfig {
             request_timeout: Duration::from_secs(1),
             allow_eviction: false,
             plain_keys: false,
+            wait_replicas: 0,
+            wait_aof: None,
+            deployment: Deployment::Server,
         }
     }
 
@@ -71,15 +103,25 @@ impl RedisConfig {
     /// or `rediss://...[?tls_ca_file=/path/ca.pem]` (TLS; needs this crate's `tls` feature;
     /// without `tls_ca_file` the server's certificate must chain to a public root). User and
     /// password are percent-decoded. Errors are [`Error::Config`] and never echo the password.
+    ///
+    /// `redis+sentinel://[user[:password]@]s1[:p1],s2[:p2],.../MASTER[/db][?...]` finds the
+    /// master named `MASTER` through the sentinels listed (port 26379 by default), follows it
+    /// when they fail it over, and never writes to a replica; the credentials are the Redis
+    /// servers', and the same query keys apply (the sentinels themselves take no password
+    /// here, and no TLS).
     pub fn from_url(url: &str) -> Result<Self> {
-        let (scheme, tls) =
-            match url.split_once("://").map(|(s, _)| s) {
-                Some("redis") => ("redis", false),
-                Some("rediss") => ("rediss", true),
-                _ => return Err(Error::config(
-                    "a Redis URL starts with redis:// or rediss:// (several masters: redlock://)",
-                )),
-            };
+        let (scheme, tls) = match url.split_once("://").map(|(s, _)| s) {
+            Some("redis") => ("redis", false),
+            Some("rediss") => ("rediss", true),
+            Some("redis+sentinel") => return Self::from_sentinel_url(url),
+            Some("redis+cluster") => return Self::from_cluster_url(url),
+            _ => {
+                return Err(Error::config(
+                    "a Redis URL starts with redis://, rediss://, redis+sentinel:// or \
+                     redis+cluster:// (several independent masters: redlock://)",
+                ))
+            }
+        };
         let parsed = MultiHostUrl::parse(url, scheme, "Redis")?;
         let [server] = parsed.hosts.as_slice() else {
             return Err(Error::config(format!(
@@ -115,6 +157,107 @@ impl RedisConfig {
         Ok(cfg)
     }
 
+    fn from_sentinel_url(url: &str) -> Result<Self> {
+        const SCHEME: &str = "redis+sentinel";
+        let parsed = MultiHostUrl::parse(url, SCHEME, "Redis Sentinel")?;
+        let bad = |what: String| {
+            Error::config(format!(
+                "Redis Sentinel URL {}: {what}",
+                parsed.redacted(SCHEME)
+            ))
+        };
+        let mut hosts = Vec::with_capacity(parsed.hosts.len());
+        for h in &parsed.hosts {
+            let (host, port) = host_port(h, SENTINEL_PORT)
+                .ok_or_else(|| bad(format!("{h:?} is not host[:port] or [IPv6][:port]")))?;
+            hosts.push((host.to_string(), port));
+        }
+        let path = parsed.path.as_deref().unwrap_or("");
+        let mut parts = path.trim_start_matches('/').split('/');
+        let master = parts.next().unwrap_or_default().to_string();
+        if master.is_empty() || master.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(bad("the path names the master as the sentinels know it: \
+                 redis+sentinel://s1,s2,s3/MASTER[/db]"
+                .into()));
+        }
+        let (host, port) = hosts[0].clone();
+        let mut cfg = RedisConfig::new(host, port);
+        if let Some(db) = parts.next() {
+            cfg.db = db
+                .parse::<i64>()
+                .ok()
+                .filter(|d| *d >= 0)
+                .ok_or_else(|| bad(format!("database {db:?} is not a non-negative number")))?;
+        }
+        if parts.next().is_some() {
+            return Err(bad("the path is /MASTER or /MASTER/db".into()));
+        }
+        cfg.user = parsed.user.clone().filter(|u| !u.is_empty());
+        cfg.password = parsed.password.clone().map(Secret::new);
+        cfg.deployment = Deployment::Sentinels(std::sync::Arc::new(Sentinels { hosts, master }));
+        Query::apply("Redis Sentinel URL", parsed.query, Self::URL_PARAMS, cfg)
+    }
+
+    fn from_cluster_url(url: &str) -> Result<Self> {
+        const SCHEME: &str = "redis+cluster";
+        let parsed = MultiHostUrl::parse(url, SCHEME, "Redis Cluster")?;
+        let bad = |what: String| {
+            Error::config(format!(
+                "Redis Cluster URL {}: {what}",
+                parsed.redacted(SCHEME)
+            ))
+        };
+        let mut hosts = Vec::with_capacity(parsed.hosts.len());
+        for h in &parsed.hosts {
+            let (host, port) = host_port(h, 6379)
+                .ok_or_else(|| bad(format!("{h:?} is not host[:port] or [IPv6][:port]")))?;
+            hosts.push((host.to_string(), port));
+        }
+        // A cluster has database 0 only.
+        if !matches!(parsed.path.as_deref().unwrap_or(""), "" | "/" | "/0") {
+            return Err(bad(
+                "a cluster has database 0 only: the URL has no path (redis+cluster://n1,n2,n3)"
+                    .into(),
+            ));
+        }
+        let (host, port) = hosts[0].clone();
+        let mut cfg = RedisConfig::new(host, port);
+        cfg.user = parsed.user.clone().filter(|u| !u.is_empty());
+        cfg.password = parsed.password.clone().map(Secret::new);
+        cfg.deployment = Deployment::Cluster(hosts.into());
+        Query::apply("Redis Cluster URL", parsed.query, Self::URL_PARAMS, cfg)
+    }
+
+    /// Whether a replica can be promoted in place of the master (Sentinel, Cluster): then
+    /// replication, which is asynchronous, can forget the last writes.
+    pub(crate) fn fails_over(&self) -> bool {
+        self.deployment != Deployment::Server
+    }
+
+    /// The nodes a `redis+cluster://` configuration starts from.
+    pub(crate) fn cluster(&self) -> Option<&[(String, u16)]> {
+        match &self.deployment {
+            Deployment::Cluster(nodes) => Some(nodes),
+            _ => None,
+        }
+    }
+
+    /// The same settings for the server at `host:port` (the master the sentinels named).
+    pub(crate) fn at(&self, host: &str, port: u16) -> RedisConfig {
+        let mut c = self.clone();
+        c.host = host.to_string();
+        c.port = port;
+        c
+    }
+
+    /// The sentinels, for a `redis+sentinel://` configuration.
+    pub(crate) fn sentinels(&self) -> Option<&std::sync::Arc<Sentinels>> {
+        match &self.deployment {
+            Deployment::Sentinels(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// The query parameters of a Redis URL (lock-core's `Query::apply` reads them).
     pub const URL_PARAMS: &'static [Param<RedisConfig>] = &[
         Param::new("keys", |c: Self, v| {
@@ -129,6 +272,12 @@ impl RedisConfig {
             false => Err(Error::config(
                 "Redis URL: tls_ca_file needs a rediss:// URL",
             )),
+        }),
+        Param::new("wait_replicas", |c: Self, v| {
+            Ok(c.with_wait_replicas(v.number::<u32>()?))
+        }),
+        Param::new("wait_aof", |c: Self, v| {
+            Ok(c.with_wait_aof(Some(v.number::<u32>()?)))
         }),
         Param::new("timeout_ms", |c: Self, v| {
             Ok(c.with_request_timeout(v.millis()?))
@@ -195,6 +344,45 @@ impl RedisConfig {
         self.plain_keys = on;
         self
     }
+    /// Waits for `n` replicas to acknowledge each grant and renewal (`WAIT n`, at most a
+    /// quarter of the request timeout) before it counts; a grant fewer acknowledged is undone
+    /// and the acquisition fails with `Unavailable`, a renewal so is retried (the lease
+    /// AtRisk). URL:
+    /// `wait_replicas=N`. What it buys on a Sentinel deployment: a failover that promotes a
+    /// replica which acknowledged keeps the grant. What it does not: the master may still
+    /// have passed it to a replica other than the one promoted, and the replicas keep it in
+    /// memory only — `WAIT` makes no write durable, and Redis says it does not make it
+    /// strongly consistent. Each request and its `WAIT` go as one pipeline to one server (on a
+    /// cluster, the master of the lock's slot), so a refused attempt waits too while a replica
+    /// lags. 0 (the default): no waiting.
+    pub fn with_wait_replicas(mut self, n: u32) -> Self {
+        self.wait_replicas = n;
+        self
+    }
+    /// Waits for the master to fsync each grant and renewal to its append-only file, and for
+    /// `n` replicas to do the same to theirs (`WAITAOF 1 n`, at most a quarter of the request
+    /// timeout, shared with `wait_replicas`'s), before it counts; as with [`with_wait_replicas`](Self::with_wait_replicas), a grant
+    /// short of it is undone and fails with `Unavailable`, a renewal so is retried. URL:
+    /// `wait_aof=N` (`wait_aof=0`: the master's own fsync only). The server must have
+    /// `WAITAOF` (Redis 7.2, Valkey 7.2 and later) and `appendonly yes`, or connecting fails
+    /// with `Error::Config`. What it buys on one server: a lock counted as granted survives a
+    /// crash of the machine, whatever `appendfsync` says, so its fencing is `Strict` (without
+    /// it, only `appendfsync always` is). Behind sentinels or on a cluster it narrows a
+    /// failover's loss no further than `wait_replicas` does: fencing stays `BestEffort`.
+    /// `None` (the default): no waiting.
+    pub fn with_wait_aof(mut self, n: Option<u32>) -> Self {
+        self.wait_aof = n;
+        self
+    }
+    /// Replicas each grant waits for to fsync it, besides the master
+    /// ([`with_wait_aof`](Self::with_wait_aof)).
+    pub fn wait_aof(&self) -> Option<u32> {
+        self.wait_aof
+    }
+    /// Replicas each grant waits for ([`with_wait_replicas`](Self::with_wait_replicas)).
+    pub fn wait_replicas(&self) -> u32 {
+        self.wait_replicas
+    }
     /// Whether [`with_plain_keys`](Self::with_plain_keys) is on.
     pub fn plain_keys(&self) -> bool {
         self.plain_keys
@@ -233,21 +421,37 @@ impl RedisConfig {
             (None, Some(_)) => ":***@".to_string(),
             (None, None) => String::new(),
         };
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
+        let list = |hosts: &[(String, u16)]| -> String {
+            let hosts: Vec<String> = hosts.iter().map(|(h, p)| bracketed(h, *p)).collect();
+            hosts.join(",")
         };
-        let mut s = format!("{scheme}://{auth}{host}:{}", self.port);
+        match &self.deployment {
+            Deployment::Sentinels(s) => {
+                let mut url = format!("redis+sentinel://{auth}{}/{}", list(&s.hosts), s.master);
+                if self.db != 0 {
+                    url.push_str(&format!("/{}", self.db));
+                }
+                return url;
+            }
+            Deployment::Cluster(nodes) => return format!("redis+cluster://{auth}{}", list(nodes)),
+            Deployment::Server => {}
+        }
+        let mut s = format!("{scheme}://{auth}{}", bracketed(&self.host, self.port));
         if self.db != 0 {
             s.push_str(&format!("/{}", self.db));
         }
         s
     }
 
-    /// `host:port`, for messages.
+    /// `host:port`, for messages (and which master, behind sentinels).
     pub(crate) fn endpoint(&self) -> String {
-        format!("{}:{}", self.host, self.port)
+        match &self.deployment {
+            Deployment::Sentinels(s) => {
+                format!("{}:{} (master {:?})", self.host, self.port, s.master)
+            }
+            Deployment::Cluster(_) => format!("the cluster of {}:{}", self.host, self.port),
+            Deployment::Server => format!("{}:{}", self.host, self.port),
+        }
     }
 
     pub(crate) fn connection_info(&self) -> Result<redis::ConnectionInfo> {
@@ -285,103 +489,25 @@ impl RedisConfig {
     }
 }
 
+/// `host:port`, an IPv6 host in brackets.
+fn bracketed(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 lock_core::driver::redacted_config!(RedisConfig {
     prefix,
     connect_timeout,
     request_timeout,
     allow_eviction,
-    plain_keys
+    plain_keys,
+    wait_replicas,
+    wait_aof
 });
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A zero timeout fails every request as if the server were down: a Config error at
-    /// connect, before any I/O.
-    #[tokio::test]
-    async fn connect_refuses_a_zero_timeout() {
-        // Both timeouts are checked by `check_timeouts` (lock-core's `timeout_setters!`).
-        let zero = RedisConfig::new("127.0.0.1", 1).with_request_timeout(Duration::ZERO);
-        let bad = vec![(zero, "request timeout 0")];
-        conformance_tests::assert_refused_at_connect(crate::RedisLock::connect, bad).await;
-    }
-
-    #[test]
-    fn parses_every_part() {
-        let c = RedisConfig::from_url("redis://u%40x:p%3Aw@h.example:7000/3?prefix=p:").unwrap();
-        assert_eq!((c.host(), c.port(), c.db()), ("h.example", 7000, 3));
-        assert_eq!(c.user(), Some("u@x"));
-        assert_eq!(c.secret().map(Secret::expose), Some("p:w"));
-        assert_eq!(c.prefix(), "p:");
-        let d = RedisConfig::from_url("redis://127.0.0.1").unwrap();
-        assert_eq!((d.port(), d.db(), d.prefix()), (6379, 0, DEFAULT_PREFIX));
-        let t = RedisConfig::from_url("redis://h?timeout_ms=250&connect_timeout_ms=750").unwrap();
-        assert_eq!(t.request_timeout, Duration::from_millis(250));
-        assert_eq!(t.connect_timeout, Duration::from_millis(750));
-        assert!(RedisConfig::from_url("redis://h?timeout_ms=soon").is_err());
-        assert!(RedisConfig::from_url("redis://h?tls_ca_file=/ca.pem").is_err());
-        for (url, host, port) in [
-            ("redis://[::1]:7000/1", "::1", 7000),
-            ("redis://[fe80::1]", "fe80::1", 6379),
-            ("redis://user@h", "h", 6379),
-        ] {
-            let c = RedisConfig::from_url(url).unwrap();
-            assert_eq!((c.host(), c.port()), (host, port), "{url}");
-        }
-        assert_eq!(
-            RedisConfig::from_url("redis://[::1]:7000")
-                .unwrap()
-                .redacted_url(),
-            "redis://[::1]:7000"
-        );
-    }
-
-    #[test]
-    fn rejects_bad_urls_without_leaking_the_password() {
-        conformance_tests::assert_bad_urls_rejected(
-            RedisConfig::from_url,
-            &[
-                "http://h:1",
-                "redis://:hunter2@h:1/notanumber",
-                "redis://:hunter2@h:1/-1",
-                "redis://:hunter2@h:1/0?nope=1",
-                "redis://:hunter2@h:1/0?prefix={x}",
-                "redis://:hunter2@",
-                "not a url hunter2@",
-                "redis://:hunter2@a:1,b:2",
-                "redis://:hunter2@h:port",
-                "redis://:hunter2@h:99999",
-                "redis://:hunter2@[::1",
-                "redis://:hunter2@[::1]x",
-                "redis://:hunter2@:1",
-                "redis://:hunter2@h:1?keys=flat",
-            ],
-            "hunter2",
-        );
-    }
-
-    #[test]
-    fn plain_keys_with_the_empty_prefix() {
-        let c = RedisConfig::from_url("redis://h:1?keys=plain&prefix=").unwrap();
-        assert!(c.plain_keys());
-        assert_eq!(c.prefix(), "");
-        assert!(!RedisConfig::from_url("redis://h:1").unwrap().plain_keys());
-    }
-
-    #[test]
-    fn debug_and_display_redact() {
-        let c = RedisConfig::new("h", 1).with_credentials("u", "hunter2");
-        for s in [format!("{c:?}"), c.to_string(), c.redacted_url()] {
-            assert!(!s.contains("hunter2"), "{s}");
-            assert!(s.contains("***"), "{s}");
-        }
-    }
-
-    #[cfg(not(feature = "tls"))]
-    #[test]
-    fn rediss_names_the_feature() {
-        let e = RedisConfig::from_url("rediss://h:1").unwrap_err();
-        assert!(e.to_string().contains("`tls` feature"), "{e}");
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

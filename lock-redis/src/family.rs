@@ -136,7 +136,9 @@ return 1
 const LIST_LUA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
+local out = {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), false}
+if #KEYS < 3 then return out end
+out[3] = redis.call('GET', KEYS[2])
 local all = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
 for i = 1, #all, 2 do
   local left = tonumber(all[i + 1]) - now
@@ -237,7 +239,11 @@ pub async fn list<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
 ) -> redis::RedisResult<Listing> {
-    let reply: Vec<redis::Value> = run::<_, _, &str>(conn, &LIST, &keys3(keys), &[]).await?;
+    // Plain keys have neither counter nor group: their lock key alone (on a cluster the
+    // others' names, without a hash tag, would be in other slots).
+    let all = keys3(keys);
+    let ks = if keys.fenced { &all[..] } else { &all[..1] };
+    let reply: Vec<redis::Value> = run::<_, _, &str>(conn, &LIST, ks, &[]).await?;
     let text = |i: usize| field::<String>(&reply, i);
     let int = |i: usize| field::<i64>(&reply, i);
     let mut members: Vec<(String, Duration)> = (3..reply.len())

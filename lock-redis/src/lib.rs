@@ -1,6 +1,7 @@
-//! # lock-redis: distlock on a single Redis server
+//! # lock-redis: distlock on a single Redis server, or a Sentinel deployment's master
 //!
-//! [`RedisLock`] implements [`lock_core::DistributedLock`] on one Redis (≥ 6, for RESP3).
+//! [`RedisLock`] implements [`lock_core::DistributedLock`] on one Redis (≥ 6, for RESP3), or
+//! on the master of a Sentinel deployment, followed through failovers (see Sentinel below).
 //!
 //! ## Algorithm
 //!
@@ -59,8 +60,13 @@
 //! (`appendonly yes` + `appendfsync always`) forgets both the lock and the counter: a new holder
 //! may be granted while the old one still works, and its token can repeat an old one. The driver
 //! reads the server's configuration at connect time and reports `Fencing::Strict` only for a
-//! durable server; otherwise `Fencing::BestEffort`. Replication does not help: Redis replicates
-//! asynchronously, and a promoted replica may not have seen the last grant.
+//! durable server; otherwise `Fencing::BestEffort`. **`wait_aof=N`**
+//! ([`RedisConfig::with_wait_aof`]) makes a server with any `appendfsync` durable for locks: a
+//! grant or renewal counts once the master (and `N` replicas) fsynced it to the append-only
+//! file (`WAITAOF`: Redis 7.2, Valkey 7.2 and later; a server without it, or without
+//! `appendonly yes`, is refused at connect), so fencing is `Strict` on one server. Replication
+//! does not help: Redis replicates asynchronously, and a promoted replica may not have seen the
+//! last grant.
 //!
 //! ## Failure modes
 //!
@@ -74,12 +80,10 @@
 //! `Capabilities::fencing` is `None`. A `CONFIG SET` between two checks goes unnoticed until the
 //! next one.
 //!
-//! **A Redis Cluster node is refused** at connect (`Error::Config`, from `cluster_enabled:1`
-//! in `INFO`): the driver talks to the one server in its URL and follows neither `MOVED`
-//! redirections nor slot migrations, so a lock would work or fail by its name's slot (and a
-//! node that serves no slot fails every one with `CLUSTERDOWN`, which looks retryable and is
-//! not). A single-node cluster is refused too: run that server standalone. (A lock's keys do
-//! share a hash tag, one slot, so a cluster-aware driver could use them as they are.)
+//! **A Redis Cluster node named in a `redis://` URL is refused** at connect (`Error::Config`,
+//! from `cluster_enabled:1` in `INFO`): that URL talks to one server, which would serve a lock
+//! or answer `MOVED` by its name's slot. Name the cluster in a `redis+cluster://` URL instead
+//! (below).
 //!
 //! **A replica is refused** by the same checks: a read-only one refuses every grant, and a
 //! writable one (`replica-read-only no`) would take locks that its next sync with its master
@@ -110,9 +114,70 @@
 //! fsyncs every write: against `appendfsync always` with a `dd` write loop on the same disk, 17
 //! of 30 single tries at 10 ms were refused this way. Choose a TTL many round trips long.
 //!
+//! ## Sentinel
+//!
+//! `redis+sentinel://[user[:password]@]s1[:p1],s2[:p2],.../MASTER[/db][?…]` finds the master
+//! that the sentinels listed (port 26379 by default) know as `MASTER` (`SENTINEL
+//! get-master-addr-by-name`, asking each in turn), and follows it: the client listens for the
+//! sentinels' `+switch-master`, asks them again every 2 s and whenever its connection drops,
+//! and moves to a new master only once that server answers as a master itself (`INFO`), so it
+//! never writes to a replica. Waiters' subscriptions move with it, and every waiter re-checks.
+//! A lease granted before the move is **AtRisk until its key is confirmed on the new master**
+//! (renewed at once, with automatic renewal; by its holder's `renew` otherwise): Held again if
+//! its key is there with its token, Lost if not.
+//!
+//! An answer to a request sent before the client moved (the old master, frozen, answering
+//! after its thaw) confirms nothing: such a grant is undone and the acquisition fails with
+//! `Unavailable`, such a renewal is retried on the new master, such a release is sent again
+//! there.
+//!
+//! Replication is asynchronous, and two things can give one lock to two holders across a
+//! failover: a grant the old master acknowledged but had not yet passed to the replica the
+//! sentinels promote is forgotten, and a deposed master that does not know it yet (frozen,
+//! then thawed before the sentinels reconfigure it) still grants to a client that has not
+//! yet heard of the failover. The first holder learns it at its next renewal (`Lost`, within
+//! a third of the TTL with the watchdog). **`wait_replicas=N`**
+//! ([`RedisConfig::with_wait_replicas`]) narrows both: a grant or renewal counts only once
+//! `N` replicas acknowledged it (`WAIT`), and a deposed master has none left: in 109 failovers
+//! under the nemesis with `wait_replicas=2` no lock had two holders and no token repeated,
+//! against 81 overlaps and 5,278 repeated tokens in 74 failovers without it (RELIABILITY.md). It
+//! does not make a write durable, a replica that acknowledged is not necessarily the one
+//! promoted, and a grant waits for (and so needs) `N` replicas attached.
+//! So on a Sentinel deployment fencing is `BestEffort` whatever the servers' fsync policy (the
+//! counter can lose its last increments the same way), and elections are `Unsupported` (an
+//! observer's connection of its own would not follow a failover). Measured in RELIABILITY.md,
+//! "Redis Sentinel". The sentinels take no password and no TLS here.
+//!
+//! ## Cluster
+//!
+//! `redis+cluster://[user[:password]@]n1[:p1],n2[:p2],...[?…]` (port 6379 by default; no
+//! database: a cluster has only 0) finds the cluster from any node listed that answers and
+//! sends each lock's commands to the master of its slot (a lock's keys share one, by their
+//! hash tag `{name}`), following the cluster's redirections (`MOVED`, `ASK`) and topology
+//! changes through redis-rs's cluster client. Every master is checked at connect as a single
+//! server is (`INFO` on each: none may evict keys), and after a reconnect the master a grant
+//! goes to is checked before it (so a shard down holds up no grant on another; a master
+//! deposed since, which a client's map may still name, answers as a replica and is let be:
+//! the grant is redirected to the new one). Waiters subscribe on
+//! the node of the announcement channel's slot; the release scripts' `PUBLISH` reaches every
+//! node of a cluster, so no sharded pub/sub is needed (and servers before 7.0 work too).
+//!
+//! A shard's failover (its master down for the cluster's node timeout, a replica promoted)
+//! is followed: a held lease is renewed on the new master and stays Held if its key is there,
+//! turns Lost if the failover forgot it (replication is asynchronous, as behind sentinels);
+//! waiters are woken on the new master (`tests/cluster.rs`). A lease is not put in doubt the
+//! moment its shard fails over (as behind sentinels): it learns at its next renewal. A master
+//! frozen past its shard's failover answers, at its thaw, what was sent to it before: a grant
+//! from a deposed master, with a fencing token the new master will hand out again.
+//! `wait_replicas=N` narrows this as behind sentinels: each grant or renewal goes with its
+//! `WAIT` in one pipeline to the master of the lock's slot (redirected as a whole when the slot
+//! moves), so the count is of that master's replicas, and a deposed master has none left. So fencing is
+//! `BestEffort` and elections are `Unsupported`. TLS (`rediss+cluster://`) is not offered yet.
+//! Measured in RELIABILITY.md, "Redis Cluster".
+//!
 //! ## URL
 //!
-//! `redis://[user[:password]@]host[:port][/db][?prefix=P&keys=tagged|plain&allow_eviction=true]`; `rediss://` with the
+//! `redis://[user[:password]@]host[:port][/db][?prefix=P&keys=tagged|plain&allow_eviction=true&wait_replicas=N&wait_aof=N]`; `rediss://` with the
 //! `tls` feature (`?tls_ca_file=PATH` trusts a private CA). Unknown or repeated parameters are
 //! refused. Passwords never appear in `Debug`, `Display`, logs or errors.
 //!
@@ -129,17 +194,23 @@
 //! # Ok(()) }
 //! ```
 
+mod acknowledged;
 mod client;
+mod cluster;
 mod config;
+mod conn;
 mod election;
+mod facts;
 mod family;
 mod lease;
 mod lock;
 mod scripts;
+mod sentinel;
 mod undo;
 mod wakeup;
 
 pub use config::{RedisConfig, DEFAULT_PREFIX};
+pub use conn::Conn;
 pub use lock::RedisLock;
 pub use lock_core;
 pub use redis;
@@ -172,9 +243,9 @@ pub mod raw {
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
     backend: config::BACKEND,
     schemes: if cfg!(feature = "tls") {
-        &["redis", "rediss"]
+        &["redis", "rediss", "redis+sentinel", "redis+cluster"]
     } else {
-        &["redis"]
+        &["redis", "redis+sentinel", "redis+cluster"]
     },
     connect: |url| lock_core::driver::connecting(async move { RedisLock::from_url(&url).await }),
 };

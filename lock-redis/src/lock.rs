@@ -10,10 +10,10 @@ use lock_core::{
     Capabilities, ChangeFeed, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo,
     Leader, Lease, LockName, LockOptions, Mode, Result,
 };
-use redis::aio::ConnectionManager;
 
 use crate::client::RedisNode;
 use crate::config::BACKEND;
+use crate::conn::Conn;
 use crate::lease::RedisLeaseOps;
 use crate::scripts::{self, Acquired, LockKeys};
 use crate::undo::{release_any, ReleaseOnDrop};
@@ -57,11 +57,25 @@ impl RedisLock {
     /// Connects (and authenticates) now; fails with [`Error::Config`] for rejected
     /// credentials and [`Error::Unavailable`] when the server cannot be reached.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
-        let node = RedisNode::connect(config).await?;
+        let node = if let Some(sentinels) = config.sentinels().cloned() {
+            crate::sentinel::connect(config, &sentinels).await?
+        } else if let Some(nodes) = config.cluster().map(<[_]>::to_vec) {
+            crate::cluster::connect(config, &nodes).await?
+        } else {
+            RedisNode::connect(config).await?
+        };
+        check_wait_aof(&node).await?;
         // An evicted counter restarts at 1: with eviction accepted, no tokens at all.
         // Plain keys: foreign holders take the lock without advancing any counter.
         let fencing = if node.config().allow_eviction() || node.config().plain_keys() {
             Fencing::None
+        } else if node.config().fails_over() {
+            // A failover can lose the counter's last increments with the old master
+            // (replication is asynchronous), whatever its fsync policy: tokens can repeat.
+            Fencing::BestEffort
+        } else if node.config().wait_aof().is_some() {
+            // Each grant counts once it is in the append-only file on disk (checked above).
+            Fencing::Strict
         } else {
             durable_fencing(&node.connection()).await
         };
@@ -77,7 +91,9 @@ impl RedisLock {
             .with_shared(family)
             .with_permits(family)
             // A leader's value beside its lock, its term the fence counter (`election.rs`).
-            .with_election(fencing != Fencing::None);
+            // Not behind sentinels or on a cluster: an observer's own connection would not
+            // follow a failover or the slot.
+            .with_election(fencing != Fencing::None && !node.config().fails_over());
         Ok(RedisLock {
             inner: Arc::new(Inner {
                 nodes: Arc::from([node.clone()]),
@@ -98,7 +114,7 @@ impl RedisLock {
     }
 
     /// A clone of the underlying connection, for operations outside the lock contract.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Conn {
         self.inner.node.connection()
     }
 
@@ -135,7 +151,8 @@ impl RedisLock {
         let cfg = node.config();
         // After a reconnect the server may be another one (a failover, a restart with another
         // configuration): check it before granting on it.
-        node.verify(cfg.request_timeout()).await?;
+        node.verify_for(cfg.request_timeout(), Some(&keys.lock))
+            .await?;
         let token: Arc<str> = scripts::new_token().into();
         // Cancelled between sending and settling: release in the background (no ghost holder).
         let mut undo = ReleaseOnDrop::new(
@@ -145,27 +162,37 @@ impl RedisLock {
             cfg.request_timeout(),
         )
         .of_mode(mode);
+        // Subscribed before asking: a failover after this puts the grant in doubt at once.
+        let doubts = node
+            .config()
+            .sentinels()
+            .map(|_| node.target().switched.subscribe());
         let start = Instant::now();
-        let mut conn = node.connection();
+        // The grant and its WAIT (`wait_replicas`) in one pipeline, to one server.
+        let mut conn = node.acknowledged();
         let asking = async {
-            match mode {
+            let reply = match mode {
                 Mode::Exclusive => {
                     let value = opts.value.as_ref().map(|v| v.as_bytes());
-                    scripts::acquire(&mut conn.clone(), keys, &token, ttl, value).await
+                    scripts::acquire(&mut conn, keys, &token, ttl, value).await
                 }
-                mode => crate::family::acquire(&mut conn.clone(), keys, &token, ttl, mode).await,
-            }
+                mode => crate::family::acquire(&mut conn, keys, &token, ttl, mode).await,
+            }?;
+            Ok::<_, redis::RedisError>((reply, conn.replicated()))
         };
         let reply = tokio::time::timeout(cfg.request_timeout(), asking).await;
         let valid_until = lease_end(start, ttl);
         let failure = match reply {
-            Ok(Ok(Acquired::Busy {
-                remaining, foreign, ..
-            })) => {
+            Ok(Ok((
+                Acquired::Busy {
+                    remaining, foreign, ..
+                },
+                _,
+            ))) => {
                 undo.disarm(); // refused: nothing of ours is stored
                 return Ok(Err(Busy { remaining, foreign }));
             }
-            Ok(Ok(Acquired::Mismatch { held })) => {
+            Ok(Ok((Acquired::Mismatch { held }, _))) => {
                 undo.disarm();
                 return Err(Error::PermitsMismatch {
                     name: name.clone(),
@@ -173,14 +200,27 @@ impl RedisLock {
                     asked: mode.limit().unwrap_or(0),
                 });
             }
-            Ok(Ok(Acquired::Granted { fence })) if Instant::now() < valid_until => {
+            Ok(Ok((Acquired::Granted { .. }, _)))
+                if doubts
+                    .as_ref()
+                    .is_some_and(|d| d.has_changed().unwrap_or(true)) =>
+            {
+                // Answered by a deposed master (the node moved since it asked): the new one
+                // never saw this grant.
+                node.unavailable("the master changed while the grant was on its way; undone")
+            }
+            Ok(Ok((Acquired::Granted { .. }, false))) => node.unavailable(&format!(
+                "{} the grant in time; undone",
+                crate::acknowledged::short_of(cfg)
+            )),
+            Ok(Ok((Acquired::Granted { fence }, true))) if Instant::now() < valid_until => {
                 undo.disarm(); // the lease owns the token from here
                 let token = match mode {
                     Mode::Exclusive => token,
                     _ => crate::family::member(fence, &token).into(),
                 };
                 let ops = RedisLeaseOps {
-                    conn,
+                    doubts,
                     keys: keys.clone(),
                     token,
                     mode,
@@ -201,7 +241,7 @@ impl RedisLock {
                     ops,
                 ))));
             }
-            Ok(Ok(Acquired::Granted { .. })) => {
+            Ok(Ok((Acquired::Granted { .. }, true))) => {
                 node.unavailable("the grant arrived after the lease's validity had passed")
             }
             Ok(Err(e)) => node.error(&e),
@@ -385,10 +425,11 @@ impl fmt::Debug for RedisLock {
     }
 }
 
-/// Fencing is Strict only when the server fsyncs every write to its AOF: otherwise a restart
-/// forgets the counter (and the lock) and tokens repeat. Unknown (CONFIG refused) → BestEffort.
-async fn durable_fencing(conn: &ConnectionManager) -> Fencing {
-    async fn read(conn: &ConnectionManager, param: &str) -> Option<String> {
+/// Fencing is Strict only when the server fsyncs every write to its AOF (or, `wait_aof`, each
+/// grant waits for its fsync): otherwise a restart forgets the counter (and the lock) and
+/// tokens repeat. Unknown (CONFIG refused) → BestEffort.
+async fn durable_fencing(conn: &Conn) -> Fencing {
+    async fn read(conn: &Conn, param: &str) -> Option<String> {
         let reply: redis::RedisResult<std::collections::HashMap<String, String>> =
             redis::cmd("CONFIG")
                 .arg("GET")
@@ -402,5 +443,36 @@ async fn durable_fencing(conn: &ConnectionManager) -> Fencing {
     match (aof.as_deref(), fsync.as_deref()) {
         (Some("yes"), Some("always")) => Fencing::Strict,
         _ => Fencing::BestEffort,
+    }
+}
+
+/// With `wait_aof`: fails with [`Error::Config`] where every grant would fail, the server
+/// having no `WAITAOF` (before Redis 7.2 and Valkey 7.2) or no append-only file. On a cluster
+/// every master is asked.
+async fn check_wait_aof(node: &RedisNode) -> Result<()> {
+    if node.config().wait_aof().is_none() {
+        return Ok(());
+    }
+    let mut probe = redis::cmd("WAITAOF");
+    probe.arg(1).arg(0).arg(1000);
+    match probe
+        .query_async::<redis::Value>(&mut node.connection())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.to_string().contains("appendonly") => Err(Error::config(format!(
+            "wait_aof needs the server's append-only file (appendonly yes): {}",
+            node.config().redacted_url()
+        ))),
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                && e.to_string().to_lowercase().contains("unknown command") =>
+        {
+            Err(Error::config(format!(
+                "wait_aof needs WAITAOF (Redis 7.2, Valkey 7.2 and later), which {} does not have",
+                node.config().redacted_url()
+            )))
+        }
+        Err(e) => Err(node.error(&e)),
     }
 }

@@ -5,9 +5,10 @@ use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
+
+use crate::conn::Conn;
 
 #[derive(Default)]
 struct Channel {
@@ -124,11 +125,31 @@ impl Wakeups {
         }
     }
 
+    /// The connection moved to another server (a Sentinel failover): subscribes `conn` to
+    /// every channel that has waiters and wakes them all (announcements may have been lost).
+    /// A waiter's later unsubscribe goes to the old connection, so a channel can stay
+    /// subscribed here without waiters: its messages find none and are dropped.
+    pub(crate) async fn moved_to(&self, conn: &Conn) {
+        let channels: Vec<(String, Arc<tokio::sync::Mutex<bool>>, Arc<Notify>)> = self
+            .map()
+            .iter()
+            .map(|(ch, c)| (ch.clone(), c.subscribed.clone(), c.notify.clone()))
+            .collect();
+        for (channel, subscribed, notify) in channels {
+            let s = subscribed.lock().await;
+            if *s {
+                let _ = conn.clone().subscribe(&channel).await;
+            }
+            drop(s);
+            notify.notify_waiters();
+        }
+    }
+
     /// Registers a waiter for `channel` and makes sure the connection is subscribed before
     /// returning, so a release after this call cannot go unnoticed.
     pub(crate) async fn watch(
         self: &Arc<Self>,
-        conn: &ConnectionManager,
+        conn: &Conn,
         channel: &str,
     ) -> redis::RedisResult<Watch> {
         let (notify, subscribed) = {
@@ -155,7 +176,7 @@ impl Wakeups {
 /// One waiter's registration; dropping it unsubscribes when it was the channel's last waiter.
 pub(crate) struct Watch {
     wakeups: Arc<Wakeups>,
-    conn: ConnectionManager,
+    conn: Conn,
     channel: String,
     notify: Arc<Notify>,
 }

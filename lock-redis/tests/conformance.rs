@@ -11,7 +11,7 @@ use test_support::servers;
 use test_support::ServicesSh;
 
 mod harness;
-use harness::Redis;
+use harness::{At, Redis};
 
 fn main() -> ExitCode {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| servers::url("redis://{redis}"));
@@ -19,9 +19,11 @@ fn main() -> ExitCode {
     // Without persistence a restart forgets every lock: the nemesis only freezes it.
     let mut trials = conformance_tests::trials(Arc::new(Redis {
         config,
-        servers: Arc::new(ServicesSh::new(&["redis"], false)),
+        servers: Some(Arc::new(ServicesSh::new(&["redis"], false))),
         secured: true,
         up: "redis",
+        at: At::Server,
+        ttl: harness::TTL,
     }));
     // The server that fsyncs every write (appendfsync always): fencing is Strict, and the suite
     // crashes and restarts it to prove it.
@@ -29,9 +31,11 @@ fn main() -> ExitCode {
     trials.extend(conformance_tests::trials_prefixed(
         Arc::new(Redis {
             config: aof,
-            servers: Arc::new(ServicesSh::new(&["redis-aof"], true)),
+            servers: Some(Arc::new(ServicesSh::new(&["redis-aof"], true))),
             secured: false,
             up: "redis-aof",
+            at: At::Server,
+            ttl: harness::TTL,
         }),
         "aof",
     ));
@@ -43,9 +47,11 @@ fn main() -> ExitCode {
     trials.extend(conformance_tests::trials_prefixed(
         Arc::new(Redis {
             config: plain,
-            servers: Arc::new(ServicesSh::new(&["redis"], false)),
+            servers: Some(Arc::new(ServicesSh::new(&["redis"], false))),
             secured: false,
             up: "redis",
+            at: At::Server,
+            ttl: harness::TTL,
         }),
         "plain",
     ));

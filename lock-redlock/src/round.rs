@@ -10,7 +10,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use lock_core::Mode;
 use lock_redis::raw::scripts::LockKeys;
 use lock_redis::raw::RedisNode;
-use redis::aio::ConnectionManager;
+use lock_redis::Conn;
 
 /// One master's answer: the request's result, or the per-node timeout elapsed.
 pub(crate) type NodeReply<T> =
@@ -26,7 +26,7 @@ impl<T: Send + 'static> Round<T> {
     /// Sends `request` to every master.
     pub(crate) fn new<F, Fut>(nodes: &[RedisNode], node_timeout: Duration, request: F) -> Self
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
     {
         Self::on(nodes, &vec![false; nodes.len()], node_timeout, |_, c| {
@@ -43,7 +43,7 @@ impl<T: Send + 'static> Round<T> {
         request: F,
     ) -> Self
     where
-        F: Fn(usize, ConnectionManager) -> Fut,
+        F: Fn(usize, Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
     {
         let pending = nodes
@@ -84,7 +84,7 @@ pub(crate) fn release_request(
     keys: &Arc<LockKeys>,
     token: &Arc<str>,
     mode: Mode,
-) -> impl Fn(ConnectionManager) -> BoxFuture<'static, redis::RedisResult<bool>> {
+) -> impl Fn(Conn) -> BoxFuture<'static, redis::RedisResult<bool>> {
     let (keys, token) = (keys.clone(), token.clone());
     move |mut c| {
         let (keys, token) = (keys.clone(), token.clone());

@@ -81,6 +81,11 @@ fn a_clock_step_on_a_minority_of_masters_keeps_exclusion_and_on_a_majority_break
             matches!(err, Error::NotHeld { .. } | Error::Lost { .. }),
             "renewing after a majority went to another holder must be NotHeld or Lost, got {err:?}"
         );
-        second.release().await.unwrap();
+        // The cleanup, not the promise under test: on a loaded machine a master can miss its
+        // per-node timeout (a clean run's lanes: `QuorumNotReached { granted: 2, needed: 3 }`,
+        // 2026-11-30); a retryable failure is sent again in the background, and the key expires.
+        if let Err(e) = second.release().await {
+            assert!(e.is_retryable(), "the second holder's release: {e:?}");
+        }
     });
 }

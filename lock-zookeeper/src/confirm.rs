@@ -127,6 +127,44 @@ impl Pace {
     }
 }
 
+/// How many times a turn that came with a late answer is asked again once the deadline has
+/// passed (each ask takes at least a third of the session: a late answer is that slow).
+pub(crate) const LATE_ASKS: u32 = 3;
+
+/// What a contender does with a listing that says its turn has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnTurn {
+    /// Granted, valid until this instant.
+    Granted(Instant),
+    /// The answer was too late to vouch for the session: ask again.
+    AskAgain,
+    /// Asked again [`LATE_ASKS`] times past the deadline, every answer late: the servers
+    /// are too slow to vouch for a lease now.
+    TooSlow,
+}
+
+/// The turn has come, and `vouched` is what its listing vouches for ([`Pace::vouched`]). An
+/// answer too late to vouch is asked again, also past the deadline (up to [`LATE_ASKS`]
+/// times, counted in `late_asks`): the deadline bounds the wait for other holders, and a free
+/// lock reported held (`Ok(None)`) because the servers were slow would be a lie — a
+/// `try_acquire` refused a free name this way under a starved ensemble (clean run of
+/// `1725f45`). Still late after that: a retryable error, never a refusal.
+pub(crate) fn on_turn(
+    vouched: Option<Instant>,
+    deadline_passed: bool,
+    late_asks: &mut u32,
+) -> OnTurn {
+    match vouched {
+        Some(until) => OnTurn::Granted(until),
+        None if !deadline_passed => OnTurn::AskAgain,
+        None if *late_asks < LATE_ASKS => {
+            *late_asks += 1;
+            OnTurn::AskAgain
+        }
+        None => OnTurn::TooSlow,
+    }
+}
+
 /// Whether the servers behind `client` form an ensemble: `/zookeeper/config` lists the members
 /// of a quorum and is empty on a standalone server. If it cannot be read, the answer is yes:
 /// the ensemble's rules are the safe ones.
@@ -159,5 +197,31 @@ mod tests {
         assert!(v + v / 3 + st / 4 <= st * 92 / 100, "{v:?}");
         // A stall the leader expires the session over outlasts the prompt window.
         assert!(st / 3 < st - v / 3 - st / 4, "{v:?}");
+    }
+
+    #[test]
+    fn a_late_turn_is_asked_again_past_the_deadline_then_an_error_never_a_refusal() {
+        let until = Instant::now() + Duration::from_secs(1);
+        let mut asks = 0;
+        assert_eq!(
+            on_turn(Some(until), true, &mut asks),
+            OnTurn::Granted(until)
+        );
+        // Before the deadline a late answer is asked again without counting.
+        for _ in 0..10 {
+            assert_eq!(on_turn(None, false, &mut asks), OnTurn::AskAgain);
+        }
+        assert_eq!(asks, 0);
+        // Past it (a `try_acquire`'s deadline has passed at once), LATE_ASKS more asks ...
+        for _ in 0..LATE_ASKS {
+            assert_eq!(on_turn(None, true, &mut asks), OnTurn::AskAgain);
+        }
+        // ... a prompt answer among them still grants ...
+        assert_eq!(
+            on_turn(Some(until), true, &mut asks),
+            OnTurn::Granted(until)
+        );
+        // ... and after them the servers are too slow: an error, not a refusal.
+        assert_eq!(on_turn(None, true, &mut asks), OnTurn::TooSlow);
     }
 }

@@ -9,7 +9,7 @@ use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Mode, Renewal, R
 use zookeeper_client::{Client, CreateMode, Stat};
 
 use crate::client::{transient, until_definite, Session};
-use crate::confirm::Pace;
+use crate::confirm::{on_turn, OnTurn, Pace, LATE_ASKS};
 use crate::lease::{delete_in_background, ZkLeaseOps};
 use crate::modes::{mark, mode_of};
 use crate::sequence::contenders;
@@ -152,6 +152,7 @@ pub(crate) async fn wait_turn(
     let parent = &parent(s, name)?;
     let pace = s.pace(client);
     let mut outage = Outage::new(pace.session_timeout);
+    let mut late_asks = 0;
     loop {
         // In an ensemble the listing comes after a sync: a follower behind its leader could
         // still list this contender's node after the leader ended its session.
@@ -166,24 +167,34 @@ pub(crate) async fn wait_turn(
         outage.over();
         let children = contenders(children);
         let Some(idx) = children.iter().position(|(_, c)| c == me) else {
-            return Err(Error::Lost {
-                name: name.clone(),
-                reason: "the contender's node vanished (session expired?)".into(),
-            });
+            // Nothing was held: a retryable failure (a new attempt starts on a new session),
+            // not `Lost`, which speaks of a lease the caller had.
+            return Err(Error::unavailable(
+                crate::config::BACKEND,
+                format!("{name} not granted: the contender's node vanished (session expired?)"),
+            ));
         };
         let modes: Vec<Mode> = children.iter().map(|(_, c)| mode_of(c)).collect();
         let turn = queue_turn(&modes, idx);
         if turn == Turn::Granted {
-            if let Some(valid_until) = pace.vouched(asked) {
-                return Ok(Some(valid_until));
-            }
             // A slow answer may come from a member that was stalled (a frozen leader, a
             // GC pause) and answers from its old state after the ensemble expired this
             // session: ask again rather than vouch for a lease on it.
-            if deadline.passed() {
-                return Ok(None);
+            match on_turn(pace.vouched(asked), deadline.passed(), &mut late_asks) {
+                OnTurn::Granted(valid_until) => return Ok(Some(valid_until)),
+                OnTurn::AskAgain => continue,
+                OnTurn::TooSlow => {
+                    return Err(Error::unavailable(
+                        crate::config::BACKEND,
+                        format!(
+                            "{name}'s turn came, but {} answers in a row came later than a \
+                             third of the session timeout ({:?}): too slow to vouch for a lease",
+                            LATE_ASKS + 1,
+                            pace.session_timeout
+                        ),
+                    ))
+                }
             }
-            continue;
         }
         let blocker = match turn {
             Turn::Mismatch { held } => {

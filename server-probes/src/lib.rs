@@ -54,6 +54,115 @@ pub async fn redis_commands_processed(url: &str) -> Option<u64> {
     commands_processed(&mut c).await
 }
 
+/// The `host:port` of the master that the sentinels of `scripts/services.sh` (`sentinel1` to
+/// `sentinel3`) name for `distlock` now: the first that answers.
+pub async fn sentinel_master() -> Option<String> {
+    let mut ask = redis::cmd("SENTINEL");
+    ask.arg("get-master-addr-by-name").arg("distlock");
+    for port in servers::numbered::<3>("sentinel") {
+        let url = format!("redis://127.0.0.1:{port}");
+        if let Some(Some((host, port))) = redis_ask::<Option<(String, u16)>>(&url, &ask).await {
+            return Some(format!("{host}:{port}"));
+        }
+    }
+    None
+}
+
+/// `cmd`'s answer from the Redis server at `url`, over a connection of its own, 2 s at most.
+async fn redis_ask<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> Option<T> {
+    let asked = async {
+        let mut c = redis::Client::open(url)
+            .ok()?
+            .get_multiplexed_async_connection()
+            .await
+            .ok()?;
+        cmd.query_async(&mut c).await.ok()
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), asked)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The value of the line `key:value` in `text` (the form of `INFO` and `CLUSTER INFO`).
+fn info_field(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}
+
+/// The URL (`redis://host:port`) of the master that serves `key`'s slot in the Redis Cluster
+/// of `scripts/services.sh` now, as the first of `cluster1` to `cluster6` that answers
+/// `CLUSTER SLOTS` says.
+///
+/// # Errors
+/// The client library's, or a message when no node answers or none serves the slot.
+pub async fn redis_cluster_owner(key: &str) -> Result<String, String> {
+    let mut keyslot = redis::cmd("CLUSTER");
+    keyslot.arg("KEYSLOT").arg(key);
+    let mut slots = redis::cmd("CLUSTER");
+    slots.arg("SLOTS");
+    for port in servers::numbered::<6>("cluster") {
+        let url = format!("redis://127.0.0.1:{port}");
+        let Some(slot) = redis_ask::<u16>(&url, &keyslot).await else {
+            continue;
+        };
+        // Each range: [first slot, last slot, [master host, port, id, …], replicas…].
+        let Some(ranges) = redis_ask::<Vec<Vec<redis::Value>>>(&url, &slots).await else {
+            continue;
+        };
+        let owner = ranges.into_iter().find_map(|r| {
+            let first: u16 = redis::from_redis_value(r.first()?.clone()).ok()?;
+            let last: u16 = redis::from_redis_value(r.get(1)?.clone()).ok()?;
+            let master: Vec<redis::Value> = redis::from_redis_value(r.get(2)?.clone()).ok()?;
+            let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
+            let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
+            (first..=last)
+                .contains(&slot)
+                .then(|| format!("redis://{host}:{port}"))
+        });
+        if let Some(url) = owner {
+            return Ok(url);
+        }
+    }
+    Err(format!(
+        "no node of the Redis Cluster (cluster1 to 6) names the master of the slot of {key:?}"
+    ))
+}
+
+/// `cluster_state` (`ok` or `fail`) of `CLUSTER INFO` on the Redis Cluster node at `addr`
+/// (`host:port`).
+pub async fn redis_cluster_state(addr: &str) -> Option<String> {
+    let mut info = redis::cmd("CLUSTER");
+    info.arg("INFO");
+    let text: String = redis_ask(&format!("redis://{addr}"), &info).await?;
+    info_field(&text, "cluster_state")
+}
+
+/// What the Redis server at `addr` (`host:port`) says it is: `master` or `slave`.
+pub async fn redis_role(addr: &str) -> Option<String> {
+    redis_info(&format!("redis://{addr}"), "replication", "role").await
+}
+
+/// How many replicas the Redis server at `addr` (`host:port`) has connected and online.
+pub async fn redis_replicas(addr: &str) -> Option<usize> {
+    let url = format!("redis://{addr}");
+    let n: usize = redis_info(&url, "replication", "connected_slaves")
+        .await?
+        .parse()
+        .ok()?;
+    Some(n)
+}
+
+/// The field `field` of `INFO section` of the Redis server at `url`, over a connection of its
+/// own, 2 s at most.
+async fn redis_info(url: &str, section: &str, field: &str) -> Option<String> {
+    let mut info = redis::cmd("INFO");
+    info.arg(section);
+    let text: String = redis_ask(url, &info).await?;
+    info_field(&text, field)
+}
+
 /// [`redis_commands_processed`] on a connection the caller has (authenticated) already.
 pub async fn commands_processed(c: &mut (impl redis::aio::ConnectionLike + Send)) -> Option<u64> {
     let info: String = redis::cmd("INFO").arg("stats").query_async(c).await.ok()?;
@@ -86,13 +195,14 @@ async fn zk_srvr(host: &str, key: &str) -> Option<String> {
 /// Client packets received by every ZooKeeper server in `hosts` (`h1:p1,h2:p2`); session
 /// pings and the `srvr` reads themselves count too.
 pub async fn zk_packets_received(hosts: &str) -> Option<u64> {
+    zk_srvr_total(hosts, "Received").await
+}
+
+/// The sum of a numeric `srvr` line over every ZooKeeper server in `hosts` (`h1:p1,h2:p2`).
+async fn zk_srvr_total(hosts: &str, key: &str) -> Option<u64> {
     let mut total = 0;
     for host in hosts.split(',') {
-        total += zk_srvr(host, "Received")
-            .await?
-            .trim()
-            .parse::<u64>()
-            .ok()?;
+        total += zk_srvr(host, key).await?.trim().parse::<u64>().ok()?;
     }
     Some(total)
 }
@@ -145,19 +255,10 @@ pub async fn etcd_status(endpoint: &str) -> Option<(String, String)> {
 /// Client connections the Redis server at `url` has open (`INFO clients`), this probe's own
 /// among them.
 pub async fn redis_clients(url: &str) -> Option<u64> {
-    let mut c = redis::Client::open(url)
-        .ok()?
-        .get_multiplexed_async_connection()
-        .await
-        .ok()?;
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query_async(&mut c)
-        .await
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("connected_clients:"))
-        .and_then(|v| v.trim().parse().ok())
+    redis_info(url, "clients", "connected_clients")
+        .await?
+        .parse()
+        .ok()
 }
 
 /// Client sessions the PostgreSQL server at `conninfo` has open (`pg_stat_activity`'s client
@@ -174,13 +275,5 @@ pub async fn pg_sessions(conninfo: &str) -> Option<u64> {
 /// Client connections every ZooKeeper server in `hosts` has open (`srvr`'s `Connections`),
 /// this probe's own among them.
 pub async fn zk_connections(hosts: &str) -> Option<u64> {
-    let mut total = 0;
-    for host in hosts.split(',') {
-        total += zk_srvr(host, "Connections")
-            .await?
-            .trim()
-            .parse::<u64>()
-            .ok()?;
-    }
-    Some(total)
+    zk_srvr_total(hosts, "Connections").await
 }

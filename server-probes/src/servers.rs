@@ -135,7 +135,16 @@ mod tests {
                 assert!(s.name != t.name && s.port != t.port, "{s:?} and {t:?}");
             }
             assert!(
-                ["redis", "zk", "etcd", "pg", "pgbouncer"].contains(&s.kind),
+                [
+                    "redis",
+                    "sentinel",
+                    "cluster",
+                    "zk",
+                    "etcd",
+                    "pg",
+                    "pgbouncer"
+                ]
+                .contains(&s.kind),
                 "{s:?}"
             );
             assert_eq!(s.user.is_some(), s.password.is_some(), "{s:?}");

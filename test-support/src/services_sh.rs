@@ -17,6 +17,12 @@ enum Leader {
     /// etcd members' client addresses, in member order (the leader's own member id is the
     /// `leader` its status names).
     Etcd(Vec<String>),
+    /// A Sentinel deployment's Redis servers' addresses, in member order: the master is the
+    /// one the sentinels name (`sentinel1` to `3`).
+    Sentinel(Vec<String>),
+    /// A Redis Cluster's nodes' addresses, in member order: the first master among them
+    /// leads (an aimed fault strikes a shard's master).
+    Cluster(Vec<String>),
 }
 
 /// Servers started by `scripts/services.sh`, by their names there.
@@ -59,6 +65,20 @@ impl ServicesSh {
     /// order).
     pub fn etcd_leader(mut self, endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.leader = Leader::Etcd(endpoints.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// A Sentinel deployment whose Redis servers answer on `hosts` (`h:p`, in member order):
+    /// the sentinels name the master, the one that leads.
+    pub fn sentinel_master(mut self, hosts: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.leader = Leader::Sentinel(hosts.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// A Redis Cluster whose nodes answer on `hosts` (`h:p`, in member order): each shard a
+    /// master and one replica.
+    pub fn cluster_masters(mut self, hosts: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.leader = Leader::Cluster(hosts.into_iter().map(Into::into).collect());
         self
     }
 
@@ -159,10 +179,25 @@ impl Servers for ServicesSh {
                 }
                 None
             }
+            Leader::Sentinel(hosts) => {
+                let master = crate::sentinel_master().await?;
+                hosts.iter().position(|h| *h == master)
+            }
+            Leader::Cluster(hosts) => {
+                for (i, h) in hosts.iter().enumerate() {
+                    if crate::redis_role(h).await.as_deref() == Some("master") {
+                        return Some(i);
+                    }
+                }
+                None
+            }
         }
     }
     /// A ZooKeeper ensemble: one member says leader and every other follower. An etcd
-    /// cluster: every member names the same leader. Servers without a leader: always.
+    /// cluster: every member names the same leader. A Sentinel deployment: the sentinels name
+    /// a master that answers as one, with every other member replicating from it. A Redis
+    /// Cluster: every node says the cluster is ok, and half of them are masters with their
+    /// replica attached. Servers without a leader: always.
     async fn serving(&self) -> bool {
         match &self.leader {
             Leader::None => true,
@@ -189,6 +224,33 @@ impl Servers for ServicesSh {
                 let leader = ids.first().map(|(_, l)| l.clone());
                 ids.iter().all(|(_, l)| Some(l) == leader.as_ref())
                     && ids.iter().any(|(me, _)| Some(me) == leader.as_ref())
+            }
+            // Healed: the master the sentinels name says so, and every other member
+            // replicates from it again (the sentinels convert a thawed old master some 10 s
+            // after it answers; until then a client waiting for every replica, as
+            // `wait_replicas=2` does here, cannot be granted).
+            Leader::Sentinel(hosts) => match crate::sentinel_master().await {
+                Some(master) if hosts.contains(&master) => {
+                    crate::redis_role(&master).await.as_deref() == Some("master")
+                        && crate::redis_replicas(&master).await == Some(hosts.len() - 1)
+                }
+                _ => false,
+            },
+            // Healed: a thawed old master rejoins as a replica of the one promoted in its
+            // place; until then its shard has no replica (`wait_replicas=1` cannot grant).
+            Leader::Cluster(hosts) => {
+                let mut masters = 0;
+                for h in hosts {
+                    if crate::redis_cluster_state(h).await.as_deref() != Some("ok") {
+                        return false;
+                    }
+                    match crate::redis_role(h).await.as_deref() {
+                        Some("master") if crate::redis_replicas(h).await == Some(1) => masters += 1,
+                        Some("slave") => {}
+                        _ => return false,
+                    }
+                }
+                masters * 2 == hosts.len()
             }
         }
     }

@@ -415,8 +415,8 @@ pub async fn a_grant_that_arrives_expired_is_not_handed_out(
         } else {
             slow.lock.try_acquire(&name, &o).await
         };
-        // An error, or `None` (a driver that took its own undone grant for a holder), hands
-        // out nothing.
+        // An error, or `None`, hands out nothing (that `None` is no answer to a slow link is
+        // `slow::a_slow_link_is_never_busy`'s promise).
         if let Ok(Some(l)) = got {
             let (state, vu, now) = (l.state(), l.valid_until(), Instant::now());
             let _ = l.release().await;

@@ -28,6 +28,7 @@ pub mod safety;
 pub mod security;
 pub mod server;
 pub mod shared;
+pub mod slow;
 pub mod telemetry;
 pub mod waiting;
 
@@ -269,6 +270,7 @@ pub static CASES: &[Case] = &[
         delays
     ),
     case!(faults::cut_off_holder_gets_answers_not_hangs, delays),
+    case!(slow::a_slow_link_is_never_busy, delays),
     case!(repeated::every_grant_keeps_its_promises, always),
     case!(safety::history_is_clean, always),
     case!(election::one_leader_at_a_time, elects),

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{DistributedLock, Lease, LeaseState, LockName};
+use lock_core::{DistributedLock, Lease, LeaseState, LockName, LockOptions};
 
 use super::support::{
     acquire_when_free, client, held, in_state, is_not_held, long_opts, opts, scene, sleep,
@@ -10,11 +10,15 @@ use super::support::{
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
-/// Lets `lease` expire, then has `successor` acquire the lock.
+/// Lets `lease` expire, then has `successor` acquire the lock with `successor_opts`: a long TTL
+/// where the case later checks that the successor still holds it (with the suite's short TTL
+/// the successor itself expired before that check on a loaded machine: the unbroken
+/// wrapper's `dropped_stale_lease_keeps_successor`, 2026-11-30, beside three soaks).
 async fn expire_and_take_over(
     h: &dyn Harness,
     lease: &dyn Lease,
     successor: &dyn DistributedLock,
+    successor_opts: &LockOptions,
 ) -> Result<Box<dyn Lease>, Failure> {
     let t = h.timing();
     sleep_until(lease.valid_until()).await;
@@ -23,7 +27,7 @@ async fn expire_and_take_over(
     let next = acquire_when_free(
         successor,
         &name,
-        &opts(h),
+        successor_opts,
         wait,
         "a successor taking over an expired lock (expiry::abandoned_lease_frees_after_ttl)",
     )
@@ -37,7 +41,7 @@ pub async fn stale_release_keeps_successor(h: &dyn Harness) -> Result<(), Failur
     let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
     let name = fresh_name("stale-release");
     let stale = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
-    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref()).await?;
+    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref(), &long_opts(h)).await?;
     match stale.release().await {
         Err(e) if is_not_held(&e) => {}
         Ok(()) => return Err(Failure("release of an expired lease returned Ok".into())),
@@ -63,7 +67,7 @@ pub async fn stale_renew_keeps_successor(h: &dyn Harness) -> Result<(), Failure>
     let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
     let name = fresh_name("stale-renew");
     let stale = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
-    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref()).await?;
+    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref(), &long_opts(h)).await?;
     ensure!(
         stale.renew().await.is_err(),
         "renew of an expired lease succeeded while another client holds the lock"
@@ -88,7 +92,7 @@ pub async fn dropped_stale_lease_keeps_successor(h: &dyn Harness) -> Result<(), 
     let (a, b, c) = (client(h).await?, client(h).await?, client(h).await?);
     let name = fresh_name("stale-drop");
     let stale = held(a.try_acquire(&name, &opts(h)).await?, "first holder")?;
-    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref()).await?;
+    let successor = expire_and_take_over(h, stale.as_ref(), b.as_ref(), &long_opts(h)).await?;
     drop(stale);
     sleep(t.slack).await; // room for a background release to run
     still_held(
@@ -107,7 +111,7 @@ pub async fn dropped_stale_lease_keeps_successor(h: &dyn Harness) -> Result<(), 
 pub async fn ownership_is_per_lease_not_per_client(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { a, b, name, .. } = scene(h, "per-lease").await?;
     let old = held(a.try_acquire(&name, &opts(h)).await?, "first lease")?;
-    let new = expire_and_take_over(h, old.as_ref(), a.as_ref()).await?;
+    let new = expire_and_take_over(h, old.as_ref(), a.as_ref(), &long_opts(h)).await?;
     ensure!(
         old.release().await.is_err(),
         "the client's expired lease released its current lease"
@@ -161,7 +165,7 @@ pub async fn broken_lock_release_is_not_held(h: &dyn Harness) -> Result<(), Fail
 pub async fn stale_renew_does_not_extend_new_lease(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { a, b, name, .. } = scene(h, "stale-renew-own").await?;
     let old = held(a.try_acquire(&name, &opts(h)).await?, "first lease")?;
-    let new = expire_and_take_over(h, old.as_ref(), a.as_ref()).await?;
+    let new = expire_and_take_over(h, old.as_ref(), a.as_ref(), &opts(h)).await?;
     let new_t0 = Instant::now();
     let new_ttl = new.ttl();
     // Renew late in the new lease's life, so an extension would outlast it by far more than

@@ -69,6 +69,12 @@ impl FlawedLock {
             (None, _) => self.inner.try_acquire(&key, &self.inner_opts(opts)).await?,
             (Some(delay), _) => {
                 let (lease, landed) = self.in_flight(delay, &key, opts).await?;
+                if self.flaw == Flaw::SlowIsBusy && started.elapsed() > opts.ttl / 3 {
+                    if let Some(l) = lease {
+                        let _ = l.release().await;
+                    }
+                    return Ok(None);
+                }
                 return match lease {
                     Some(l) => Ok(Some(
                         self.in_time(self.wrap(l, opts, started, landed)).await?,

@@ -139,6 +139,7 @@ impl Flaw {
                 expiry::regrants_after_a_release_claim_no_more_than_their_ttl
             ],
             Flaw::UnreachableIsRefusal => cases![faults::unreachable_backend_is_an_error],
+            Flaw::SlowIsBusy => cases![slow::a_slow_link_is_never_busy],
             Flaw::AbandonReleases => cases![expiry::abandoned_lease_frees_after_ttl],
             Flaw::ReleaseByPrefix => cases![exclusion::release_frees_only_its_own_name],
             Flaw::IgnoresServerName => {

@@ -204,6 +204,9 @@ pub enum Flaw {
     /// A request that found the backend unreachable is reported as a refusal (`Ok(None)`:
     /// "someone holds it").
     UnreachableIsRefusal,
+    /// A grant whose answer took longer than a third of the TTL is distrusted, undone and
+    /// reported as a refusal (`Ok(None)`), as ZooKeeper's driver did with a late listing.
+    SlowIsBusy,
     /// Requests wait for an unreachable backend for as long as it takes: no request timeout.
     HangsWhileUnreachable,
     /// `abandon` releases the lock instead of leaving it to expire.
@@ -489,6 +492,7 @@ impl Flaw {
         Flaw::LostTimerNotRenewed,
         Flaw::RenewOverstatesValidity,
         Flaw::UnreachableIsRefusal,
+        Flaw::SlowIsBusy,
         Flaw::HangsWhileUnreachable,
         Flaw::AbandonReleases,
         Flaw::ReleaseByPrefix,

@@ -11,6 +11,7 @@ use lock_core::{Error, Lease, LockName, Result};
 use tokio::sync::watch;
 
 use super::Flaw;
+use crate::safety::CUT_NOTICE;
 use crate::witness::Witness;
 use crate::{Fault, Link};
 
@@ -128,15 +129,21 @@ impl Link for WireLink {
         }
     }
 
-    /// A task woken by the next cut, as the simulated server's session end and the holder's
-    /// lease are: when this process could first act on it. On a loaded machine the runtime
-    /// wakes them all late, which a cut race's notice must not charge to the driver (the
-    /// unbroken session-bound wrapper was granted away 11.4 ms after a cut it noticed at
-    /// 12.6 ms, in a clean run's lanes). A driver that notices later than its runtime could
-    /// (`Flaw::SessionLostByPolling`, `Flaw::SessionLostLate`) is still caught.
+    /// When this process could first have recorded a notice of the next cut, its stalls
+    /// included: a task woken by the cut wakes a second task (the holder's notice takes the
+    /// same two wake-ups: the lease's task marks it Lost, the history's recorder is woken by
+    /// its lost signal), which then ticks every millisecond for [`CUT_NOTICE`]; the time the
+    /// ticks took beyond that is time the runtime did not run, and moves the moment seen on by
+    /// as much. On a loaded machine the operating system deschedules the whole process: the
+    /// unbroken session-bound wrapper, on one thread, was granted away 15 ms after its
+    /// witness saw the cut, and noticed 0.3 ms after that (a clean run's lanes, 2026-11-30); a
+    /// window fixed from the witness's wake-up charged that stall to the driver. A driver that
+    /// notices later than its runtime could (`Flaw::SessionLostByPolling`,
+    /// `Flaw::SessionLostLate`) is still caught: its lateness is not a stall.
     fn witness(&self) -> Option<Witness> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
         let (seen_tx, seen) = tokio::sync::oneshot::channel();
+        let (woken_tx, woken) = tokio::sync::oneshot::channel::<()>();
         let next = self.0.next_cut();
         rt.spawn(async move {
             // Within a second, as a socket's witness: a cut comes right after arming.
@@ -144,7 +151,20 @@ impl Link for WireLink {
                 .await
                 .is_ok()
             {
-                let _ = seen_tx.send(Instant::now());
+                let _ = woken_tx.send(());
+            }
+        });
+        rt.spawn(async move {
+            if woken.await.is_ok() {
+                let at = Instant::now();
+                let tick = Duration::from_millis(1);
+                let mut due = at;
+                while due < at + CUT_NOTICE {
+                    due += tick;
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let stalled = at.elapsed().saturating_sub(CUT_NOTICE + tick);
+                let _ = seen_tx.send(at + stalled);
             }
         });
         Some(Witness::of_parts(seen))

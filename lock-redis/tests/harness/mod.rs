@@ -1,8 +1,11 @@
 //! The conformance harness of a Redis-protocol server: the suite's view of one server (Redis or
 //! Valkey) in one key layout, shared by `tests/conformance.rs` and `tests/valkey.rs`.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
 
 use conformance_tests::{
     async_trait, BoxError, FaultProxy, Faulty, Harness, Secured, Servers, Timing, UrlParts,
@@ -13,22 +16,59 @@ use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, RedisLock};
 use test_support::ServicesSh;
 
+/// The cases' TTL on a Redis server.
+pub(crate) const TTL: Duration = Duration::from_millis(500);
+
 pub(crate) struct Redis {
     pub(crate) config: RedisConfig,
-    /// Its server in services.sh: frozen by the safety nemesis, and crashed and restarted
-    /// where it syncs every write (`redis-aof`).
-    pub(crate) servers: Arc<ServicesSh>,
+    /// Its servers in services.sh: frozen by the safety nemesis, and crashed and restarted
+    /// where it syncs every write (`redis-aof`); `None`: the nemesis leaves them alone.
+    pub(crate) servers: Option<Arc<ServicesSh>>,
     /// Whether this run also covers the secured servers (the main server's run).
     pub(crate) secured: bool,
     /// What to start when it cannot connect (`scripts/services.sh up …`).
     pub(crate) up: &'static str,
+    /// How the servers are deployed: where the harness's own commands go.
+    pub(crate) at: At,
+    /// The cases' TTL (500 ms; the failover soaks' 2 s, so that the nemesis's freezes of ½ to
+    /// 2 TTLs outlast the sentinels' 1 s and fail the master over).
+    pub(crate) ttl: Duration,
+}
+
+/// How the servers of a run are deployed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // each test binary that includes the harness builds some of them
+pub(crate) enum At {
+    /// One server, the config's.
+    Server,
+    /// Behind sentinels (`redis+sentinel://`): the harness's own commands and the fault proxy
+    /// go to the master the sentinels name now.
+    Sentinels,
+    /// The Redis Cluster of services.sh (`cluster1` to `6`): a key's commands go to the node
+    /// of its slot, and server-wide counts add up every node's.
+    Cluster,
 }
 
 impl Redis {
-    /// The server, without TLS or credentials: for the harness's own commands.
-    fn raw_url(&self) -> String {
-        let c = &self.config;
-        format!("redis://{}:{}/{}", c.host(), c.port(), c.db())
+    /// The servers that may hold `key`, without TLS or credentials: for the harness's own
+    /// commands (on a cluster, the master of its slot).
+    async fn raw_urls(&self, key: &str) -> Result<Vec<String>, BoxError> {
+        Ok(match self.at {
+            At::Cluster => vec![test_support::redis_cluster_owner(key).await?],
+            _ => vec![format!(
+                "redis://{}/{}",
+                self.addr().await,
+                self.config.db()
+            )],
+        })
+    }
+
+    /// The server's `host:port` (behind sentinels, the master's now).
+    async fn addr(&self) -> String {
+        match self.at {
+            At::Sentinels => test_support::sentinel_master().await.unwrap_or_default(),
+            _ => format!("{}:{}", self.config.host(), self.config.port()),
+        }
     }
 }
 
@@ -38,10 +78,19 @@ impl Harness for Redis {
         test_support::connected(RedisLock::connect(self.config.clone()), self.up).await
     }
     fn timing(&self) -> Timing {
-        Timing::for_ttl(Duration::from_millis(500))
+        Timing::for_ttl(self.ttl)
     }
     async fn backend_requests(&self) -> Option<u64> {
-        test_support::redis_commands_processed(&self.raw_url()).await
+        if self.at == At::Cluster {
+            let mut sum = 0;
+            for port in test_support::servers::numbered::<6>("cluster") {
+                let url = format!("redis://127.0.0.1:{port}");
+                sum += test_support::redis_commands_processed(&url).await?;
+            }
+            return Some(sum);
+        }
+        let url = format!("redis://{}/{}", self.addr().await, self.config.db());
+        test_support::redis_commands_processed(&url).await
     }
     async fn break_lock(&self, name: &LockName) -> Option<Result<(), BoxError>> {
         let keys = if self.config.plain_keys() {
@@ -50,17 +99,25 @@ impl Harness for Redis {
             LockKeys::new(self.config.prefix(), name)
         };
         Some(
-            test_support::redis_del([self.raw_url()], &keys.lock)
-                .await
-                .map_err(Into::into),
+            async {
+                let urls = self.raw_urls(&keys.lock).await?;
+                Ok(test_support::redis_del(urls, &keys.lock).await?)
+            }
+            .await,
         )
     }
     async fn key_exists(&self, key: &str) -> Option<Result<bool, BoxError>> {
-        let found = test_support::redis_exists([self.raw_url()], key).await;
-        Some(found.map(|n| n > 0).map_err(Into::into))
+        Some(
+            async {
+                let urls = self.raw_urls(key).await?;
+                Ok(test_support::redis_exists(urls, key).await? > 0)
+            }
+            .await,
+        )
     }
     fn servers(&self) -> Option<Arc<dyn Servers>> {
-        Some(self.servers.clone())
+        let servers = self.servers.clone()?;
+        Some(servers)
     }
     /// `redis-auth` and, with the `tls` feature, `redis-tls` of
     /// `scripts/services.sh`; for the main server's run only.
@@ -87,11 +144,22 @@ impl Harness for Redis {
         })
     }
     async fn faulty_client(&self, delay: Duration) -> Option<Result<Faulty, BoxError>> {
+        if self.at == At::Cluster {
+            // A client behind a proxy follows the cluster's redirections to the nodes
+            // themselves, around the proxy.
+            return None;
+        }
+        if self.at == At::Sentinels && self.servers.is_some() {
+            // Where the nemesis fails the master over, none: a client behind a proxy is a
+            // plain client of one master, which does not follow a failover, and its grants
+            // on a deposed master would be counted against the Sentinel driver.
+            return None;
+        }
         Some(
             async {
-                let proxy = FaultProxy::start(
-                    format!("{}:{}", self.config.host(), self.config.port()).parse()?,
-                )?;
+                // Behind sentinels too, a plain client of the master: the sentinels would
+                // name the master, not the proxy.
+                let proxy = FaultProxy::start(self.addr().await.parse()?)?;
                 proxy.delay(delay);
                 let a = proxy.addr();
                 let config = RedisConfig::new(a.ip().to_string(), a.port())
@@ -104,4 +172,20 @@ impl Harness for Redis {
             .await,
         )
     }
+}
+
+/// A trial that runs `test` on a runtime of its own.
+#[allow(dead_code)] // the binaries with trials of their own (not conformance.rs)
+pub(crate) fn trial<F: Future<Output = Result<(), Failed>> + 'static>(
+    name: &'static str,
+    test: fn() -> F,
+) -> Trial {
+    Trial::test(name, move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+            .block_on(test())
+    })
 }
