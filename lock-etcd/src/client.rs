@@ -279,7 +279,17 @@ pub(crate) async fn txn_call(
     client: &Client,
     txn: Txn,
 ) -> Result<etcd_client::TxnResponse> {
-    call(
+    let sent = send_txn(config, client, txn).await;
+    sent.map_err(|e| mapped(e, config, config.request_timeout()))
+}
+
+/// One `Txn` through [`send`], within the request timeout.
+async fn send_txn(
+    config: &EtcdConfig,
+    client: &Client,
+    txn: Txn,
+) -> std::result::Result<etcd_client::TxnResponse, Unanswered> {
+    send(
         config,
         client,
         config.request_timeout(),
@@ -290,6 +300,46 @@ pub(crate) async fn txn_call(
         },
     )
     .await
+}
+
+/// One `Txn` that puts a key on lease `id`, granted for this request just before. Where the
+/// lease expired on its way (a link slower than the lease's TTL), etcd refuses the whole `Txn`
+/// with "requested lease not found": nothing was put, and the same request with a new lease
+/// may succeed, so that is [`Error::Unavailable`], never a backend error.
+pub(crate) async fn txn_on_lease(
+    config: &EtcdConfig,
+    client: &Client,
+    txn: Txn,
+    id: i64,
+) -> Result<etcd_client::TxnResponse> {
+    let sent = send_txn(config, client, txn).await;
+    sent.map_err(|e| on_lease_error(e, config, id))
+}
+
+/// The contract's error for a request on lease `id` that [`send`] returned unanswered.
+fn on_lease_error(e: Unanswered, config: &EtcdConfig, id: i64) -> Error {
+    match e {
+        Unanswered::Failed(e) if lease_not_found(&e) => expired_on_the_way(config, id),
+        e => mapped(e, config, config.request_timeout()),
+    }
+}
+
+/// etcd's answer to a request naming a lease it does not have (expired or revoked).
+fn lease_not_found(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::NotFound && s.message().contains("requested lease not found"))
+}
+
+/// The error of a request whose lease `id` expired before the request arrived.
+fn expired_on_the_way(config: &EtcdConfig, id: i64) -> Error {
+    Error::unavailable(
+        BACKEND,
+        format!(
+            "lease {id:x}, granted for this request, expired before {} received the request: \
+             the link is slower than the TTL; nothing was written (a longer TTL may help)",
+            config.redacted_url()
+        ),
+    )
 }
 
 /// The request failed before reaching any server (connection refused or not established).

@@ -88,3 +88,56 @@ async fn a_silent_server_is_not_called_refused() {
         "etcd backend unavailable: etcd://127.0.0.1:1 does not answer reads: no answer from etcd://127.0.0.1:1 within 100ms"
     );
 }
+
+/// Reproduces CI's red of `single::slow::a_slow_link_is_never_busy`: through a link whose round
+/// trip was the TTL, the lease granted for a `try_acquire` expired before the put that used it
+/// arrived, and etcd's "requested lease not found" became a backend error (not retryable),
+/// though nothing was put and the same request with a new lease may succeed.
+#[tokio::test]
+async fn a_lease_expired_on_its_way_is_a_transient_failure() {
+    let config = EtcdConfig::from_url("etcd://127.0.0.1:1").expect("a valid URL");
+    let client = Client::connect(["http://127.0.0.1:1"], None)
+        .await
+        .expect("a lazy client");
+    let expired = || {
+        etcd_client::Error::GRpcStatus(tonic::Status::not_found(
+            "etcdserver: requested lease not found",
+        ))
+    };
+    let e = on_lease_error(answered(&config, &client, expired()).await, &config, 0x1f);
+    assert!(e.is_retryable(), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "etcd backend unavailable: lease 1f, granted for this request, expired before \
+         etcd://127.0.0.1:1 received the request: the link is slower than the TTL; nothing was \
+         written (a longer TTL may help)"
+    );
+    // Only that refusal: another NotFound, or the same words under another code, is not it.
+    for other in [
+        tonic::Status::not_found("etcdserver: key not found"),
+        tonic::Status::unknown("etcdserver: requested lease not found"),
+    ] {
+        let e = answered(&config, &client, etcd_client::Error::GRpcStatus(other)).await;
+        let e = on_lease_error(e, &config, 0x1f);
+        assert!(!e.to_string().contains("expired before"), "{e}");
+    }
+    // Elsewhere (a renewal, a release) the same answer stays what it was: not retryable.
+    assert!(!map_error(expired(), &config).is_retryable());
+}
+
+/// What [`send`] returns for a request the server answers with `e`.
+async fn answered(config: &EtcdConfig, client: &Client, e: etcd_client::Error) -> Unanswered {
+    let mut e = Some(e);
+    let sent = send(
+        config,
+        client,
+        Duration::from_secs(1),
+        Resend::Unsent,
+        |_| {
+            let e = e.take();
+            async move { Err::<(), _>(e.expect("sent once")) }
+        },
+    )
+    .await;
+    sent.expect_err("the server refused")
+}

@@ -9,7 +9,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lock_core::driver::lease_end;
 use lock_core::Result;
 
-use crate::client::{txn_call, Cluster};
+use crate::client::{txn_on_lease, Cluster};
 use crate::revoke::{spawn_revoke, RevokeGuard};
 use crate::term::{Granted, Tenure};
 
@@ -60,7 +60,7 @@ pub(crate) async fn rehome(
             "",
             Some(PutOptions::new().with_lease(tenure.id).with_ignore_value()),
         )]);
-    let resp = txn_call(&c.config, &c.client, txn).await?;
+    let resp = txn_on_lease(&c.config, &c.client, txn, tenure.id).await?;
     let term = c.observe(resp.header());
     if !resp.succeeded() {
         return Ok(None);

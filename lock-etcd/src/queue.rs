@@ -11,7 +11,7 @@ use etcd_client::{
 use lock_core::driver::{drift, lease_end, queue_turn, Acquisition, Grant, ManagedLease, Turn};
 use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Mode, Result};
 
-use crate::client::{malformed, txn_call, Cluster};
+use crate::client::{malformed, txn_call, txn_on_lease, Cluster};
 use crate::config::BACKEND;
 use crate::grant::{grant, rehome};
 use crate::layout::{contender, contenders, dir, key, range_up_to};
@@ -154,7 +154,7 @@ pub(crate) async fn put_key(
             TxnOp::put(key, value, Some(PutOptions::new().with_lease(id))),
             TxnOp::get(dir(&c.config, name), Some(read)),
         ]);
-    let resp = txn_call(&c.config, &c.client, txn).await?;
+    let resp = txn_on_lease(&c.config, &c.client, txn, id).await?;
     if !resp.succeeded() {
         return Err(Error::backend(
             BACKEND,
