@@ -62,11 +62,9 @@ impl PgLock {
     pub async fn connect(config: PgConfig) -> Result<Self> {
         let mut opener = Opener::new(config).await?;
         let first = opener.open().await?;
-        // Three round trips each, on a server that answered the login a moment ago.
+        opener.refuse_pooler(&first).await?;
+        // Three round trips, on a server that answered the login a moment ago.
         let checks = opener.request_bound() * 3;
-        opener
-            .within("the pooler check", checks, opener.refuse_pooler(&first))
-            .await?;
         let valued = opener
             .within(
                 "the fencing table check",

@@ -16,10 +16,16 @@
 //! queries are sent: a pooler that moves a connection between backends loses its prepared
 //! statements, and that error would hide the explanation below.
 
+use std::time::Duration;
+
 use lock_core::{Error, Result};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::client::{Opened, Opener};
+use crate::config::BACKEND;
+
+/// What the errors of a probe that was not answered call it.
+const CHECK: &str = "the pooler check";
 
 /// Rounds of the probe. One is enough on an idle pooler; where other clients keep taking and
 /// freeing its server connections, each round catches it on its own most of the time (figures
@@ -30,7 +36,10 @@ const ROUNDS: usize = 3;
 const LOOK: &str = "SELECT pg_backend_pid(), current_setting('distlock.probe', true)";
 
 impl Opener {
-    /// `Err(Config)` naming the fix if `first` goes through a transaction-pooling proxy.
+    /// `Err(Config)` naming the fix if `first` goes through a transaction-pooling proxy. Each
+    /// statement is bounded as every request is, and the second connection's login as every
+    /// login: the whole takes ten round trips and a login, which one bound for all of it
+    /// (three request bounds) did not fit through a link with a 200 ms delay each way.
     pub(crate) async fn refuse_pooler(&self, first: &Opened) -> Result<()> {
         let marker = marker(first.pid);
         // The marker is digits and a dash: safe inside the literal.
@@ -57,7 +66,8 @@ impl Opener {
             return shared();
         }
         for _ in 0..ROUNDS {
-            let (pid, seen) = match look(&second.client, &format!("BEGIN; {LOOK}")).await {
+            let begin = format!("BEGIN; {LOOK}");
+            let (pid, seen) = match look(&second.client, &begin, self.request_bound()).await {
                 Ok(r) => r,
                 Err(Looked::Sql(e)) if e.code().is_some() => {
                     // A statement-pooling proxy refuses the transaction itself.
@@ -68,11 +78,11 @@ impl Opener {
             if pid == first.pid || seen.as_deref() == Some(marker.as_str()) {
                 return shared();
             }
-            second
-                .client
-                .simple_query("ROLLBACK")
-                .await
-                .map_err(|e| self.error(e))?;
+            let rollback = async {
+                let done = second.client.simple_query("ROLLBACK").await;
+                done.map_err(|e| self.error(e))
+            };
+            self.within(CHECK, self.request_bound(), rollback).await?;
             let (pid, seen) = self.look(&first.client, LOOK).await?;
             if pid != first.pid {
                 return hopped(pid);
@@ -89,13 +99,21 @@ impl Opener {
     }
 
     async fn look(&self, client: &Client, sql: &str) -> Result<(i32, Option<String>)> {
-        look(client, sql).await.map_err(|e| self.looked(e))
+        let looked = look(client, sql, self.request_bound()).await;
+        looked.map_err(|e| self.looked(e))
     }
 
     fn looked(&self, e: Looked) -> Error {
         match e {
             Looked::Sql(e) => self.error(e),
             Looked::Odd(what) => self.odd(what),
+            Looked::Late(bound) => Error::unavailable(
+                BACKEND,
+                format!(
+                    "{}: no answer to {CHECK} within {bound:?}",
+                    self.config.redacted_url()
+                ),
+            ),
         }
     }
 
@@ -113,11 +131,20 @@ impl Opener {
 enum Looked {
     Sql(tokio_postgres::Error),
     Odd(&'static str),
+    /// None within this bound.
+    Late(Duration),
 }
 
-/// The last row `sql` returns: a backend pid and a setting.
-async fn look(client: &Client, sql: &str) -> std::result::Result<(i32, Option<String>), Looked> {
-    let messages = client.simple_query(sql).await.map_err(Looked::Sql)?;
+/// The last row `sql` returns within `bound`: a backend pid and a setting.
+async fn look(
+    client: &Client,
+    sql: &str,
+    bound: Duration,
+) -> std::result::Result<(i32, Option<String>), Looked> {
+    let answer = tokio::time::timeout(bound, client.simple_query(sql)).await;
+    let messages = answer
+        .map_err(|_| Looked::Late(bound))?
+        .map_err(Looked::Sql)?;
     let row = messages
         .iter()
         .rev()
