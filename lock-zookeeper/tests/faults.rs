@@ -431,6 +431,7 @@ fn a_create_lost_with_the_connection_is_found_not_repeated() {
 /// `waiter` waiting for `name` (held by `holder`'s session) in a task of its own, returned once
 /// its node is queued under the lock.
 async fn queued_waiter(
+    proxy: &FaultProxy,
     waiter: &ZkLock,
     holder: &ZkLock,
     name: &lock_core::LockName,
@@ -451,6 +452,24 @@ async fn queued_waiter(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Its node is there; its listing and the watch on the node before it may still be on
+    // their way (a clean run's waiter, under load, had its listing answered after the holder
+    // released, and never sent another through a trap set meanwhile). The waiter, alone
+    // behind the proxy, is settled once its link is quiet.
+    let quiet = Duration::from_millis(300);
+    let mut heard = (proxy.bytes_to_upstream(), proxy.bytes_to_clients());
+    let mut since = Instant::now();
+    while since.elapsed() < quiet {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the waiter's link never went quiet for {quiet:?} after it queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = (proxy.bytes_to_upstream(), proxy.bytes_to_clients());
+        if now != heard {
+            (heard, since) = (now, Instant::now());
+        }
+    }
     waiting
 }
 
@@ -470,7 +489,15 @@ fn a_waiter_keeps_its_place_across_a_connection_loss() {
             .await
             .unwrap();
         let parent = holder.config().lock_path(&name);
-        let waiting = queued_waiter(&waiter, &holder, &name, session, Duration::from_secs(8)).await;
+        let waiting = queued_waiter(
+            &proxy,
+            &waiter,
+            &holder,
+            &name,
+            session,
+            Duration::from_secs(8),
+        )
+        .await;
         let session_id = waiter.client().session_id();
         // The next request naming the lock is the waiter's listing once the holder is gone.
         proxy.lose_replies(parent.as_bytes(), 1);
@@ -503,7 +530,15 @@ fn a_waiter_keeps_its_place_across_a_connection_loss() {
             .acquire(&name, &LockOptions::new(session))
             .await
             .unwrap();
-        let waiting = queued_waiter(&waiter, &holder, &name, session, Duration::from_secs(2)).await;
+        let waiting = queued_waiter(
+            &proxy,
+            &waiter,
+            &holder,
+            &name,
+            session,
+            Duration::from_secs(2),
+        )
+        .await;
         proxy.blackhole();
         let blackholed = Instant::now();
         let ended = tokio::time::timeout(Duration::from_secs(5), waiting)

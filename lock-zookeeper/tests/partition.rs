@@ -95,7 +95,7 @@ impl Zk {
             std::fs::write(
                 conf.join("log4j.properties"),
                 format!(
-                    "log4j.rootLogger=WARN, FILE\nlog4j.appender.FILE=org.apache.log4j.FileAppender\n\
+                    "log4j.rootLogger=INFO, FILE\nlog4j.appender.FILE=org.apache.log4j.FileAppender\n\
                      log4j.appender.FILE.File={}/server.log\n\
                      log4j.appender.FILE.layout=org.apache.log4j.PatternLayout\n\
                      log4j.appender.FILE.layout.ConversionPattern=%d %p %c{{1}}: %m%n\n",
