@@ -203,6 +203,43 @@ pub fn shm_dir(prefix: &str) -> crate::Scratch {
     ))
 }
 
+/// The last `lines` lines of every `*.log` file in `dir` and its subdirectories, each headed by
+/// its path: what the servers said, for a failure's report. Files that cannot be read are
+/// named with the reason.
+pub fn log_tails(dir: &std::path::Path, lines: usize) -> String {
+    let mut logs = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for path in entries.flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "log") {
+                logs.push(path);
+            }
+        }
+    }
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let text = match std::fs::read(&log) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+            Err(e) => format!("(unreadable: {e})"),
+        };
+        out.push_str(&format!(
+            "--- the last {lines} lines of {}\n{text}\n",
+            log.display()
+        ));
+    }
+    out
+}
+
 /// What happens to one member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {

@@ -148,10 +148,15 @@ async fn checked<C: Cluster + 'static>(cluster: C, ttl: Duration, w: &Workload) 
     };
     eprintln!("partition history: {}", report.summary());
     if let Err(e) = report.verdict() {
-        panic!("{e}");
+        // The servers' own account of the last seconds: a red in CI keeps nothing else.
+        let tails = crate::partition::log_tails(&harness.cluster.parts().dir, LOG_TAIL);
+        panic!("{e}\n{tails}");
     }
     report
 }
+
+/// Lines of each server's log that a failed run prints.
+const LOG_TAIL: usize = 40;
 
 /// Runs the suite's short workload (here twelve clients over six names; one hold in ten 1–3
 /// TTLs long) for up to `limit` on `cluster`, at `ttl`, while the nemesis cuts members off

@@ -97,3 +97,23 @@ fn two_faults_on_one_member_heal_one_at_a_time() {
     faults.set(&c, Fault::Between(2), 0, false);
     assert!(passes(&c, 0, 2) && passes(&c, 2, 0));
 }
+
+/// A failed run's report carries each server's last lines, and only `*.log` files.
+#[test]
+fn log_tails_gives_each_logs_last_lines_by_path() {
+    let dir = crate::scratch("distlock-log-tails-");
+    std::fs::create_dir_all(dir.join("s0")).unwrap();
+    std::fs::write(dir.join("s0/server.log"), "one\ntwo\nthree\n").unwrap();
+    std::fs::write(dir.join("out.log"), "only\n").unwrap();
+    std::fs::write(dir.join("s0/zoo.cfg"), "not a log\n").unwrap();
+    let tails = log_tails(&dir, 2);
+    let out = format!(
+        "--- the last 2 lines of {}\nonly\n",
+        dir.join("out.log").display()
+    );
+    let server = format!(
+        "--- the last 2 lines of {}\ntwo\nthree\n",
+        dir.join("s0/server.log").display()
+    );
+    assert_eq!(tails, format!("{out}{server}"));
+}
