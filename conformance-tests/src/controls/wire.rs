@@ -157,18 +157,31 @@ impl Link for WireLink {
         rt.spawn(async move {
             if woken.await.is_ok() {
                 let at = Instant::now();
-                let tick = Duration::from_millis(1);
-                let mut due = at;
-                while due < at + CUT_NOTICE {
-                    due += tick;
-                    tokio::time::sleep_until(due.into()).await;
-                }
-                let stalled = at.elapsed().saturating_sub(CUT_NOTICE + tick);
-                let _ = seen_tx.send(at + stalled);
+                let _ = seen_tx.send(at + stalls_within(CUT_NOTICE).await);
             }
         });
         Some(Witness::of_parts(seen))
     }
+}
+
+/// The time the runtime did not run while this task ticked through `window` of the time it
+/// did: each millisecond tick is measured from the one before, and what one took beyond two
+/// ticks (a timer rounds a sleep up to its next millisecond) was a stall. Ticks measured
+/// against fixed due times hid a stall inside the window: the ticks after it were due
+/// already, and returned at once (a clean run of `dc548bb`: a 10 ms stall right after the
+/// cut, the holder's notice 10.6 ms after the witness, no stall counted).
+async fn stalls_within(window: Duration) -> Duration {
+    let tick = Duration::from_millis(1);
+    let (mut ran, mut stalled) = (Duration::ZERO, Duration::ZERO);
+    let mut last = Instant::now();
+    while ran < window {
+        tokio::time::sleep(tick).await;
+        let now = Instant::now();
+        let step = now - last;
+        let late = step.saturating_sub(tick * 2);
+        (ran, stalled, last) = (ran + (step - late), stalled + late, now);
+    }
+    stalled
 }
 
 /// A store lease whose renewals and release cross a [`Wire`], tracked by a
@@ -389,6 +402,23 @@ mod tests {
         assert!(
             w.seen().await.is_none(),
             "a witness saw a cut that never came"
+        );
+    }
+
+    /// A stall in the middle of the window is counted (fixed due times hid it: every tick after
+    /// it was due already). That a runtime that runs counts too little to excuse a late
+    /// notice is the negative controls' (`SessionLostByPolling` is caught).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stall_inside_the_window_is_counted() {
+        let ticking = tokio::spawn(stalls_within(CUT_NOTICE));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        // The whole runtime stops, as when the operating system deschedules the process, and
+        // resumes before the window's 10 ms are over.
+        std::thread::sleep(Duration::from_millis(6));
+        let stalled = ticking.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            stalled >= Duration::from_millis(3),
+            "a 6 ms stall inside the window counted as {stalled:?}"
         );
     }
 }
