@@ -345,7 +345,8 @@ impl RedisConfig {
         self
     }
     /// Waits for `n` replicas to acknowledge each grant and renewal (`WAIT n`, at most a
-    /// quarter of the request timeout) before it counts; a grant fewer acknowledged is undone
+    /// quarter of the request timeout: 250 ms by default, which replicas on a busy machine can
+    /// miss, then raise `timeout_ms`) before it counts; a grant fewer acknowledged is undone
     /// and the acquisition fails with `Unavailable`, a renewal so is retried (the lease
     /// AtRisk). URL:
     /// `wait_replicas=N`. What it buys on a Sentinel deployment: a failover that promotes a
