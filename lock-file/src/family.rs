@@ -68,6 +68,15 @@ fn other_at(file: &File, start: libc::off_t, len: libc::off_t) -> io::Result<Opt
     Ok((probe.l_type != libc::F_UNLCK as libc::c_short).then_some(probe.l_start))
 }
 
+/// Drops every mark and slot that `file`'s open file description holds, now, whoever else
+/// still has a descriptor of it.
+pub(crate) fn unmark(file: &File) -> io::Result<()> {
+    let all = range(libc::F_UNLCK, 0, 0);
+    fcntl(file, FcntlArg::F_OFD_SETLK(&all))
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
 /// Marks `mode`'s class on `file` (the handle holding the `flock`) and tests for the others.
 /// The marks stay until `file` is closed.
 pub(crate) fn enter(file: &File, mode: Mode) -> io::Result<Entry> {

@@ -88,7 +88,8 @@ impl LeaseOps for FileLeaseOps {
         let (path, id) = (self.path.clone(), self.id);
         let still_ours = blocking(move || {
             let ours = path_id(&path);
-            drop(file); // closing releases the lock
+            file.unlock();
+            drop(file); // closing the writable handle wakes other processes' waiters
             ours
         })
         .await;

@@ -203,3 +203,43 @@ async fn flock_x_and_permits_exclude_each_other() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A released lock is free at once, in every mode, though another descriptor of its files is
+/// still open: a child that another thread forks holds one until it execs (here, the lease's
+/// own duplicates stand for it). Closing alone freed the lock only with the last of them, so
+/// `flock -x` and another client were refused after the release. (An abandoned lease leaves
+/// the lock to such duplicates: `tests/inherit.rs`.)
+#[tokio::test]
+async fn a_release_frees_the_lock_whoever_else_has_its_descriptors() {
+    let dir = std::env::temp_dir().join(format!("lock-file-flock-dup-{}", std::process::id()));
+    let (locks, others) = (
+        FileLock::open(&dir).await.unwrap(),
+        FileLock::open(&dir).await.unwrap(),
+    );
+    let name = LockName::new("interop-dup").unwrap();
+    let file = locks.path_of(&name);
+    let opts = LockOptions::new(Duration::from_secs(5));
+    for mode in [opts.clone(), opts.clone().shared(), opts.clone().permits(1)] {
+        let lease = locks.try_acquire(&name, &mode).await.unwrap().unwrap();
+        let copies = lease.inheritable_fds();
+        assert!(!copies.is_empty(), "no descriptors to copy");
+        lease.release().await.unwrap();
+        assert!(
+            flock_now("-x", &file),
+            "flock -x refused after a release in {:?} while a copy of its descriptors is open",
+            mode.mode
+        );
+        // A permit's slot and a reader's mark go too: one permit of one is free again.
+        let again = others.try_acquire(&name, &mode).await.unwrap();
+        let again = again.unwrap_or_else(|| {
+            panic!(
+                "another client refused after a release in {:?} while a copy of its \
+                 descriptors is open",
+                mode.mode
+            )
+        });
+        again.release().await.unwrap();
+        drop(copies);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
