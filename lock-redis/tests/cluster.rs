@@ -345,15 +345,8 @@ async fn grant_short_of_replicas() -> Result<(), Failed> {
         let mut c = node_conn(&servers::url(&format!("redis://{{cluster{i}}}"))).await?;
         redis::cmd("SCRIPT").arg("FLUSH").exec_async(&mut c).await?;
     }
-    // Replicas' acknowledgements get a quarter of the request timeout: 1 s here, not the
-    // default 250 ms, which a loaded machine's replica can miss (as in Sentinel's test).
-    let waiting = |n| {
-        config()
-            .with_wait_replicas(n)
-            .with_request_timeout(Duration::from_secs(4))
-    };
-    let one = RedisLock::connect(waiting(1)).await?;
-    let two = RedisLock::connect(waiting(2)).await?;
+    let one = RedisLock::connect(harness::waiting_for(config(), 1)).await?;
+    let two = RedisLock::connect(harness::waiting_for(config(), 2)).await?;
     let other = connect().await?;
     let opts = LockOptions::new(TTL);
     let refused = |lock: &RedisLock, name: LockName, n: u32| {

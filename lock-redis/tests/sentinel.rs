@@ -104,14 +104,8 @@ fn main() -> ExitCode {
     conformance_tests::run_trials(trials)
 }
 
-/// `wait_replicas=n`, with a request timeout of 4 s: replicas' acknowledgements get a quarter
-/// of it, 1 s. The default 1 s (250 ms for them) was too short on the test lanes' machine: a
-/// clean run's grant with both replicas in sync (checked just before) was refused as short of
-/// them.
 fn waiting_for(n: u32) -> RedisConfig {
-    config()
-        .with_wait_replicas(n)
-        .with_request_timeout(Duration::from_secs(4))
+    harness::waiting_for(config(), n)
 }
 
 /// `wait_replicas=N`: a grant is handed out once N replicas acknowledged it. With two
