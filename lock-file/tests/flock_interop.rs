@@ -239,6 +239,16 @@ async fn a_release_frees_the_lock_whoever_else_has_its_descriptors() {
             )
         });
         again.release().await.unwrap();
+        // A reader's mark would keep a permit out (`family.rs`): gone too.
+        let permit = others.try_acquire(&name, &opts.clone().permits(1)).await;
+        let permit = permit.unwrap().unwrap_or_else(|| {
+            panic!(
+                "a permit refused after a release in {:?} while a copy of its descriptors is \
+                 open",
+                mode.mode
+            )
+        });
+        permit.release().await.unwrap();
         drop(copies);
     }
     let _ = std::fs::remove_dir_all(&dir);
