@@ -285,6 +285,19 @@ pub(crate) async fn cancel_after<T>(after: Duration, fut: impl Future<Output = T
     }
 }
 
+/// Polls `fut` once, leaves it alone for `idle` (a task busy elsewhere: whatever it sent may
+/// be answered meanwhile, and a driver's own tasks run on), then drops it unpolled: its output
+/// if the first poll finished it.
+pub(crate) async fn drop_after_idle<T>(idle: Duration, fut: impl Future<Output = T>) -> Option<T> {
+    let mut fut = std::pin::pin!(fut);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(out) = first {
+        return Some(out);
+    }
+    tokio::time::sleep(idle).await;
+    None
+}
+
 /// Backend requests served in a window of `window` (the counter reads themselves may count).
 async fn requests_in(h: &dyn Harness, window: Duration) -> Result<u64, Failure> {
     let count = || async {

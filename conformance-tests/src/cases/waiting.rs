@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use lock_core::{DistributedLock, Error, LockName, LockOptions};
 
 use super::support::{
-    cancel_after, client, free_for_a_newcomer, handed_on_promptly, held, idle_baseline,
-    in_flight_scene, long_opts, opts, scene, sleep, spawn_waiter, stays_idle, within, Scene,
+    cancel_after, client, drop_after_idle, free_for_a_newcomer, handed_on_promptly, held,
+    idle_baseline, in_flight_scene, long_opts, opts, scene, sleep, spawn_waiter, stays_idle,
+    within, Scene,
 };
 use crate::{ensure, fresh_name, Failure, Harness};
 
@@ -268,30 +269,42 @@ pub async fn cancelled_waiter_does_not_block_others(h: &dyn Harness) -> Result<(
 }
 
 /// A `try_acquire` or `acquire` on a free name, dropped part-way (after its first poll, after
-/// 1 and 5 ms), leaves no holder behind: whatever it got is undone, so the lock is free for
-/// another client within the slack (the TTL is long; expiry cannot pass for it). Unlike
-/// [`cancelled_in_flight_leaves_no_holder`] this needs no faulty link: it cuts wherever the
-/// driver happens to be, between its own steps too.
+/// 1 and 5 ms, and polled once then left unpolled for 100 ms), leaves no holder behind:
+/// whatever it got is undone, so the lock is free for another client within the slack (the
+/// TTL is long; expiry cannot pass for it). Unlike [`cancelled_in_flight_leaves_no_holder`]
+/// this needs no faulty link: it cuts wherever the driver happens to be, between its own
+/// steps too. The unpolled cut is the one a timer cannot place: a grant that reached the
+/// caller's side (a channel from the driver's own task, say) while the caller was not
+/// running, and was dropped there unread.
 pub async fn cancelled_acquire_leaves_no_holder(h: &dyn Harness) -> Result<(), Failure> {
     let Scene { a, b, name, .. } = scene(h, "cancel-acquire").await?;
-    for after in [0, 1, 5].map(Duration::from_millis) {
+    let cuts = [(0, false), (1, false), (5, false), (100, true)];
+    for (after, idle) in cuts.map(|(ms, idle)| (Duration::from_millis(ms), idle)) {
         for waits in [false, true] {
             let what = match waits {
                 false => "try_acquire",
                 true => "acquire (waiting)",
             };
             let opts = long_opts(h).wait_for(h.timing().ttl * 10);
-            let got = match waits {
-                false => cancel_after(after, a.try_acquire(&name, &opts)).await,
-                true => {
-                    cancel_after(after, async { a.acquire(&name, &opts).await.map(Some) }).await
+            let acquire = async {
+                match waits {
+                    false => a.try_acquire(&name, &opts).await,
+                    true => a.acquire(&name, &opts).await.map(Some),
                 }
+            };
+            let got = match idle {
+                false => cancel_after(after, acquire).await,
+                true => drop_after_idle(after, acquire).await,
             };
             // Finished in time: an ordinary grant, released as usual.
             if let Some(lease) = got.transpose()?.flatten() {
                 lease.release().await?;
             }
-            let left = format!("a {what} cancelled after {after:?} left a holder behind");
+            let cut = match idle {
+                false => format!("cancelled after {after:?}"),
+                true => format!("polled once, then dropped unpolled {after:?} later"),
+            };
+            let left = format!("a {what} {cut} left a holder behind");
             free_for_a_newcomer(h, b.as_ref(), &name, &left).await?;
         }
     }

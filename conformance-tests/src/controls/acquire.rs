@@ -63,6 +63,7 @@ impl FlawedLock {
                     None => None,
                 }
             }
+            (None, Flaw::UnreadGrantStays) => self.try_on_a_task(&key, opts).await?,
             (None, Flaw::TryAcquireJumpsQueue) => self.jump_queue(&key, opts).await?,
             (None, Flaw::ReadersJumpWriters) => self.jump_writers(&key, opts).await?,
             (None, Flaw::MismatchOnlyWithHolders) => self.mismatch_with_holders(&key, opts).await?,
@@ -85,6 +86,31 @@ impl FlawedLock {
         };
         Ok(lease.map(|l| self.wrap(l, opts, started, started)))
     }
+    /// [`Flaw::UnreadGrantStays`]: the try on a task of its own, its grant sent back over a
+    /// channel; released if the send fails, abandoned if it lies in the channel unread.
+    async fn try_on_a_task(
+        &self,
+        key: &LockName,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Lease>>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (inner, key, o) = (self.inner.clone(), key.clone(), self.inner_opts(opts));
+        tokio::spawn(async move {
+            let got = inner.try_acquire(&key, &o).await;
+            if let Err(Ok(Some(mut parked))) =
+                tx.send(got.map(|l| l.map(|l| AbandonOnDrop(Some(l)))))
+            {
+                if let Some(l) = parked.0.take() {
+                    let _ = l.release().await;
+                }
+            }
+        });
+        match rx.await {
+            Ok(got) => Ok(got?.and_then(|mut parked| parked.0.take())),
+            Err(_) => Err(Error::unavailable("flawed-memory", "the request's task ended")),
+        }
+    }
+
     /// Whether an acquisition of `name` in `opts.mode` arriving now finds it held in a way
     /// that makes it wait (its holders and it may not hold together).
     pub(super) async fn must_wait(&self, name: &LockName, opts: &LockOptions) -> bool {

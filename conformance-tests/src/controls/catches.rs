@@ -150,7 +150,9 @@ impl Flaw {
             }
             Flaw::SpentDeadlineGivesUp => cases![waiting::spent_deadline_still_tries_once],
             Flaw::CancelledReleaseKeepsLock => cases![exclusion::cancelled_release_still_frees],
-            Flaw::CancelledGrantStays => cases![waiting::cancelled_acquire_leaves_no_holder],
+            Flaw::CancelledGrantStays | Flaw::UnreadGrantStays => {
+                cases![waiting::cancelled_acquire_leaves_no_holder]
+            }
             Flaw::ClientDropEndsLeases => cases![renewal::lease_outlives_its_client_handle],
             Flaw::LostSignalForgottenOnReconnect => cases![faults::lost_fires_after_a_reconnect],
             Flaw::RestartForgetsLocks => cases![server::a_held_lock_survives_a_backend_restart],

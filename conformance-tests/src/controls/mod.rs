@@ -236,6 +236,10 @@ pub enum Flaw {
     /// An acquisition cancelled right after the grant, before its last step, leaves the grant
     /// held until its TTL.
     CancelledGrantStays,
+    /// The try runs on a task of its own that hands its grant to the caller over a channel,
+    /// and undoes it only when the send fails: a grant that lies in the channel when the
+    /// caller's future is dropped stays until its TTL.
+    UnreadGrantStays,
     /// Dropping the client handle ends its leases' locks, though the leases live on.
     ClientDropEndsLeases,
     /// Every lease says it lives at the same backend key, whatever its name.
@@ -504,6 +508,7 @@ impl Flaw {
         Flaw::CancelledReleaseKeepsLock,
         Flaw::CancelledRenewLeavesAtRisk,
         Flaw::CancelledGrantStays,
+        Flaw::UnreadGrantStays,
         Flaw::ClientDropEndsLeases,
         Flaw::BackendKeyIgnoresName,
         Flaw::TokenChangesOnRenew,
