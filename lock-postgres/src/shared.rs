@@ -213,11 +213,36 @@ pub(crate) struct GrantParams {
     pub(crate) valued: bool,
 }
 
+/// A granted row on its way from the request's task to the caller. Dropped untaken (the
+/// caller's future dropped with the row in its channel, or before the channel was read), the
+/// grant is undone: the session lives on for other leases, and nobody would unlock it.
+struct Granted {
+    row: Option<Row>,
+    shared: Arc<SharedSession>,
+    key: i64,
+    bound: Duration,
+}
+
+impl Granted {
+    /// The row, the grant now the caller's to keep or undo.
+    fn take(mut self) -> Option<Row> {
+        self.row.take()
+    }
+}
+
+impl Drop for Granted {
+    fn drop(&mut self) {
+        if self.row.is_some() {
+            self.shared.undo(self.key, self.bound);
+        }
+    }
+}
+
 /// Asks for `p.key` (claimed on `shared`) with the exclusive try, on a task of its own, and
 /// waits up to `bound` for the answer. The row of a grant, `None` if refused. If the caller
-/// is gone or `bound` passes first, the task undoes a grant when it comes; an error of the
-/// request unlocks the key too (a failed statement may have taken the lock before it failed),
-/// and the claim goes once the server has let go of it.
+/// is gone or `bound` passes first, a grant is undone when it comes, or where it lies unread
+/// ([`Granted`]); an error of the request unlocks the key too (a failed statement may have
+/// taken the lock before it failed), and the claim goes once the server has let go of it.
 pub(crate) async fn try_grant(
     shared: &Arc<SharedSession>,
     p: GrantParams,
@@ -238,9 +263,15 @@ pub(crate) async fn try_grant(
                 let _ = tx.send(Ok(None));
             }
             Ok(Some(row)) => {
-                if let Err(Ok(Some(_))) = tx.send(Ok(Some(row))) {
-                    me.undo(key, bound); // nobody took the grant
-                }
+                // Undone if nobody takes it: the send fails, or the caller is gone before
+                // it reads the channel (a value sent is not a value received).
+                let granted = Granted {
+                    row: Some(row),
+                    shared: me.clone(),
+                    key,
+                    bound,
+                };
+                let _ = tx.send(Ok(Some(granted)));
             }
             Err(e) => {
                 me.undo(key, bound);
@@ -249,7 +280,8 @@ pub(crate) async fn try_grant(
         }
     });
     match tokio::time::timeout(bound, rx).await {
-        Ok(Ok(Ok(row))) => Ok(row),
+        Ok(Ok(Ok(Some(granted)))) => Ok(granted.take()),
+        Ok(Ok(Ok(None))) => Ok(None),
         Ok(Ok(Err(e))) => Err(error(e)),
         Ok(Err(_)) => Err(Error::unavailable(
             BACKEND,
