@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use conformance_tests::FaultProxy;
@@ -16,11 +16,10 @@ use test_support::servers;
 #[allow(dead_code)] // its `main` and `serve` are the example's, not this test's
 mod example;
 
-/// A loopback address nobody listens on (bound, then let go).
+/// A loopback address nobody listens on, from the test ports' band (no outgoing connection
+/// takes it before the exporter binds it).
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
+    test_support::loopback(test_support::ports::free_ports(1).numbers()[0])
 }
 
 /// GET / on `addr`: the body.

@@ -19,11 +19,12 @@ use lock_core::{DistributedLock, LeaseState, LockName, LockOptions};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use test_support::by_dialer::{ByDialer, Pids};
 use test_support::partition::{
-    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts, Roles, Seen,
+    scenario, shm_dir, Cluster, Fault, Link, Members, Parts, Roles, Seen,
 };
 use test_support::partition_history::{
     history_under, history_under_partitions, soak_under_partitions,
 };
+use test_support::ports::free_ports;
 use test_support::{loopback, serial};
 
 /// Three etcd members. etcd members know each other by one advertised peer URL each, so each

@@ -21,12 +21,11 @@ use conformance_tests::{async_trait, ClockStep, FaultProxy};
 use lock_core::DistributedLock;
 use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::clock::StepFile;
-use test_support::partition::{
-    free_ports, scenario, shm_dir, Cluster, Fault, Link, Members, Parts,
-};
+use test_support::partition::{scenario, shm_dir, Cluster, Fault, Link, Members, Parts};
 use test_support::partition_history::{
     history_under, history_under_partitions, soak_under_partitions,
 };
+use test_support::ports::free_ports;
 use test_support::{loopback, serial, zk_mode, zk_serves_session};
 
 /// The lock's TTL is the session timeout.

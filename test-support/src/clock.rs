@@ -24,7 +24,8 @@ use async_trait::async_trait;
 use conformance_tests::{ClockStep, Servers};
 use lock_core::BoxError;
 
-use crate::partition::{free_ports, Members};
+use crate::partition::Members;
+use crate::ports::free_ports;
 use crate::shim::shim;
 pub use crate::shim::{skew_monotonic, StepFile};
 use crate::Scratch;

@@ -14,6 +14,7 @@
 //!   link of its own for each member that dials one shared address;
 //!   [`partition_history`]: the history checker's workload on such a cluster while the
 //!   nemesis partitions it.
+//! - [`ports`]: loopback ports for those servers, from a band no outgoing connection takes.
 //! - [`clock`]: servers of a test's own whose wall clock it steps or skews, and clients whose
 //!   monotonic clock runs slow or fast.
 //! - [`ServicesSh`]: those servers as the conformance suite's `Servers` (freeze, crash and
@@ -27,6 +28,7 @@ pub mod by_dialer;
 pub mod clock;
 pub mod partition;
 pub mod partition_history;
+pub mod ports;
 mod services_sh;
 mod shim;
 

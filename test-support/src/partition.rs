@@ -1,5 +1,6 @@
 //! Partitions between the members of a cluster, which a proxy between clients and servers
-//! cannot make. A test starts a cluster of its own ([`Members`], on [`free_ports`], data in
+//! cannot make. A test starts a cluster of its own ([`Members`], on
+//! [`free_ports`](crate::ports::free_ports), data in
 //! [`shm_dir`]) whose members reach each other only through `FaultProxy`s ([`Link`]s): each
 //! member names the proxies as its peers' addresses, so every connection another member dials
 //! to member *i* passes through a link to *i*, and blackholing those makes *i* a member that
@@ -15,7 +16,6 @@
 //! `valid_until`. What it saw ([`Seen`]) is printed for RELIABILITY.md (`--nocapture`).
 
 use parking_lot::Mutex;
-use std::net::TcpListener;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -120,10 +120,20 @@ pub trait Cluster: Send + Sync {
             if let Some(i) = self.agreed_leader().await {
                 return i;
             }
+            let dir = &self.parts().dir;
+            let gone = self.parts().members.exited();
+            assert!(
+                gone.is_empty(),
+                "members {gone:?} of the test's cluster exited before it agreed on a leader \
+                 (logs in {}):\n{}",
+                dir.display(),
+                log_tails(dir, 15)
+            );
             assert!(
                 Instant::now() < until,
-                "the test's cluster agreed on no leader within 60 s (logs in {})",
-                self.parts().dir.display()
+                "the test's cluster agreed on no leader within 60 s (logs in {}):\n{}",
+                dir.display(),
+                log_tails(dir, 15)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -135,6 +145,25 @@ pub trait Cluster: Send + Sync {
 #[derive(Debug, Default)]
 pub struct Members(pub Vec<Child>);
 
+impl Members {
+    /// The members whose process has exited (a zombie, or gone): `/proc` says, since a
+    /// shared borrow cannot `try_wait`.
+    pub fn exited(&self) -> Vec<usize> {
+        let exited = |c: &Child| {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.id()));
+            // The state follows the command's closing parenthesis.
+            stat.map_or(true, |s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+            })
+        };
+        (self.0.iter().enumerate())
+            .filter(|(_, c)| exited(c))
+            .map(|(i, _)| i)
+            .collect()
+    }
+}
+
 impl Drop for Members {
     fn drop(&mut self) {
         for child in &mut self.0 {
@@ -145,41 +174,6 @@ impl Drop for Members {
             let _ = child.wait();
         }
     }
-}
-
-/// `n` distinct loopback ports nobody listens on, held (bound) until [`Ports::release`]:
-/// start the proxies while they are held, so the kernel cannot hand a proxy one of them, and
-/// release them just before the servers bind them. (Ports taken one at a time and let go at
-/// once can come back twice: a cluster whose members then collided never agreed on a leader.)
-///
-/// # Panics
-/// If `n` ports cannot be bound.
-#[allow(clippy::expect_used)]
-pub fn free_ports(n: usize) -> Ports {
-    Ports(
-        (0..n)
-            .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
-            .collect(),
-    )
-}
-
-/// Ports held by [`free_ports`].
-#[derive(Debug)]
-pub struct Ports(Vec<TcpListener>);
-
-impl Ports {
-    /// The ports, in order.
-    ///
-    /// # Panics
-    /// If a bound socket has no address (it always has).
-    #[allow(clippy::expect_used)]
-    pub fn numbers(&self) -> Vec<u16> {
-        let port = |l: &TcpListener| l.local_addr().expect("a bound socket's address").port();
-        self.0.iter().map(port).collect()
-    }
-
-    /// Lets go of them, for the servers to bind.
-    pub fn release(self) {}
 }
 
 /// A fresh [`Scratch`](crate::Scratch) directory on `/dev/shm` where there is one (servers

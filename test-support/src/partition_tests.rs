@@ -117,3 +117,34 @@ fn log_tails_gives_each_logs_last_lines_by_path() {
     );
     assert_eq!(tails, format!("{out}{server}"));
 }
+
+/// A member that exited (its port taken, say) is named at once, with the logs, not after a
+/// minute's wait for a leader; one that runs is not.
+#[test]
+#[should_panic(expected = "members [1] of the test's cluster exited before it agreed on a leader")]
+fn a_member_that_exited_fails_the_wait_for_a_leader_at_once() {
+    let spawn = |cmd: &str, arg: &str| std::process::Command::new(cmd).arg(arg).spawn().unwrap();
+    let members = Members(vec![spawn("sleep", "30"), spawn("true", "")]);
+    let started = std::time::Instant::now();
+    while members.exited() != vec![1] {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "`true` never exited"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dir = crate::scratch("distlock-exited-");
+    let three = Three(Parts::new(members, Vec::new(), Vec::new(), dir));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let started = std::time::Instant::now();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(three.leader());
+    }))
+    .map_err(|e| {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "named only after the wait"
+        );
+        std::panic::resume_unwind(e)
+    });
+}

@@ -107,7 +107,10 @@ impl FlawedLock {
         });
         match rx.await {
             Ok(got) => Ok(got?.and_then(|mut parked| parked.0.take())),
-            Err(_) => Err(Error::unavailable("flawed-memory", "the request's task ended")),
+            Err(_) => Err(Error::unavailable(
+                "flawed-memory",
+                "the request's task ended",
+            )),
         }
     }
 
