@@ -54,6 +54,9 @@ pub(crate) struct Target {
     pub(crate) switched: tokio::sync::watch::Sender<u64>,
     /// Notified when the connection drops: behind sentinels, ask them again.
     pub(crate) dropped: Arc<tokio::sync::Notify>,
+    /// Release announcements go by sharded pub/sub (a cluster whose masters all have it at
+    /// connect): fixed for the client's life, so that its waiters and releasers agree.
+    sharded: std::sync::atomic::AtomicBool,
 }
 
 /// How often a connection that never dropped is checked again anyway: an operator's
@@ -70,6 +73,8 @@ struct Check {
     verified_at: Option<Instant>,
     attempted_at: Option<Instant>,
     run_id: Option<Arc<str>>,
+    /// Whether every server the last full check read has sharded pub/sub.
+    sharded_pubsub: bool,
 }
 
 impl Check {
@@ -90,6 +95,13 @@ impl ReleaseWatch {
     /// future and `enable()` it before checking the lock, then await it.
     pub fn notify(&self) -> &tokio::sync::Notify {
         self.0.notify()
+    }
+
+    /// Whether the server may have ended the subscription (a cluster node drops the sharded
+    /// subscriptions of a slot it gives up): then drop this watch and watch anew, which
+    /// subscribes where the slot is now.
+    pub fn lapsed(&self) -> bool {
+        self.0.lapsed()
     }
 }
 
@@ -159,6 +171,7 @@ impl RedisNode {
                     conn: parking_lot::RwLock::new(Conn::Server(conn)),
                     switched: tokio::sync::watch::Sender::new(0),
                     dropped,
+                    sharded: std::sync::atomic::AtomicBool::new(false),
                 }),
                 manager_config: manager_config.clone(),
                 follower: None,
@@ -245,11 +258,12 @@ impl RedisNode {
             .map_err(|_| self.unavailable("no answer to INFO within the timeout"))?
             .map_err(|e| self.info_error(&e))?;
         // One server's INFO, or each master's of a cluster: every one must pass.
-        let mut run_id = None;
+        let (mut run_id, mut sharded_pubsub) = (None, true);
         for text in ServerFacts::texts(reply) {
             let text = text.map_err(|e| self.unavailable(&format!("INFO answered {e}")))?;
             let facts = ServerFacts::parse(&text);
             self.check_facts(&facts)?;
+            sharded_pubsub &= facts.sharded_pubsub();
             run_id = facts.run_id;
         }
         if self.config.cluster().is_some() {
@@ -260,7 +274,24 @@ impl RedisNode {
         c.verified_drops = Some(drops);
         c.verified_at = Some(started);
         c.run_id = run_id.map(Arc::from);
+        if key.is_none() {
+            c.sharded_pubsub = sharded_pubsub;
+        }
         Ok(())
+    }
+
+    /// From now on, release announcements go by sharded pub/sub if every master the last full
+    /// [`verify`](Self::verify) read has it (a cluster's, at connect).
+    pub(crate) fn announce_by_shard_if_every_master_can(&self) {
+        let all = self.check.lock().sharded_pubsub;
+        (self.target.sharded).store(all, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether release announcements go by sharded pub/sub (`SPUBLISH`, `SSUBSCRIBE`).
+    pub(crate) fn announces_by_shard(&self) -> bool {
+        self.target
+            .sharded
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn info_error(&self, e: &redis::RedisError) -> Error {
@@ -448,7 +479,7 @@ impl RedisNode {
     /// after the server confirmed the subscription.
     pub async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch> {
         self.wakeups
-            .watch(&self.connection(), &keys.channel)
+            .watch(&self.connection(), &keys.channel, keys.sharded)
             .await
             .map(ReleaseWatch)
             .map_err(|e| self.error(&e))

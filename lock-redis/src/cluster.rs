@@ -12,7 +12,8 @@ use crate::RedisConfig;
 
 /// Connects to the cluster that `nodes` belong to (any of them that answers tells the client
 /// the rest), with the node's push handler for release announcements, and checks every master
-/// (`INFO`: none may evict keys).
+/// (`INFO`: none may evict keys). Release announcements go by sharded pub/sub if every master
+/// has it.
 pub(crate) async fn connect(config: RedisConfig, nodes: &[(String, u16)]) -> Result<RedisNode> {
     config.check_timeouts()?;
     if config.is_tls() {
@@ -51,5 +52,6 @@ pub(crate) async fn connect(config: RedisConfig, nodes: &[(String, u16)]) -> Res
         .map_err(|e| node.error(&e))?;
     node.install(Conn::Cluster(conn));
     node.verify(config.request_timeout()).await?;
+    node.announce_by_shard_if_every_master_can();
     Ok(node)
 }

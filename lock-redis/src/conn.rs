@@ -20,12 +20,16 @@ pub enum Conn {
 
 impl Conn {
     /// Subscribes to `channel` (RESP3: its messages arrive through the connection's push
-    /// handler). On a cluster the subscription goes to the node of the channel's slot; the
-    /// lock scripts' `PUBLISH` reaches every node of the cluster.
-    pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
-        match self {
-            Conn::Server(c) => c.subscribe(channel).await,
-            Conn::Cluster(c) => c.subscribe(channel).await,
+    /// handler). On a cluster the subscription goes to the node of the channel's slot: with
+    /// `sharded` (`SSUBSCRIBE`), the master of the slot, which alone hears the lock scripts'
+    /// `SPUBLISH`; without, any node, which the lock scripts' `PUBLISH` reaches from every
+    /// node.
+    pub(crate) async fn subscribe(&mut self, channel: &str, sharded: bool) -> RedisResult<()> {
+        match (self, sharded) {
+            (Conn::Server(c), false) => c.subscribe(channel).await,
+            (Conn::Server(_), true) => Err(one_server_has_no_shards()),
+            (Conn::Cluster(c), false) => c.subscribe(channel).await,
+            (Conn::Cluster(c), true) => c.ssubscribe(channel).await,
         }
     }
 
@@ -43,13 +47,23 @@ impl Conn {
         }
     }
 
-    /// Ends the subscription to `channel`.
-    pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
-        match self {
-            Conn::Server(c) => c.unsubscribe(channel).await,
-            Conn::Cluster(c) => c.unsubscribe(channel).await,
+    /// Ends the subscription to `channel` (made `sharded` or not).
+    pub(crate) async fn unsubscribe(&mut self, channel: &str, sharded: bool) -> RedisResult<()> {
+        match (self, sharded) {
+            (Conn::Server(c), false) => c.unsubscribe(channel).await,
+            (Conn::Server(_), true) => Err(one_server_has_no_shards()),
+            (Conn::Cluster(c), false) => c.unsubscribe(channel).await,
+            (Conn::Cluster(c), true) => c.sunsubscribe(channel).await,
         }
     }
+}
+
+/// Sharded pub/sub asked of one server's connection: only a cluster's announces by shard.
+fn one_server_has_no_shards() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "sharded pub/sub on one server's connection (only a cluster announces by shard)",
+    ))
 }
 
 impl ConnectionLike for Conn {

@@ -13,6 +13,9 @@ pub(crate) struct ServerFacts {
     master: [Option<String>; 2],
     /// `cluster_enabled:1`: a Redis Cluster node.
     pub(crate) cluster: bool,
+    /// `redis_version`'s major number (Valkey reports the Redis version it is compatible
+    /// with there).
+    major: Option<u32>,
 }
 
 impl ServerFacts {
@@ -45,10 +48,19 @@ impl ServerFacts {
                 Some(("master_host", v)) => f.master[0] = Some(v.to_string()),
                 Some(("master_port", v)) => f.master[1] = Some(v.to_string()),
                 Some(("cluster_enabled", v)) => f.cluster = v == "1",
+                Some(("redis_version", v)) => {
+                    f.major = v.split('.').next().and_then(|m| m.parse().ok());
+                }
                 _ => {}
             }
         }
         f
+    }
+
+    /// Whether the server has sharded pub/sub (`SPUBLISH`, `SSUBSCRIBE`: Redis and Valkey
+    /// 7.0 and later).
+    pub(crate) fn sharded_pubsub(&self) -> bool {
+        self.major.is_some_and(|m| m >= 7)
     }
 
     /// The master of a server that is a replica (`?` for what `INFO` leaves out).
@@ -102,6 +114,17 @@ mod tests {
             None,
             "no role line: not a replica"
         );
+    }
+
+    #[test]
+    fn sharded_pubsub_from_the_major_version() {
+        let at = |v: &str| ServerFacts::parse(&format!("# Server\r\nredis_version:{v}\r\n"));
+        assert!(at("7.0.15").sharded_pubsub());
+        assert!(at("7.2.4").sharded_pubsub(), "Valkey's compatible version");
+        assert!(at("10.0.0").sharded_pubsub());
+        assert!(!at("6.2.14").sharded_pubsub());
+        assert!(!at("x").sharded_pubsub(), "unreadable: assumed without");
+        assert!(!facts(0, "noeviction").sharded_pubsub(), "no version line");
     }
 
     #[test]

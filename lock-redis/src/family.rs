@@ -18,7 +18,7 @@ use std::time::Duration;
 use lock_core::Mode;
 use redis::aio::ConnectionLike;
 
-use crate::scripts::{field, ms, run, Acquired, LockKeys, Lua, TOKEN_TAG};
+use crate::scripts::{field, ms, run, Acquired, Announcing, LockKeys, Lua, TOKEN_TAG};
 
 /// What a group's lock value starts with (it starts with [`TOKEN_TAG`] too: a waiter then knows
 /// a release message will come).
@@ -152,7 +152,8 @@ return out
 
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{PRELUDE}{ACQUIRE_LUA}")));
 static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{PRELUDE}{RENEW_LUA}")));
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{PRELUDE}{RELEASE_LUA}")));
+pub(crate) static RELEASE: LazyLock<Announcing> =
+    LazyLock::new(|| Announcing::new(format!("{PRELUDE}{RELEASE_LUA}")));
 static LIST: LazyLock<Lua> = LazyLock::new(|| Lua::new(LIST_LUA));
 
 fn keys3(keys: &LockKeys) -> [&str; 3] {
@@ -216,7 +217,13 @@ pub async fn release<C: ConnectionLike + Send>(
         Held::Member(m) => (*m).to_string(),
         Held::Token(t) => format!(":{t}"),
     };
-    let n: i64 = run(conn, &RELEASE, &keys3(keys), &[&m, &keys.channel, &group]).await?;
+    let n: i64 = run(
+        conn,
+        RELEASE.for_keys(keys),
+        &keys3(keys),
+        &[&m, &keys.channel, &group],
+    )
+    .await?;
     Ok(n == 1)
 }
 

@@ -158,9 +158,19 @@
 //! server is (`INFO` on each: none may evict keys), and after a reconnect the master a grant
 //! goes to is checked before it (so a shard down holds up no grant on another; a master
 //! deposed since, which a client's map may still name, answers as a replica and is let be:
-//! the grant is redirected to the new one). Waiters subscribe on
-//! the node of the announcement channel's slot; the release scripts' `PUBLISH` reaches every
-//! node of a cluster, so no sharded pub/sub is needed (and servers before 7.0 work too).
+//! the grant is redirected to the new one).
+//!
+//! Release announcements stay on the lock's shard where every master has sharded pub/sub
+//! (Redis and Valkey 7.0 and later; read from `INFO` at connect, and fixed for the client's
+//! life): the release scripts `SPUBLISH` on the lock's channel, which shares the lock key's
+//! hash tag, and waiters `SSUBSCRIBE` on the master of its slot. A slot that moves takes its
+//! subscriptions along: the cluster client subscribes again wherever the slot is after a
+//! failover, and after a migration (the node that gives up a slot ends its subscriptions) the
+//! waiters re-check and subscribe on the new master. Before 7.0, and with plain keys (no hash
+//! tag for the channel to share), announcements go by classic pub/sub, which every node of
+//! the cluster carries to every other. Clients that connected before and after an upgrade to
+//! 7.0 announce in different forms until the older ones reconnect: their waiters then wake
+//! at the holder's TTL rather than at its release (`tests/cluster.rs`, `pubsub::…`).
 //!
 //! A shard's failover (its master down for the cluster's node timeout, a replica promoted)
 //! is followed: a held lease is renewed on the new master and stays Held if its key is there,

@@ -11,7 +11,7 @@ use lock_core::{
     Leader, Lease, LockName, LockOptions, Mode, Result,
 };
 
-use crate::client::RedisNode;
+use crate::client::{RedisNode, ReleaseWatch};
 use crate::config::BACKEND;
 use crate::conn::Conn;
 use crate::lease::RedisLeaseOps;
@@ -132,9 +132,10 @@ impl RedisLock {
     fn keys(&self, name: &LockName) -> Arc<LockKeys> {
         let prefix = self.config().prefix();
         Arc::new(if self.config().plain_keys() {
+            // A plain key has no hash tag that its channels could share: classic pub/sub.
             LockKeys::plain(prefix, name)
         } else {
-            LockKeys::new(prefix, name)
+            LockKeys::new(prefix, name).announced_by_shard(self.inner.node.announces_by_shard())
         })
     }
 
@@ -332,6 +333,9 @@ impl DistributedLock for RedisLock {
         loop {
             // The first attempt goes out alone (uncontended: one round trip). Later ones are
             // made only once subscribed, so a release between attempt and sleep wakes us.
+            if watch.as_ref().is_some_and(ReleaseWatch::lapsed) {
+                watch = None; // its slot moved: subscribe where it is now
+            }
             if !first && watch.is_none() {
                 match self.inner.node.watch_releases(&keys).await {
                     Ok(w) => watch = Some(w),

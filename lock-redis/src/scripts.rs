@@ -124,6 +124,10 @@ pub struct LockKeys {
     pub changed: String,
     /// Whether there is a fencing counter (not in plain-key mode).
     pub fenced: bool,
+    /// Whether announcements go by sharded pub/sub (`SPUBLISH`, `SSUBSCRIBE`) rather than
+    /// `PUBLISH`: on a Redis Cluster, where they then stay on the lock's shard. Its channels
+    /// must share the lock key's slot: set it only where the lock key carries the hash tag.
+    pub sharded: bool,
     name: LockName,
 }
 
@@ -163,8 +167,20 @@ impl LockKeys {
             changed: joined(&[&lock, ":changed"]),
             lock,
             fenced,
+            sharded: false,
             name: name.clone(),
         }
+    }
+
+    /// The same, announcing by sharded pub/sub if `sharded`.
+    ///
+    /// ```
+    /// let k = lock_redis::raw::scripts::LockKeys::new("", &"jobs".parse()?).announced_by_shard(true);
+    /// assert!(k.sharded);
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn announced_by_shard(self, sharded: bool) -> Self {
+        LockKeys { sharded, ..self }
     }
 
     /// The lock's name (for errors).
@@ -225,10 +241,35 @@ impl Lua {
     }
 }
 
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(ACQUIRE_LUA));
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(RELEASE_LUA));
+/// A script that announces (a release, an election's change) in both forms: by `PUBLISH`,
+/// and by `SPUBLISH` for keys whose announcements go by shard ([`LockKeys::sharded`]).
+pub(crate) struct Announcing {
+    classic: Lua,
+    sharded: Lua,
+}
+
+impl Announcing {
+    pub(crate) fn new(code: impl Into<String>) -> Self {
+        let code = code.into();
+        Announcing {
+            sharded: Lua::new(code.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")),
+            classic: Lua::new(code),
+        }
+    }
+
+    /// The form for `keys`.
+    pub(crate) fn for_keys(&self, keys: &LockKeys) -> &Lua {
+        match keys.sharded {
+            true => &self.sharded,
+            false => &self.classic,
+        }
+    }
+}
+
+static ACQUIRE: LazyLock<Announcing> = LazyLock::new(|| Announcing::new(ACQUIRE_LUA));
+static RELEASE: LazyLock<Announcing> = LazyLock::new(|| Announcing::new(RELEASE_LUA));
 static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
-static PROCLAIM: LazyLock<Lua> = LazyLock::new(|| Lua::new(PROCLAIM_LUA));
+static PROCLAIM: LazyLock<Announcing> = LazyLock::new(|| Announcing::new(PROCLAIM_LUA));
 static LEADER: LazyLock<Lua> = LazyLock::new(|| Lua::new(LEADER_LUA));
 
 /// `EVALSHA`, and on `NOSCRIPT` (a server restarted, failed over, or `SCRIPT FLUSH`ed) the
@@ -278,7 +319,7 @@ pub async fn acquire<C: ConnectionLike + Send>(
     if let (3, Some(v)) = (n, value) {
         cmd_args.extend([v, keys.changed.as_bytes()]);
     }
-    let reply: Vec<redis::Value> = run(conn, &ACQUIRE, &all[..n], &cmd_args).await?;
+    let reply: Vec<redis::Value> = run(conn, ACQUIRE.for_keys(keys), &all[..n], &cmd_args).await?;
     let holder = field::<String>(&reply, 2);
     Ok(match (field::<i64>(&reply, 0), field::<i64>(&reply, 1)) {
         (Some(1), fence) => Acquired::Granted {
@@ -348,7 +389,7 @@ pub async fn release<C: ConnectionLike + Send>(
 ) -> redis::RedisResult<bool> {
     let both = [keys.lock.as_str(), keys.value.as_str()];
     let ks = if keys.fenced { &both[..] } else { &both[..1] };
-    let n: i64 = run(conn, &RELEASE, ks, &[token, &keys.channel]).await?;
+    let n: i64 = run(conn, RELEASE.for_keys(keys), ks, &[token, &keys.channel]).await?;
     Ok(n == 1)
 }
 
@@ -377,7 +418,7 @@ pub async fn proclaim<C: ConnectionLike + Send>(
 ) -> redis::RedisResult<bool> {
     let ks = [keys.lock.as_str(), keys.value.as_str()];
     let args: [&[u8]; 3] = [token.as_bytes(), value, keys.changed.as_bytes()];
-    let n: i64 = run(conn, &PROCLAIM, &ks, &args).await?;
+    let n: i64 = run(conn, PROCLAIM.for_keys(keys), &ks, &args).await?;
     Ok(n == 1)
 }
 
@@ -402,6 +443,30 @@ pub(crate) async fn read_leader<C: ConnectionLike + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each announcing script's sharded form announces by `SPUBLISH` only and its classic form
+    /// by `PUBLISH` only, and the keys pick the form they say.
+    #[test]
+    fn announcing_scripts_have_a_sharded_form() {
+        let family = &*crate::family::RELEASE;
+        for (what, a) in [
+            ("acquire", &*ACQUIRE),
+            ("release", &*RELEASE),
+            ("proclaim", &*PROCLAIM),
+            ("family release", family),
+        ] {
+            assert!(a.classic.code.contains("redis.call('PUBLISH'"), "{what}");
+            assert!(!a.classic.code.contains("SPUBLISH"), "{what}");
+            assert!(a.sharded.code.contains("redis.call('SPUBLISH'"), "{what}");
+            assert!(!a.sharded.code.contains("'PUBLISH'"), "{what}");
+            assert_ne!(a.classic.sha, a.sharded.sha, "{what}");
+        }
+        let name: LockName = "jobs".parse().unwrap_or_else(|e| panic!("{e}"));
+        let keys = LockKeys::new("", &name);
+        assert!(std::ptr::eq(RELEASE.for_keys(&keys), &RELEASE.classic));
+        let keys = keys.announced_by_shard(true);
+        assert!(std::ptr::eq(RELEASE.for_keys(&keys), &RELEASE.sharded));
+    }
 
     /// The keys and tokens are written piece by piece: every one is still exactly what the
     /// format of the key layout (docs, interop with redis-py and the CLI) says.

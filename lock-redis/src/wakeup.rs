@@ -3,6 +3,7 @@
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use redis::{PushInfo, PushKind, Value};
@@ -16,6 +17,11 @@ struct Channel {
     notify: Arc<Notify>,
     /// Serialises SUBSCRIBE/UNSUBSCRIBE of this channel; true while subscribed.
     subscribed: Arc<tokio::sync::Mutex<bool>>,
+    /// Subscribed by `SSUBSCRIBE` (sharded pub/sub).
+    sharded: bool,
+    /// The server ended a sharded subscription itself (its slot moved to another node), or
+    /// may have: the next [`Wakeups::watch`] subscribes again.
+    lapsed: Arc<AtomicBool>,
 }
 
 /// Channel name → waiters. The push callback reads it; waiters register in it.
@@ -99,7 +105,7 @@ impl Wakeups {
     /// Called by the connection for every push message; must not block.
     pub(crate) fn on_push(&self, info: PushInfo) {
         match info.kind {
-            PushKind::Message => {
+            PushKind::Message | PushKind::SMessage => {
                 if let Some(ch) = info.data.first().and_then(bytes) {
                     let ch = String::from_utf8_lossy(ch);
                     let payload = info.data.get(1).and_then(bytes).unwrap_or_default();
@@ -121,6 +127,22 @@ impl Wakeups {
                     c.notify.notify_waiters();
                 }
             }
+            // A node drops the sharded subscriptions of a slot it gives up (a migration), and
+            // the cluster client then forgets them: the channel's waiters re-check, and
+            // subscribe again where the slot is now. (The confirmation of this client's own
+            // unsubscribe looks the same; a waiter that arrived meanwhile subscribes once more,
+            // which costs one request.)
+            PushKind::SUnsubscribe => {
+                let ch = info
+                    .data
+                    .first()
+                    .and_then(bytes)
+                    .map(String::from_utf8_lossy);
+                if let Some(c) = ch.and_then(|ch| self.map().get(&*ch).map(|c| c.clone_parts())) {
+                    c.0.store(true, Ordering::Relaxed);
+                    c.1.notify_waiters();
+                }
+            }
             _ => {}
         }
     }
@@ -138,7 +160,8 @@ impl Wakeups {
         for (channel, subscribed, notify) in channels {
             let s = subscribed.lock().await;
             if *s {
-                let _ = conn.clone().subscribe(&channel).await;
+                // Behind sentinels: announcements are never sharded there.
+                let _ = conn.clone().subscribe(&channel, false).await;
             }
             drop(s);
             notify.notify_waiters();
@@ -147,26 +170,33 @@ impl Wakeups {
 
     /// Registers a waiter for `channel` and makes sure the connection is subscribed before
     /// returning, so a release after this call cannot go unnoticed.
+    /// With `sharded`, by sharded pub/sub (`SSUBSCRIBE`).
     pub(crate) async fn watch(
         self: &Arc<Self>,
         conn: &Conn,
         channel: &str,
+        sharded: bool,
     ) -> redis::RedisResult<Watch> {
-        let (notify, subscribed) = {
+        let (notify, subscribed, lapsed) = {
             let mut map = self.map();
             let c = map.entry(channel.to_string()).or_default();
             c.waiters += 1;
-            (c.notify.clone(), c.subscribed.clone())
+            c.sharded = sharded;
+            (c.notify.clone(), c.subscribed.clone(), c.lapsed.clone())
         };
         let watch = Watch {
             wakeups: self.clone(),
             conn: conn.clone(),
             channel: channel.to_string(),
             notify,
+            lapsed: lapsed.clone(),
+            sharded,
         };
         let mut s = subscribed.lock().await;
-        if !*s {
-            conn.clone().subscribe(channel).await?;
+        // Cleared in any case: a subscription made now is a fresh one.
+        let lapsed = lapsed.swap(false, Ordering::Relaxed);
+        if !*s || lapsed {
+            conn.clone().subscribe(channel, sharded).await?;
             *s = true;
         }
         Ok(watch)
@@ -179,11 +209,25 @@ pub(crate) struct Watch {
     conn: Conn,
     channel: String,
     notify: Arc<Notify>,
+    lapsed: Arc<AtomicBool>,
+    sharded: bool,
 }
 
 impl Watch {
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
+    }
+
+    /// The server may have ended the subscription (see [`Wakeups::on_push`]): watch anew.
+    pub(crate) fn lapsed(&self) -> bool {
+        self.lapsed.load(Ordering::Relaxed)
+    }
+}
+
+impl Channel {
+    /// What the push handler needs to mark the channel lapsed and wake its waiters.
+    fn clone_parts(&self) -> (Arc<AtomicBool>, Arc<Notify>) {
+        (self.lapsed.clone(), self.notify.clone())
     }
 }
 
@@ -200,10 +244,11 @@ impl Drop for Watch {
             }
             c.subscribed.clone()
         };
-        let (wakeups, mut conn, channel) = (
+        let (wakeups, mut conn, channel, sharded) = (
             self.wakeups.clone(),
             self.conn.clone(),
             std::mem::take(&mut self.channel),
+            self.sharded,
         );
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -211,7 +256,7 @@ impl Drop for Watch {
                 // A new waiter may have arrived meanwhile: then it keeps the subscription.
                 let idle = wakeups.map().get(&channel).map_or(true, |c| c.waiters == 0);
                 if idle && *s {
-                    if conn.unsubscribe(&channel).await.is_ok() {
+                    if conn.unsubscribe(&channel, sharded).await.is_ok() {
                         *s = false;
                     }
                     let mut map = wakeups.map();

@@ -125,6 +125,14 @@ fn main() -> ExitCode {
         || slot_migrated(1),
     ));
     trials.push(trial(
+        "pubsub::a_waiter_listens_on_its_slots_master_by_shard",
+        waiter_on_its_shard,
+    ));
+    trials.push(trial(
+        "migration::a_waiter_follows_its_slot_to_another_master",
+        waiter_follows_its_slot,
+    ));
+    trials.push(trial(
         "failover::a_shard_down_holds_up_no_grant_on_another",
         other_shard_grants,
     ));
@@ -621,14 +629,38 @@ async fn slot_migrated(replicas: u32) -> Result<(), Failed> {
         .try_acquire(&name, &LockOptions::new(TTL).auto_renew(None))
         .await?
         .ok_or("a free lock refused")?;
-    let (from, to) = (
-        redis_cluster_owner(&key).await?,
-        redis_cluster_owner(&other_key).await?,
-    );
-    let (mut src, mut dst) = (node_conn(&from).await?, node_conn(&to).await?);
+    let to = redis_cluster_owner(&other_key).await?;
+    let renewals = lease.renewals().unwrap_or(0);
+    // Half moved for a third of the TTL: a renewal then meets ASK for keys already moved.
+    let slot = migrate_slot(&key, &to, TTL / 3).await?;
+    let moved = Instant::now();
+    // Two renewals since the migration began, the last on the new master.
+    while lease.renewals().unwrap_or(0) < renewals + 2 {
+        if moved.elapsed() > TTL {
+            return Err(format!(
+                "the lease is {:?} with {} renewals since its slot began to move",
+                lease.state(),
+                lease.renewals().unwrap_or(0) - renewals
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if redis_cluster_owner(&key).await? != to {
+        return Err(format!("the slot {slot} is not on {to} after the migration").into());
+    }
+    still_held_then_handed_on(lease, &b, &name, "migration").await
+}
+
+/// Moves the slot of `key` from its master to the master at `to` (`CLUSTER SETSLOT …
+/// IMPORTING/MIGRATING`, `MIGRATE` of its keys, `SETSLOT … NODE`), half moved (importing and
+/// migrating, no key moved yet) for `halfway`. The slot.
+async fn migrate_slot(key: &str, to: &str, halfway: Duration) -> Result<u16, Failed> {
+    let from = redis_cluster_owner(key).await?;
+    let (mut src, mut dst) = (node_conn(&from).await?, node_conn(to).await?);
     let slot: u16 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
-        .arg(&key)
+        .arg(key)
         .query_async(&mut src)
         .await?;
     let id = |c: &mut redis::aio::MultiplexedConnection| {
@@ -646,15 +678,13 @@ async fn slot_migrated(replicas: u32) -> Result<(), Failed> {
         c.arg("SETSLOT").arg(slot).arg(state).arg(node);
         c
     };
-    let renewals = lease.renewals().unwrap_or(0);
     setslot("IMPORTING", src_id.clone())
         .exec_async(&mut dst)
         .await?;
     setslot("MIGRATING", dst_id.clone())
         .exec_async(&mut src)
         .await?;
-    // Half moved: a renewal now meets ASK for keys already on the new master.
-    tokio::time::sleep(TTL / 3).await;
+    tokio::time::sleep(halfway).await;
     let (host, port) = to
         .trim_start_matches("redis://")
         .rsplit_once(':')
@@ -683,27 +713,106 @@ async fn slot_migrated(replicas: u32) -> Result<(), Failed> {
     for c in [&mut dst, &mut src] {
         setslot("NODE", dst_id.clone()).exec_async(c).await?;
     }
-    let moved = Instant::now();
-    let result = async {
-        // Two renewals since the migration began, the last on the new master.
-        while lease.renewals().unwrap_or(0) < renewals + 2 {
-            if moved.elapsed() > TTL {
-                return Err(format!(
-                    "the lease is {:?} with {} renewals since its slot began to move",
-                    lease.state(),
-                    lease.renewals().unwrap_or(0) - renewals
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(slot)
+}
+
+/// `PUBSUB SHARDNUMSUB` (`sharded`) or `PUBSUB NUMSUB` of `channel` on the node at `url`.
+async fn subscribers(url: &str, channel: &str, sharded: bool) -> Result<u64, Failed> {
+    let verb = if sharded { "SHARDNUMSUB" } else { "NUMSUB" };
+    let (_, n): (String, u64) = redis::cmd("PUBSUB")
+        .arg(verb)
+        .arg(channel)
+        .query_async::<Vec<(String, u64)>>(&mut node_conn(url).await?)
+        .await?
+        .pop()
+        .ok_or("PUBSUB answered no channel")?;
+    Ok(n)
+}
+
+/// Waits (up to 2 s) until `url` has `channel`'s sharded subscriber.
+async fn sharded_subscriber_on(url: &str, channel: &str, what: &str) -> Result<(), Failed> {
+    let until = Instant::now() + Duration::from_secs(2);
+    while subscribers(url, channel, true).await? != 1 {
+        if Instant::now() > until {
+            return Err(format!(
+                "{what}: no sharded subscriber of {channel} on {url} within 2 s (the waiter \
+                 listens elsewhere, or by classic pub/sub)"
+            )
+            .into());
         }
-        if redis_cluster_owner(&key).await? != to {
-            return Err(format!("the slot {slot} is not on {to} after the migration").into());
-        }
-        still_held_then_handed_on(lease, &b, &name, "migration").await
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    .await;
-    result
+    Ok(())
+}
+
+/// A waiter from `b` on `name`, which a lease renewed automatically holds: only the release's
+/// announcement wakes the waiter before about a TTL.
+fn waiter(
+    b: RedisLock,
+    name: &LockName,
+) -> tokio::task::JoinHandle<lock_core::Result<Box<dyn lock_core::Lease>>> {
+    let (name, opts) = (name.clone(), LockOptions::new(TTL).wait_for(TTL * 4));
+    tokio::spawn(async move { b.acquire(&name, &opts).await })
+}
+
+/// Releases `lease`; `waiting` must be granted within a second (the holder renewed itself, so
+/// without the announcement the waiter would sleep about a TTL).
+async fn woken_by_the_release(
+    lease: Box<dyn lock_core::Lease>,
+    waiting: tokio::task::JoinHandle<lock_core::Result<Box<dyn lock_core::Lease>>>,
+    what: &str,
+) -> Result<(), Failed> {
+    if waiting.is_finished() {
+        return Err(format!("{what}: the waiter returned before the holder released").into());
+    }
+    lease.release().await?;
+    let granted = tokio::time::timeout(Duration::from_secs(1), waiting)
+        .await
+        .map_err(|_| format!("{what}: the waiter was not granted within 1 s of the release"))??;
+    granted?.release().await?;
+    Ok(())
+}
+
+/// On a cluster of servers with sharded pub/sub (Redis 7.0 and later), a waiter listens by
+/// `SSUBSCRIBE` on the master of its lock's slot, and nowhere by classic `SUBSCRIBE` (whose
+/// messages every node of the cluster would carry); the release's `SPUBLISH` wakes it at once.
+async fn waiter_on_its_shard() -> Result<(), Failed> {
+    let (a, b) = (connect().await?, connect().await?);
+    let (name, key, lease) = holding(&a, "sharded").await?;
+    let channel = LockKeys::new(a.config().prefix(), &name).channel;
+    let owner = redis_cluster_owner(&key).await?;
+    let waiting = waiter(b, &name);
+    sharded_subscriber_on(&owner, &channel, "waiting").await?;
+    for port in servers::numbered::<6>("cluster") {
+        let url = format!("redis://127.0.0.1:{port}");
+        let n = subscribers(&url, &channel, false).await?;
+        if n != 0 {
+            return Err(format!("{n} classic subscribers of {channel} on {url}").into());
+        }
+    }
+    woken_by_the_release(lease, waiting, "by shard").await
+}
+
+/// A waiter whose lock's slot moves to another master (which drops the sharded
+/// subscriptions of the slot it gives up) subscribes again there, and the release on the new
+/// master wakes it at once.
+async fn waiter_follows_its_slot() -> Result<(), Failed> {
+    let (a, b) = (connect().await?, connect().await?);
+    let [(name, key), (_, other_key)] = on_two_shards(&a, "sharded-moved").await?;
+    let lease = a
+        .try_acquire(&name, &LockOptions::new(TTL).auto_renew(None))
+        .await?
+        .ok_or("a free lock refused")?;
+    let channel = LockKeys::new(a.config().prefix(), &name).channel;
+    let (from, to) = (
+        redis_cluster_owner(&key).await?,
+        redis_cluster_owner(&other_key).await?,
+    );
+    let waiting = waiter(b, &name);
+    sharded_subscriber_on(&from, &channel, "before the migration").await?;
+    migrate_slot(&key, &to, Duration::ZERO).await?;
+    sharded_subscriber_on(&to, &channel, "after the migration").await?;
+    woken_by_the_release(lease, waiting, "after the migration").await
 }
 
 /// After `what`: `lease` is Held, `b` is refused the lock, and once `lease` is released `b`
