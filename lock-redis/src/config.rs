@@ -69,6 +69,10 @@ pub(crate) enum Deployment {
 pub(crate) struct Sentinels {
     pub(crate) hosts: Vec<(String, u16)>,
     pub(crate) master: String,
+    /// The sentinels' own login, if they want one (their `requirepass`, or an ACL user): not
+    /// the Redis servers', which the URL's user info gives.
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<Secret>,
 }
 
 /// Sentinels listen on 26379 unless told otherwise.
@@ -107,8 +111,10 @@ impl RedisConfig {
     /// `redis+sentinel://[user[:password]@]s1[:p1],s2[:p2],.../MASTER[/db][?...]` finds the
     /// master named `MASTER` through the sentinels listed (port 26379 by default), follows it
     /// when they fail it over, and never writes to a replica; the credentials are the Redis
-    /// servers', and the same query keys apply (the sentinels themselves take no password
-    /// here, and no TLS).
+    /// servers', and the same query keys apply, with `sentinel_password` (and `sentinel_user`)
+    /// for sentinels that want a login of their own
+    /// ([`with_sentinel_password`](Self::with_sentinel_password)). The sentinels take no TLS
+    /// here.
     pub fn from_url(url: &str) -> Result<Self> {
         let (scheme, tls) = match url.split_once("://").map(|(s, _)| s) {
             Some("redis") => ("redis", false),
@@ -194,7 +200,12 @@ impl RedisConfig {
         }
         cfg.user = parsed.user.clone().filter(|u| !u.is_empty());
         cfg.password = parsed.password.clone().map(Secret::new);
-        cfg.deployment = Deployment::Sentinels(std::sync::Arc::new(Sentinels { hosts, master }));
+        cfg.deployment = Deployment::Sentinels(std::sync::Arc::new(Sentinels {
+            hosts,
+            master,
+            user: None,
+            password: None,
+        }));
         Query::apply("Redis Sentinel URL", parsed.query, Self::URL_PARAMS, cfg)
     }
 
@@ -278,6 +289,10 @@ impl RedisConfig {
         }),
         Param::new("wait_aof", |c: Self, v| {
             Ok(c.with_wait_aof(Some(v.number::<u32>()?)))
+        }),
+        Param::new("sentinel_user", |c: Self, v| c.with_sentinel_user(v.raw())),
+        Param::new("sentinel_password", |c: Self, v| {
+            c.with_sentinel_password(v.raw())
         }),
         Param::new("timeout_ms", |c: Self, v| {
             Ok(c.with_request_timeout(v.millis()?))
@@ -375,6 +390,41 @@ impl RedisConfig {
         self.wait_aof = n;
         self
     }
+    /// The password the sentinels want (their own `requirepass`, or their ACL user's), which
+    /// is not the Redis servers' (the URL's user info): `sentinel_password=` in a
+    /// `redis+sentinel://` URL. [`Error::Config`] on a configuration without sentinels.
+    ///
+    /// ```
+    /// let c = lock_redis::RedisConfig::from_url("redis+sentinel://s1/m?sentinel_password=pw")?;
+    /// assert_eq!(c.redacted_url(), "redis+sentinel://s1:26379/m?sentinel_password=***");
+    /// assert!(lock_redis::RedisConfig::new("h", 6379).with_sentinel_password("pw").is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn with_sentinel_password(self, password: impl Into<String>) -> Result<Self> {
+        let password = Some(Secret::new(password));
+        self.with_sentinels_login(|s| s.password = password)
+    }
+
+    /// The ACL user the sentinels know this client as (`sentinel_user=` in the URL), with
+    /// [`with_sentinel_password`](Self::with_sentinel_password).
+    pub fn with_sentinel_user(self, user: impl Into<String>) -> Result<Self> {
+        let user = Some(user.into()).filter(|u| !u.is_empty());
+        self.with_sentinels_login(|s| s.user = user)
+    }
+
+    fn with_sentinels_login(mut self, set: impl FnOnce(&mut Sentinels)) -> Result<Self> {
+        match &mut self.deployment {
+            Deployment::Sentinels(s) => {
+                set(std::sync::Arc::make_mut(s));
+                Ok(self)
+            }
+            _ => Err(Error::config(
+                "the sentinels' user and password go with a redis+sentinel:// URL only (a \
+                 Redis server's own are the URL's user info)",
+            )),
+        }
+    }
+
     /// Replicas each grant waits for to fsync it, besides the master
     /// ([`with_wait_aof`](Self::with_wait_aof)).
     pub fn wait_aof(&self) -> Option<u32> {
@@ -431,6 +481,17 @@ impl RedisConfig {
                 let mut url = format!("redis+sentinel://{auth}{}/{}", list(&s.hosts), s.master);
                 if self.db != 0 {
                     url.push_str(&format!("/{}", self.db));
+                }
+                let login = [
+                    s.user.as_ref().map(|u| format!("sentinel_user={u}")),
+                    s.password
+                        .as_ref()
+                        .map(|_| "sentinel_password=***".to_string()),
+                ];
+                let login: Vec<String> = login.into_iter().flatten().collect();
+                if !login.is_empty() {
+                    url.push('?');
+                    url.push_str(&login.join("&"));
                 }
                 return url;
             }

@@ -70,6 +70,47 @@ fn a_sentinel_url_names_the_sentinels_the_master_and_the_database() {
     assert!(RedisConfig::from_url("redis://h?wait_replicas=two").is_err());
 }
 
+/// The sentinels' own login comes from `sentinel_user`/`sentinel_password` (percent-decoded),
+/// apart from the servers' user info; it never shows, and it goes with sentinels only.
+#[test]
+fn the_sentinels_login_is_their_own_and_never_shows() {
+    let c = RedisConfig::from_url(
+        "redis+sentinel://u:srv@s1/m?sentinel_user=watcher&sentinel_password=s%26nt%40pw",
+    )
+    .unwrap();
+    let s = c.sentinels().unwrap();
+    assert_eq!(
+        (s.user.as_deref(), s.password.as_ref().map(Secret::expose)),
+        (Some("watcher"), Some("s&nt@pw"))
+    );
+    assert_eq!(
+        (c.user(), c.secret().map(Secret::expose)),
+        (Some("u"), Some("srv")),
+        "the servers' login is the user info's"
+    );
+    assert_eq!(
+        c.redacted_url(),
+        "redis+sentinel://u:***@s1:26379/m?sentinel_user=watcher&sentinel_password=***"
+    );
+    let shown = format!("{c:?}{c}");
+    assert!(
+        !shown.contains("s&nt") && !shown.contains("s%26nt"),
+        "{shown}"
+    );
+    let plain = RedisConfig::from_url("redis+sentinel://s1/m").unwrap();
+    let s = plain.sentinels().unwrap();
+    assert_eq!((s.user.as_ref(), s.password.as_ref()), (None, None));
+    for bad in [
+        "redis://h?sentinel_password=secret",
+        "redis+cluster://h?sentinel_password=secret",
+        "redis+sentinel://s1/m?sentinel_password=a&sentinel_password=secret",
+    ] {
+        let e = RedisConfig::from_url(bad).unwrap_err();
+        assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
+        assert!(!e.to_string().contains("secret"), "{bad}: {e}");
+    }
+}
+
 #[test]
 fn wait_aof_is_off_unless_asked_and_zero_means_the_masters_fsync() {
     assert_eq!(RedisConfig::from_url("redis://h").unwrap().wait_aof(), None);

@@ -146,7 +146,11 @@
 //! So on a Sentinel deployment fencing is `BestEffort` whatever the servers' fsync policy (the
 //! counter can lose its last increments the same way), and elections are `Unsupported` (an
 //! observer's connection of its own would not follow a failover). Measured in RELIABILITY.md,
-//! "Redis Sentinel". The sentinels take no password and no TLS here.
+//! "Redis Sentinel". Sentinels that want a login of their own (their `requirepass`, or an
+//! ACL user) get it from `sentinel_password=` (and `sentinel_user=`) in the URL: the URL's
+//! user info is the Redis servers'. A sentinel that refuses the login fails the connection
+//! with `Error::Unauthenticated` saying which to set, unless another sentinel answers. The
+//! sentinels take no TLS here.
 //!
 //! ## Cluster
 //!

@@ -115,10 +115,13 @@ impl Sentinels {
     /// (each bounded by `timeout`). `Config` if a sentinel answers that it knows no master by
     /// this name; `Unavailable` if none answers.
     pub(crate) async fn master_addr(&self, timeout: Duration) -> Result<(String, u16)> {
-        let mut failures = Vec::new();
+        let (mut failures, mut refused) = (Vec::new(), None);
         for (host, port) in &self.hosts {
             let asking = async {
-                let mut conn = to_sentinel(host, *port).await?;
+                let mut conn = self
+                    .client(host, *port)?
+                    .get_multiplexed_async_connection()
+                    .await?;
                 redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
                     .arg(&self.master)
@@ -134,9 +137,16 @@ impl Sentinels {
                         self.master
                     )))
                 }
-                Ok(Err(e)) => failures.push(format!("{host}:{port}: {e}")),
+                // Another sentinel may still answer; this is the error if none does.
+                Ok(Err(e)) if refused_login(&e) => {
+                    refused.get_or_insert(self.login_refused(host, *port, &e));
+                }
+                Ok(Err(e)) => failures.push(format!("{host}:{port}: {}", self.scrub(&e))),
                 Err(_) => failures.push(format!("{host}:{port}: no answer within {timeout:?}")),
             }
+        }
+        if let Some(e) = refused {
+            return Err(e);
         }
         Err(Error::unavailable(
             BACKEND,
@@ -160,7 +170,8 @@ impl Sentinels {
                 .set_response_timeout(Some(timeout))
                 .set_push_sender(tx);
             let subscribed = async {
-                let mut conn = client(host, *port)?
+                let mut conn = self
+                    .client(host, *port)?
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
                 conn.subscribe("+switch-master").await?;
@@ -203,21 +214,56 @@ fn switched_to(payload: &str, master: &str) -> Option<(String, u16)> {
     Some((host, port))
 }
 
-/// A client for the sentinel at `host:port`, speaking RESP3 (its pushes carry the switches).
-fn client(host: &str, port: u16) -> redis::RedisResult<redis::Client> {
-    use redis::IntoConnectionInfo;
-    let info = redis::ConnectionAddr::Tcp(host.to_string(), port).into_connection_info()?;
-    let settings =
-        redis::RedisConnectionInfo::default().set_protocol(redis::ProtocolVersion::RESP3);
-    redis::Client::open(info.set_redis_settings(settings))
+impl Sentinels {
+    /// A client for the sentinel at `host:port`, speaking RESP3 (its pushes carry the
+    /// switches), logging in with the sentinels' own user and password if they want one.
+    fn client(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        use redis::IntoConnectionInfo;
+        let info = redis::ConnectionAddr::Tcp(host.to_string(), port).into_connection_info()?;
+        let mut settings =
+            redis::RedisConnectionInfo::default().set_protocol(redis::ProtocolVersion::RESP3);
+        if let Some(u) = &self.user {
+            settings = settings.set_username(u);
+        }
+        if let Some(p) = &self.password {
+            settings = settings.set_password(p.expose());
+        }
+        redis::Client::open(info.set_redis_settings(settings))
+    }
+
+    /// `e`'s text without the sentinels' password.
+    fn scrub(&self, e: &redis::RedisError) -> String {
+        lock_core::driver::scrub(e, self.password.as_ref())
+    }
+
+    /// The sentinel at `host:port` refused this client's login (or wants one): what to set.
+    fn login_refused(&self, host: &str, port: u16, e: &redis::RedisError) -> Error {
+        let hint = match (&self.user, &self.password) {
+            (_, None) => "it wants a password: give the sentinels' own as sentinel_password= \
+                 (the URL's user info is the Redis servers')"
+                .to_string(),
+            (user, Some(_)) => format!(
+                "check sentinel_password= (and sentinel_user=, now {:?})",
+                user.as_deref().unwrap_or("default")
+            ),
+        };
+        Error::unauthenticated(
+            BACKEND,
+            format!(
+                "the sentinel at {host}:{port} refused the login: {hint}; it said: {}",
+                self.scrub(e)
+            ),
+        )
+    }
 }
 
-/// A plain connection to a sentinel.
-async fn to_sentinel(
-    host: &str,
-    port: u16,
-) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-    client(host, port)?.get_multiplexed_async_connection().await
+/// Whether a sentinel's answer says the login is wrong or missing.
+fn refused_login(e: &redis::RedisError) -> bool {
+    let text = e.to_string();
+    matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+        || ["NOAUTH", "WRONGPASS", "NOPERM", "invalid password"]
+            .iter()
+            .any(|w| text.contains(w))
 }
 
 /// Connects to the master the sentinels of `config` name now, and follows it from then on
