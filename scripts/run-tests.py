@@ -54,6 +54,8 @@ LANES = {
     "lock-redlock/clock": "own-servers",
     # A master and a sentinel of its own, with passwords the shared deployment lacks.
     "lock-redis/sentinel_auth": "own-servers",
+    # Three TLS cluster nodes of its own.
+    "lock-redis/cluster_tls": "own-servers",
     "lock-zookeeper/clock": "own-servers",
     "lock-core": "own-servers",
     "lock-file": "own-servers",

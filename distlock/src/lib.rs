@@ -23,7 +23,7 @@
 //! | `memory://[store]` | always | [`MemoryLock`]: one in-process store per name |
 //! | `file:///dir` | `file` (default) | `lock_file::FileLock`: processes of one machine |
 //! | `redis://` | `redis` | `lock_redis::RedisLock` |
-//! | `rediss://…[?tls_ca_file=/ca.pem]` | `redis-tls` | `lock_redis::RedisLock` over TLS |
+//! | `rediss://…[?tls_ca_file=/ca.pem]`, `rediss+cluster://…` | `redis-tls` | `lock_redis::RedisLock` over TLS |
 //! | `redlock://h1,h2,h3` | `redlock` | `lock_redlock::RedlockLock` |
 //! | `zk://h1,h2[/chroot]` | `zookeeper` | `lock_zookeeper::ZkLock` |
 //! | `etcd://h1,h2[/prefix]` | `etcd` | `lock_etcd::EtcdLock` |
@@ -89,7 +89,7 @@ type Connector = Arc<dyn Fn(String) -> ConnectFuture + Send + Sync>;
 const FEATURES: &[(&str, &[&str])] = &[
     ("file", &["file"]),
     ("redis", &["redis", "redis+sentinel", "redis+cluster"]),
-    ("redis-tls", &["rediss"]),
+    ("redis-tls", &["rediss", "rediss+cluster"]),
     ("redlock", &["redlock"]),
     ("zookeeper", &["zk"]),
     ("etcd", &["etcd"]),
@@ -283,7 +283,18 @@ fn add_schemes(schemes: &[&str], connector: &Connector) -> Result<()> {
 /// assert_eq!(distlock::redact("redis://p/w?x#y:q@h:1"), "redis://***@h:1");
 /// assert_eq!(distlock::redact("etcd://h1,h2"), "etcd://h1,h2");
 /// ```
+///
+/// A query parameter that holds a password (`sentinel_password`, `password`) is hidden too,
+/// its value up to the next `&` whatever characters it has:
+///
+/// ```
+/// assert_eq!(
+///     distlock::redact("redis+sentinel://s1/m?sentinel_password=p@w?x&prefix=a"),
+///     "redis+sentinel://s1/m?sentinel_password=***&prefix=a"
+/// );
+/// ```
 pub fn redact(url: &str) -> String {
+    let url = mask_secret_params(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".into();
     };
@@ -296,8 +307,36 @@ pub fn redact(url: &str) -> String {
             };
             format!("{scheme}://{shown}@{after}")
         }
-        (None, _) => url.to_string(),
+        (None, _) => url.clone(),
     }
+}
+
+/// The query keys whose values are passwords, in any driver's URL.
+const SECRET_PARAMS: [&str; 2] = ["sentinel_password", "password"];
+
+/// `url` with the value of each [`SECRET_PARAMS`] parameter (a key right after `?` or `&`)
+/// replaced by `***`, up to the next `&`: a raw password may hold `?`, `#` or `@`.
+fn mask_secret_params(url: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    let mut at_param = false;
+    while let Some(c) = rest.chars().next() {
+        let secret = SECRET_PARAMS.iter().find(|k| {
+            rest.strip_prefix(**k)
+                .is_some_and(|after| after.starts_with('='))
+        });
+        if let (true, Some(key)) = (at_param, secret) {
+            out.push_str(key);
+            out.push_str("=***");
+            rest = rest.find('&').map_or("", |end| &rest[end..]);
+            at_param = false;
+            continue;
+        }
+        out.push(c);
+        at_param = matches!(c, '?' | '&');
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }
 
 #[cfg(test)]

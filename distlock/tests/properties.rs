@@ -36,7 +36,9 @@ fn parse_any(url: &str) -> Option<Result<String, lock_core::Error>> {
     let scheme = url.split("://").next().unwrap_or("");
     Some(match scheme {
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => lock_redis::RedisConfig::from_url(url).map(|c| format!("{c:?} {c}")),
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "rediss+cluster" => {
+            lock_redis::RedisConfig::from_url(url).map(|c| format!("{c:?} {c}"))
+        }
         #[cfg(feature = "redlock")]
         "redlock" => lock_redlock::RedlockConfig::from_url(url).map(|c| format!("{c:?} {c}")),
         #[cfg(feature = "zookeeper")]
@@ -61,7 +63,8 @@ proptest! {
     fn random_urls_never_panic_or_leak(
         scheme in prop_oneof![
             Just("redis"), Just("rediss"), Just("redlock"), Just("zk"), Just("etcd"),
-            Just("postgres"), Just("postgresql"),
+            Just("postgres"), Just("postgresql"), Just("redis+sentinel"), Just("redis+cluster"),
+            Just("rediss+cluster"),
         ],
         tail in any::<String>(),
         pw in password(),
@@ -70,6 +73,8 @@ proptest! {
             format!("{scheme}://{tail}"),
             format!("{scheme}://user:{}@{tail}", encode(&pw)),
             format!("{scheme}://user:{pw}@{tail}"),
+            format!("{scheme}://{tail}?sentinel_password={}", encode(&pw)),
+            format!("{scheme}://h/m?sentinel_password={pw}&{tail}"),
         ] {
             match parse_any(&url) {
                 None => {}

@@ -22,6 +22,9 @@ fn check(what: &str, text: &str) {
 const TEMPLATES: &[&str] = &[
     "redis://locker:{pw}@127.0.0.1:1",
     "redis://:{pw}@127.0.0.1:1/0?prefix=x",
+    "redis+sentinel://127.0.0.1:1/m?sentinel_password={pw}",
+    "redis+sentinel://127.0.0.1:1/m?prefix=x&sentinel_password={pw}&keys=plain",
+    "redis+sentinel://:{pw}@127.0.0.1:1/m?sentinel_user=u&sentinel_password={pw}",
     "rediss://locker:{pw}@127.0.0.1:1",
     "redlock://locker:{pw}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
     "zk://locker:{pw}@127.0.0.1:1/chroot",
@@ -70,23 +73,30 @@ fn config_types_never_show_the_password() {
             }
         }
     }
+    // The templates of one driver: those whose scheme starts so (`redis` takes `rediss` and
+    // `redis+sentinel` too).
+    #[allow(unused)]
+    let of = |scheme: &'static str| TEMPLATES.iter().filter(move |t| t.starts_with(scheme));
     #[cfg(feature = "redis")]
-    {
-        each(TEMPLATES[0], distlock::lock_redis::RedisConfig::from_url);
-        each(TEMPLATES[1], distlock::lock_redis::RedisConfig::from_url);
-        each(TEMPLATES[2], distlock::lock_redis::RedisConfig::from_url);
+    for t in of("redis") {
+        each(t, distlock::lock_redis::RedisConfig::from_url);
     }
     #[cfg(feature = "redlock")]
-    each(
-        TEMPLATES[3],
-        distlock::lock_redlock::RedlockConfig::from_url,
-    );
+    for t in of("redlock") {
+        each(t, distlock::lock_redlock::RedlockConfig::from_url);
+    }
     #[cfg(feature = "zookeeper")]
-    each(TEMPLATES[4], distlock::lock_zookeeper::ZkConfig::from_url);
+    for t in of("zk") {
+        each(t, distlock::lock_zookeeper::ZkConfig::from_url);
+    }
     #[cfg(feature = "etcd")]
-    each(TEMPLATES[5], distlock::lock_etcd::EtcdConfig::from_url);
+    for t in of("etcd") {
+        each(t, distlock::lock_etcd::EtcdConfig::from_url);
+    }
     #[cfg(feature = "postgres")]
-    each(TEMPLATES[6], distlock::lock_postgres::PgConfig::from_url);
+    for t in of("postgres") {
+        each(t, distlock::lock_postgres::PgConfig::from_url);
+    }
     // Without driver features only the facade is checked (the other tests).
     each("memory://u:{pw}@x", |_| Ok(()));
 }

@@ -16,7 +16,7 @@ use crate::config::BACKEND;
 use crate::conn::Conn;
 use crate::facts::ServerFacts;
 use crate::scripts::LockKeys;
-use crate::wakeup::{ReleaseDedup, Wakeups, Watch};
+use crate::wakeup::{ReleaseDedup, ReleaseWatch, Wakeups};
 use crate::RedisConfig;
 
 /// A connection to one Redis server plus the registry that turns its release announcements
@@ -82,32 +82,6 @@ impl Check {
     /// behind it may be another one.
     fn stale(&self) -> bool {
         self.verified_drops != Some(self.drops)
-    }
-}
-
-/// A waiter's registration for one lock's release announcements on one node. Keep it while
-/// waiting; dropping the last one of a lock unsubscribes.
-pub struct ReleaseWatch(Watch);
-
-impl ReleaseWatch {
-    /// Notified once per release announcement (one local waiter per message) and for every
-    /// waiter when the connection drops (messages may have been lost). Create the `notified()`
-    /// future and `enable()` it before checking the lock, then await it.
-    pub fn notify(&self) -> &tokio::sync::Notify {
-        self.0.notify()
-    }
-
-    /// Whether the server may have ended the subscription (a cluster node drops the sharded
-    /// subscriptions of a slot it gives up): then drop this watch and watch anew, which
-    /// subscribes where the slot is now.
-    pub fn lapsed(&self) -> bool {
-        self.0.lapsed()
-    }
-}
-
-impl fmt::Debug for ReleaseWatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ReleaseWatch")
     }
 }
 
@@ -481,7 +455,6 @@ impl RedisNode {
         self.wakeups
             .watch(&self.connection(), &keys.channel, keys.sharded)
             .await
-            .map(ReleaseWatch)
             .map_err(|e| self.error(&e))
     }
 

@@ -120,11 +120,13 @@ impl RedisConfig {
             Some("redis") => ("redis", false),
             Some("rediss") => ("rediss", true),
             Some("redis+sentinel") => return Self::from_sentinel_url(url),
-            Some("redis+cluster") => return Self::from_cluster_url(url),
+            Some("redis+cluster") => return Self::from_cluster_url(url, false),
+            Some("rediss+cluster") => return Self::from_cluster_url(url, true),
             _ => {
                 return Err(Error::config(
-                    "a Redis URL starts with redis://, rediss://, redis+sentinel:// or \
-                     redis+cluster:// (several independent masters: redlock://)",
+                    "a Redis URL starts with redis://, rediss://, redis+sentinel://, \
+                     redis+cluster:// or rediss+cluster:// (several independent masters: \
+                     redlock://)",
                 ))
             }
         };
@@ -209,13 +211,17 @@ impl RedisConfig {
         Query::apply("Redis Sentinel URL", parsed.query, Self::URL_PARAMS, cfg)
     }
 
-    fn from_cluster_url(url: &str) -> Result<Self> {
-        const SCHEME: &str = "redis+cluster";
-        let parsed = MultiHostUrl::parse(url, SCHEME, "Redis Cluster")?;
+    fn from_cluster_url(url: &str, tls: bool) -> Result<Self> {
+        let scheme = if tls {
+            "rediss+cluster"
+        } else {
+            "redis+cluster"
+        };
+        let parsed = MultiHostUrl::parse(url, scheme, "Redis Cluster")?;
         let bad = |what: String| {
             Error::config(format!(
                 "Redis Cluster URL {}: {what}",
-                parsed.redacted(SCHEME)
+                parsed.redacted(scheme)
             ))
         };
         let mut hosts = Vec::with_capacity(parsed.hosts.len());
@@ -236,6 +242,7 @@ impl RedisConfig {
         cfg.user = parsed.user.clone().filter(|u| !u.is_empty());
         cfg.password = parsed.password.clone().map(Secret::new);
         cfg.deployment = Deployment::Cluster(hosts.into());
+        cfg.tls = tls;
         Query::apply("Redis Cluster URL", parsed.query, Self::URL_PARAMS, cfg)
     }
 
@@ -495,7 +502,9 @@ impl RedisConfig {
                 }
                 return url;
             }
-            Deployment::Cluster(nodes) => return format!("redis+cluster://{auth}{}", list(nodes)),
+            Deployment::Cluster(nodes) => {
+                return format!("{scheme}+cluster://{auth}{}", list(nodes));
+            }
             Deployment::Server => {}
         }
         let mut s = format!("{scheme}://{auth}{}", bracketed(&self.host, self.port));

@@ -186,7 +186,10 @@
 //! `wait_replicas=N` narrows this as behind sentinels: each grant or renewal goes with its
 //! `WAIT` in one pipeline to the master of the lock's slot (redirected as a whole when the slot
 //! moves), so the count is of that master's replicas, and a deposed master has none left. So fencing is
-//! `BestEffort` and elections are `Unsupported`. TLS (`rediss+cluster://`) is not offered yet.
+//! `BestEffort` and elections are `Unsupported`. `rediss+cluster://` speaks TLS to every node
+//! (the `tls` feature; `?tls_ca_file=PATH` trusts a private CA for the nodes listed and those
+//! the cluster names), as a cluster with `tls-cluster yes` or a managed service's in-transit
+//! encryption wants (`tests/cluster_tls.rs`).
 //! Measured in RELIABILITY.md, "Redis Cluster".
 //!
 //! ## URL
@@ -235,8 +238,9 @@ pub use redis;
 /// **Not a stable API.** It changes whenever the two drivers need it to; depend on
 /// [`RedisLock`] and [`RedisConfig`] instead.
 pub mod raw {
-    pub use crate::client::{RedisNode, ReleaseWatch};
+    pub use crate::client::RedisNode;
     pub use crate::undo::ReleaseOnDrop;
+    pub use crate::wakeup::ReleaseWatch;
     /// The Lua scripts and the key layout.
     pub mod scripts {
         pub use crate::scripts::*;
@@ -257,7 +261,13 @@ pub mod raw {
 pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
     backend: config::BACKEND,
     schemes: if cfg!(feature = "tls") {
-        &["redis", "rediss", "redis+sentinel", "redis+cluster"]
+        &[
+            "redis",
+            "rediss",
+            "redis+sentinel",
+            "redis+cluster",
+            "rediss+cluster",
+        ]
     } else {
         &["redis", "redis+sentinel", "redis+cluster"]
     },

@@ -11,12 +11,13 @@ use lock_core::{
     Leader, Lease, LockName, LockOptions, Mode, Result,
 };
 
-use crate::client::{RedisNode, ReleaseWatch};
+use crate::client::RedisNode;
 use crate::config::BACKEND;
 use crate::conn::Conn;
 use crate::lease::RedisLeaseOps;
 use crate::scripts::{self, Acquired, LockKeys};
 use crate::undo::{release_any, ReleaseOnDrop};
+use crate::wakeup::ReleaseWatch;
 use crate::RedisConfig;
 
 /// A distributed lock on one Redis server (or one Redis Cluster slot owner).

@@ -176,7 +176,7 @@ impl Wakeups {
         conn: &Conn,
         channel: &str,
         sharded: bool,
-    ) -> redis::RedisResult<Watch> {
+    ) -> redis::RedisResult<ReleaseWatch> {
         let (notify, subscribed, lapsed) = {
             let mut map = self.map();
             let c = map.entry(channel.to_string()).or_default();
@@ -184,7 +184,7 @@ impl Wakeups {
             c.sharded = sharded;
             (c.notify.clone(), c.subscribed.clone(), c.lapsed.clone())
         };
-        let watch = Watch {
+        let watch = ReleaseWatch {
             wakeups: self.clone(),
             conn: conn.clone(),
             channel: channel.to_string(),
@@ -203,8 +203,9 @@ impl Wakeups {
     }
 }
 
-/// One waiter's registration; dropping it unsubscribes when it was the channel's last waiter.
-pub(crate) struct Watch {
+/// A waiter's registration for one lock's release announcements on one node. Keep it while
+/// waiting; dropping the last one of a lock unsubscribes.
+pub struct ReleaseWatch {
     wakeups: Arc<Wakeups>,
     conn: Conn,
     channel: String,
@@ -213,14 +214,25 @@ pub(crate) struct Watch {
     sharded: bool,
 }
 
-impl Watch {
-    pub(crate) fn notify(&self) -> &Notify {
+impl ReleaseWatch {
+    /// Notified once per release announcement (one local waiter per message) and for every
+    /// waiter when the connection drops (messages may have been lost). Create the `notified()`
+    /// future and `enable()` it before checking the lock, then await it.
+    pub fn notify(&self) -> &Notify {
         &self.notify
     }
 
-    /// The server may have ended the subscription (see [`Wakeups::on_push`]): watch anew.
-    pub(crate) fn lapsed(&self) -> bool {
+    /// Whether the server may have ended the subscription (a cluster node drops the sharded
+    /// subscriptions of a slot it gives up): then drop this watch and watch anew, which
+    /// subscribes where the slot is now.
+    pub fn lapsed(&self) -> bool {
         self.lapsed.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReleaseWatch")
     }
 }
 
@@ -231,7 +243,7 @@ impl Channel {
     }
 }
 
-impl Drop for Watch {
+impl Drop for ReleaseWatch {
     fn drop(&mut self) {
         let subscribed = {
             let mut map = self.wakeups.map();
