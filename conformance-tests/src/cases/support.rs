@@ -290,6 +290,8 @@ pub(crate) async fn cancel_after<T>(after: Duration, fut: impl Future<Output = T
 /// if the first poll finished it.
 pub(crate) async fn drop_after_idle<T>(idle: Duration, fut: impl Future<Output = T>) -> Option<T> {
     let mut fut = std::pin::pin!(fut);
+    // A fresh cooperative budget: a first poll whose budget is spent stops at its first await.
+    tokio::task::yield_now().await;
     let first = std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await;
     if let std::task::Poll::Ready(out) = first {
         return Some(out);

@@ -96,6 +96,9 @@ impl FlawedLock {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (inner, key, o) = (self.inner.clone(), key.clone(), self.inner_opts(opts));
         tokio::spawn(async move {
+            // A request's round trip: the caller's first poll finds the channel empty (on a
+            // multi-thread runtime an instant grant could be in it already).
+            tokio::time::sleep(Duration::from_millis(1)).await;
             let got = inner.try_acquire(&key, &o).await;
             if let Err(Ok(Some(mut parked))) =
                 tx.send(got.map(|l| l.map(|l| AbandonOnDrop(Some(l)))))
