@@ -52,8 +52,8 @@ LANES = {
     # the workload's timing let 15 steps pass unseen once (2026-11-28; alone it sees them).
     "lock-redis/clock": None,
     "lock-redlock/clock": "own-servers",
-    # A master and a sentinel of its own, with passwords the shared deployment lacks.
-    "lock-redis/sentinel_auth": "own-servers",
+    # Sentinel deployments of its own: passwords, TLS, Valkey (the shared one has none).
+    "lock-redis/sentinel_own": "own-servers",
     # Three TLS cluster nodes of its own.
     "lock-redis/cluster_tls": "own-servers",
     "lock-zookeeper/clock": "own-servers",

@@ -11,6 +11,9 @@
 #   scripts/services.sh status         one line per server
 #   scripts/services.sh pid NAME       the pid of one server (for fault tests: SIGSTOP, SIGKILL)
 #   scripts/services.sh names          every server name
+#   scripts/services.sh certs DIR      a throw-away CA (DIR/ca.crt) and a certificate for 127.0.0.1 (DIR/server.crt,
+#                                      server.key), for tests that start TLS servers of their own
+#   scripts/services.sh valkey-server  the path of the Valkey server binary (installed by `install`)
 #
 # State (pids, configs, logs) lives in $DISTLOCK_SERVICES_DIR (default /tmp/distlock-services);
 # etcd and PostgreSQL data live on /dev/shm (fsync on disk is too slow for etcd's own health
@@ -188,7 +191,9 @@ cmd_install() {
 
 # ---------------------------------------------------------------- start
 
-# A throw-away CA and a server certificate for 127.0.0.1 / localhost, valid for 30 days.
+# A throw-away CA and a server certificate for 127.0.0.1 / localhost, valid for 30 days. The
+# certificate serves clients and, for servers that connect to each other (a cluster's bus, a
+# sentinel or a replica speaking TLS), is also presented as a client's.
 make_test_certs() {
   local dir=$1
   [ -f "$dir/server.crt" ] && return 0
@@ -197,7 +202,7 @@ make_test_certs() {
     -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
     -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$dir/server.ext"
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n' >"$dir/server.ext"
   openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
     -CAcreateserial -days 30 -extfile "$dir/server.ext" -out "$dir/server.crt" 2>/dev/null
 }
@@ -678,5 +683,7 @@ case "${1:-}" in
   pid) shift; cmd_pid "$@" ;;
   foreign) cmd_foreign ;;
   names) all_names ;;
-  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
+  certs) [ $# -eq 2 ] || die "usage: services.sh certs DIR"; mkdir -p "$2"; make_test_certs "$2" ;;
+  valkey-server) valkey_server ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
 esac

@@ -71,8 +71,8 @@ mode (docs/lock-family.md), or another K than the name's runs use; 70 lock lost 
 found / not runnable. A closed stderr changes none of these. `status`: 0 (held or free: see
 its output), 74 if the answer cannot be written, else 64, 69 or 77 as for `run`; `leader` the
 same (64 too where the backend holds no elections: Redlock, docs/election.md).
-URLs: file:///dir, redis://, rediss://, redis+sentinel://s1,s2,s3/MASTER, redis+cluster://n1,n2,
-rediss+cluster://n1,n2, redlock://h1,h2,h3,
+URLs: file:///dir, redis://, rediss://, redis+sentinel://s1,s2,s3/MASTER, rediss+sentinel://s1,s2/MASTER,
+redis+cluster://n1,n2, rediss+cluster://n1,n2, redlock://h1,h2,h3,
 zk://h1,h2, etcd://h1,h2, postgres://user@host/db (memory:// runs, with a warning: it lives
 in this process only) (a password containing / ? # @ must be percent-encoded: %2F %3F %23 %40).";
 

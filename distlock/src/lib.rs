@@ -23,7 +23,7 @@
 //! | `memory://[store]` | always | [`MemoryLock`]: one in-process store per name |
 //! | `file:///dir` | `file` (default) | `lock_file::FileLock`: processes of one machine |
 //! | `redis://` | `redis` | `lock_redis::RedisLock` |
-//! | `rediss://…[?tls_ca_file=/ca.pem]`, `rediss+cluster://…` | `redis-tls` | `lock_redis::RedisLock` over TLS |
+//! | `rediss://…[?tls_ca_file=/ca.pem]`, `rediss+sentinel://…`, `rediss+cluster://…` | `redis-tls` | `lock_redis::RedisLock` over TLS |
 //! | `redlock://h1,h2,h3` | `redlock` | `lock_redlock::RedlockLock` |
 //! | `zk://h1,h2[/chroot]` | `zookeeper` | `lock_zookeeper::ZkLock` |
 //! | `etcd://h1,h2[/prefix]` | `etcd` | `lock_etcd::EtcdLock` |
@@ -89,7 +89,10 @@ type Connector = Arc<dyn Fn(String) -> ConnectFuture + Send + Sync>;
 const FEATURES: &[(&str, &[&str])] = &[
     ("file", &["file"]),
     ("redis", &["redis", "redis+sentinel", "redis+cluster"]),
-    ("redis-tls", &["rediss", "rediss+cluster"]),
+    (
+        "redis-tls",
+        &["rediss", "rediss+sentinel", "rediss+cluster"],
+    ),
     ("redlock", &["redlock"]),
     ("zookeeper", &["zk"]),
     ("etcd", &["etcd"]),

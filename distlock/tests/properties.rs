@@ -36,9 +36,8 @@ fn parse_any(url: &str) -> Option<Result<String, lock_core::Error>> {
     let scheme = url.split("://").next().unwrap_or("");
     Some(match scheme {
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "rediss+cluster" => {
-            lock_redis::RedisConfig::from_url(url).map(|c| format!("{c:?} {c}"))
-        }
+        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
+        | "rediss+cluster" => lock_redis::RedisConfig::from_url(url).map(|c| format!("{c:?} {c}")),
         #[cfg(feature = "redlock")]
         "redlock" => lock_redlock::RedlockConfig::from_url(url).map(|c| format!("{c:?} {c}")),
         #[cfg(feature = "zookeeper")]
@@ -64,7 +63,7 @@ proptest! {
         scheme in prop_oneof![
             Just("redis"), Just("rediss"), Just("redlock"), Just("zk"), Just("etcd"),
             Just("postgres"), Just("postgresql"), Just("redis+sentinel"), Just("redis+cluster"),
-            Just("rediss+cluster"),
+            Just("rediss+cluster"), Just("rediss+sentinel"),
         ],
         tail in any::<String>(),
         pw in password(),

@@ -422,7 +422,12 @@ impl RedisNode {
     /// switch, which puts every lease granted before it in doubt until it is confirmed there.
     pub(crate) async fn switch_to(&self, host: &str, port: u16) -> Result<()> {
         let config = self.config.at(host, port);
-        let client = open_client(config.connection_info()?, None)
+        // The CA file is read again: a switch is rare, and a rotated CA is then trusted.
+        let ca = match config.is_tls() {
+            true => config.tls_ca_pem().await?,
+            false => None,
+        };
+        let client = open_client(config.connection_info()?, ca)
             .map_err(|e| Error::config(scrub(&e, config.secret())))?;
         let limit = config.connect_timeout() + config.request_timeout();
         let connecting = ConnectionManager::new_with_config(client, self.manager_config.clone());
@@ -554,7 +559,7 @@ impl fmt::Debug for RedisNode {
 }
 
 /// A client for `info`, trusting `ca` (PEM) for TLS if given.
-fn open_client(
+pub(crate) fn open_client(
     info: redis::ConnectionInfo,
     ca: Option<Vec<u8>>,
 ) -> redis::RedisResult<redis::Client> {

@@ -113,20 +113,22 @@ impl RedisConfig {
     /// when they fail it over, and never writes to a replica; the credentials are the Redis
     /// servers', and the same query keys apply, with `sentinel_password` (and `sentinel_user`)
     /// for sentinels that want a login of their own
-    /// ([`with_sentinel_password`](Self::with_sentinel_password)). The sentinels take no TLS
-    /// here.
+    /// ([`with_sentinel_password`](Self::with_sentinel_password)).
+    /// `rediss+sentinel://…[?tls_ca_file=/path/ca.pem]` speaks TLS to the sentinels and to the
+    /// servers alike (their `tls-port`s, as sentinels with `tls-replication yes` name them).
     pub fn from_url(url: &str) -> Result<Self> {
         let (scheme, tls) = match url.split_once("://").map(|(s, _)| s) {
             Some("redis") => ("redis", false),
             Some("rediss") => ("rediss", true),
-            Some("redis+sentinel") => return Self::from_sentinel_url(url),
+            Some("redis+sentinel") => return Self::from_sentinel_url(url, false),
+            Some("rediss+sentinel") => return Self::from_sentinel_url(url, true),
             Some("redis+cluster") => return Self::from_cluster_url(url, false),
             Some("rediss+cluster") => return Self::from_cluster_url(url, true),
             _ => {
                 return Err(Error::config(
                     "a Redis URL starts with redis://, rediss://, redis+sentinel://, \
-                     redis+cluster:// or rediss+cluster:// (several independent masters: \
-                     redlock://)",
+                     rediss+sentinel://, redis+cluster:// or rediss+cluster:// (several \
+                     independent masters: redlock://)",
                 ))
             }
         };
@@ -165,13 +167,17 @@ impl RedisConfig {
         Ok(cfg)
     }
 
-    fn from_sentinel_url(url: &str) -> Result<Self> {
-        const SCHEME: &str = "redis+sentinel";
-        let parsed = MultiHostUrl::parse(url, SCHEME, "Redis Sentinel")?;
+    fn from_sentinel_url(url: &str, tls: bool) -> Result<Self> {
+        let scheme = if tls {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        let parsed = MultiHostUrl::parse(url, scheme, "Redis Sentinel")?;
         let bad = |what: String| {
             Error::config(format!(
                 "Redis Sentinel URL {}: {what}",
-                parsed.redacted(SCHEME)
+                parsed.redacted(scheme)
             ))
         };
         let mut hosts = Vec::with_capacity(parsed.hosts.len());
@@ -208,7 +214,14 @@ impl RedisConfig {
             user: None,
             password: None,
         }));
-        Query::apply("Redis Sentinel URL", parsed.query, Self::URL_PARAMS, cfg)
+        cfg.tls = tls;
+        let cfg = Query::apply("Redis Sentinel URL", parsed.query, Self::URL_PARAMS, cfg)?;
+        if tls && !cfg!(feature = "tls") {
+            return Err(Error::config(
+                "rediss+sentinel:// needs TLS support: enable the `tls` feature of lock-redis",
+            ));
+        }
+        Ok(cfg)
     }
 
     fn from_cluster_url(url: &str, tls: bool) -> Result<Self> {
@@ -485,7 +498,8 @@ impl RedisConfig {
         };
         match &self.deployment {
             Deployment::Sentinels(s) => {
-                let mut url = format!("redis+sentinel://{auth}{}/{}", list(&s.hosts), s.master);
+                let hosts = list(&s.hosts);
+                let mut url = format!("{scheme}+sentinel://{auth}{hosts}/{}", s.master);
                 if self.db != 0 {
                     url.push_str(&format!("/{}", self.db));
                 }

@@ -46,7 +46,7 @@ fn a_sentinel_url_names_the_sentinels_the_master_and_the_database() {
         "redis+sentinel://s1/",                // empty master
         "redis+sentinel://s1/m/x",             // database not a number
         "redis+sentinel://s1/m/1/2",           // more path
-        "redis+sentinel://s1/m?tls_ca_file=x", // no TLS to sentinels here
+        "redis+sentinel://s1/m?tls_ca_file=x", // a CA goes with rediss+sentinel://
         "redis+sentinel://s1:x/m",             // port
         "redis+sentinel://:secret@s1/m/x",     // never echoes the password
     ] {
@@ -255,4 +255,27 @@ fn debug_and_display_redact() {
 fn rediss_names_the_feature() {
     let e = RedisConfig::from_url("rediss://h:1").unwrap_err();
     assert!(e.to_string().contains("`tls` feature"), "{e}");
+}
+
+#[cfg(not(feature = "tls"))]
+#[test]
+fn rediss_sentinel_names_the_feature() {
+    let e = RedisConfig::from_url("rediss+sentinel://s1/m").unwrap_err();
+    assert!(e.to_string().contains("`tls` feature"), "{e}");
+}
+
+/// `rediss+sentinel://` is TLS to the sentinels and the servers, with one CA for both; it
+/// keeps its scheme in what is shown.
+#[cfg(feature = "tls")]
+#[test]
+fn rediss_sentinel_is_tls_to_both_with_one_ca() {
+    let c = RedisConfig::from_url("rediss+sentinel://:pw@s1,s2:7/m/1?tls_ca_file=/ca.pem").unwrap();
+    assert!(c.is_tls());
+    let s = c.sentinels().unwrap();
+    assert_eq!(s.hosts, [("s1".to_string(), 26379), ("s2".to_string(), 7)]);
+    assert_eq!(s.master, "m");
+    assert_eq!(c.db(), 1);
+    assert_eq!(c.redacted_url(), "rediss+sentinel://:***@s1:26379,s2:7/m/1");
+    let plain = RedisConfig::from_url("redis+sentinel://s1/m").unwrap();
+    assert!(!plain.is_tls());
 }

