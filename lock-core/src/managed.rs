@@ -74,8 +74,6 @@ impl<O: LeaseOps> ManagedLease<O> {
         // end of the lock's connection beside it where the driver has one to watch.
         let ended = shared.ops.ended();
         let doubts = shared.ops.doubts();
-        // Renew now: the server changed under the lease (`LeaseOps::doubts`).
-        let poke = Arc::new(tokio::sync::Notify::new());
         let stop_at = match renewal {
             Renewal::Manual => None,
             Renewal::Auto { max_hold } => Some(max_hold.and_then(|d| granted_at.checked_add(d))),
@@ -91,6 +89,9 @@ impl<O: LeaseOps> ManagedLease<O> {
                         .saturating_duration_since(granted_at)
                         .max(Duration::from_millis(3));
                     let (shared, name) = (shared.clone(), name.clone());
+                    // Renew now: the server changed under the lease (`LeaseOps::doubts`).
+                    // Made here: a lease without a watchdog needs none (an allocation less).
+                    let poke = Arc::new(tokio::sync::Notify::new());
                     Some(rt.spawn(async move {
                         let renewing = async {
                             match stop_at {
@@ -201,9 +202,14 @@ impl<O: LeaseOps> ManagedLease<O> {
         }
     }
 
-    fn stop_watchdog(&mut self) {
-        if let Some(h) = self.watchdog.take() {
-            h.abort();
+    /// Stops the watchdog; returns whether the lease had one.
+    fn stop_watchdog(&mut self) -> bool {
+        match self.watchdog.take() {
+            Some(h) => {
+                h.abort();
+                true
+            }
+            None => false,
         }
     }
 }
@@ -237,14 +243,20 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
     async fn release(mut self: Box<Self>) -> Result<()> {
         let span = self.shared.telemetry.release_span();
         self.shared.released.store(true, Ordering::SeqCst);
-        self.stop_watchdog();
+        let watched = self.stop_watchdog();
         if self.shared.tracker.state() == LeaseState::Lost {
             // Lost by the clock alone (no watchdog saw it): said now, before the release.
             self.shared.telemetry.lost(LossReason::Expired, None);
         }
         let until = self.shared.tracker.valid_until();
         let result = async {
-            let _gate = self.shared.gate.lock().await;
+            // After a renewal in flight, never across it. Only the watchdog renews beside
+            // the lease's owner, who gave the lease up to call this: without one there is
+            // nothing to wait for (and a lock of the gate less per cycle).
+            let _gate = match watched {
+                true => Some(self.shared.gate.lock().await),
+                false => None,
+            };
             release_with_retries(self.shared.ops.clone(), until).await
         }
         .instrument(span.clone())

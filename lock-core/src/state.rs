@@ -208,6 +208,16 @@ impl LeaseTracker {
     fn update(&self, change: impl FnOnce(&mut Status) -> bool) {
         let changed = change(&mut self.shared.status.lock());
         if changed {
+            self.wake_signals();
+        }
+    }
+
+    /// Wakes the signals that wait. Only a [`LostSignal`] waits, and each holds a count of
+    /// `shared`: with none out there is nobody to wake (a lock of the `Notify` less, twice per
+    /// lease). A signal made meanwhile, on another thread, looks at the status after this
+    /// change's unlock, so it needs no wake-up.
+    fn wake_signals(&self) {
+        if Arc::strong_count(&self.shared) > 1 {
             self.shared.changed.notify_waiters();
         }
     }
@@ -224,7 +234,7 @@ impl Drop for LeaseTracker {
     /// The lease is gone: every signal resolves.
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::Release);
-        self.shared.changed.notify_waiters();
+        self.wake_signals();
     }
 }
 

@@ -206,6 +206,22 @@ impl AcquireReport {
         self.record(outcome, error);
     }
 
+    /// When the acquisition started (read once by [`start`](Self::start)): the moment its
+    /// wait counts from.
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use lock_core::{telemetry::AcquireReport, LockName, LockOptions};
+    /// let before = Instant::now();
+    /// let name = LockName::new("jobs")?;
+    /// let report = AcquireReport::start("memory", &name, &LockOptions::new(Duration::from_secs(1)), true);
+    /// assert!(report.started() >= before && report.started() <= Instant::now());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
     fn record(&self, outcome: &'static str, error: Option<&'static str>) {
         let waited = self.started.elapsed();
         // A span nobody listens to records nothing, but asking it still costs (the `log`

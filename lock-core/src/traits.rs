@@ -108,7 +108,7 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// [`acquire_until`](Self::acquire_until).
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
         let probe = AcquireReport::start(self.backend(), name, opts, true);
-        let start = Instant::now();
+        let start = probe.started(); // one clock reading for the deadline and the report
         let result = async {
             let deadline = Deadline::from_wait(opts.wait, start);
             let caps = self.capabilities();
