@@ -39,12 +39,16 @@ struct Kind {
 /// monitors the master as `m`, killed when dropped.
 struct Deployment {
     kind: Kind,
-    _servers: Members,
+    servers: Members,
+    binary: String,
     ports: Vec<u16>,
     dir: Scratch,
 }
 
 impl Deployment {
+    /// Starts the servers, and the sentinel once the replica (if any) follows the master: the
+    /// sentinel's first `INFO` of the master then names it (else it learns of it at its next,
+    /// 10 s later).
     fn start(kind: Kind) -> Deployment {
         let dir = test_support::scratch("distlock-sentinel-own");
         if kind.tls {
@@ -57,47 +61,15 @@ impl Deployment {
             true => test_support::valkey_server(),
             false => "redis-server".to_string(),
         };
-        let file = |f: &str| dir.join(f).display().to_string();
-        // Lines of a configuration file: every server's and the sentinel's.
-        let common = |port: u16| {
-            let mut lines = vec![
-                "bind 127.0.0.1".to_string(),
-                format!("dir {}", dir.display()),
-            ];
-            if kind.tls {
-                lines.extend([
-                    "port 0".to_string(),
-                    format!("tls-port {port}"),
-                    format!("tls-cert-file {}", file("server.crt")),
-                    format!("tls-key-file {}", file("server.key")),
-                    format!("tls-ca-cert-file {}", file("ca.crt")),
-                    "tls-auth-clients no".to_string(),
-                    "tls-replication yes".to_string(),
-                ]);
-            } else {
-                lines.push(format!("port {port}"));
-            }
-            lines
+        let mut d = Deployment {
+            kind,
+            servers: Members::default(),
+            binary,
+            ports,
+            dir,
         };
-        let mut servers = Members::default();
-        let mut spawn = |name: &str, lines: Vec<String>, sentinel: bool| {
-            let conf = dir.join(format!("{name}.conf"));
-            std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
-            let mut cmd = Command::new(&binary);
-            cmd.arg(&conf);
-            if sentinel {
-                cmd.arg("--sentinel");
-            }
-            let child = cmd
-                .stdin(Stdio::null())
-                .stdout(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("the server binary (scripts/services.sh install)");
-            servers.0.push(child);
-        };
-        let server = |port: u16, replica_of: Option<u16>| {
-            let mut lines = common(port);
+        let server = |d: &Deployment, port: u16, replica_of: Option<u16>| {
+            let mut lines = d.common(port);
             lines.extend([
                 "save \"\"".to_string(),
                 "appendonly no".to_string(),
@@ -114,13 +86,19 @@ impl Deployment {
             }
             lines
         };
-        spawn("master", server(ports[0], None), false);
+        let master = d.ports[0];
+        d.spawn("master", server(&d, master, None), false);
         if kind.replica {
-            spawn("replica", server(ports[1], Some(ports[0])), false);
+            d.spawn("replica", server(&d, d.ports[1], Some(master)), false);
+            d.wait(
+                "the replica acknowledges a write",
+                Duration::from_secs(20),
+                || d.acknowledged(),
+            );
         }
-        let mut sentinel = common(ports[2]);
+        let mut sentinel = d.common(d.ports[2]);
         sentinel.extend([
-            format!("sentinel monitor m 127.0.0.1 {} 1", ports[0]),
+            format!("sentinel monitor m 127.0.0.1 {master} 1"),
             "sentinel down-after-milliseconds m 1000".to_string(),
             "sentinel failover-timeout m 4000".to_string(),
         ]);
@@ -130,13 +108,56 @@ impl Deployment {
                 format!("requirepass {SENTINEL_PW}"),
             ]);
         }
-        spawn("sentinel", sentinel, true);
-        Deployment {
-            kind,
-            _servers: servers,
-            ports,
-            dir,
+        d.spawn("sentinel", sentinel, true);
+        d
+    }
+
+    /// The lines of a configuration file that every server's and the sentinel's share.
+    fn common(&self, port: u16) -> Vec<String> {
+        let file = |f: &str| self.dir.join(f).display().to_string();
+        let mut lines = vec![
+            "bind 127.0.0.1".to_string(),
+            format!("dir {}", self.dir.display()),
+        ];
+        if self.kind.tls {
+            lines.extend([
+                "port 0".to_string(),
+                format!("tls-port {port}"),
+                format!("tls-cert-file {}", file("server.crt")),
+                format!("tls-key-file {}", file("server.key")),
+                format!("tls-ca-cert-file {}", file("ca.crt")),
+                "tls-auth-clients no".to_string(),
+                "tls-replication yes".to_string(),
+            ]);
+        } else {
+            lines.push(format!("port {port}"));
         }
+        lines
+    }
+
+    /// Starts the binary on the configuration `lines` as `name` (its log `name.log`).
+    fn spawn(&mut self, name: &str, lines: Vec<String>, sentinel: bool) {
+        let conf = self.dir.join(format!("{name}.conf"));
+        std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg(&conf);
+        if sentinel {
+            cmd.arg("--sentinel");
+        }
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the server binary (scripts/services.sh install)");
+        self.servers.0.push(child);
+    }
+
+    /// Whether the replica acknowledges a write to the master now (`WAIT 1` after an `INCR`).
+    fn acknowledged(&self) -> bool {
+        let out = self.cli(self.ports[0], "INCR probe\nWAIT 1 1000\n");
+        out.lines().nth(1).map(str::trim) == Some("1")
     }
 
     fn ca(&self) -> PathBuf {
@@ -251,8 +272,7 @@ impl Deployment {
             return;
         }
         self.wait("the replica acknowledges a write", within, || {
-            let out = self.cli(self.ports[0], "INCR probe\nWAIT 1 1000\n");
-            out.lines().nth(1).map(str::trim) == Some("1")
+            self.acknowledged()
         });
         let replica = self.ports[1].to_string();
         self.wait("the sentinel knows the replica", within, || {
@@ -343,10 +363,7 @@ async fn follows_a_failover(d: &Deployment) {
     d.wait(
         "the replica acknowledges the grant",
         Duration::from_secs(10),
-        || {
-            let out = d.cli(d.ports[0], "INCR probe\nWAIT 1 1000\n");
-            out.lines().nth(1).map(str::trim) == Some("1")
-        },
+        || d.acknowledged(),
     );
     let answer = d.cli(d.ports[2], "SENTINEL FAILOVER m\n");
     assert!(
