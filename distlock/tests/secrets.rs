@@ -26,6 +26,7 @@ const TEMPLATES: &[&str] = &[
     "redis+sentinel://127.0.0.1:1/m?prefix=x&sentinel_password={pw}&keys=plain",
     "redis+sentinel://:{pw}@127.0.0.1:1/m?sentinel_user=u&sentinel_password={pw}",
     "rediss://locker:{pw}@127.0.0.1:1",
+    "rediss+sentinel://:{pw}@127.0.0.1:1/m?sentinel_password={pw}",
     "redlock://locker:{pw}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
     "zk://locker:{pw}@127.0.0.1:1/chroot",
     "etcd://locker:{pw}@127.0.0.1:1/prefix",
