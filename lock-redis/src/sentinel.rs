@@ -42,22 +42,26 @@ impl Follower {
     /// Starts following for `node` (which must be connected to the master the sentinels
     /// named): listens for switches, asks again every [`RECHECK`] and whenever the master's
     /// connection drops, and moves the node to each new master ([`RedisNode::switch_to`]).
-    pub(crate) fn start(node: RedisNode, tls: Tls) -> Arc<Follower> {
+    pub(crate) fn start(node: RedisNode, tls: Transport) -> Arc<Follower> {
         Arc::new(Follower(
             tokio::spawn(follow(node.detached(), tls)).abort_handle(),
         ))
     }
 }
 
-/// How to reach the sentinels: `None` over plain TCP, `Some(ca)` over TLS (trusting `ca`, a
-/// PEM, if given: `tls_ca_file`), as the servers are reached.
-pub(crate) type Tls = Option<Option<Vec<u8>>>;
+/// How the sentinels are reached: as the servers are (`redis+sentinel://` or
+/// `rediss+sentinel://`).
+pub(crate) enum Transport {
+    Plain,
+    /// TLS, trusting this CA (a PEM: `tls_ca_file`) if given, else the public roots.
+    Tls(Option<Vec<u8>>),
+}
 
-async fn follow(node: RedisNode, tls: Tls) {
+async fn follow(node: RedisNode, tls: Transport) {
     let Some(sentinels) = node.config().sentinels().cloned() else {
         return;
     };
-    let tls = tls.as_ref();
+    let tls = &tls;
     let timeout = node.config().connect_timeout();
     let mut current = (node.config().host().to_string(), node.config().port());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -122,7 +126,7 @@ impl Sentinels {
     pub(crate) async fn master_addr(
         &self,
         timeout: Duration,
-        tls: Option<&Option<Vec<u8>>>,
+        tls: &Transport,
     ) -> Result<(String, u16)> {
         let (mut failures, mut refused) = (Vec::new(), None);
         for (host, port) in &self.hosts {
@@ -174,7 +178,7 @@ impl Sentinels {
     pub(crate) async fn next_switch(
         &self,
         timeout: Duration,
-        tls: Option<&Option<Vec<u8>>>,
+        tls: &Transport,
     ) -> Option<(String, u16)> {
         for (host, port) in &self.hosts {
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<redis::PushInfo>();
@@ -229,27 +233,28 @@ fn switched_to(payload: &str, master: &str) -> Option<(String, u16)> {
 
 impl Sentinels {
     /// A client for the sentinel at `host:port`, speaking RESP3 (its pushes carry the
-    /// switches), over TLS if `tls`, logging in with the sentinels' own user and password if
+    /// switches), over `tls`, logging in with the sentinels' own user and password if
     /// they want one.
-    fn client(
-        &self,
-        host: &str,
-        port: u16,
-        tls: Option<&Option<Vec<u8>>>,
-    ) -> redis::RedisResult<redis::Client> {
+    fn client(&self, host: &str, port: u16, tls: &Transport) -> redis::RedisResult<redis::Client> {
         use redis::IntoConnectionInfo;
-        let addr = match tls {
-            None => redis::ConnectionAddr::Tcp(host.to_string(), port),
+        let (addr, ca) = match tls {
+            Transport::Plain => (redis::ConnectionAddr::Tcp(host.to_string(), port), None),
             #[cfg(feature = "tls")]
-            Some(_) => redis::ConnectionAddr::TcpTls {
-                host: host.to_string(),
-                port,
-                insecure: false,
-                tls_params: None,
-            },
+            Transport::Tls(ca) => (
+                redis::ConnectionAddr::TcpTls {
+                    host: host.to_string(),
+                    port,
+                    insecure: false,
+                    tls_params: None,
+                },
+                ca.clone(),
+            ),
             // The URL's parser refuses rediss+sentinel:// without the feature.
             #[cfg(not(feature = "tls"))]
-            Some(_) => redis::ConnectionAddr::Tcp(host.to_string(), port),
+            Transport::Tls(ca) => (
+                redis::ConnectionAddr::Tcp(host.to_string(), port),
+                ca.clone(),
+            ),
         };
         let info = addr.into_connection_info()?;
         let mut settings =
@@ -260,7 +265,7 @@ impl Sentinels {
         if let Some(p) = &self.password {
             settings = settings.set_password(p.expose());
         }
-        crate::client::open_client(info.set_redis_settings(settings), tls.cloned().flatten())
+        crate::client::open_client(info.set_redis_settings(settings), ca)
     }
 
     /// `e`'s text without the sentinels' password.
@@ -301,12 +306,12 @@ fn refused_login(e: &redis::RedisError) -> bool {
 /// Connects to the master the sentinels of `config` name now, and follows it from then on
 /// (the node, its clones and its leases keep the follower alive).
 pub(crate) async fn connect(config: RedisConfig, sentinels: &Sentinels) -> Result<RedisNode> {
-    let tls: Tls = match config.is_tls() {
-        true => Some(config.tls_ca_pem().await?),
-        false => None,
+    let tls = match config.is_tls() {
+        true => Transport::Tls(config.tls_ca_pem().await?),
+        false => Transport::Plain,
     };
     let (host, port) = sentinels
-        .master_addr(config.connect_timeout(), tls.as_ref())
+        .master_addr(config.connect_timeout(), &tls)
         .await?;
     let node = RedisNode::connect(config.at(&host, port)).await?;
     let follower = Follower::start(node.clone(), tls);
