@@ -46,6 +46,17 @@ pub trait LeaseOps: Send + Sync + 'static {
     /// subtracted). Must never recreate a lock that is gone: `Err(NotHeld)` or `Err(Lost)`.
     async fn renew(&self) -> Result<Instant>;
 
+    /// The watchdog's renewal ([`Renewal::Auto`](crate::Renewal::Auto)), asked when a third of
+    /// the validity window has passed since the last confirmation it heard of; the default is
+    /// [`renew`](Self::renew). A driver that renews many leases in one request may answer with
+    /// a confirmation such a request got for this lease since then, as `renew` would have
+    /// computed it, and send nothing: never one from before the lease's server changed
+    /// ([`doubts`](Self::doubts)), and never for a renewal asked by hand, which always asks the
+    /// backend.
+    async fn renew_due(&self) -> Result<Instant> {
+        self.renew().await
+    }
+
     /// Deletes the lock on the backend if this owner still holds it; `Err(NotHeld)` otherwise.
     async fn release(&self) -> Result<()>;
 

@@ -147,7 +147,7 @@ async fn renewal<O: LeaseOps>(
     let slow = window / 6;
     let retry = (window / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
     let beside = |now: Instant| now + (valid_until.saturating_duration_since(now) / 2).max(slow);
-    let mut tries = vec![shared.ops.renew()];
+    let mut tries = vec![shared.ops.renew_due()];
     let mut next_try = beside(started);
     let (at_risk_at, mut at_risk) = (started + slow, false);
     loop {
@@ -199,7 +199,7 @@ async fn renewal<O: LeaseOps>(
                     if !tries.is_empty() {
                         tracing::warn!(lock = %name, "renewal unanswered; sending another beside it");
                     }
-                    tries.push(shared.ops.renew());
+                    tries.push(shared.ops.renew_due());
                 }
             }
             _ = tokio::time::sleep_until(at_risk_at.into()), if !at_risk => {

@@ -57,6 +57,8 @@ pub(crate) struct Target {
     /// Release announcements go by sharded pub/sub (a cluster whose masters all have it at
     /// connect): fixed for the client's life, so that its waiters and releasers agree.
     sharded: std::sync::atomic::AtomicBool,
+    /// The leases that renew together on this server (`renewals.rs`).
+    pub(crate) renewals: Arc<crate::renewals::Renewals>,
 }
 
 /// How often a connection that never dropped is checked again anyway: an operator's
@@ -146,6 +148,7 @@ impl RedisNode {
                     switched: tokio::sync::watch::Sender::new(0),
                     dropped,
                     sharded: std::sync::atomic::AtomicBool::new(false),
+                    renewals: Arc::default(),
                 }),
                 manager_config: manager_config.clone(),
                 follower: None,

@@ -97,18 +97,6 @@ end
 return {1, fence}
 ";
 
-/// Keys: lock, fence (unused), holders. Args: member, ttl ms, group value.
-/// → 1 renewed; 0 not a holder (expired, released, or the key deleted).
-const RENEW_LUA: &str = r"
-local ttl = tonumber(ARGV[2])
-if redis.call('GET', KEYS[1]) ~= ARGV[3] or not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-  return 0
-end
-redis.call('ZADD', KEYS[3], 'XX', now + ttl, ARGV[1])
-extend(ttl)
-return 1
-";
-
 /// Keys: lock, fence (unused), holders. Args: member (or `:<token>` to find it by its token),
 /// channel, group value. Removes the member, ends the group with its last member, and announces
 /// the release. → 1 released; 0 not a holder.
@@ -151,7 +139,6 @@ return out
 ";
 
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{PRELUDE}{ACQUIRE_LUA}")));
-static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{PRELUDE}{RENEW_LUA}")));
 pub(crate) static RELEASE: LazyLock<Announcing> =
     LazyLock::new(|| Announcing::new(format!("{PRELUDE}{RELEASE_LUA}")));
 static LIST: LazyLock<Lua> = LazyLock::new(|| Lua::new(LIST_LUA));
@@ -188,20 +175,6 @@ pub async fn acquire<C: ConnectionLike + Send>(
         },
         (_, pttl) => crate::scripts::busy(pttl.unwrap_or(-2), held),
     })
-}
-
-/// Renews `member` of the group of `mode` for `ttl`; `true` when it still held.
-pub async fn renew<C: ConnectionLike + Send>(
-    conn: &mut C,
-    keys: &LockKeys,
-    member: &str,
-    ttl: Duration,
-    mode: Mode,
-) -> redis::RedisResult<bool> {
-    let group = group_value(mode).unwrap_or_default();
-    let ttl = ms(ttl).to_string();
-    let n: i64 = run(conn, &RENEW, &keys3(keys), &[member, &ttl, &group]).await?;
-    Ok(n == 1)
 }
 
 /// Releases `member` (or, for `Undo`, the member of `token` whatever its fence) of the group of

@@ -8,13 +8,14 @@ use async_trait::async_trait;
 use lock_core::driver::{lease_end, Acquisition, Backoff, Grant, ManagedLease};
 use lock_core::{
     Capabilities, ChangeFeed, Deadline, DistributedLock, Error, Fencing, FencingToken, HolderInfo,
-    Leader, Lease, LockName, LockOptions, Mode, Result,
+    Leader, Lease, LockName, LockOptions, Mode, Renewal, Result,
 };
 
 use crate::client::RedisNode;
 use crate::config::BACKEND;
 use crate::conn::Conn;
 use crate::lease::RedisLeaseOps;
+use crate::renewals::Renewable;
 use crate::scripts::{self, Acquired, LockKeys};
 use crate::undo::{release_any, ReleaseOnDrop};
 use crate::wakeup::ReleaseWatch;
@@ -169,6 +170,7 @@ impl RedisLock {
             .config()
             .sentinels()
             .map(|_| node.target().switched.subscribe());
+        let switches = node.switches();
         let start = Instant::now();
         // The grant and its WAIT (`wait_replicas`) in one pipeline, to one server.
         let mut conn = node.acknowledged();
@@ -221,13 +223,27 @@ impl RedisLock {
                     Mode::Exclusive => token,
                     _ => crate::family::member(fence, &token).into(),
                 };
-                let ops = RedisLeaseOps {
-                    doubts,
+                let what = Renewable {
                     keys: keys.clone(),
                     token,
                     mode,
-                    valued: opts.value.is_some(),
                     ttl,
+                    valued: opts.value.is_some(),
+                };
+                // Renewed with the client's other leases but on a cluster (`renewals.rs`); on
+                // their behalf only by a watchdog, and until `max_hold`.
+                let ahead = match opts.renewal {
+                    Renewal::Auto { max_hold } => Some(max_hold.and_then(|d| start.checked_add(d))),
+                    _ => None,
+                };
+                let enrolled = cfg.cluster().is_none().then(|| {
+                    let renewals = &node.target().renewals;
+                    renewals.enrol(what.clone(), ahead, (start, switches))
+                });
+                let ops = RedisLeaseOps {
+                    doubts,
+                    what,
+                    enrolled,
                     timeout: cfg.request_timeout(),
                     node: node.clone(),
                 };

@@ -1,4 +1,5 @@
-//! The three Lua scripts and the key layout, shared with `lock-redlock`.
+//! The mutex's Lua scripts and the key layout, shared with `lock-redlock` (renewals: the
+//! crate's `renewals` module; shared holders and permits: its `family` module).
 //!
 //! Keys of one lock share a hash tag, so they live in one Redis Cluster slot:
 //! `<prefix>{<name>}` holds the owner token with a PX expiry, `<prefix>{<name>}:fence` the
@@ -69,18 +70,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   end
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
-end
-return 0
-";
-
-/// Compare token, `PEXPIRE` (the value key too, if given) → 1; not the owner (or gone: never
-/// recreated) → 0.
-const RENEW_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if KEYS[2] then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  end
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 ";
@@ -268,7 +257,6 @@ impl Announcing {
 
 static ACQUIRE: LazyLock<Announcing> = LazyLock::new(|| Announcing::new(ACQUIRE_LUA));
 static RELEASE: LazyLock<Announcing> = LazyLock::new(|| Announcing::new(RELEASE_LUA));
-static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(RENEW_LUA));
 static PROCLAIM: LazyLock<Announcing> = LazyLock::new(|| Announcing::new(PROCLAIM_LUA));
 static LEADER: LazyLock<Lua> = LazyLock::new(|| Lua::new(LEADER_LUA));
 
@@ -390,22 +378,6 @@ pub async fn release<C: ConnectionLike + Send>(
     let both = [keys.lock.as_str(), keys.value.as_str()];
     let ks = if keys.fenced { &both[..] } else { &both[..1] };
     let n: i64 = run(conn, RELEASE.for_keys(keys), ks, &[token, &keys.channel]).await?;
-    Ok(n == 1)
-}
-
-/// Runs the renew script; `true` when this token still held the lock and its TTL is reset
-/// (the value key's too, for a lease `valued` by an election).
-pub async fn renew<C: ConnectionLike + Send>(
-    conn: &mut C,
-    keys: &LockKeys,
-    token: &str,
-    ttl: Duration,
-    valued: bool,
-) -> redis::RedisResult<bool> {
-    let ttl = ms(ttl).to_string();
-    let both = [keys.lock.as_str(), keys.value.as_str()];
-    let ks = if valued { &both[..] } else { &both[..1] };
-    let n: i64 = run(conn, &RENEW, ks, &[token, &ttl]).await?;
     Ok(n == 1)
 }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::driver::LeaseOps;
 use lock_core::{Error, Mode, Result};
-use lock_redis::raw::family;
-use lock_redis::raw::scripts::{self, LockKeys};
+use lock_redis::raw::renewals;
+use lock_redis::raw::scripts::LockKeys;
 use lock_redis::raw::RedisNode;
 
 use crate::round::{release_request, until_quorum, Round};
@@ -47,11 +47,19 @@ impl LeaseOps for RedlockLeaseOps {
             let (keys, token) = (keys.clone(), token.clone());
             let member = members.get(i).cloned().flatten();
             async move {
-                match (mode, member) {
-                    (Mode::Exclusive, _) => scripts::renew(&mut c, &keys, &token, ttl, false).await,
-                    (_, Some(m)) => family::renew(&mut c, &keys, &m, ttl, mode).await,
-                    (_, None) => Ok(false),
-                }
+                let token = match (mode, &member) {
+                    (Mode::Exclusive, _) => &*token,
+                    (_, Some(m)) => m.as_str(),
+                    (_, None) => return Ok(false),
+                };
+                let lease = renewals::Renewing {
+                    keys: &keys,
+                    token,
+                    mode,
+                    ttl,
+                    valued: false,
+                };
+                Ok(renewals::renew(&mut c, &[lease]).await?.first() == Some(&true))
             }
         });
         let ((extended, not_held, _), rest) = until_quorum(round, self.quorum).await;
