@@ -1,8 +1,10 @@
 //! `--scale N1,N2,…`: what holding many locks costs. One fresh client of the backend takes N
 //! locks (distinct names, each renewed by its watchdog) and holds them for a window; the row
 //! says how many server connections (or sessions) that client added, its memory (RSS) per held
-//! lock, the renewals the backend confirmed per second per held lock (`Lease::renewals`), and
-//! the latency of acquire + release on one more name while the N are held, and how many of the
+//! lock, the renewals the backend confirmed per second per held lock (`Lease::renewals`), the
+//! requests its servers counted per second per held lock while the client only held (the
+//! window's first half), and the latency of acquire + release on one more name while the N are
+//! held (its second half), and how many of the
 //! N were no longer Held at the end (renewals that did not keep up). A backend that
 //! cannot hold N (PostgreSQL: one session per lock, and the server allows 100) gives a row
 //! with the error instead.
@@ -30,6 +32,9 @@ pub(crate) struct ScaleRow {
     pub(crate) rss_kib_per_lock: Option<f64>,
     /// Renewals the backend confirmed per second per held lock, over the window.
     pub(crate) renewals_per_sec_per_lock: Option<f64>,
+    /// Requests the servers counted per second per held lock while the client only held (the
+    /// window's first half): what holding costs the servers, renewals batched or not.
+    pub(crate) requests_per_sec_per_lock: Option<f64>,
     /// Leases not Held at the end of the window (AtRisk or Lost): renewals that did not keep
     /// up.
     lost: usize,
@@ -60,6 +65,7 @@ pub(crate) async fn scale(backend: Backend, ep: &Endpoints, n: usize, plan: Plan
         connections: None,
         rss_kib_per_lock: None,
         renewals_per_sec_per_lock: None,
+        requests_per_sec_per_lock: None,
         cycle_p50_us: None,
         cycle_p99_us: None,
         error: None,
@@ -114,6 +120,20 @@ async fn measure(
         leases.iter().map(|l| l.renewals()).sum::<Option<u64>>()
     };
     let (start, renewals_before) = (Instant::now(), renewed(&leases));
+    // The first half only holds: the servers' count of requests then is the renewals' cost
+    // (and the count's own request, one a reading).
+    let asked_before = ep.server_requests(backend).await;
+    tokio::time::sleep(plan.window / 2).await;
+    if let (Some(b), Some(a)) = (asked_before, ep.server_requests(backend).await) {
+        let per_reading = if matches!(backend, Backend::Redlock) {
+            5
+        } else {
+            1
+        };
+        let asked = a.saturating_sub(b).saturating_sub(per_reading);
+        row.requests_per_sec_per_lock =
+            Some(asked as f64 / start.elapsed().as_secs_f64() / n.max(1) as f64);
+    }
     let mut cycles = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
     while start.elapsed() < plan.window {
         let t = Instant::now();
@@ -200,18 +220,18 @@ pub(crate) fn table(rows: &[ScaleRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| backend | held locks | TTL | not Held at the end | server connections added | RSS KiB per lock | renewals/s per lock | cycle p50 µs | cycle p99 µs |"
+        "| backend | held locks | TTL | not Held at the end | server connections added | RSS KiB per lock | renewals/s per lock | server requests/s per lock | cycle p50 µs | cycle p99 µs |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let f = |x: Option<f64>, d: usize| x.map_or("–".to_string(), |v| format!("{v:.d$}"));
     for r in rows {
         if let Some(e) = &r.error {
-            let _ = writeln!(out, "| {} | {} | | | {e} | | | | |", r.backend, r.held);
+            let _ = writeln!(out, "| {} | {} | | | {e} | | | | | |", r.backend, r.held);
             continue;
         }
         let _ = writeln!(
             out,
-            "| {} | {} | {} ms | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} ms | {} | {} | {} | {} | {} | {} | {} |",
             r.backend,
             r.held,
             r.ttl_ms,
@@ -219,6 +239,7 @@ pub(crate) fn table(rows: &[ScaleRow]) -> String {
             r.connections.map_or("–".to_string(), |c| c.to_string()),
             f(r.rss_kib_per_lock, 1),
             f(r.renewals_per_sec_per_lock, 2),
+            f(r.requests_per_sec_per_lock, 3),
             f(r.cycle_p50_us, 0),
             f(r.cycle_p99_us, 0),
         );

@@ -14,7 +14,7 @@ struct Figure {
     value: fn(&ScaleRow) -> Option<f64>,
 }
 
-const FIGURES: [Figure; 4] = [
+const FIGURES: [Figure; 5] = [
     Figure {
         stem: "scale-connections",
         label: "server connections added",
@@ -31,13 +31,18 @@ const FIGURES: [Figure; 4] = [
         value: |r| r.renewals_per_sec_per_lock,
     },
     Figure {
+        stem: "scale-requests",
+        label: "server requests per second per held lock",
+        value: |r| r.requests_per_sec_per_lock,
+    },
+    Figure {
         stem: "scale-cycle-p99",
         label: "acquire + release p99 while held, ms",
         value: |r| r.cycle_p99_us.map(|us| us / 1e3),
     },
 ];
 
-/// Writes the four pictures of `rows` into `dir` (`scale-*.svg`).
+/// Writes the five pictures of `rows` into `dir` (`scale-*.svg`).
 pub(crate) fn draw(rows: &[ScaleRow], dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let mut backends: Vec<&str> = rows.iter().map(|r| r.backend.as_str()).collect();
