@@ -120,10 +120,12 @@ impl RedisConfig {
         let (scheme, tls) = match url.split_once("://").map(|(s, _)| s) {
             Some("redis") => ("redis", false),
             Some("rediss") => ("rediss", true),
-            Some("redis+sentinel") => return Self::from_sentinel_url(url, false),
-            Some("rediss+sentinel") => return Self::from_sentinel_url(url, true),
-            Some("redis+cluster") => return Self::from_cluster_url(url, false),
-            Some("rediss+cluster") => return Self::from_cluster_url(url, true),
+            Some(s @ ("redis+sentinel" | "rediss+sentinel")) => {
+                return Self::from_sentinel_url(url, s)
+            }
+            Some(s @ ("redis+cluster" | "rediss+cluster")) => {
+                return Self::from_cluster_url(url, s)
+            }
             _ => {
                 return Err(Error::config(
                     "a Redis URL starts with redis://, rediss://, redis+sentinel://, \
@@ -159,20 +161,12 @@ impl RedisConfig {
             })?;
         }
         let cfg = Query::apply("Redis URL", parsed.query, Self::URL_PARAMS, cfg)?;
-        if tls && !cfg!(feature = "tls") {
-            return Err(Error::config(
-                "rediss:// needs TLS support: enable the `tls` feature of lock-redis",
-            ));
-        }
+        tls_built(tls, scheme)?;
         Ok(cfg)
     }
 
-    fn from_sentinel_url(url: &str, tls: bool) -> Result<Self> {
-        let scheme = if tls {
-            "rediss+sentinel"
-        } else {
-            "redis+sentinel"
-        };
+    fn from_sentinel_url(url: &str, scheme: &str) -> Result<Self> {
+        let tls = scheme.starts_with("rediss");
         let parsed = MultiHostUrl::parse(url, scheme, "Redis Sentinel")?;
         let bad = |what: String| {
             Error::config(format!(
@@ -180,12 +174,7 @@ impl RedisConfig {
                 parsed.redacted(scheme)
             ))
         };
-        let mut hosts = Vec::with_capacity(parsed.hosts.len());
-        for h in &parsed.hosts {
-            let (host, port) = host_port(h, SENTINEL_PORT)
-                .ok_or_else(|| bad(format!("{h:?} is not host[:port] or [IPv6][:port]")))?;
-            hosts.push((host.to_string(), port));
-        }
+        let hosts = hosts_of(&parsed, SENTINEL_PORT, bad)?;
         let path = parsed.path.as_deref().unwrap_or("");
         let mut parts = path.trim_start_matches('/').split('/');
         let master = parts.next().unwrap_or_default().to_string();
@@ -216,20 +205,12 @@ impl RedisConfig {
         }));
         cfg.tls = tls;
         let cfg = Query::apply("Redis Sentinel URL", parsed.query, Self::URL_PARAMS, cfg)?;
-        if tls && !cfg!(feature = "tls") {
-            return Err(Error::config(
-                "rediss+sentinel:// needs TLS support: enable the `tls` feature of lock-redis",
-            ));
-        }
+        tls_built(tls, scheme)?;
         Ok(cfg)
     }
 
-    fn from_cluster_url(url: &str, tls: bool) -> Result<Self> {
-        let scheme = if tls {
-            "rediss+cluster"
-        } else {
-            "redis+cluster"
-        };
+    fn from_cluster_url(url: &str, scheme: &str) -> Result<Self> {
+        let tls = scheme.starts_with("rediss");
         let parsed = MultiHostUrl::parse(url, scheme, "Redis Cluster")?;
         let bad = |what: String| {
             Error::config(format!(
@@ -237,12 +218,7 @@ impl RedisConfig {
                 parsed.redacted(scheme)
             ))
         };
-        let mut hosts = Vec::with_capacity(parsed.hosts.len());
-        for h in &parsed.hosts {
-            let (host, port) = host_port(h, 6379)
-                .ok_or_else(|| bad(format!("{h:?} is not host[:port] or [IPv6][:port]")))?;
-            hosts.push((host.to_string(), port));
-        }
+        let hosts = hosts_of(&parsed, 6379, bad)?;
         // A cluster has database 0 only.
         if !matches!(parsed.path.as_deref().unwrap_or(""), "" | "/" | "/0") {
             return Err(bad(
@@ -256,7 +232,9 @@ impl RedisConfig {
         cfg.password = parsed.password.clone().map(Secret::new);
         cfg.deployment = Deployment::Cluster(hosts.into());
         cfg.tls = tls;
-        Query::apply("Redis Cluster URL", parsed.query, Self::URL_PARAMS, cfg)
+        let cfg = Query::apply("Redis Cluster URL", parsed.query, Self::URL_PARAMS, cfg)?;
+        tls_built(tls, scheme)?;
+        Ok(cfg)
     }
 
     /// Whether a replica can be promoted in place of the master (Sentinel, Cluster): then
@@ -596,3 +574,31 @@ lock_core::driver::redacted_config!(RedisConfig {
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;
+
+/// The `host[:port]` entries of a URL of several hosts, `default` where one names no port;
+/// `bad` says what is wrong with an entry.
+fn hosts_of(
+    parsed: &MultiHostUrl,
+    default: u16,
+    bad: impl Fn(String) -> Error,
+) -> Result<Vec<(String, u16)>> {
+    parsed
+        .hosts
+        .iter()
+        .map(|h| {
+            let (host, port) = host_port(h, default)
+                .ok_or_else(|| bad(format!("{h:?} is not host[:port] or [IPv6][:port]")))?;
+            Ok((host.to_string(), port))
+        })
+        .collect()
+}
+
+/// A `scheme` that speaks TLS (`tls`) is for a build with the `tls` feature only.
+fn tls_built(tls: bool, scheme: &str) -> Result<()> {
+    if tls && !cfg!(feature = "tls") {
+        return Err(Error::config(format!(
+            "{scheme}:// needs TLS support: enable the `tls` feature of lock-redis"
+        )));
+    }
+    Ok(())
+}

@@ -250,18 +250,23 @@ fn debug_and_display_redact() {
     }
 }
 
+/// Every TLS scheme, in a build without TLS, is refused with the feature it needs (not taken
+/// as plain TCP).
 #[cfg(not(feature = "tls"))]
 #[test]
-fn rediss_names_the_feature() {
-    let e = RedisConfig::from_url("rediss://h:1").unwrap_err();
-    assert!(e.to_string().contains("`tls` feature"), "{e}");
-}
-
-#[cfg(not(feature = "tls"))]
-#[test]
-fn rediss_sentinel_names_the_feature() {
-    let e = RedisConfig::from_url("rediss+sentinel://s1/m").unwrap_err();
-    assert!(e.to_string().contains("`tls` feature"), "{e}");
+fn rediss_schemes_name_the_feature() {
+    for url in [
+        "rediss://h:1",
+        "rediss+sentinel://s1/m",
+        "rediss+cluster://n1,n2",
+    ] {
+        let e = RedisConfig::from_url(url).unwrap_err();
+        let scheme = url.split("://").next().unwrap_or_default();
+        assert!(
+            e.to_string().contains("`tls` feature") && e.to_string().contains(scheme),
+            "{url}: {e}"
+        );
+    }
 }
 
 /// `rediss+sentinel://` is TLS to the sentinels and the servers, with one CA for both; it
