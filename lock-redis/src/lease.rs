@@ -93,8 +93,8 @@ impl RedisLeaseOps {
             Found::Confirmed(sent) => Ok(lease_end(sent, self.what.ttl)),
             Found::Refused => Err(Error::not_held(&self.what.keys.name())),
             Found::Ask => {
-                self.send(&enrolled.batch(Instant::now()), Some(enrolled))
-                    .await
+                let batch = enrolled.batch(&self.what, Instant::now());
+                self.send(&batch, Some(enrolled)).await
             }
         }
     }

@@ -256,17 +256,16 @@ impl Enrolled {
         Found::Ask
     }
 
-    /// This lease first, then those a request sent at `now` renews on its behalf, the most
-    /// overdue first, [`MAX_BATCH`] at most: ids and what to renew.
-    pub(crate) fn batch(&self, now: Instant) -> Vec<(u64, Renewable)> {
+    /// This lease (`me`) first, then those a request sent at `now` renews on its behalf, the
+    /// most overdue first, [`MAX_BATCH`] at most: ids and what to renew.
+    pub(crate) fn batch(&self, me: &Renewable, now: Instant) -> Vec<(u64, Renewable)> {
         let book = self.renewals.book.lock();
         let mut others: Vec<(&u64, &Entry)> = book
             .iter()
             .filter(|(id, e)| **id != self.id && e.due_ahead(now))
             .collect();
         others.sort_by_key(|(_, e)| e.confirmed.0);
-        let mine = book.get(&self.id).map(|e| (self.id, e.what.clone()));
-        mine.into_iter()
+        std::iter::once((self.id, me.clone()))
             .chain(
                 others
                     .into_iter()
@@ -345,12 +344,12 @@ mod tests {
         let by_hand = r.enrol(what(600), None, at(200));
         let stopped = r.enrol(what(600), Some(Some(now)), at(200)); // past max_hold
         let running = r.enrol(what(600), Some(Some(now + Duration::from_secs(1))), at(250));
-        let b = me.batch(now);
+        let b = me.batch(&what(600), now);
         assert_eq!(ids(&b), vec![me.id, running.id, half.id]);
         // Refused and released leases are renewed on nobody's behalf.
         half.record(&[half.id], &[false], at(0), true);
         running.leave();
-        assert_eq!(ids(&me.batch(now)), vec![me.id]);
+        assert_eq!(ids(&me.batch(&what(600), now)), vec![me.id]);
         assert!(matches!(half.found(true, 0), Found::Refused));
         drop((young, old, by_hand, stopped));
         assert_eq!(r.book.lock().len(), 2);
@@ -399,7 +398,7 @@ mod tests {
                 )
             })
             .collect();
-        let b = me.batch(now);
+        let b = me.batch(&what(6000), now);
         assert_eq!(b.len(), MAX_BATCH);
         assert_eq!(b[1].0, many.last().map(|e| e.id).unwrap_or_default());
     }
