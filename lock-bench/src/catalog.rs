@@ -197,6 +197,9 @@ pub(crate) async fn baselines_for(
                     opts: LockOptions::new(Duration::from_secs(10)),
                     label: None,
                 }),
+                // rslock on one master beside rslock on five: its own cost of the quorum,
+                // against which distlock's (the two rows above) is compared.
+                Arc::new(redis_baselines::Rslock::new(vec![first])),
                 Arc::new(redis_baselines::Rslock::new(masters)),
             ]
         }

@@ -24,8 +24,8 @@
 //! each other, so shared rows have no hand-off.
 //!
 //! `--scale 10,100,1000` runs none of those: one client of each backend holds that many
-//! auto-renewed locks for `--scale-window` (`scale.rs`): connections, memory and renewals per
-//! held lock, and an acquire + release meanwhile.
+//! auto-renewed locks for `--scale-window` (`scale.rs`): connections, memory, renewals and the
+//! servers' requests per held lock, and an acquire + release meanwhile.
 //!
 //! Output: a markdown table on stdout (and `--markdown FILE`) and a JSON file (`--json FILE`).
 

@@ -59,15 +59,13 @@ fn joined(parts: &[&str]) -> String {
     s
 }
 
-/// Compare token, `DEL`, `PUBLISH` the token → 1; not the owner → 0. The token as payload
-/// lets a client that hears one release from several masters (Redlock) count it once; the
-/// token is worthless once its key is deleted.
+/// Compare token, `DEL` (the value key too, if given: one `DEL` of both, a command less per
+/// release than two), `PUBLISH` the token → 1; not the owner → 0. The token as payload lets a
+/// client that hears one release from several masters (Redlock) count it once; the token is
+/// worthless once its key is deleted.
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if KEYS[2] then
-    redis.call('DEL', KEYS[2])
-  end
+  redis.call('DEL', unpack(KEYS))
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
 end
