@@ -580,3 +580,68 @@ async fn a_doubt_puts_the_lease_at_risk_and_renews_it_at_once() -> std::result::
     reaches(&lease, LeaseState::Lost, "after a doubt the server refused").await?;
     Ok(())
 }
+
+/// Ops that count which renewal was asked: the watchdog's (`renew_due`) or one by hand.
+#[derive(Debug, Default)]
+struct CountedOps {
+    by_hand: AtomicU32,
+    due: AtomicU32,
+}
+
+#[async_trait]
+impl LeaseOps for Arc<CountedOps> {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+
+    async fn renew(&self) -> Result<Instant> {
+        self.by_hand.fetch_add(1, Ordering::SeqCst);
+        Ok(Instant::now() + Duration::from_millis(300))
+    }
+    async fn renew_due(&self) -> Result<Instant> {
+        self.due.fetch_add(1, Ordering::SeqCst);
+        Ok(Instant::now() + Duration::from_millis(300))
+    }
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The watchdog asks `renew_due` (a driver may answer it from a renewal of many leases), and
+/// `Lease::renew` asks `renew` (which always asks the backend): never the other way round.
+#[tokio::test]
+async fn the_watchdog_asks_renew_due_and_a_renewal_by_hand_asks_renew(
+) -> std::result::Result<(), String> {
+    let ops = Arc::new(CountedOps::default());
+    let name: LockName = "due".parse().map_err(|e| format!("{e}"))?;
+    let grant = |ms| Grant {
+        token: None,
+        ttl: Duration::from_millis(ms),
+        valid_until: Instant::now() + Duration::from_millis(ms),
+    };
+    let auto = ManagedLease::new(
+        name.clone(),
+        grant(300),
+        Renewal::Auto { max_hold: None },
+        ops.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let (due, by_hand) = (
+        ops.due.load(Ordering::SeqCst),
+        ops.by_hand.load(Ordering::SeqCst),
+    );
+    if due < 2 || by_hand != 0 {
+        return Err(format!(
+            "over 350 ms of a 300 ms lease the watchdog asked renew_due {due} times and renew \
+             {by_hand} times (expected about 3 and 0)"
+        ));
+    }
+    Box::new(auto).release().await.map_err(|e| e.to_string())?;
+    let manual = ManagedLease::new(name, grant(300), Renewal::Manual, ops.clone());
+    let due = ops.due.load(Ordering::SeqCst);
+    manual.renew().await.map_err(|e| e.to_string())?;
+    if ops.by_hand.load(Ordering::SeqCst) != 1 || ops.due.load(Ordering::SeqCst) != due {
+        return Err("Lease::renew did not ask renew (exactly once) and only it".into());
+    }
+    Box::new(manual).release().await.map_err(|e| e.to_string())
+}
