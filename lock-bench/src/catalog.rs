@@ -123,6 +123,25 @@ impl Endpoints {
 }
 
 impl Endpoints {
+    /// The requests clients sent, as the servers count them: for Redis and Redlock the scripts
+    /// run (every distlock request is one, and [`server_requests`](Self::server_requests) counts
+    /// the commands inside them too); elsewhere the server's own count.
+    pub(crate) async fn client_requests(&self, backend: Backend) -> Option<u64> {
+        match backend {
+            Backend::Redis | Backend::RedisPlain => {
+                server_probes::redis_scripts_run(&self.redis_url).await
+            }
+            Backend::Redlock => {
+                let mut total = 0;
+                for url in redlock_masters(&self.redlock_url) {
+                    total += server_probes::redis_scripts_run(&url).await?;
+                }
+                Some(total)
+            }
+            _ => self.server_requests(backend).await,
+        }
+    }
+
     /// Client connections (sessions) the backend's servers have open, where they count them:
     /// etcd's clients multiplex every request on one gRPC connection per member, and the
     /// memory and file drivers have no server.

@@ -33,7 +33,8 @@ pub(crate) struct ScaleRow {
     /// Renewals the backend confirmed per second per held lock, over the window.
     pub(crate) renewals_per_sec_per_lock: Option<f64>,
     /// Requests the servers counted per second per held lock while the client only held (the
-    /// window's first half): what holding costs the servers, renewals batched or not.
+    /// window's first half; Redis and Redlock: scripts run): what holding costs, renewals
+    /// batched or not.
     pub(crate) requests_per_sec_per_lock: Option<f64>,
     /// Leases not Held at the end of the window (AtRisk or Lost): renewals that did not keep
     /// up.
@@ -120,17 +121,16 @@ async fn measure(
         leases.iter().map(|l| l.renewals()).sum::<Option<u64>>()
     };
     let (start, renewals_before) = (Instant::now(), renewed(&leases));
-    // The first half only holds: the servers' count of requests then is the renewals' cost
-    // (and the count's own request, one a reading).
-    let asked_before = ep.server_requests(backend).await;
+    // The first half only holds: the requests the servers count then are the renewals' (and,
+    // but for Redis's scripts, the count's own reading: one request).
+    let asked_before = ep.client_requests(backend).await;
     tokio::time::sleep(plan.window / 2).await;
-    if let (Some(b), Some(a)) = (asked_before, ep.server_requests(backend).await) {
-        let per_reading = if matches!(backend, Backend::Redlock) {
-            5
-        } else {
-            1
-        };
-        let asked = a.saturating_sub(b).saturating_sub(per_reading);
+    if let (Some(b), Some(a)) = (asked_before, ep.client_requests(backend).await) {
+        let scripts = matches!(
+            backend,
+            Backend::Redis | Backend::RedisPlain | Backend::Redlock
+        );
+        let asked = a.saturating_sub(b).saturating_sub(u64::from(!scripts));
         row.requests_per_sec_per_lock =
             Some(asked as f64 / start.elapsed().as_secs_f64() / n.max(1) as f64);
     }

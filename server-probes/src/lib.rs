@@ -54,6 +54,19 @@ pub async fn redis_commands_processed(url: &str) -> Option<u64> {
     commands_processed(&mut c).await
 }
 
+/// Scripts the server ran (`EVALSHA` and `EVAL` calls, `INFO commandstats`): each is one
+/// request of a client, whatever commands it runs inside.
+pub async fn redis_scripts_run(url: &str) -> Option<u64> {
+    let text: String = redis_ask(url, redis::cmd("INFO").arg("commandstats")).await?;
+    let calls = |verb: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{verb}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Some(calls("evalsha") + calls("eval"))
+}
+
 /// The `host:port` of the master that the sentinels of `scripts/services.sh` (`sentinel1` to
 /// `sentinel3`) name for `distlock` now: the first that answers.
 pub async fn sentinel_master() -> Option<String> {
