@@ -111,6 +111,31 @@ impl MultiHostUrl {
             self.path.as_deref(),
         )
     }
+
+    /// Each host entry as host and port, `default_port` where an entry names none; `Err`
+    /// names the first entry that is not `host[:port]` or `[IPv6][:port]`.
+    ///
+    /// ```
+    /// use lock_core::driver::MultiHostUrl;
+    /// let u = MultiHostUrl::parse("redis+cluster://a:7000,[::1],b", "redis+cluster", "Redis Cluster")?;
+    /// assert_eq!(
+    ///     u.host_ports(6379).unwrap(),
+    ///     [("a".into(), 7000), ("::1".into(), 6379), ("b".into(), 6379)]
+    /// );
+    /// let bad = MultiHostUrl::parse("redis+cluster://a:7000,b:x", "redis+cluster", "Redis Cluster")?;
+    /// assert_eq!(bad.host_ports(6379).unwrap_err(), r#""b:x" is not host[:port] or [IPv6][:port]"#);
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn host_ports(&self, default_port: u16) -> std::result::Result<Vec<(String, u16)>, String> {
+        self.hosts
+            .iter()
+            .map(|h| {
+                crate::authority::host_port(h, default_port)
+                    .map(|(host, port)| (host.to_string(), port))
+                    .ok_or_else(|| format!("{h:?} is not host[:port] or [IPv6][:port]"))
+            })
+            .collect()
+    }
 }
 
 /// `scheme://[user:***@]h1,h2[path]` from parts: what drivers print instead of a URL.

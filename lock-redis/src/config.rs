@@ -174,7 +174,7 @@ impl RedisConfig {
                 parsed.redacted(scheme)
             ))
         };
-        let hosts = hosts_of(&parsed, SENTINEL_PORT, bad)?;
+        let hosts = parsed.host_ports(SENTINEL_PORT).map_err(bad)?;
         let path = parsed.path.as_deref().unwrap_or("");
         let mut parts = path.trim_start_matches('/').split('/');
         let master = parts.next().unwrap_or_default().to_string();
@@ -218,7 +218,7 @@ impl RedisConfig {
                 parsed.redacted(scheme)
             ))
         };
-        let hosts = hosts_of(&parsed, 6379, bad)?;
+        let hosts = parsed.host_ports(6379).map_err(bad)?;
         // A cluster has database 0 only.
         if !matches!(parsed.path.as_deref().unwrap_or(""), "" | "/" | "/0") {
             return Err(bad(
@@ -574,24 +574,6 @@ lock_core::driver::redacted_config!(RedisConfig {
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;
-
-/// The `host[:port]` entries of a URL of several hosts, `default` where one names no port;
-/// `bad` says what is wrong with an entry.
-fn hosts_of(
-    parsed: &MultiHostUrl,
-    default: u16,
-    bad: impl Fn(String) -> Error,
-) -> Result<Vec<(String, u16)>> {
-    parsed
-        .hosts
-        .iter()
-        .map(|h| {
-            let (host, port) = host_port(h, default)
-                .ok_or_else(|| bad(format!("{h:?} is not host[:port] or [IPv6][:port]")))?;
-            Ok((host.to_string(), port))
-        })
-        .collect()
-}
 
 /// A `scheme` that speaks TLS (`tls`) is for a build with the `tls` feature only.
 fn tls_built(tls: bool, scheme: &str) -> Result<()> {
