@@ -11,6 +11,7 @@ use lock_core::driver::{scrub, Backoff, ClientError};
 use lock_core::{Error, Result};
 
 use crate::config::BACKEND;
+use crate::keepers::Keepers;
 use crate::spares::Spares;
 use crate::EtcdConfig;
 
@@ -20,6 +21,8 @@ pub(crate) struct Cluster {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
     pub(crate) spares: Spares,
+    /// Keep-alive streams kept open, one per lease (`keepers.rs`).
+    pub(crate) keepers: Keepers,
     /// The highest leader term any response reported (`term.rs`).
     pub(crate) term: AtomicU64,
 }
@@ -127,6 +130,7 @@ impl Cluster {
                 client,
                 config,
                 spares: Spares::default(),
+                keepers: Keepers::default(),
                 term: AtomicU64::new(term),
             },
             min_ttl,

@@ -66,7 +66,7 @@ impl LeaseOps for EtcdLeaseOps {
         let held = self.tenure();
         let (config, client) = (&self.cluster.config, &self.cluster.client);
         let limit = config.request_timeout();
-        let ttl = keep_alive(client, config, held.id, self.ttl, limit)
+        let ttl = keep_alive(&self.cluster, held.id, self.ttl, limit)
             .await?
             .ok_or_else(|| Error::not_held(&self.name))?;
         let key = self.key.as_str();

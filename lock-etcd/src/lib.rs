@@ -17,7 +17,10 @@
 //! fencing token) before the lock counts as renewed: a deposed leader's stale view of the old
 //! lease then guards nothing. **Release** deletes the key only if it is still this grant's
 //! (compare on `create_revision`). A released lease is kept as a spare for the next
-//! acquisition with the same TTL, saving two consensus writes per lock.
+//! acquisition with the same TTL, saving two consensus writes per lock. A lease's keep-alives
+//! after its first go on one gRPC stream kept open for it, not a stream each (opened and
+//! dropped per renewal, a few thousand held locks made the client's HTTP/2 layer close the
+//! connection); a stream whose exchange was cut short is dropped, never read again.
 //! [`EtcdLock::guarded_txn`] writes only while a lease still holds its lock. Details on
 //! [`EtcdLock`].
 //!
@@ -109,6 +112,7 @@ mod config;
 mod election;
 mod grant;
 mod guarded;
+mod keepers;
 mod layout;
 mod lease;
 mod lock;

@@ -215,7 +215,7 @@ pub(crate) async fn enqueue(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<E
         }
         // A keep-alive, then the put: the put's term says which leader answered the
         // keep-alive (`term.rs`).
-        let alive = keep_alive(&c.client, config, spare.id, ttl, config.request_timeout()).await;
+        let alive = keep_alive(c, spare.id, ttl, config.request_timeout()).await;
         if let Ok(Some(ttl)) = alive {
             let answered = Instant::now();
             if let Ok((put, term)) = put_key(c, req, &key, spare.id).await {

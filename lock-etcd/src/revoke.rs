@@ -65,6 +65,8 @@ impl Drop for RevokeGuard {
 }
 
 async fn revoke(cluster: &Cluster, id: i64) -> Result<()> {
+    // Its kept keep-alive stream (if any) goes first: nothing keeps a revoked lease alive.
+    cluster.keepers.forget(id);
     cluster
         .call(|mut c| async move { c.lease_revoke(id).await })
         .await

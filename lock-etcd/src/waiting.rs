@@ -2,14 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
+use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
 use lock_core::driver::{drift, lease_end};
 use lock_core::{Deadline, Error, LockName, Result};
 
 use crate::client::{mapped, send, Cluster, Resend, Unanswered};
 use crate::config::BACKEND;
+use crate::keepers::Exchange;
 use crate::term::Tenure;
-use crate::EtcdConfig;
 
 /// What a waiter waits to see deleted.
 pub(crate) enum Watched {
@@ -205,7 +205,7 @@ impl WaitingLease {
             .map_or(Duration::MAX, |at| at.saturating_duration_since(start))
             .min(self.ttl / 2)
             .max(Duration::from_millis(1));
-        match keep_alive(&cluster.client, &cluster.config, self.id, self.ttl, limit).await {
+        match keep_alive(cluster, self.id, self.ttl, limit).await {
             Ok(Some(ttl)) => {
                 self.ttl = ttl;
                 self.kept_alive(lease_end(start, ttl), Instant::now());
@@ -237,24 +237,48 @@ impl WaitingLease {
 /// One keep-alive round trip: `Some(ttl)` if the lease lives (a keep-alive resets it to its
 /// granted TTL), `None` if the server says it is gone.
 ///
-/// etcd-client's `lease_keep_alive` opens the stream, sends one request and consumes its answer
-/// itself (failing with "lease not found" when the TTL is ≤ 0), so opening it *is* the round
-/// trip; the stream is then dropped.
+/// On the lease's kept stream if it has one (`keepers.rs`); else etcd-client's
+/// `lease_keep_alive` opens a stream, sends one request and consumes its answer itself (failing
+/// with "lease not found" when the TTL is ≤ 0), so opening it *is* the round trip, and the
+/// stream is then kept for the next one. A kept stream that failed is replaced within the same
+/// `limit`.
 pub(crate) async fn keep_alive(
-    client: &Client,
-    config: &EtcdConfig,
+    cluster: &Cluster,
     id: i64,
     ttl: Duration,
     limit: Duration,
 ) -> Result<Option<Duration>> {
+    let (client, config) = (&cluster.client, &cluster.config);
     let limit = limit.min(config.request_timeout());
+    let start = Instant::now();
+    match tokio::time::timeout(limit, cluster.keepers.exchange(id)).await {
+        Ok(Exchange::Alive) => return Ok(Some(ttl)),
+        Ok(Exchange::Gone) => return Ok(None),
+        Ok(Exchange::None) => {}
+        Ok(Exchange::Failed(e)) => {
+            tracing::debug!(error = %e, lease = id, "kept keep-alive stream failed; opening another");
+        }
+        Err(_) => {
+            return Err(Error::unavailable(
+                BACKEND,
+                format!(
+                    "no keep-alive answer from {} within {limit:?}",
+                    config.redacted_url()
+                ),
+            ))
+        }
+    }
+    let limit = limit.saturating_sub(start.elapsed());
     // A keep-alive extends the lease to its TTL however often it lands: safe to send again.
     let sent = send(config, client, limit, Resend::Refused, |mut c| async move {
         c.lease_keep_alive(id).await
     })
     .await;
     match sent {
-        Ok(_) => Ok(Some(ttl)),
+        Ok((keeper, stream)) => {
+            cluster.keepers.keep(id, ttl, keeper, stream);
+            Ok(Some(ttl))
+        }
         Err(Unanswered::Failed(etcd_client::Error::LeaseKeepAliveError(m)))
             if m.contains("not found") =>
         {

@@ -235,6 +235,24 @@ pub async fn zk_mode(host: &str) -> Option<String> {
 /// Every gRPC message the etcd members received (unary requests and stream messages,
 /// keep-alives included), from their Prometheus `/metrics` on the client port.
 pub async fn etcd_grpc_messages_received(endpoints: &[String]) -> Option<u64> {
+    etcd_metric_sum(endpoints, |l| {
+        l.starts_with("grpc_server_msg_received_total{")
+    })
+    .await
+}
+
+/// The gRPC calls of `method` (`LeaseKeepAlive`, `Range`, …) the etcd members started: for a
+/// stream, how many streams were opened.
+pub async fn etcd_calls_started(endpoints: &[String], method: &str) -> Option<u64> {
+    let method = format!("grpc_method=\"{method}\"");
+    etcd_metric_sum(endpoints, |l| {
+        l.starts_with("grpc_server_started_total{") && l.contains(&method)
+    })
+    .await
+}
+
+/// The sum over `endpoints` of the `/metrics` lines that `pick` keeps.
+async fn etcd_metric_sum(endpoints: &[String], pick: impl Fn(&str) -> bool) -> Option<u64> {
     let mut total = 0.0;
     for ep in endpoints {
         let out = ask(
@@ -244,7 +262,7 @@ pub async fn etcd_grpc_messages_received(endpoints: &[String]) -> Option<u64> {
         .await?;
         total += out
             .lines()
-            .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+            .filter(|l| pick(l))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>();
     }
