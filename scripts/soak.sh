@@ -33,6 +33,7 @@ zk lock-zookeeper single::safety::soak ZooKeeper,_single
 zk-ensemble lock-zookeeper ensemble::safety::soak ZooKeeper,_ensemble_of_3
 etcd lock-etcd single::safety::soak etcd,_single
 etcd-cluster lock-etcd cluster::safety::soak etcd,_cluster_of_3
+etcd-shared lock-etcd shared_lease::safety::soak etcd,_single,_shared_lease
 postgres lock-postgres safety::soak PostgreSQL
 postgres-shared lock-postgres shared_sessions::safety::soak PostgreSQL,_shared_sessions=2
 sentinel lock-redis failover::safety::soak Redis_Sentinel,_failovers sentinel

@@ -34,6 +34,9 @@ pub(crate) enum Backend {
     Etcd,
     /// A 3-member etcd cluster.
     EtcdCluster,
+    /// The single member, the driver's locks of one TTL on one lease they share
+    /// (`shared_lease=true`); the same baselines.
+    EtcdShared,
     /// One PostgreSQL server.
     Postgres,
     /// The same server, the driver's exclusive locks on at most 4 shared sessions
@@ -88,7 +91,7 @@ impl Endpoints {
     /// The members and row label of an etcd backend.
     fn etcd(&self, backend: Backend) -> Option<(Vec<String>, &'static str)> {
         let (eps, label) = match backend {
-            Backend::Etcd => (&self.etcd_endpoints, "single member"),
+            Backend::Etcd | Backend::EtcdShared => (&self.etcd_endpoints, "single member"),
             Backend::EtcdCluster => (&self.etcd_cluster_endpoints, "3-member cluster"),
             _ => return None,
         };
@@ -112,7 +115,7 @@ impl Endpoints {
             Backend::Zookeeper | Backend::ZookeeperEnsemble => {
                 server_probes::zk_packets_received(self.zk(backend)?.0).await
             }
-            Backend::Etcd | Backend::EtcdCluster => {
+            Backend::Etcd | Backend::EtcdCluster | Backend::EtcdShared => {
                 server_probes::etcd_grpc_messages_received(&self.etcd(backend)?.0).await
             }
             Backend::Postgres | Backend::PostgresShared => {
@@ -163,7 +166,7 @@ impl Endpoints {
             Backend::Postgres | Backend::PostgresShared => {
                 server_probes::pg_sessions(&self.pg_url).await
             }
-            Backend::Memory | Backend::Etcd | Backend::EtcdCluster => None,
+            Backend::Memory | Backend::Etcd | Backend::EtcdCluster | Backend::EtcdShared => None,
         }
     }
 }
@@ -228,7 +231,7 @@ pub(crate) async fn baselines_for(
                 zk_baselines::ZkRecipe::connect(hosts, label).await?,
             )]
         }
-        Backend::Etcd | Backend::EtcdCluster => {
+        Backend::Etcd | Backend::EtcdCluster | Backend::EtcdShared => {
             let (eps, label) = ep.etcd(backend).unwrap_or_default();
             vec![
                 Arc::new(etcd_baselines::TxnFloor::connect(&eps, label).await?),
@@ -304,6 +307,10 @@ pub(crate) async fn connect(
                 ep.etcd(backend).unwrap_or_default().0.join(",")
             )
         }
+        Backend::EtcdShared => format!(
+            "etcd://{}?shared_lease=true",
+            ep.etcd(backend).unwrap_or_default().0.join(",")
+        ),
         Backend::Postgres => format!("{}?sslmode=disable", ep.pg_url),
         Backend::PostgresShared => format!("{}?sslmode=disable&shared_sessions=4", ep.pg_url),
     };

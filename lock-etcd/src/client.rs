@@ -12,6 +12,7 @@ use lock_core::{Error, Result};
 
 use crate::config::BACKEND;
 use crate::keepers::Keepers;
+use crate::shared::SharedLeases;
 use crate::spares::Spares;
 use crate::EtcdConfig;
 
@@ -23,6 +24,8 @@ pub(crate) struct Cluster {
     pub(crate) spares: Spares,
     /// Keep-alive streams kept open, one per lease (`keepers.rs`).
     pub(crate) keepers: Keepers,
+    /// The leases its locks share, with `shared_lease` (`shared.rs`).
+    pub(crate) shared: SharedLeases,
     /// The highest leader term any response reported (`term.rs`).
     pub(crate) term: AtomicU64,
 }
@@ -131,6 +134,7 @@ impl Cluster {
                 config,
                 spares: Spares::default(),
                 keepers: Keepers::default(),
+                shared: SharedLeases::default(),
                 term: AtomicU64::new(term),
             },
             min_ttl,
@@ -329,7 +333,7 @@ fn on_lease_error(e: Unanswered, config: &EtcdConfig, id: i64) -> Error {
 }
 
 /// etcd's answer to a request naming a lease it does not have (expired or revoked).
-fn lease_not_found(e: &etcd_client::Error) -> bool {
+pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
     matches!(e, etcd_client::Error::GRpcStatus(s)
         if s.code() == tonic::Code::NotFound && s.message().contains("requested lease not found"))
 }

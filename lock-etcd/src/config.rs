@@ -31,6 +31,7 @@ pub struct EtcdConfig {
     tls_ca: Option<TlsCa>,
     request_timeout: Duration,
     connect_timeout: Duration,
+    shared_lease: bool,
 }
 
 impl EtcdConfig {
@@ -46,10 +47,11 @@ impl EtcdConfig {
             tls_ca: None,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
+            shared_lease: false,
         }
     }
 
-    /// Parses `etcd://[user:password@]h1:p1,h2:p2[/prefix][?prefix=P&timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
+    /// Parses `etcd://[user:password@]h1:p1,h2:p2[/prefix][?prefix=P&timeout_ms=N&connect_timeout_ms=N&shared_lease=true&tls=true&tls_ca_file=PATH]`
     /// (`tls=true` needs this crate's `tls` feature). The path is an absolute prefix; the
     /// `prefix` parameter may also be relative or empty (`prefix=`: none, the key layout of
     /// `etcdctl lock <name>`), and not both.
@@ -118,6 +120,9 @@ impl EtcdConfig {
         Param::new("connect_timeout_ms", |c: Self, v| {
             Ok(c.with_connect_timeout(v.millis()?))
         }),
+        Param::new("shared_lease", |c: Self, v| {
+            Ok(c.with_shared_lease(v.flag()?))
+        }),
         Param::new("tls", |c: Self, v| Ok(c.with_tls(v.flag()?))),
         Param::new("tls_ca_file", |c: Self, v| match c.tls {
             true => Ok(c.with_tls_ca_file(v.raw())),
@@ -156,6 +161,31 @@ impl EtcdConfig {
     lock_core::driver::tls_setters!();
     lock_core::driver::timeout_setters!();
 
+    /// Whether the client's locks share one etcd lease per TTL (default: off, a lease per
+    /// lock), as Go's `concurrency.Session` shares one among its mutexes: N held locks then
+    /// cost one keep-alive per third of the TTL instead of N, and no grant or revoke per lock.
+    /// The price: the locks of one TTL live and die together. A lease that cannot be kept
+    /// alive (this client cut off from the cluster) loses every lock on it at once, and each
+    /// lock's lease says so with its own `Lost`; with a lease per lock, only the locks whose
+    /// renewals failed are lost. Use it for many locks of one process; keep the default where
+    /// locks of one TTL must fail independently. Also `?shared_lease=true` in the URL.
+    ///
+    /// ```
+    /// use lock_etcd::EtcdConfig;
+    /// let cfg = EtcdConfig::from_url("etcd://10.0.0.1:2379?shared_lease=true")?;
+    /// assert!(cfg.shared_lease());
+    /// assert!(!EtcdConfig::new(["10.0.0.1:2379"]).shared_lease());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn with_shared_lease(mut self, shared: bool) -> Self {
+        self.shared_lease = shared;
+        self
+    }
+    /// Whether locks of one TTL share a lease ([`with_shared_lease`](Self::with_shared_lease)).
+    pub fn shared_lease(&self) -> bool {
+        self.shared_lease
+    }
+
     /// The endpoints.
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
@@ -179,6 +209,9 @@ impl EtcdConfig {
         let mut query = Vec::new();
         if !absolute {
             query.push(format!("prefix={}", percent_encode(&self.prefix)));
+        }
+        if self.shared_lease {
+            query.push("shared_lease=true".into());
         }
         if self.tls {
             query.push("tls=true".into());

@@ -1,5 +1,6 @@
 //! Granting a lease and learning its term, and moving a lock key onto a lease of the current
-//! term after a leader change (why: `term.rs`).
+//! term after a leader change (why: `term.rs`); the same for the leases locks share
+//! (`shared.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -46,9 +47,30 @@ pub(crate) async fn rehome(
     from: i64,
     ttl: Duration,
 ) -> Result<Option<Tenure>> {
+    if c.config.shared_lease() {
+        return rehome_shared(c, key, rev, from, ttl).await;
+    }
     let granted = grant(c, ttl).await?;
-    let mut tenure = granted.tenure;
-    let mut guard = RevokeGuard::new(c, tenure.id, granted.ttl);
+    let mut guard = RevokeGuard::new(c, granted.tenure.id, granted.ttl);
+    let Some(tenure) = move_onto(c, key, rev, from, granted.tenure).await? else {
+        return Ok(None);
+    };
+    guard.disarm();
+    spawn_revoke(c.clone(), from, tenure.valid_until);
+    Ok(Some(tenure))
+}
+
+/// Moves `key` (created at `rev`) from lease `from` onto lease `to`, in one transaction that
+/// checks it is still that key on `from`: `to` as it now stands (its term 0 if yet another
+/// leader answered: valid for what `to` vouches for, and moved again at the next renewal), or
+/// `None` when the key is gone or no longer on `from`.
+async fn move_onto(
+    c: &Cluster,
+    key: &str,
+    rev: i64,
+    from: i64,
+    mut to: Tenure,
+) -> Result<Option<Tenure>> {
     let txn = Txn::new()
         .when([
             Compare::create_revision(key, CompareOp::Equal, rev),
@@ -58,26 +80,56 @@ pub(crate) async fn rehome(
         .and_then([TxnOp::put(
             key,
             "",
-            Some(PutOptions::new().with_lease(tenure.id).with_ignore_value()),
+            Some(PutOptions::new().with_lease(to.id).with_ignore_value()),
         )]);
-    let resp = txn_on_lease(&c.config, &c.client, txn, tenure.id).await?;
+    let resp = txn_on_lease(&c.config, &c.client, txn, to.id).await?;
     let term = c.observe(resp.header());
     if !resp.succeeded() {
         return Ok(None);
     }
-    guard.disarm();
-    spawn_revoke(c.clone(), from, tenure.valid_until);
-    if term != tenure.term {
-        // Yet another leader meanwhile: valid for what the grant vouches for, and moved
-        // again at the next renewal.
-        tenure.term = 0;
+    if term != to.term {
+        to.term = 0;
     }
     tracing::debug!(
         key,
         from,
-        to = tenure.id,
+        to = to.id,
         term,
         "lock key moved to a lease of the new term"
     );
-    Ok(Some(tenure))
+    Ok(Some(to))
+}
+
+/// The lease the client's locks of `ttl` share now (`shared.rs`): the current one when it
+/// belongs to the newest term this client has seen and has not expired; else one granted now,
+/// once for every caller waiting here.
+pub(crate) async fn shared_lease(c: &Cluster, ttl: Duration) -> Result<(Tenure, Duration)> {
+    let _granting = c.shared.granting().await;
+    if let Some(usable) = c.shared.usable(ttl, c.term.load(Ordering::Relaxed)) {
+        return Ok(usable);
+    }
+    let granted = grant(c, ttl).await?;
+    Ok(c.shared.install(ttl, &granted))
+}
+
+/// Moves `key` (created at `rev`) from lease `from` onto the client's shared lease of the
+/// current term, which is not `from` after a leader change; `from` stays (other keys may be on
+/// it) and expires once nothing keeps it alive. `None` when the key is gone or no longer on
+/// `from`.
+async fn rehome_shared(
+    c: &Arc<Cluster>,
+    key: &str,
+    rev: i64,
+    from: i64,
+    ttl: Duration,
+) -> Result<Option<Tenure>> {
+    let (tenure, _) = shared_lease(c, ttl).await?;
+    if tenure.id == from {
+        return Ok(Some(tenure));
+    }
+    let moved = move_onto(c, key, rev, from, tenure).await;
+    if moved.is_err() {
+        c.shared.forget(tenure.id); // doubtful now: the next lock gets another
+    }
+    moved
 }

@@ -1,6 +1,8 @@
 //! The keys of a lock's queue: one per contender under `<prefix>/<name>/`, whose name says
 //! its mode — `<lease-hex>` is exclusive, as `etcdctl lock` names its keys, and
-//! `<lease-hex>-<code>` another mode of the lock family ([`Mode::code`]). The mode is in the
+//! `<lease-hex>-<code>` another mode of the lock family ([`Mode::code`]); with a shared lease
+//! (`shared.rs`) the lease id is followed by `_<seq-hex>`, a number this client gives each of
+//! its acquisitions, so that two of one name on one lease never share a key. The mode is in the
 //! name, not the value, so that a value stays free for what a contender says of itself (an
 //! election's proposal, as `etcdctl elect` writes it). A contender's turn over these keys is
 //! `queue.rs`'s.
@@ -15,6 +17,27 @@ use crate::EtcdConfig;
 /// the mode's code after a dash.
 pub(crate) fn key(config: &EtcdConfig, name: &LockName, lease: i64, mode: Mode) -> String {
     format!("{}{lease:016x}{}", config.name_dir(name), key_suffix(mode))
+}
+
+/// [`key`] for a client whose locks share lease `lease`: `<dir><lease-hex>_<seq-hex>`, then the
+/// mode's suffix.
+pub(crate) fn shared_key(
+    config: &EtcdConfig,
+    name: &LockName,
+    lease: i64,
+    seq: u64,
+    mode: Mode,
+) -> String {
+    let dir = config.name_dir(name);
+    format!("{dir}{lease:016x}_{seq:x}{}", key_suffix(mode))
+}
+
+/// Where an acquisition on a shared lease that ended before its key's put was answered leaves
+/// a mark (`shared.rs`): beside the name's range, never in it (`#` is in no lock name, so this
+/// is no lock's key and in no lock's range), on the shared lease, so it goes with it.
+pub(crate) fn tombstone(config: &EtcdConfig, name: &LockName, lease: i64, seq: u64) -> String {
+    let dir = config.name_dir(name);
+    format!("{}#{lease:016x}_{seq:x}", dir.trim_end_matches('/'))
 }
 
 /// The range of `name`'s keys.
@@ -40,7 +63,8 @@ pub(crate) fn key_suffix(mode: Mode) -> String {
 }
 
 /// The mode a contender's key says (`leaf`: its name under the lock's range). Only distlock's
-/// own form, 16 hex digits, a dash and a code, is read as another mode; every other key
+/// own form, 16 hex digits (then `_` and hex digits, on a shared lease), a dash and a code, is
+/// read as another mode; every other key
 /// (`etcdctl lock`'s, Go's `concurrency.Mutex`'s) is exclusive, the mode that waits for and
 /// keeps out all.
 pub(crate) fn mode_of(leaf: &[u8]) -> Mode {
@@ -48,7 +72,9 @@ pub(crate) fn mode_of(leaf: &[u8]) -> Mode {
         return Mode::Exclusive;
     };
     let parsed = leaf.split_once('-').and_then(|(lease, code)| {
-        (lease.len() == 16 && lease.bytes().all(|b| b.is_ascii_hexdigit())).then_some(())?;
+        let (lease, seq) = lease.split_once('_').unwrap_or((lease, "0"));
+        let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+        (lease.len() == 16 && hex(lease) && hex(seq)).then_some(())?;
         Mode::from_code(code).filter(|m| *m != Mode::Exclusive)
     });
     parsed.unwrap_or(Mode::Exclusive)
@@ -85,11 +111,29 @@ mod tests {
             assert_eq!(mode_of(leaf.as_bytes()), mode, "{leaf}");
         }
         assert_eq!(key_suffix(Mode::Exclusive), "", "etcdctl's layout");
+        // On a shared lease: the acquisition's number after the lease id.
+        let config = EtcdConfig::new(["h:1"]);
+        let name = LockName::new("db").unwrap();
+        for mode in [Mode::Exclusive, Mode::Shared, Mode::Permits(3)] {
+            let key = shared_key(&config, &name, 0x694d_7a9b_3c1e_2f04, 0x1f, mode);
+            let leaf = key.strip_prefix("/distlock/db/").unwrap();
+            assert!(leaf.starts_with("694d7a9b3c1e2f04_1f"), "{key}");
+            assert_eq!(mode_of(leaf.as_bytes()), mode, "{leaf}");
+            assert!(contender("/distlock/db/", key.as_bytes()));
+        }
+        let tomb = tombstone(&config, &name, 0x694d_7a9b_3c1e_2f04, 0x1f);
+        assert_eq!(tomb, "/distlock/db#694d7a9b3c1e2f04_1f");
+        assert!(
+            !tomb.starts_with("/distlock/db/"),
+            "outside the name's range"
+        );
         // Go's Mutex does not pad its lease id; anything not of distlock's form is exclusive.
         for other in [
             &b"694d7a9b3c1e2f"[..],
             b"abc-s",
             b"694d7a9b3c1e2f04-p0",
+            b"694d7a9b3c1e2f04_-s",
+            b"694d7a9b3c1e2f04_xy-s",
             b"\xff-s",
         ] {
             assert_eq!(mode_of(other), Mode::Exclusive, "{other:?}");

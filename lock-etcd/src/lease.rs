@@ -1,11 +1,17 @@
 //! The backend half of a held etcd lock: renew (keep-alive, then a key check; the key moves
 //! to a new lease after a leader change), release (compare on `create_revision`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long after a shared-lease lock's validity its reaper deletes the key: past it, so that
+/// a renewal answered at the last instant is seen first.
+const REAPER_MARGIN: Duration = Duration::from_millis(50);
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
-use lock_core::driver::{lease_end, LeaseOps};
+use lock_core::driver::{lease_end, retry_in_background, LeaseOps};
 use lock_core::{Error, LockName, Result};
 
 use crate::client::{call, txn_call, Cluster, Resend};
@@ -15,10 +21,12 @@ use crate::term::Tenure;
 use crate::waiting::keep_alive;
 
 pub(crate) struct EtcdLeaseOps {
-    pub(crate) cluster: std::sync::Arc<Cluster>,
+    pub(crate) cluster: Arc<Cluster>,
     /// The lease the key is on now, the term its validity rests on, and that validity as last
-    /// confirmed (for reuse as a spare after release).
-    pub(crate) tenure: parking_lot::Mutex<Tenure>,
+    /// confirmed (for reuse as a spare after release; the reaper's clock on a shared lease).
+    pub(crate) tenure: Arc<parking_lot::Mutex<Tenure>>,
+    /// Set once released: the reaper has nothing left to do.
+    released: Arc<AtomicBool>,
     /// Held while the key moves to a lease of a new term: renewals that land together move
     /// it once.
     pub(crate) moving: tokio::sync::Mutex<()>,
@@ -29,6 +37,78 @@ pub(crate) struct EtcdLeaseOps {
 }
 
 impl EtcdLeaseOps {
+    /// The lease of the lock granted to `key` (created at `rev`) on `tenure`, of `ttl`. On a
+    /// shared lease, with its reaper.
+    pub(crate) fn new(
+        cluster: &Arc<Cluster>,
+        tenure: Tenure,
+        ttl: Duration,
+        key: String,
+        rev: i64,
+        name: &LockName,
+    ) -> Self {
+        let ops = EtcdLeaseOps {
+            cluster: cluster.clone(),
+            tenure: Arc::new(parking_lot::Mutex::new(tenure)),
+            released: Arc::default(),
+            moving: tokio::sync::Mutex::new(()),
+            ttl,
+            key,
+            rev,
+            name: name.clone(),
+        };
+        if cluster.config.shared_lease() {
+            ops.spawn_reaper();
+        }
+        ops
+    }
+
+    /// On a shared lease, which other locks keep alive, this lock's key would outlive the
+    /// lock: once its validity has passed without a renewal (lost, abandoned, or released
+    /// without an answer), a task deletes it, as its own lease's expiry would have. Lost is
+    /// final by then (`LeaseTracker`: no renewal answered after `valid_until` brings a lease
+    /// back), so the deletion never pulls the key from under a holder. The task ends with the
+    /// deletion, or at the release.
+    fn spawn_reaper(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime, no renewals either: as the lease's own expiry, later
+        };
+        let (c, tenure, released) = (
+            self.cluster.clone(),
+            self.tenure.clone(),
+            self.released.clone(),
+        );
+        let (key, rev, ttl) = (self.key.clone(), self.rev, self.ttl);
+        rt.spawn(async move {
+            let mut until = tenure.lock().valid_until;
+            loop {
+                tokio::time::sleep_until((until + REAPER_MARGIN).into()).await;
+                if released.load(Ordering::SeqCst) {
+                    return;
+                }
+                let now = tenure.lock().valid_until;
+                if now <= until {
+                    break;
+                }
+                until = now;
+            }
+            tracing::debug!(key, "lock ended unreleased: its key is deleted");
+            // Sent again after a failure for a TTL (as a revoke is, until the lease would
+            // have expired by itself).
+            retry_in_background(Instant::now() + ttl, move || {
+                let (c, key) = (c.clone(), key.clone());
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        rev,
+                    )])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                async move { txn_call(&c.config, &c.client, txn).await.map(|_| ()) }
+            });
+        });
+    }
+
     fn tenure(&self) -> Tenure {
         *self.tenure.lock()
     }
@@ -66,7 +146,7 @@ impl LeaseOps for EtcdLeaseOps {
         let held = self.tenure();
         let (config, client) = (&self.cluster.config, &self.cluster.client);
         let limit = config.request_timeout();
-        let ttl = keep_alive(&self.cluster, held.id, self.ttl, limit)
+        let alive = keep_alive(&self.cluster, held.id, self.ttl, limit)
             .await?
             .ok_or_else(|| Error::not_held(&self.name))?;
         let key = self.key.as_str();
@@ -95,10 +175,16 @@ impl LeaseOps for EtcdLeaseOps {
         if term == 0 || term != held.term {
             return self.move_key(held.id).await;
         }
-        let until = lease_end(start, ttl);
-        let mut tenure = self.tenure.lock();
-        if tenure.id == held.id {
-            tenure.valid_until = until;
+        let until = lease_end(alive.since.min(start), alive.ttl);
+        {
+            let mut tenure = self.tenure.lock();
+            if tenure.id == held.id {
+                tenure.valid_until = until;
+            }
+        }
+        if self.cluster.config.shared_lease() {
+            // Confirmed in its term: what the next acquisition on the lease may count on.
+            self.cluster.shared.confirmed(held.id, until);
         }
         Ok(until)
     }
@@ -120,10 +206,13 @@ impl LeaseOps for EtcdLeaseOps {
         let resp = txn_call(&inner.config, &inner.client, txn).await?;
         let tenure = self.tenure();
         // The lease now guards nothing: keep it for the next lock, or revoke it (sent again
-        // after a failure, as every revoke of this driver, until it would have expired).
-        if !(resp.succeeded() && inner.spares.put(self.ttl, tenure)) {
+        // after a failure, as every revoke of this driver, until it would have expired). A
+        // shared lease stays: it holds other locks, or the next one.
+        if inner.config.shared_lease() {
+        } else if !(resp.succeeded() && inner.spares.put(self.ttl, tenure)) {
             spawn_revoke(self.cluster.clone(), tenure.id, tenure.valid_until);
         }
+        self.released.store(true, Ordering::SeqCst);
         if resp.succeeded() {
             Ok(())
         } else {

@@ -24,6 +24,17 @@
 //! [`EtcdLock::guarded_txn`] writes only while a lease still holds its lock. Details on
 //! [`EtcdLock`].
 //!
+//! ## A lease shared by many locks
+//!
+//! With [`EtcdConfig::with_shared_lease`] (`?shared_lease=true`) the locks of a client and TTL
+//! put their keys on one lease instead, as Go's `concurrency.Session` does: one keep-alive
+//! answers the renewals of them all, and no lease is granted or revoked per lock. Keys are then
+//! `<lease-hex>_<n>`; a leader change moves each key onto the client's lease of the new term; a
+//! lock that ends unreleased is deleted at the end of its validity, as its lease would have
+//! expired; an acquisition cut short deletes its key or, its put still in flight, leaves a
+//! tombstone the put requires absent. The price: a lease that cannot be kept alive loses every
+//! lock on it at once. docs/backends.md, "etcd: many locks on one lease".
+//!
 //! ## Keys
 //!
 //! `<prefix>/<name>/<lease-id-hex>`, prefix `/distlock` by default; the value is empty. The
@@ -88,7 +99,7 @@
 //!
 //! ## URL
 //!
-//! `etcd://[user:password@]h1:p1,h2:p2[/prefix][?prefix=P&timeout_ms=N&connect_timeout_ms=N&tls=true&tls_ca_file=PATH]`
+//! `etcd://[user:password@]h1:p1,h2:p2[/prefix][?prefix=P&timeout_ms=N&connect_timeout_ms=N&shared_lease=true&tls=true&tls_ca_file=PATH]`
 //! (`tls=true` needs this crate's `tls` feature). Unknown or repeated parameters are refused;
 //! the password never shows. On a cluster with authentication off the credentials are not
 //! used (a warning is logged), as etcd's own clients do.
@@ -118,6 +129,7 @@ mod lease;
 mod lock;
 mod queue;
 mod revoke;
+mod shared;
 mod spares;
 mod term;
 mod waiting;

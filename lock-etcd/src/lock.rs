@@ -49,6 +49,11 @@ use crate::EtcdConfig;
 /// read does). Leases of failed releases and of cancelled acquisitions are revoked.
 ///
 /// **Fencing**: the key's `create_revision`, strictly increasing across the whole cluster.
+///
+/// **A shared lease** ([`EtcdConfig::with_shared_lease`]): the locks of one TTL put their keys
+/// on one lease of the client instead of a lease each (keys `<lease-hex>_<n>`), so that their
+/// renewals share its keep-alives and no lease is granted, pooled or revoked per lock; what
+/// changes is in the crate's docs.
 #[derive(Clone)]
 pub struct EtcdLock {
     pub(crate) inner: Arc<Inner>,

@@ -13,10 +13,10 @@ use lock_core::{Deadline, Error, FencingToken, Lease, LockName, Mode, Result};
 
 use crate::client::{malformed, txn_call, txn_on_lease, Cluster};
 use crate::config::BACKEND;
-use crate::grant::{grant, rehome};
-use crate::layout::{contender, contenders, dir, key, range_up_to};
+use crate::grant::{grant, rehome, shared_lease};
+use crate::layout::{contender, contenders, dir, key, range_up_to, shared_key, tombstone};
 use crate::lease::EtcdLeaseOps;
-use crate::revoke::RevokeGuard;
+use crate::revoke::{RevokeGuard, Undo};
 use crate::term::Tenure;
 use crate::waiting::{keep_alive, wait_for_delete, WaitingLease, Watched, Woken};
 
@@ -135,12 +135,15 @@ pub(crate) async fn family_check(
 /// Puts `key` for `req` (its mode in the key's name, the holder's value as the key's, as
 /// `etcdctl elect` puts a proposal) with lease `id` if absent and reads the queue's head (the
 /// whole queue, for the lock family's modes), in one round trip: `(create_revision, whether
-/// the key holds)`, and the term it was applied in.
+/// the key holds)`, and the term it was applied in. With `tomb`, only while that key is absent
+/// too (a shared lease's acquisition that ended before this put was answered puts it, so that
+/// the put cannot land after: `shared.rs`).
 pub(crate) async fn put_key(
     c: &Cluster,
     req: &Acquisition<'_>,
     key: &str,
     id: i64,
+    tomb: Option<&str>,
 ) -> Result<((i64, Standing), u64)> {
     let (name, mode) = (req.name(), req.mode());
     let value = req.value().map_or(&[][..], |v| v.as_bytes());
@@ -148,8 +151,14 @@ pub(crate) async fn put_key(
         Mode::Exclusive => queue_end(SortOrder::Ascend),
         _ => range_up_to(0),
     };
+    let absent = |k: &str| Compare::create_revision(k, CompareOp::Equal, 0);
     let txn = Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .when(
+            std::iter::once(key)
+                .chain(tomb)
+                .map(absent)
+                .collect::<Vec<_>>(),
+        )
         .and_then([
             TxnOp::put(key, value, Some(PutOptions::new().with_lease(id))),
             TxnOp::get(dir(&c.config, name), Some(read)),
@@ -196,6 +205,9 @@ pub(crate) async fn put_key(
 pub(crate) async fn enqueue(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<Enqueued> {
     let (name, ttl, mode) = (req.name(), req.ttl(), req.mode());
     let config = &c.config;
+    if config.shared_lease() {
+        return enqueue_shared(c, req).await;
+    }
     if let Some(spare) = c.spares.take(ttl) {
         let start = Instant::now();
         let guard = RevokeGuard::new(c, spare.id, ttl);
@@ -205,7 +217,7 @@ pub(crate) async fn enqueue(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<E
         // which `valid_until` reports exactly.
         let full = ttl.saturating_sub(drift(ttl));
         if spare.valid_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
-            if let Ok((put, _)) = put_key(c, req, &key, spare.id).await {
+            if let Ok((put, _)) = put_key(c, req, &key, spare.id, None).await {
                 let lease = WaitingLease::new(name, spare, ttl);
                 return Ok(Enqueued::new(lease, key, put, guard));
             }
@@ -216,11 +228,11 @@ pub(crate) async fn enqueue(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<E
         // A keep-alive, then the put: the put's term says which leader answered the
         // keep-alive (`term.rs`).
         let alive = keep_alive(c, spare.id, ttl, config.request_timeout()).await;
-        if let Ok(Some(ttl)) = alive {
+        if let Ok(Some(alive)) = alive {
             let answered = Instant::now();
-            if let Ok((put, term)) = put_key(c, req, &key, spare.id).await {
-                let mut lease = WaitingLease::new(name, spare, ttl);
-                lease.kept_alive(lease_end(start, ttl), answered);
+            if let Ok((put, term)) = put_key(c, req, &key, spare.id, None).await {
+                let mut lease = WaitingLease::new(name, spare, alive.ttl);
+                lease.kept_alive(lease_end(alive.since, alive.ttl), answered);
                 lease.observed(term, answered);
                 return Ok(Enqueued::new(lease, key, put, guard));
             }
@@ -229,6 +241,61 @@ pub(crate) async fn enqueue(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<E
         // deletes a key put meanwhile; start over with a new lease.
     }
     enqueue_new(c, req).await
+}
+
+/// Enqueues a key for `req` on the client's shared lease of its TTL (`shared.rs`). A lease confirmed less
+/// than 90 % of its TTL ago gets a keep-alive first (the put's term then vouches for it, as
+/// for a spare); a put that fails drops the lease from use, and the key is put once more on
+/// another.
+async fn enqueue_shared(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<Enqueued> {
+    let (name, mode) = (req.name(), req.mode());
+    let mut failure = None;
+    for _ in 0..2 {
+        let (tenure, ttl) = shared_lease(c, req.ttl()).await?;
+        let seq = c.shared.next_seq();
+        let key = shared_key(&c.config, name, tenure.id, seq, mode);
+        let tomb = tombstone(&c.config, name, tenure.id, seq);
+        let start = Instant::now();
+        let mut lease = WaitingLease::new(name, tenure, ttl);
+        let full = ttl.saturating_sub(drift(ttl));
+        let mut answered = None;
+        if tenure.valid_until.saturating_duration_since(start) < full.mul_f64(0.9) {
+            match keep_alive(c, tenure.id, ttl, c.config.request_timeout()).await? {
+                Some(alive) => {
+                    let now = Instant::now();
+                    lease.kept_alive(lease_end(alive.since, alive.ttl), now);
+                    answered = Some(now);
+                }
+                None => continue, // gone (and forgotten): nothing was put on it
+            }
+        }
+        let undo = Undo::Key {
+            key: key.clone(),
+            tomb: tomb.clone(),
+            lease: tenure.id,
+        };
+        let guard = RevokeGuard::with(c, undo, ttl);
+        match put_key(c, req, &key, tenure.id, Some(&tomb)).await {
+            Ok((put, term)) => {
+                if let Some(at) = answered {
+                    lease.observed(term, at);
+                    c.shared.confirmed(tenure.id, lease.trusted_until);
+                }
+                return Ok(Enqueued::new(lease, key, put, guard));
+            }
+            // The guard makes sure the key is not left behind, should the put have landed.
+            Err(e) => {
+                c.shared.forget(tenure.id);
+                failure = Some(e);
+            }
+        }
+    }
+    Err(failure.unwrap_or_else(|| {
+        Error::unavailable(
+            BACKEND,
+            format!("{name} not granted: the shared lease ended twice as its key was put"),
+        )
+    }))
 }
 
 /// Enqueues a key for `name` under a newly granted lease.
@@ -240,7 +307,7 @@ pub(crate) async fn enqueue_new(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Resu
     // also deletes its key: no ghost stays in the queue.
     let guard = RevokeGuard::new(c, id, granted.ttl);
     let key = key(&c.config, name, id, mode);
-    let (put, _) = put_key(c, req, &key, id).await?;
+    let (put, _) = put_key(c, req, &key, id, None).await?;
     let lease = WaitingLease::new(name, granted.tenure, granted.ttl);
     Ok(Enqueued::new(lease, key, put, guard))
 }
@@ -260,7 +327,7 @@ impl Enqueued {
     /// `lease`'s `key`, put at revision `rev` (`head`: it holds the lock), revoked by `guard`
     /// unless granted. (A spare confirmed earlier brings its own end of validity: it must not
     /// be counted from the put again.)
-    fn new(
+    pub(crate) fn new(
         lease: WaitingLease,
         key: String,
         (rev, standing): (i64, Standing),
@@ -454,15 +521,7 @@ pub(crate) async fn contend(
         term: lease.term,
         valid_until: lease.trusted_until,
     };
-    let ops = EtcdLeaseOps {
-        cluster: c.clone(),
-        tenure: parking_lot::Mutex::new(tenure),
-        moving: tokio::sync::Mutex::new(()),
-        ttl: lease.ttl,
-        key,
-        rev,
-        name: name.clone(),
-    };
+    let ops = EtcdLeaseOps::new(c, tenure, lease.ttl, key, rev, name);
     Ok(Some(Box::new(ManagedLease::new(
         name.clone(),
         Grant {

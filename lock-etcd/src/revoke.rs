@@ -1,6 +1,6 @@
 //! Revoking the lease of an acquisition that ended without a grant (its key goes with it), or
-//! one that guards nothing any more: sent again after a failure until the lease would have
-//! expired by itself.
+//! one that guards nothing any more; on a shared lease, deleting the acquisition's key instead
+//! (`shared.rs`): sent again after a failure until the lease would have expired by itself.
 
 use std::time::{Duration, Instant};
 
@@ -9,48 +9,74 @@ use lock_core::Result;
 
 use std::sync::Arc;
 
-use crate::client::Cluster;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+use crate::client::{lease_not_found, mapped, send, Cluster, Resend, Unanswered};
 
 /// Revokes a contender's lease if the acquisition ends without a grant, which also deletes its
-/// key. A revoke that fails — on a connection that broke with the acquisition, say — is sent
-/// again until it is answered or the lease has expired by itself: left alone, the key would stay
-/// in the queue for a whole TTL, holding the lock nobody has or blocking the waiters behind it.
+/// key; on a shared lease (`shared.rs`), deletes the key instead, or makes sure its put can no
+/// longer land. An undo that fails — on a connection that broke with the acquisition, say — is
+/// sent again until it is answered or the lease has expired by itself: left alone, the key would
+/// stay in the queue for a whole TTL, holding the lock nobody has or blocking the waiters behind
+/// it.
 pub(crate) struct RevokeGuard {
     cluster: Arc<Cluster>,
-    id: Option<i64>,
-    /// When the lease expires by itself at the latest: revoking after that is pointless.
+    undo: Option<Undo>,
+    /// When the lease expires by itself at the latest: undoing after that is pointless.
     expires: Instant,
+}
+
+/// What undoes an acquisition that ended without a grant.
+pub(crate) enum Undo {
+    /// Revoking its own lease (its key goes with it).
+    Lease(i64),
+    /// Its key on a shared lease, with the tombstone that keeps a put still in flight out
+    /// (`shared.rs`).
+    Key {
+        key: String,
+        tomb: String,
+        lease: i64,
+    },
 }
 
 impl RevokeGuard {
     /// Guards lease `id`, granted for `ttl`.
     pub(crate) fn new(cluster: &Arc<Cluster>, id: i64, ttl: Duration) -> Self {
+        Self::with(cluster, Undo::Lease(id), ttl)
+    }
+
+    /// Guards an acquisition by `undo`, on a lease of `ttl`.
+    pub(crate) fn with(cluster: &Arc<Cluster>, undo: Undo, ttl: Duration) -> Self {
         RevokeGuard {
             cluster: cluster.clone(),
-            id: Some(id),
+            undo: Some(undo),
             expires: Instant::now() + ttl,
         }
     }
 
-    /// The key moved onto lease `id` of `ttl` (the old one is revoked by the move): guards
-    /// that one instead.
+    /// The key moved onto lease `id` of `ttl` (the old one is revoked by the move, unless
+    /// shared): guards that one instead.
     pub(crate) fn switch(&mut self, id: i64, ttl: Duration) {
-        self.id = Some(id);
+        match &mut self.undo {
+            Some(Undo::Lease(old)) => *old = id,
+            Some(Undo::Key { lease, .. }) => *lease = id,
+            None => {}
+        }
         self.expires = Instant::now() + ttl;
     }
 
     /// The acquisition got the lock: the lease is the lock's now.
     pub(crate) fn disarm(&mut self) {
-        self.id = None;
+        self.undo = None;
     }
 
-    /// Revokes now, waiting for one attempt (the caller reports a timeout and its key should be
+    /// Undoes now, waiting for one attempt (the caller reports a timeout and its key should be
     /// gone by then); after a failure, keeps trying in the background.
     pub(crate) async fn revoke_now(&mut self) {
-        if let Some(id) = self.id.take() {
-            if let Err(e) = revoke(&self.cluster, id).await {
-                tracing::debug!(error = %e, "revoking a contender's lease failed; retrying");
-                spawn_revoke(self.cluster.clone(), id, self.expires);
+        if let Some(undo) = self.undo.take() {
+            if let Err(e) = undo.run(&self.cluster).await {
+                tracing::debug!(error = %e, "undoing a contender's acquisition failed; retrying");
+                spawn_undo(self.cluster.clone(), undo, self.expires);
             }
         }
     }
@@ -58,10 +84,29 @@ impl RevokeGuard {
 
 impl Drop for RevokeGuard {
     fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            spawn_revoke(self.cluster.clone(), id, self.expires);
+        if let Some(undo) = self.undo.take() {
+            spawn_undo(self.cluster.clone(), undo, self.expires);
         }
     }
+}
+
+impl Undo {
+    async fn run(&self, cluster: &Cluster) -> Result<()> {
+        match self {
+            Undo::Lease(id) => revoke(cluster, *id).await,
+            Undo::Key { key, tomb, lease } => undo_put(cluster, key, tomb, *lease).await,
+        }
+    }
+}
+
+/// Runs `undo` in the background, again after each failure that may pass (each is
+/// idempotent), until `expires`.
+fn spawn_undo(cluster: Arc<Cluster>, undo: Undo, expires: Instant) {
+    let undo = Arc::new(undo);
+    retry_in_background(expires, move || {
+        let (cluster, undo) = (cluster.clone(), undo.clone());
+        async move { undo.run(&cluster).await }
+    });
 }
 
 async fn revoke(cluster: &Cluster, id: i64) -> Result<()> {
@@ -80,4 +125,33 @@ pub(crate) fn spawn_revoke(cluster: Arc<Cluster>, id: i64, expires: Instant) {
         let cluster = cluster.clone();
         async move { revoke(&cluster, id).await }
     });
+}
+
+/// Undoes an acquisition on shared lease `lease` whose key's put may still be in flight: in
+/// one transaction, the key is deleted if it is there, and otherwise its tombstone is put, which
+/// the put requires absent. A lease that is gone needs no tombstone (a put on it cannot land):
+/// then only the key is deleted, wherever it moved.
+pub(crate) async fn undo_put(c: &Cluster, key: &str, tomb: &str, lease: i64) -> Result<()> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            tomb,
+            "",
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::delete(key, None)]);
+    let limit = c.config.request_timeout();
+    let sent = send(&c.config, &c.client, limit, Resend::Unsent, |mut cl| {
+        let txn = txn.clone();
+        async move { cl.txn(txn).await }
+    })
+    .await;
+    match sent {
+        Ok(_) => Ok(()),
+        Err(Unanswered::Failed(e)) if lease_not_found(&e) => c
+            .call(|mut cl| async move { cl.delete(key, None).await })
+            .await
+            .map(|_| ()),
+        Err(e) => Err(mapped(e, &c.config, limit)),
+    }
 }

@@ -34,3 +34,11 @@ pub(crate) struct Granted {
     pub(crate) ttl: Duration,
     pub(crate) tenure: Tenure,
 }
+
+/// A lease kept alive: its TTL starts again from `since`, when the keep-alive that says so was
+/// sent (earlier than the caller's own request, when a shared lease's answer is reused).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Alive {
+    pub(crate) ttl: Duration,
+    pub(crate) since: Instant,
+}

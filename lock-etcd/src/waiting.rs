@@ -9,7 +9,7 @@ use lock_core::{Deadline, Error, LockName, Result};
 use crate::client::{mapped, send, Cluster, Resend, Unanswered};
 use crate::config::BACKEND;
 use crate::keepers::Exchange;
-use crate::term::Tenure;
+use crate::term::{Alive, Tenure};
 
 /// What a waiter waits to see deleted.
 pub(crate) enum Watched {
@@ -206,10 +206,10 @@ impl WaitingLease {
             .min(self.ttl / 2)
             .max(Duration::from_millis(1));
         match keep_alive(cluster, self.id, self.ttl, limit).await {
-            Ok(Some(ttl)) => {
+            Ok(Some(Alive { ttl, since })) => {
                 self.ttl = ttl;
-                self.kept_alive(lease_end(start, ttl), Instant::now());
-                self.next_keep_alive = start + ttl / 3;
+                self.kept_alive(lease_end(since, ttl), Instant::now());
+                self.next_keep_alive = since + ttl / 3;
                 Ok(())
             }
             Ok(None) => Err(self.failed("its lease expired while waiting")),
@@ -234,7 +234,7 @@ impl WaitingLease {
     }
 }
 
-/// One keep-alive round trip: `Some(ttl)` if the lease lives (a keep-alive resets it to its
+/// One keep-alive round trip: `Some` if the lease lives (a keep-alive resets it to its
 /// granted TTL), `None` if the server says it is gone.
 ///
 /// On the lease's kept stream if it has one (`keepers.rs`); else etcd-client's
@@ -247,12 +247,32 @@ pub(crate) async fn keep_alive(
     id: i64,
     ttl: Duration,
     limit: Duration,
-) -> Result<Option<Duration>> {
+) -> Result<Option<Alive>> {
+    let limit = limit.min(cluster.config.request_timeout());
+    if cluster.config.shared_lease() {
+        // Many locks on one lease: one keep-alive answers them all (`shared.rs`).
+        return cluster
+            .shared
+            .keep_alive(id, ttl, limit, |left| {
+                keep_alive_once(cluster, id, ttl, left)
+            })
+            .await;
+    }
+    keep_alive_once(cluster, id, ttl, limit).await
+}
+
+/// [`keep_alive`], one round trip of its own.
+async fn keep_alive_once(
+    cluster: &Cluster,
+    id: i64,
+    ttl: Duration,
+    limit: Duration,
+) -> Result<Option<Alive>> {
     let (client, config) = (&cluster.client, &cluster.config);
-    let limit = limit.min(config.request_timeout());
     let start = Instant::now();
+    let alive = Some(Alive { ttl, since: start });
     match tokio::time::timeout(limit, cluster.keepers.exchange(id)).await {
-        Ok(Exchange::Alive) => return Ok(Some(ttl)),
+        Ok(Exchange::Alive) => return Ok(alive),
         Ok(Exchange::Gone) => return Ok(None),
         Ok(Exchange::None) => {}
         Ok(Exchange::Failed(e)) => {
@@ -277,7 +297,7 @@ pub(crate) async fn keep_alive(
     match sent {
         Ok((keeper, stream)) => {
             cluster.keepers.keep(id, ttl, keeper, stream);
-            Ok(Some(ttl))
+            Ok(alive)
         }
         Err(Unanswered::Failed(etcd_client::Error::LeaseKeepAliveError(m)))
             if m.contains("not found") =>

@@ -1,7 +1,8 @@
 //! The shared conformance suite against a real etcd: the single member (`ETCD_URL`, default
 //! `etcd://{etcd}`) and the 3-member cluster (`ETCD_CLUSTER_URL`, default
-//! `etcd://{etcd-c1},{etcd-c2},{etcd-c3}`), both from `scripts/services.sh up`.
-//! Cases are listed twice, prefixed `single::` and `cluster::`.
+//! `etcd://{etcd-c1},{etcd-c2},{etcd-c3}`), both from `scripts/services.sh up`; and the single
+//! member again with `shared_lease=true`, where the locks of a client and TTL share one lease.
+//! Cases are listed three times, prefixed `single::`, `cluster::` and `shared_lease::`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::process::ExitCode;
@@ -107,6 +108,7 @@ impl Harness for Etcd {
                 )?;
                 let config = EtcdConfig::new(keep.iter().map(|p| p.addr().to_string()))
                     .with_prefix(self.config.prefix())?
+                    .with_shared_lease(self.config.shared_lease())
                     .with_request_timeout(delay * 4 + Duration::from_secs(2));
                 Ok(Faulty::new(
                     Arc::new(EtcdLock::connect(config).await?),
@@ -125,9 +127,14 @@ fn main() -> ExitCode {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut trials = Vec::new();
     let cluster_servers: &'static [&'static str] = &["etcd-c1", "etcd-c2", "etcd-c3"];
+    let shared = format!(
+        "{single}{}shared_lease=true",
+        if single.contains('?') { '&' } else { '?' }
+    );
     for (label, url, servers) in [
         ("single", single, &["etcd"][..]),
         ("cluster", cluster, cluster_servers),
+        ("shared_lease", shared, &["etcd"][..]),
     ] {
         let config = EtcdConfig::from_url(&url).expect("etcd URL");
         let ttl = rt

@@ -377,6 +377,65 @@ fn after_a_leader_change_the_lock_key_moves_to_a_lease_of_the_new_term() {
     });
 }
 
+/// With `shared_lease=true`, three locks on one lease: after a leader change each key moves at
+/// its next renewal, all onto one lease of the new term (granted once for them), tokens
+/// unchanged, every lock still held.
+#[test]
+fn after_a_leader_change_shared_lease_keys_move_to_one_lease_of_the_new_term() {
+    serial(async {
+        let (victim, _, ttl) = beside_the_leader().await;
+        let holder =
+            EtcdLock::connect(EtcdConfig::new(endpoints_but(victim)).with_shared_lease(true))
+                .await
+                .expect("the cluster (services.sh up)");
+        let mut admin = admin_but(victim).await;
+        let mut held = Vec::new();
+        for i in 0..3 {
+            let name = fresh_name(&format!("etcd-shared-term-{i}"));
+            let lease = hold(&holder, &name, ttl).await;
+            held.push((name, lease));
+        }
+        let mut first = Vec::new();
+        for (name, _) in &held {
+            first.push(key_lease(&mut admin, name).await);
+        }
+        first.dedup();
+        assert_eq!(
+            first.len(),
+            1,
+            "three locks on one shared lease: {first:x?}"
+        );
+
+        let (_thaw, elected) = freeze(victim, ttl / 2).await;
+        let mut moved = Vec::new();
+        for (name, lease) in &held {
+            let token = lease.fencing_token();
+            renew_through(&**lease, elected).await;
+            assert_eq!(
+                lease.fencing_token(),
+                token,
+                "the move changed the fencing token"
+            );
+            assert_eq!(lease.state(), LeaseState::Held);
+            moved.push(key_lease(&mut admin, name).await);
+        }
+        moved.dedup();
+        assert_eq!(
+            moved.len(),
+            1,
+            "after {elected} was elected the keys are on leases {moved:x?}: one lease of the \
+             new term expected"
+        );
+        assert_ne!(
+            moved[0], first[0],
+            "the keys stayed on the lease of the old term"
+        );
+        for (_, lease) in held {
+            lease.release().await.unwrap();
+        }
+    });
+}
+
 /// A waiter whose lease was last confirmed before a leader change, and whose turn comes after
 /// it, is granted on a lease of the new term: its key moves before the grant (same token).
 #[test]

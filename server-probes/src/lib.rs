@@ -251,6 +251,16 @@ pub async fn etcd_calls_started(endpoints: &[String], method: &str) -> Option<u6
     .await
 }
 
+/// The gRPC messages of `method` (`LeaseKeepAlive`, …) the etcd members received: for a stream,
+/// every request sent on it.
+pub async fn etcd_messages_received(endpoints: &[String], method: &str) -> Option<u64> {
+    let method = format!("grpc_method=\"{method}\"");
+    etcd_metric_sum(endpoints, |l| {
+        l.starts_with("grpc_server_msg_received_total{") && l.contains(&method)
+    })
+    .await
+}
+
 /// The sum over `endpoints` of the `/metrics` lines that `pick` keeps.
 async fn etcd_metric_sum(endpoints: &[String], pick: impl Fn(&str) -> bool) -> Option<u64> {
     let mut total = 0.0;

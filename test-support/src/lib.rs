@@ -36,8 +36,8 @@ pub use server_probes::servers;
 pub use services_sh::ServicesSh;
 // The probes the fault tests read, where they always were.
 pub use server_probes::{
-    commands_processed, etcd_calls_started, etcd_grpc_messages_received, etcd_status, pg_client,
-    pg_statements, redis_clients, redis_cluster_owner, redis_cluster_state,
+    commands_processed, etcd_calls_started, etcd_grpc_messages_received, etcd_messages_received,
+    etcd_status, pg_client, pg_statements, redis_clients, redis_cluster_owner, redis_cluster_state,
     redis_commands_processed, redis_replicas, redis_role, sentinel_master, zk_mode,
     zk_packets_received, zk_serves_session,
 };
