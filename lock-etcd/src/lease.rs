@@ -5,20 +5,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use lock_core::driver::{lease_end, retry_in_background, LeaseOps};
+use lock_core::{Error, LockName, Result};
+
+use crate::client::{call, malformed, txn_call, Cluster, Resend};
+use crate::grant::rehome;
+use crate::revoke::spawn_revoke;
+use crate::shared::Read;
+use crate::term::{Alive, Tenure};
+use crate::waiting::keep_alive;
+
 /// How long after a shared-lease lock's validity its reaper deletes the key: past it, so that
 /// a renewal answered at the last instant is seen first.
 const REAPER_MARGIN: Duration = Duration::from_millis(50);
 
-use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
-use lock_core::driver::{lease_end, retry_in_background, LeaseOps};
-use lock_core::{Error, LockName, Result};
-
-use crate::client::{call, txn_call, Cluster, Resend};
-use crate::grant::rehome;
-use crate::revoke::spawn_revoke;
-use crate::term::Tenure;
-use crate::waiting::keep_alive;
+/// Reads in one batched renewal transaction: etcd's default `--max-txn-ops`.
+const MAX_READS: usize = 128;
 
 pub(crate) struct EtcdLeaseOps {
     pub(crate) cluster: Arc<Cluster>,
@@ -58,6 +62,7 @@ impl EtcdLeaseOps {
             name: name.clone(),
         };
         if cluster.config.shared_lease() {
+            cluster.shared.enroll(&ops.key, tenure.id);
             ops.spawn_reaper();
         }
         ops
@@ -93,6 +98,7 @@ impl EtcdLeaseOps {
                 until = now;
             }
             tracing::debug!(key, "lock ended unreleased: its key is deleted");
+            c.shared.leave(&key);
             // Sent again after a failure for a TTL (as a revoke is, until the lease would
             // have expired by itself).
             retry_in_background(Instant::now() + ttl, move || {
@@ -107,6 +113,47 @@ impl EtcdLeaseOps {
                 async move { txn_call(&c.config, &c.client, txn).await.map(|_| ()) }
             });
         });
+    }
+
+    /// What a renewal of lease `held` (asked at `start`) concludes from a keep-alive `alive`
+    /// and then a read of the key that found `found` (its `create_revision` and lease) in
+    /// `term`.
+    async fn confirm(
+        &self,
+        held: Tenure,
+        start: Instant,
+        alive: Alive,
+        found: Option<(i64, i64)>,
+        term: u64,
+    ) -> Result<Instant> {
+        let Some((_, lease)) = found.filter(|(rev, _)| *rev == self.rev) else {
+            return Err(Error::not_held(&self.name));
+        };
+        if lease != held.id {
+            // Moved by a renewal beside this one, or by someone else.
+            let _moving = self.moving.lock().await;
+            let now = self.tenure();
+            return if now.id == lease {
+                Ok(now.valid_until)
+            } else {
+                Err(Error::not_held(&self.name))
+            };
+        }
+        if term == 0 || term != held.term {
+            return self.move_key(held.id).await;
+        }
+        let until = lease_end(alive.since.min(start), alive.ttl);
+        {
+            let mut tenure = self.tenure.lock();
+            if tenure.id == held.id {
+                tenure.valid_until = until;
+            }
+        }
+        if self.cluster.config.shared_lease() {
+            // Confirmed in its term: what the next acquisition on the lease may count on.
+            self.cluster.shared.confirmed(held.id, until);
+        }
+        Ok(until)
     }
 
     fn tenure(&self) -> Tenure {
@@ -124,6 +171,9 @@ impl EtcdLeaseOps {
         let moved = rehome(&self.cluster, &self.key, self.rev, from, self.ttl).await?;
         let tenure = moved.ok_or_else(|| Error::not_held(&self.name))?;
         *self.tenure.lock() = tenure;
+        if self.cluster.config.shared_lease() {
+            self.cluster.shared.enroll(&self.key, tenure.id); // read with its new lease's keys
+        }
         Ok(tenure.valid_until)
     }
 }
@@ -155,38 +205,65 @@ impl LeaseOps for EtcdLeaseOps {
         })
         .await?;
         let term = self.cluster.observe(read.header());
-        let Some(kv) = read
+        let found = read
             .kvs()
             .first()
-            .filter(|kv| kv.create_revision() == self.rev)
-        else {
-            return Err(Error::not_held(&self.name));
-        };
-        if kv.lease() != held.id {
-            // Moved by a renewal beside this one, or by someone else.
-            let _moving = self.moving.lock().await;
-            let now = self.tenure();
-            return if now.id == kv.lease() {
-                Ok(now.valid_until)
-            } else {
-                Err(Error::not_held(&self.name))
+            .map(|kv| (kv.create_revision(), kv.lease()));
+        self.confirm(held, start, alive, found, term).await
+    }
+
+    /// The watchdog's renewal. On a shared lease, the reads of every lock's key on it go in
+    /// one transaction (`shared.rs`): an answer such a read got for this key less than a
+    /// quarter of the TTL ago, after a keep-alive of this key's lease, is taken as this
+    /// renewal's, and nothing is sent; else this renewal sends the keep-alive and the read for
+    /// them all.
+    async fn renew_due(&self) -> Result<Instant> {
+        let c = &self.cluster;
+        if !c.config.shared_lease() {
+            return self.renew().await;
+        }
+        let start = Instant::now();
+        let held = self.tenure();
+        let fresh = start.checked_sub(self.ttl / 4).unwrap_or(start);
+        if let Some(r) = c.shared.read_since(&self.key, held.id, fresh) {
+            return self.confirm(held, start, r.alive, r.found, r.term).await;
+        }
+        let limit = c.config.request_timeout();
+        let alive = keep_alive(c, held.id, self.ttl, limit)
+            .await?
+            .ok_or_else(|| Error::not_held(&self.name))?;
+        let keys = c.shared.batch(held.id, &self.key, MAX_READS);
+        let sent = Instant::now();
+        let ops: Vec<TxnOp> = keys
+            .iter()
+            .map(|k| TxnOp::get(k.as_str(), Some(GetOptions::new().with_keys_only())))
+            .collect();
+        let read = call(&c.config, &c.client, limit, Resend::Refused, |mut cl| {
+            let txn = Txn::new().and_then(ops.clone());
+            async move { cl.txn(txn).await }
+        })
+        .await?;
+        let term = c.observe(read.header());
+        let mut mine = None;
+        for (key, op) in keys.iter().zip(read.op_responses()) {
+            let TxnOpResponse::Get(g) = op else {
+                return Err(malformed("renew"));
             };
-        }
-        if term == 0 || term != held.term {
-            return self.move_key(held.id).await;
-        }
-        let until = lease_end(alive.since.min(start), alive.ttl);
-        {
-            let mut tenure = self.tenure.lock();
-            if tenure.id == held.id {
-                tenure.valid_until = until;
+            let found = g.kvs().first().map(|kv| (kv.create_revision(), kv.lease()));
+            let r = Read {
+                found,
+                term,
+                sent,
+                alive,
+                kept: held.id,
+            };
+            c.shared.record(key, r);
+            if *key == self.key {
+                mine = Some(found);
             }
         }
-        if self.cluster.config.shared_lease() {
-            // Confirmed in its term: what the next acquisition on the lease may count on.
-            self.cluster.shared.confirmed(held.id, until);
-        }
-        Ok(until)
+        let found = mine.ok_or_else(|| malformed("renew"))?;
+        self.confirm(held, start, alive, found, term).await
     }
 
     async fn proclaim(&self, value: &lock_core::LeaderValue) -> Result<()> {
@@ -213,6 +290,9 @@ impl LeaseOps for EtcdLeaseOps {
             spawn_revoke(self.cluster.clone(), tenure.id, tenure.valid_until);
         }
         self.released.store(true, Ordering::SeqCst);
+        if inner.config.shared_lease() {
+            inner.shared.leave(&self.key);
+        }
         if resp.succeeded() {
             Ok(())
         } else {

@@ -27,8 +27,9 @@
 //! ## A lease shared by many locks
 //!
 //! With [`EtcdConfig::with_shared_lease`] (`?shared_lease=true`) the locks of a client and TTL
-//! put their keys on one lease instead, as Go's `concurrency.Session` does: one keep-alive
-//! answers the renewals of them all, and no lease is granted or revoked per lock. Keys are then
+//! put their keys on one lease instead, as Go's `concurrency.Session` does: one keep-alive and
+//! one transaction of reads answer the renewals of them all, and no lease is granted or revoked
+//! per lock. Keys are then
 //! `<lease-hex>_<n>`; a leader change moves each key onto the client's lease of the new term; a
 //! lock that ends unreleased is deleted at the end of its validity, as its lease would have
 //! expired; an acquisition cut short deletes its key or, its put still in flight, leaves a

@@ -12,7 +12,10 @@
 //!   of one name in one session share a key, and both "hold").
 //! - **Keep-alives** are coalesced: one answered less than a quarter of the TTL ago answers the
 //!   next ask too, with the validity it gave (counted from when it was sent), never more. A
-//!   renewal still reads its own key after it, whose term vouches for the answer (`term.rs`).
+//!   renewal still reads its key after it, whose term vouches for the answer (`term.rs`); the
+//!   watchdog's renewals (`renew_due`) read every key on the lease in one transaction, and a
+//!   renewal that finds such a read of its key, sent less than a quarter of the TTL ago after a
+//!   keep-alive of its lease, takes it as its own.
 //! - **A leader change** moves each key, at its holder's next renewal, onto the client's lease
 //!   of the new term (granted once, for all of them); the old lease is not revoked (other keys
 //!   may still be on it) and expires once nothing keeps it alive.
@@ -47,6 +50,28 @@ pub(crate) struct SharedLeases {
     seq: AtomicU64,
     /// Per lease: the last keep-alive answered (one keep-alive in flight at a time).
     confirmations: parking_lot::Mutex<HashMap<i64, Slot>>,
+    /// The keys of the locks held on shared leases, by key: the lease each is on, and what
+    /// the last batched renewal read found of it.
+    keys: parking_lot::Mutex<HashMap<String, Member>>,
+}
+
+struct Member {
+    lease: i64,
+    read: Option<Read>,
+}
+
+/// What a batched renewal read found of one key (`lease.rs`, `renew_due`).
+#[derive(Clone, Copy)]
+pub(crate) struct Read {
+    /// Its `create_revision` and lease (`None`: no such key).
+    pub(crate) found: Option<(i64, i64)>,
+    /// The term the read was answered in.
+    pub(crate) term: u64,
+    /// When the read was sent.
+    pub(crate) sent: Instant,
+    /// The keep-alive answered before it was sent, and of which lease.
+    pub(crate) alive: Alive,
+    pub(crate) kept: i64,
 }
 
 /// A shared lease: its id, term and validity as last confirmed, and its granted TTL.
@@ -102,6 +127,52 @@ impl SharedLeases {
     /// Lease `id` is gone (or doubtful): the next acquisition gets another.
     pub(crate) fn forget(&self, id: i64) {
         self.by_ttl.lock().retain(|_, s| s.tenure.id != id);
+    }
+
+    /// The lock of `key` is held on lease `lease` (granted on it, or moved to it).
+    pub(crate) fn enroll(&self, key: &str, lease: i64) {
+        let mut keys = self.keys.lock();
+        keys.insert(key.to_string(), Member { lease, read: None });
+    }
+
+    /// The lock of `key` ended: no batched read asks for it any more.
+    pub(crate) fn leave(&self, key: &str) {
+        self.keys.lock().remove(key);
+    }
+
+    /// Keys to read in one renewal of `key` on `lease`: `key` and up to `max - 1` others on
+    /// that lease, those read longest ago first.
+    pub(crate) fn batch(&self, lease: i64, key: &str, max: usize) -> Vec<String> {
+        let keys = self.keys.lock();
+        let mut others: Vec<(Option<Instant>, &String)> = keys
+            .iter()
+            .filter(|(k, m)| m.lease == lease && k.as_str() != key)
+            .map(|(k, m)| (m.read.map(|r| r.sent), k))
+            .collect();
+        others.sort();
+        let mut batch = vec![key.to_string()];
+        batch.extend(
+            others
+                .into_iter()
+                .take(max.saturating_sub(1))
+                .map(|(_, k)| k.clone()),
+        );
+        batch
+    }
+
+    /// A batched read found `read` of `key`.
+    pub(crate) fn record(&self, key: &str, read: Read) {
+        if let Some(m) = self.keys.lock().get_mut(key) {
+            m.read = Some(read);
+        }
+    }
+
+    /// What a batched read found of `key` after a keep-alive of `lease`, if it was sent at
+    /// `since` or later.
+    pub(crate) fn read_since(&self, key: &str, lease: i64, since: Instant) -> Option<Read> {
+        let keys = self.keys.lock();
+        let r = keys.get(key)?.read?;
+        (r.kept == lease && r.sent >= since && r.alive.since >= since).then_some(r)
     }
 
     /// A number for an acquisition's key, unique for this client.

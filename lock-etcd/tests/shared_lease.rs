@@ -12,7 +12,9 @@ use conformance_tests::{fresh_name, FaultProxy};
 use lock_core::{DistributedLock, LeaseState, LockName, LockOptions, Mode};
 use lock_etcd::etcd_client::{Client, GetOptions};
 use lock_etcd::{EtcdConfig, EtcdLock};
-use test_support::{etcd_calls_started, etcd_messages_received, serial, servers};
+use test_support::{
+    etcd_calls_started, etcd_grpc_messages_received, etcd_messages_received, serial, servers,
+};
 
 mod common;
 use common::lease_of;
@@ -41,7 +43,8 @@ async fn keys_of(admin: &mut Client, name: &LockName) -> Vec<String> {
 
 /// Twenty locks of one client and TTL, renewed by their watchdogs for 4 s: their keys are all on
 /// one lease, granted once, and that lease gets about one keep-alive per renewal period, not
-/// one per lock. (Serial: the member counts every client's requests.)
+/// one per lock; their renewals' reads go in one transaction per period, not one each.
+/// (Serial: the member counts every client's requests.)
 #[test]
 fn many_locks_share_one_lease_and_its_keep_alives() {
     serial(async {
@@ -82,12 +85,14 @@ fn many_locks_share_one_lease_and_its_keep_alives() {
         let sent = etcd_messages_received(&eps, "LeaseKeepAlive")
             .await
             .unwrap();
+        let all = etcd_grpc_messages_received(&eps).await.unwrap();
         let renewed: u64 = held.iter().map(|l| l.renewals().unwrap_or(0)).sum();
         tokio::time::sleep(Duration::from_secs(4)).await;
         let sent = etcd_messages_received(&eps, "LeaseKeepAlive")
             .await
             .unwrap()
             - sent;
+        let all = etcd_grpc_messages_received(&eps).await.unwrap() - all;
         let renewed = held.iter().map(|l| l.renewals().unwrap_or(0)).sum::<u64>() - renewed;
         for l in &held {
             assert_eq!(l.state(), LeaseState::Held, "every lock renewed");
@@ -100,6 +105,12 @@ fn many_locks_share_one_lease_and_its_keep_alives() {
         assert!(
             sent <= 20,
             "{sent} keep-alives for {renewed} renewals of 20 locks on one lease: not coalesced"
+        );
+        // A keep-alive and a transaction of 20 reads per period: about 16 in 4 s.
+        assert!(
+            all <= 40,
+            "{all} requests for {renewed} renewals of 20 locks on one lease: a read each, not \
+             one transaction of them all"
         );
         for l in held {
             l.release().await.unwrap();
