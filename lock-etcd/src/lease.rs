@@ -62,7 +62,7 @@ impl EtcdLeaseOps {
             name: name.clone(),
         };
         if cluster.config.shared_lease() {
-            cluster.shared.enroll(&ops.key, tenure.id);
+            cluster.shared.enroll(&ops.key, tenure.id, ttl);
             ops.spawn_reaper();
         }
         ops
@@ -152,6 +152,9 @@ impl EtcdLeaseOps {
         if self.cluster.config.shared_lease() {
             // Confirmed in its term: what the next acquisition on the lease may count on.
             self.cluster.shared.confirmed(held.id, until);
+            self.cluster
+                .shared
+                .renewed(&self.key, alive.since.min(start));
         }
         Ok(until)
     }
@@ -172,7 +175,8 @@ impl EtcdLeaseOps {
         let tenure = moved.ok_or_else(|| Error::not_held(&self.name))?;
         *self.tenure.lock() = tenure;
         if self.cluster.config.shared_lease() {
-            self.cluster.shared.enroll(&self.key, tenure.id); // read with its new lease's keys
+            // Read with its new lease's keys from now on.
+            self.cluster.shared.enroll(&self.key, tenure.id, self.ttl);
         }
         Ok(tenure.valid_until)
     }
@@ -225,6 +229,11 @@ impl LeaseOps for EtcdLeaseOps {
         let start = Instant::now();
         let held = self.tenure();
         let fresh = start.checked_sub(self.ttl / 4).unwrap_or(start);
+        if let Some(r) = c.shared.read_since(&self.key, held.id, fresh) {
+            return self.confirm(held, start, r.alive, r.found, r.term).await;
+        }
+        let _batching = c.shared.batching().await;
+        // A batch sent meanwhile may have read this key.
         if let Some(r) = c.shared.read_since(&self.key, held.id, fresh) {
             return self.confirm(held, start, r.alive, r.found, r.term).await;
         }

@@ -53,10 +53,16 @@ pub(crate) struct SharedLeases {
     /// The keys of the locks held on shared leases, by key: the lease each is on, and what
     /// the last batched renewal read found of it.
     keys: parking_lot::Mutex<HashMap<String, Member>>,
+    /// One batched read at a time: renewals due together wait for it and take its answers.
+    batching: tokio::sync::Mutex<()>,
 }
 
 struct Member {
     lease: i64,
+    /// When its validity was last counted from (a keep-alive's sending), and its TTL: when
+    /// its watchdog will ask for the next renewal.
+    confirmed: Instant,
+    ttl: Duration,
     read: Option<Read>,
 }
 
@@ -129,10 +135,27 @@ impl SharedLeases {
         self.by_ttl.lock().retain(|_, s| s.tenure.id != id);
     }
 
-    /// The lock of `key` is held on lease `lease` (granted on it, or moved to it).
-    pub(crate) fn enroll(&self, key: &str, lease: i64) {
-        let mut keys = self.keys.lock();
-        keys.insert(key.to_string(), Member { lease, read: None });
+    /// The lock of `key`, of `ttl`, is held on lease `lease` (granted on it, or moved to it).
+    pub(crate) fn enroll(&self, key: &str, lease: i64, ttl: Duration) {
+        let member = Member {
+            lease,
+            confirmed: Instant::now(),
+            ttl,
+            read: None,
+        };
+        self.keys.lock().insert(key.to_string(), member);
+    }
+
+    /// The lock of `key` was renewed, its validity counted from `since`.
+    pub(crate) fn renewed(&self, key: &str, since: Instant) {
+        if let Some(m) = self.keys.lock().get_mut(key) {
+            m.confirmed = m.confirmed.max(since);
+        }
+    }
+
+    /// Held while a batched read is sent: renewals due meanwhile wait, then take its answers.
+    pub(crate) async fn batching(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.batching.lock().await
     }
 
     /// The lock of `key` ended: no batched read asks for it any more.
@@ -141,13 +164,18 @@ impl SharedLeases {
     }
 
     /// Keys to read in one renewal of `key` on `lease`: `key` and up to `max - 1` others on
-    /// that lease, those read longest ago first.
+    /// that lease whose watchdogs will ask within a quarter of their TTL (while this read
+    /// still answers them: a third of the TTL after their last confirmation), the most
+    /// overdue first. Reading the others would be wasted: their turn comes after this read
+    /// is too old for them.
     pub(crate) fn batch(&self, lease: i64, key: &str, max: usize) -> Vec<String> {
         let keys = self.keys.lock();
-        let mut others: Vec<(Option<Instant>, &String)> = keys
+        let now = Instant::now();
+        let mut others: Vec<(Instant, &String)> = keys
             .iter()
             .filter(|(k, m)| m.lease == lease && k.as_str() != key)
-            .map(|(k, m)| (m.read.map(|r| r.sent), k))
+            .filter(|(_, m)| m.confirmed + m.ttl / 3 <= now + m.ttl / 4)
+            .map(|(k, m)| (m.confirmed, k))
             .collect();
         others.sort();
         let mut batch = vec![key.to_string()];
