@@ -232,16 +232,23 @@ impl LeaseOps for EtcdLeaseOps {
         if let Some(r) = c.shared.read_since(&self.key, held.id, fresh) {
             return self.confirm(held, start, r.alive, r.found, r.term).await;
         }
-        let _batching = c.shared.batching().await;
-        // A batch sent meanwhile may have read this key.
-        if let Some(r) = c.shared.read_since(&self.key, held.id, fresh) {
-            return self.confirm(held, start, r.alive, r.found, r.term).await;
-        }
         let limit = c.config.request_timeout();
+        let batch = loop {
+            let ended = c.shared.batch_ended();
+            if let Some(batch) = c.shared.batch(held.id, &self.key, MAX_READS) {
+                break batch;
+            }
+            // In a batch in flight: its answer, or its end (bounded by its own requests'
+            // timeouts), then look again.
+            let _ = tokio::time::timeout(limit * 2, ended).await;
+            if let Some(r) = c.shared.read_since(&self.key, held.id, fresh) {
+                return self.confirm(held, start, r.alive, r.found, r.term).await;
+            }
+        };
+        let keys = &batch.keys;
         let alive = keep_alive(c, held.id, self.ttl, limit)
             .await?
             .ok_or_else(|| Error::not_held(&self.name))?;
-        let keys = c.shared.batch(held.id, &self.key, MAX_READS);
         let sent = Instant::now();
         let ops: Vec<TxnOp> = keys
             .iter()

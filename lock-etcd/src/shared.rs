@@ -13,9 +13,10 @@
 //! - **Keep-alives** are coalesced: one answered less than a quarter of the TTL ago answers the
 //!   next ask too, with the validity it gave (counted from when it was sent), never more. A
 //!   renewal still reads its key after it, whose term vouches for the answer (`term.rs`); the
-//!   watchdog's renewals (`renew_due`) read every key on the lease in one transaction, and a
-//!   renewal that finds such a read of its key, sent less than a quarter of the TTL ago after a
-//!   keep-alive of its lease, takes it as its own.
+//!   watchdog's renewals (`renew_due`) read the lease's keys due soon in one transaction (up to
+//!   128; several side by side over disjoint keys), and a renewal that finds such a read of its
+//!   key, sent less than a quarter of the TTL ago after a keep-alive of its lease, takes it as
+//!   its own; one whose key is in a batch in flight waits for that batch.
 //! - **A leader change** moves each key, at its holder's next renewal, onto the client's lease
 //!   of the new term (granted once, for all of them); the old lease is not revoked (other keys
 //!   may still be on it) and expires once nothing keeps it alive.
@@ -53,8 +54,8 @@ pub(crate) struct SharedLeases {
     /// The keys of the locks held on shared leases, by key: the lease each is on, and what
     /// the last batched renewal read found of it.
     keys: parking_lot::Mutex<HashMap<String, Member>>,
-    /// One batched read at a time: renewals due together wait for it and take its answers.
-    batching: tokio::sync::Mutex<()>,
+    /// Told when a batched read ends: renewals whose key it was reading wait for it.
+    batched: tokio::sync::Notify,
 }
 
 struct Member {
@@ -64,6 +65,28 @@ struct Member {
     confirmed: Instant,
     ttl: Duration,
     read: Option<Read>,
+    /// In a batched read in flight: no other batch reads it meanwhile.
+    in_batch: bool,
+}
+
+/// The keys of a batched read in flight; when it ends (answered, failed or cancelled) they are
+/// free for the next, and the renewals waiting for it are told.
+pub(crate) struct Batch<'a> {
+    shared: &'a SharedLeases,
+    pub(crate) keys: Vec<String>,
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        let mut keys = self.shared.keys.lock();
+        for k in &self.keys {
+            if let Some(m) = keys.get_mut(k) {
+                m.in_batch = false;
+            }
+        }
+        drop(keys);
+        self.shared.batched.notify_waiters();
+    }
 }
 
 /// What a batched renewal read found of one key (`lease.rs`, `renew_due`).
@@ -142,6 +165,7 @@ impl SharedLeases {
             confirmed: Instant::now(),
             ttl,
             read: None,
+            in_batch: false,
         };
         self.keys.lock().insert(key.to_string(), member);
     }
@@ -153,9 +177,10 @@ impl SharedLeases {
         }
     }
 
-    /// Held while a batched read is sent: renewals due meanwhile wait, then take its answers.
-    pub(crate) async fn batching(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.batching.lock().await
+    /// Resolves when a batched read in flight now has ended (created before looking, so that
+    /// none ends unseen).
+    pub(crate) fn batch_ended(&self) -> tokio::sync::futures::Notified<'_> {
+        self.batched.notified()
     }
 
     /// The lock of `key` ended: no batched read asks for it any more.
@@ -166,16 +191,21 @@ impl SharedLeases {
     /// Keys to read in one renewal of `key` on `lease`: `key` and up to `max - 1` others on
     /// that lease whose watchdogs will ask within a quarter of their TTL (while this read
     /// still answers them: a third of the TTL after their last confirmation), the most
-    /// overdue first. Reading the others would be wasted: their turn comes after this read
-    /// is too old for them.
-    pub(crate) fn batch(&self, lease: i64, key: &str, max: usize) -> Vec<String> {
-        let keys = self.keys.lock();
+    /// overdue first, none in another batch in flight (batches go side by side over disjoint
+    /// keys). Reading the others would be wasted: their turn comes after this read is too old
+    /// for them. `None` when `key` is in a batch in flight already: wait for it
+    /// ([`batch_ended`](Self::batch_ended)).
+    pub(crate) fn batch(&self, lease: i64, key: &str, max: usize) -> Option<Batch<'_>> {
+        let mut keys = self.keys.lock();
+        if keys.get(key).is_some_and(|m| m.in_batch) {
+            return None;
+        }
         let now = Instant::now();
-        let mut others: Vec<(Instant, &String)> = keys
+        let mut others: Vec<(Instant, String)> = keys
             .iter()
-            .filter(|(k, m)| m.lease == lease && k.as_str() != key)
+            .filter(|(k, m)| m.lease == lease && !m.in_batch && k.as_str() != key)
             .filter(|(_, m)| m.confirmed + m.ttl / 3 <= now + m.ttl / 4)
-            .map(|(k, m)| (m.confirmed, k))
+            .map(|(k, m)| (m.confirmed, k.clone()))
             .collect();
         others.sort();
         let mut batch = vec![key.to_string()];
@@ -183,9 +213,17 @@ impl SharedLeases {
             others
                 .into_iter()
                 .take(max.saturating_sub(1))
-                .map(|(_, k)| k.clone()),
+                .map(|(_, k)| k),
         );
-        batch
+        for k in &batch {
+            if let Some(m) = keys.get_mut(k) {
+                m.in_batch = true;
+            }
+        }
+        Some(Batch {
+            shared: self,
+            keys: batch,
+        })
     }
 
     /// A batched read found `read` of `key`.
