@@ -210,20 +210,38 @@ pub async fn strict_tokens_survive_backend_restart(h: &dyn Harness) -> Result<()
     }
     let before = last.ok_or_else(|| Failure("no grant before the restart".into()))?;
     drop(a);
-    h.restart_backend()
-        .await
-        .map_err(|e| Failure(format!("could not restart the backend: {e}")))?;
+    // Bounded below the case's own limit, so that a restart or a client that never comes
+    // back is named as such, not as a bare timeout of the case.
+    // With the wait for a grant below, within the runner's limit (60 TTLs and 30 s).
+    let restart_limit = t.ttl * 30 + Duration::from_secs(10);
+    let restarting = tokio::time::timeout(restart_limit, h.restart_backend());
+    match restarting.await {
+        Ok(r) => r.map_err(|e| Failure(format!("could not restart the backend: {e}")))?,
+        Err(_) => {
+            return Err(Failure(format!(
+                "the backend's restart did not return within {restart_limit:?} (its servers \
+                 were killed and started again on their data, and not all served again)"
+            )))
+        }
+    }
     // The server is back; a new client may still need a moment to connect.
     let deadline = Instant::now() + t.ttl * 20 + Duration::from_secs(10);
     let after = loop {
-        let attempt = async {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = tokio::time::timeout(left.max(Duration::from_millis(1)), async {
             let b = client(h).await?;
             let l = held(b.try_acquire(&name, &opts(h)).await?, "after the restart")?;
             let tk = token(l.as_ref())?;
             l.release().await?;
             Ok::<_, Failure>(tk)
+        });
+        let attempt = match attempt.await {
+            Ok(r) => r,
+            Err(_) => Err(Failure(
+                "a connect and try_acquire after the restart did not return".into(),
+            )),
         };
-        match attempt.await {
+        match attempt {
             Ok(tk) => break tk,
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!(error = %e, "backend not back yet");
