@@ -12,7 +12,7 @@ use lock_core::{DistributedLock, LeaseState, LockOptions};
 use test_support::etcd_calls_started;
 
 mod common;
-use common::{lease_of, single};
+use common::{all_held, lease_of, renewals, single};
 
 async fn keep_alive_streams(locks: &lock_etcd::EtcdLock) -> u64 {
     etcd_calls_started(locks.config().endpoints(), "LeaseKeepAlive")
@@ -43,13 +43,11 @@ async fn renewals_reuse_one_stream() {
         );
     }
     let before = keep_alive_streams(&locks).await;
-    let renewed: u64 = held.iter().map(|l| l.renewals().unwrap_or(0)).sum();
+    let renewed = renewals(&held);
     tokio::time::sleep(Duration::from_secs(4)).await;
     let opened = keep_alive_streams(&locks).await - before;
-    let renewed = held.iter().map(|l| l.renewals().unwrap_or(0)).sum::<u64>() - renewed;
-    for l in &held {
-        assert_eq!(l.state(), LeaseState::Held, "every lease renewed");
-    }
+    let renewed = renewals(&held) - renewed;
+    all_held(&held, "every lease renewed");
     assert!(
         renewed >= 12,
         "{renewed} renewals of 3 leases in 4 s at a 2 s TTL (every 2/3 s: about 18)"

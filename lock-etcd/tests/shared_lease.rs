@@ -17,7 +17,7 @@ use test_support::{
 };
 
 mod common;
-use common::lease_of;
+use common::{all_held, lease_of, renewals};
 
 fn endpoint() -> String {
     servers::url("{etcd}")
@@ -86,17 +86,15 @@ fn many_locks_share_one_lease_and_its_keep_alives() {
             .await
             .unwrap();
         let all = etcd_grpc_messages_received(&eps).await.unwrap();
-        let renewed: u64 = held.iter().map(|l| l.renewals().unwrap_or(0)).sum();
+        let renewed = renewals(&held);
         tokio::time::sleep(Duration::from_secs(4)).await;
         let sent = etcd_messages_received(&eps, "LeaseKeepAlive")
             .await
             .unwrap()
             - sent;
         let all = etcd_grpc_messages_received(&eps).await.unwrap() - all;
-        let renewed = held.iter().map(|l| l.renewals().unwrap_or(0)).sum::<u64>() - renewed;
-        for l in &held {
-            assert_eq!(l.state(), LeaseState::Held, "every lock renewed");
-        }
+        let renewed = renewals(&held) - renewed;
+        all_held(&held, "every lock renewed");
         assert!(
             renewed >= 80,
             "{renewed} renewals of 20 locks in 4 s at a 2 s TTL (every 2/3 s: about 120)"

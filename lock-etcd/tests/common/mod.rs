@@ -45,3 +45,15 @@ pub(crate) async fn revoked(client: &mut Client, id: i64, why: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The renewals `held` made so far, summed.
+pub(crate) fn renewals(held: &[Box<dyn lock_core::Lease>]) -> u64 {
+    held.iter().map(|l| l.renewals().unwrap_or(0)).sum()
+}
+
+/// Every one of `held` is Held (`what`: why it should be).
+pub(crate) fn all_held(held: &[Box<dyn lock_core::Lease>], what: &str) {
+    for l in held {
+        assert_eq!(l.state(), lock_core::LeaseState::Held, "{what}");
+    }
+}
