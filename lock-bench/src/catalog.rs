@@ -89,7 +89,7 @@ impl Endpoints {
     }
 
     /// The members and row label of an etcd backend.
-    fn etcd(&self, backend: Backend) -> Option<(Vec<String>, &'static str)> {
+    pub(crate) fn etcd(&self, backend: Backend) -> Option<(Vec<String>, &'static str)> {
         let (eps, label) = match backend {
             Backend::Etcd | Backend::EtcdShared => (&self.etcd_endpoints, "single member"),
             Backend::EtcdCluster => (&self.etcd_cluster_endpoints, "3-member cluster"),

@@ -27,6 +27,9 @@
 //! auto-renewed locks for `--scale-window` (`scale.rs`): connections, memory, renewals and the
 //! servers' requests per held lock, and an acquire + release meanwhile.
 //!
+//! `--watch-delay N` runs none of those either: on etcd, how late a new watch hears of a
+//! deletion, with and without other writes while it is created (`etcd_watch.rs`).
+//!
 //! Output: a markdown table on stdout (and `--markdown FILE`) and a JSON file (`--json FILE`).
 
 use std::fmt::Write as _;
@@ -40,6 +43,7 @@ use serde::Serialize;
 mod catalog;
 mod election;
 mod etcd_baselines;
+mod etcd_watch;
 mod memory_baselines;
 mod pg_baselines;
 mod redis_baselines;
@@ -132,6 +136,10 @@ struct Args {
     /// locks held, one line per backend).
     #[arg(long, default_value = "bench-results")]
     scale_svg: PathBuf,
+    /// Instead of the scenarios: this many watches on the etcd single member, each told of a
+    /// deletion, with and without other writes meanwhile (`etcd_watch.rs`).
+    #[arg(long)]
+    watch_delay: Option<usize>,
 }
 
 /// `--telemetry`.
@@ -470,6 +478,19 @@ fn main() -> std::process::ExitCode {
     }
     if !args.scale.is_empty() {
         return scale_only(&args, &rt);
+    }
+    if let Some(trials) = args.watch_delay {
+        let (eps, _) = args.endpoints.etcd(Backend::Etcd).unwrap_or_default();
+        return match rt.block_on(etcd_watch::watch_delay(&eps, trials)) {
+            Ok(md) => {
+                print!("{md}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("lock-bench: etcd: {e}");
+                std::process::ExitCode::from(69)
+            }
+        };
     }
     // A backend that fails ends the run, but what was measured before it is still written.
     let (rows, failed) = rt.block_on(async {

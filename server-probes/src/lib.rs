@@ -261,6 +261,15 @@ pub async fn etcd_messages_received(endpoints: &[String], method: &str) -> Optio
     .await
 }
 
+/// Watchers the etcd members serve from their *unsynced* group (`etcd_debugging_mvcc_slow_watcher_total`):
+/// etcd 3.4 catches those up from a loop that runs every 100 ms.
+pub async fn etcd_slow_watchers(endpoints: &[String]) -> Option<u64> {
+    etcd_metric_sum(endpoints, |l| {
+        l.starts_with("etcd_debugging_mvcc_slow_watcher_total ")
+    })
+    .await
+}
+
 /// The sum over `endpoints` of the `/metrics` lines that `pick` keeps.
 async fn etcd_metric_sum(endpoints: &[String], pick: impl Fn(&str) -> bool) -> Option<u64> {
     let mut total = 0.0;
