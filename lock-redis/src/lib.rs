@@ -262,9 +262,10 @@ pub mod raw {
         pub use crate::family::*;
     }
     pub use crate::undo::release_any;
-    /// The renew script: one lease or many, of any mode, in one request.
+    /// The renew script (one lease or many, of any mode, in one request) and the book of the
+    /// leases of one server that renew together.
     pub mod renewals {
-        pub use crate::renewals::{renew, Renewing};
+        pub use crate::renewals::{renew, Enrolled, Found, Renewable, Renewals, Renewing};
     }
     /// Whether this build speaks TLS (the `tls` feature): a driver built on this one checks
     /// it where its own URL turns TLS on.
