@@ -6,7 +6,8 @@
 //! watchers (`etcd_debugging_mvcc_slow_watcher_total`: this run's watch is the only one), waits
 //! 0–39 ms, deletes the key and times the delete's event from the delete's send. "Busy" trials
 //! run two tasks putting another key in a loop meanwhile. The table splits the delays by
-//! whether the watch was unsynced when it was created: etcd 3.4 reads the store's revision,
+//! whether the watch was unsynced when it was created (with two watches a trial, both on one
+//! stream: whether both were): etcd 3.4 reads the store's revision,
 //! then registers the watcher, and a write applied in between leaves the watcher behind, to be
 //! caught up by a loop that runs every 100 ms (BENCHMARKS.md, "etcd: where the hand-off tail
 //! goes").
@@ -21,7 +22,7 @@ use hdrhistogram::Histogram;
 const KEY: &str = "lock-bench/watch-delay/key";
 const NOISE: &str = "lock-bench/watch-delay/noise";
 
-/// The delays of one condition, split by whether the watch began unsynced.
+/// The delays of one condition, split by whether every watch of a trial began unsynced.
 #[derive(Default)]
 struct Split {
     synced: Vec<u64>,
@@ -35,13 +36,18 @@ pub(crate) async fn watch_delay(endpoints: &[String], trials: usize) -> Result<S
     let client = Client::connect(endpoints, None)
         .await
         .map_err(|e| e.to_string())?;
-    let quiet = run(&client, endpoints, trials, false).await?;
-    let busy = run(&client, endpoints, trials, true).await?;
+    let quiet = run(&client, endpoints, trials, false, 1).await?;
+    let busy = run(&client, endpoints, trials, true, 1).await?;
+    let pair = run(&client, endpoints, trials, true, 2).await?;
     let mut md = String::from(
         "| writes meanwhile | watch created | trials | event after delete p50 µs | p99 µs | max µs | over 10 ms |\n\
          |---|---|---:|---:|---:|---:|---:|\n",
     );
-    for (label, split) in [("none", &quiet), ("2 writers", &busy)] {
+    for (label, split) in [
+        ("none", &quiet),
+        ("2 writers", &busy),
+        ("2 writers, two watches a trial", &pair),
+    ] {
         for (state, v) in [("synced", &split.synced), ("unsynced", &split.unsynced)] {
             md.push_str(&row(label, state, v));
         }
@@ -81,6 +87,7 @@ async fn run(
     endpoints: &[String],
     trials: usize,
     busy: bool,
+    watches: u64,
 ) -> Result<Split, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..if busy { 2 } else { 0 })
@@ -93,7 +100,7 @@ async fn run(
             })
         })
         .collect();
-    let result = trials_of(client, endpoints, trials).await;
+    let result = trials_of(client, endpoints, trials, watches).await;
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         let _ = w.await;
@@ -101,22 +108,37 @@ async fn run(
     result
 }
 
-async fn trials_of(client: &Client, endpoints: &[String], trials: usize) -> Result<Split, String> {
+async fn trials_of(
+    client: &Client,
+    endpoints: &[String],
+    trials: usize,
+    watches: u64,
+) -> Result<Split, String> {
     let mut split = Split::default();
     let mut c = client.clone();
     for i in 0..trials {
         c.put(KEY, "x", None).await.map_err(|e| e.to_string())?;
         let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let mut stream = c.watch(KEY, Some(opts)).await.map_err(|e| e.to_string())?;
-        match stream.message().await {
-            Ok(Some(r)) if r.created() => {}
-            other => return Err(format!("no created response: {other:?}")),
+        for n in 0..watches {
+            if n > 0 {
+                // Another watch on the same stream, once the one before it is created.
+                let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+                stream
+                    .watch(KEY, Some(opts))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            match stream.message().await {
+                Ok(Some(r)) if r.created() => {}
+                other => return Err(format!("no created response: {other:?}")),
+            }
         }
-        // The member's only watch is this one: a slow watcher now is it.
+        // The member's only watches are this trial's: is every one of them slow?
         let unsynced = server_probes::etcd_slow_watchers(endpoints)
             .await
             .ok_or("no /metrics answer")?
-            > 0;
+            >= watches;
         tokio::time::sleep(Duration::from_millis((i as u64 * 7) % 40)).await;
         let sent = Instant::now();
         c.delete(KEY, None).await.map_err(|e| e.to_string())?;
