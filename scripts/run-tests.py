@@ -55,7 +55,6 @@ LANES = {
     # Sentinel deployments of its own: passwords, TLS, Valkey (the shared one has none).
     "lock-redis/sentinel_own": "own-servers",
     "lock-redis/renewals": "own-servers",
-    "lock-redlock/renewals": "own-servers",
     # Three TLS cluster nodes of its own.
     "lock-redis/cluster_tls": "own-servers",
     "lock-zookeeper/clock": "own-servers",

@@ -385,11 +385,6 @@ impl RedisNode {
         &self.target
     }
 
-    /// The book of the leases that renew together on this node's server (`renewals.rs`).
-    pub fn renewals(&self) -> &Arc<crate::renewals::Renewals> {
-        &self.target.renewals
-    }
-
     /// The node's connection for a write that counts only once
     /// [`RedisConfig::with_wait_replicas`]`(n)` replicas acknowledged it (and, with
     /// [`RedisConfig::with_wait_aof`], once the master and that many replicas fsynced it):

@@ -262,10 +262,9 @@ pub mod raw {
         pub use crate::family::*;
     }
     pub use crate::undo::release_any;
-    /// The renew script (one lease or many, of any mode, in one request) and the book of the
-    /// leases of one server that renew together.
+    /// The renew script: one lease or many, of any mode, in one request.
     pub mod renewals {
-        pub use crate::renewals::{renew, Enrolled, Found, Renewable, Renewals, Renewing};
+        pub use crate::renewals::{renew, Renewing};
     }
     /// Whether this build speaks TLS (the `tls` feature): a driver built on this one checks
     /// it where its own URL turns TLS on.

@@ -140,32 +140,26 @@ pub(crate) const MAX_BATCH: usize = 256;
 
 /// The leases of one node that renew together.
 #[derive(Default)]
-pub struct Renewals {
+pub(crate) struct Renewals {
     book: Mutex<HashMap<u64, Entry>>,
     ids: AtomicU64,
     /// One request at a time: a lease that asks while one is under way waits for it, and then
     /// finds whether it was in it.
-    pub sending: tokio::sync::Mutex<()>,
+    pub(crate) sending: tokio::sync::Mutex<()>,
 }
 
 /// What a lease renews: its keys, token (or member), mode, TTL and value key.
 #[derive(Clone)]
-pub struct Renewable {
-    /// The lock's keys.
-    pub keys: Arc<LockKeys>,
-    /// The owner token (exclusive) or the group member.
-    pub token: Arc<str>,
-    /// The lease's mode.
-    pub mode: Mode,
-    /// The TTL each renewal sets.
-    pub ttl: Duration,
-    /// Granted with an election's value: the value key is renewed with the lock.
-    pub valued: bool,
+pub(crate) struct Renewable {
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) token: Arc<str>,
+    pub(crate) mode: Mode,
+    pub(crate) ttl: Duration,
+    pub(crate) valued: bool,
 }
 
 impl Renewable {
-    /// What [`renew`] takes for it.
-    pub fn renewing(&self) -> Renewing<'_> {
+    pub(crate) fn renewing(&self) -> Renewing<'_> {
         Renewing {
             keys: &self.keys,
             token: &self.token,
@@ -203,7 +197,7 @@ impl Entry {
 }
 
 /// What a lease found in the book before asking the server.
-pub enum Found {
+pub(crate) enum Found {
     /// Confirmed at this instant (sent then) on the same server, recently enough.
     Confirmed(Instant),
     /// Refused by the server.
@@ -213,7 +207,7 @@ pub enum Found {
 }
 
 /// A lease's place in the book; leaves it when dropped.
-pub struct Enrolled {
+pub(crate) struct Enrolled {
     id: u64,
     renewals: Arc<Renewals>,
 }
@@ -221,7 +215,7 @@ pub struct Enrolled {
 impl Renewals {
     /// Enrols a lease granted by a request sent at `sent` (the node's switches then). `ahead`:
     /// renewed by a watchdog, until `stop_at` (`max_hold`) if any.
-    pub fn enrol(
+    pub(crate) fn enrol(
         self: &Arc<Self>,
         what: Renewable,
         ahead: Option<Option<Instant>>,
@@ -247,7 +241,7 @@ impl Enrolled {
     /// the node at `switches`: for the watchdog, a confirmation sent within the last quarter of
     /// the TTL on the same server (one on its behalf came at least half a renewal period after
     /// the one it knows; a quarter leaves room for a late timer); by hand, always ask.
-    pub fn found(&self, due: bool, switches: u64) -> Found {
+    pub(crate) fn found(&self, due: bool, switches: u64) -> Found {
         let book = self.renewals.book.lock();
         let Some(e) = book.get(&self.id) else {
             return Found::Ask;
@@ -263,8 +257,8 @@ impl Enrolled {
     }
 
     /// This lease (`me`) first, then those a request sent at `now` renews on its behalf, the
-    /// most overdue first, 256 at most: ids and what to renew.
-    pub fn batch(&self, me: &Renewable, now: Instant) -> Vec<(u64, Renewable)> {
+    /// most overdue first, [`MAX_BATCH`] at most: ids and what to renew.
+    pub(crate) fn batch(&self, me: &Renewable, now: Instant) -> Vec<(u64, Renewable)> {
         let book = self.renewals.book.lock();
         let mut others: Vec<(&u64, &Entry)> = book
             .iter()
@@ -284,7 +278,13 @@ impl Enrolled {
     /// Records the answers of the server a request was sent to at `sent` (switches then):
     /// renewed, or refused. `acknowledged`: with the replicas' acknowledgements asked for
     /// (`wait_replicas`); otherwise only the refusals count.
-    pub fn record(&self, ids: &[u64], renewed: &[bool], sent: (Instant, u64), acknowledged: bool) {
+    pub(crate) fn record(
+        &self,
+        ids: &[u64],
+        renewed: &[bool],
+        sent: (Instant, u64),
+        acknowledged: bool,
+    ) {
         let mut book = self.renewals.book.lock();
         for (id, ok) in ids.iter().zip(renewed) {
             if let Some(e) = book.get_mut(id) {
@@ -298,12 +298,12 @@ impl Enrolled {
     }
 
     /// The lease's release begins: it is renewed on nobody's behalf from here.
-    pub fn leave(&self) {
+    pub(crate) fn leave(&self) {
         self.renewals.book.lock().remove(&self.id);
     }
 
     /// The book this lease is in.
-    pub fn renewals(&self) -> &Renewals {
+    pub(crate) fn renewals(&self) -> &Renewals {
         &self.renewals
     }
 }

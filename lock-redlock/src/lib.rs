@@ -25,12 +25,6 @@
 //!   masters it did extend; release is complete once a majority released. Renewals and
 //!   releases still in flight to slower masters finish in a background task (bounded by the
 //!   per-node timeout), so every master that answers gets them;
-//! - a client's leases renewed by their watchdogs **renew together**, as on one Redis server:
-//!   a round's request to a master renews there, in one script, the client's other such
-//!   leases past half their renewal period, and a watchdog whose lease was so confirmed on a
-//!   majority within the last quarter TTL takes that (valid from the oldest of those
-//!   confirmations' sends, drift subtracted) and sends nothing; a renewal by hand, or one
-//!   short of such a majority, runs a round of its own (docs/backends.md);
 //! - an `acquire` dropped (cancelled, timed out by the caller) after its requests went out
 //!   releases its token on every master in the background, so it leaves no ghost holder;
 //! - waiters wake on release announcements from any master (pub/sub, reusing lock-redis's

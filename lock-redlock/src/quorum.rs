@@ -225,14 +225,12 @@ pub(crate) async fn attempt(
             lock.redlock.quorum = quorum,
             "granted by a majority of the masters"
         );
-        // Renewed with the client's other leases on each master (`lease.rs`).
-        let on = crate::lease::enrol(nodes, keys, &token, &members, ttl, opts, start);
         let ops = RedlockLeaseOps {
             nodes: nodes.clone(),
             keys: keys.clone(),
             token,
             mode,
-            on,
+            members: members.into(),
             ttl,
             drift,
             node_timeout,
