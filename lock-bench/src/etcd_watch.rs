@@ -31,7 +31,8 @@ struct Split {
     missing: usize,
 }
 
-/// Runs `trials` trials quiet and `trials` busy against `endpoints`; the markdown table.
+/// Runs `trials` trials in each condition (quiet; busy; busy with two watches a trial) against
+/// `endpoints`; the markdown table.
 pub(crate) async fn watch_delay(endpoints: &[String], trials: usize) -> Result<String, String> {
     let client = Client::connect(endpoints, None)
         .await
@@ -59,6 +60,11 @@ pub(crate) async fn watch_delay(endpoints: &[String], trials: usize) -> Result<S
         }
     }
     Ok(md)
+}
+
+/// A watch of deletions only, as distlock's waiters ask it.
+fn deletes() -> WatchOptions {
+    WatchOptions::new().with_filters([WatchFilterType::NoPut])
 }
 
 fn row(label: &str, state: &str, v: &[u64]) -> String {
@@ -118,14 +124,15 @@ async fn trials_of(
     let mut c = client.clone();
     for i in 0..trials {
         c.put(KEY, "x", None).await.map_err(|e| e.to_string())?;
-        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let mut stream = c.watch(KEY, Some(opts)).await.map_err(|e| e.to_string())?;
+        let mut stream = c
+            .watch(KEY, Some(deletes()))
+            .await
+            .map_err(|e| e.to_string())?;
         for n in 0..watches {
             if n > 0 {
                 // Another watch on the same stream, once the one before it is created.
-                let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
                 stream
-                    .watch(KEY, Some(opts))
+                    .watch(KEY, Some(deletes()))
                     .await
                     .map_err(|e| e.to_string())?;
             }
