@@ -211,6 +211,11 @@ pub(crate) enum Resend {
     /// certain only where it came from that check, and a write resent after a doubtful
     /// failure could apply twice.
     Refused,
+    /// Also any request whose failure may pass, answered or not (its connection closed under
+    /// it, say): only for requests that do the same however often they land — undoing an
+    /// acquisition, revoking a lease — so that one sent as its connection broke is sent again
+    /// on the next at once, not a back-off later.
+    Idempotent,
 }
 
 /// The first pause before a request is sent again (see [`send`]).
@@ -250,7 +255,9 @@ where
         match answer {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e))
-                if (never_sent(&e) || (resend == Resend::Refused && no_leader(&e)))
+                if (never_sent(&e)
+                    || (resend == Resend::Refused && no_leader(&e))
+                    || (resend == Resend::Idempotent && transient(&e)))
                     && tokio::time::Instant::now() + pause < deadline =>
             {
                 tracing::debug!(error = %scrub(&e, config.secret()), "etcd request not taken; sending it again");
@@ -433,14 +440,11 @@ pub(crate) fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
     use etcd_client::Error as E;
     use tonic::Code;
     let text = scrub(&e, config.secret());
+    if transient(&e) {
+        return Error::unavailable(BACKEND, client(e, config));
+    }
     match &e {
         E::GRpcStatus(s) => match s.code() {
-            Code::Unavailable
-            | Code::DeadlineExceeded
-            | Code::Aborted
-            | Code::ResourceExhausted
-            | Code::Cancelled
-            | Code::Unknown => Error::unavailable(BACKEND, client(e, config)),
             // etcd reports a wrong password, or none where auth is on, as InvalidArgument.
             Code::InvalidArgument
                 if s.message().contains("authentication failed")
@@ -463,10 +467,26 @@ pub(crate) fn map_error(e: etcd_client::Error, config: &EtcdConfig) -> Error {
             ),
             _ => Error::backend(BACKEND, client(e, config)),
         },
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
-            Error::unavailable(BACKEND, client(e, config))
-        }
         _ => Error::backend(BACKEND, client(e, config)),
+    }
+}
+
+/// Whether `e` may pass: the contract's [`Error::Unavailable`] (see [`map_error`]).
+fn transient(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        E::GRpcStatus(s) => matches!(
+            s.code(),
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Aborted
+                | Code::ResourceExhausted
+                | Code::Cancelled
+                | Code::Unknown
+        ),
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
+        _ => false,
     }
 }
 

@@ -217,36 +217,57 @@ pub(crate) async fn enqueue(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<E
         // which `valid_until` reports exactly.
         let full = ttl.saturating_sub(drift(ttl));
         if spare.valid_until.saturating_duration_since(start) >= full.mul_f64(0.9) {
-            if let Ok((put, _)) = put_key(c, req, &key, spare.id, None).await {
-                let lease = WaitingLease::new(name, spare, ttl);
-                return Ok(Enqueued::new(lease, key, put, guard));
+            match put_key(c, req, &key, spare.id, None).await {
+                Ok((put, _)) => {
+                    let lease = WaitingLease::new(name, spare, ttl);
+                    return Ok(Enqueued::new(lease, key, put, guard));
+                }
+                // Not what it seemed (it expired, or a request failed): start over below.
+                Err(e) => return start_over(c, req, guard, e).await,
             }
-            // Not what it seemed (it expired, or a request failed): start over below.
-            drop(guard);
-            return enqueue_new(c, req).await;
         }
         // A keep-alive, then the put: the put's term says which leader answered the
         // keep-alive (`term.rs`).
         let alive = keep_alive(c, spare.id, ttl, config.request_timeout()).await;
         if let Ok(Some(alive)) = alive {
             let answered = Instant::now();
-            if let Ok((put, term)) = put_key(c, req, &key, spare.id, None).await {
-                let mut lease = WaitingLease::new(name, spare, alive.ttl);
-                lease.kept_alive(lease_end(alive.since, alive.ttl), answered);
-                lease.observed(term, answered);
-                return Ok(Enqueued::new(lease, key, put, guard));
+            match put_key(c, req, &key, spare.id, None).await {
+                Ok((put, term)) => {
+                    let mut lease = WaitingLease::new(name, spare, alive.ttl);
+                    lease.kept_alive(lease_end(alive.since, alive.ttl), answered);
+                    lease.observed(term, answered);
+                    return Ok(Enqueued::new(lease, key, put, guard));
+                }
+                Err(e) => return start_over(c, req, guard, e).await,
             }
         }
-        // The spare had expired (or a request failed): the guard revokes it, which also
-        // deletes a key put meanwhile; start over with a new lease.
+        // The spare had expired (or its keep-alive failed): nothing was put on it, and the
+        // guard revokes it as it goes; start over with a new lease.
     }
     enqueue_new(c, req).await
 }
 
-/// Enqueues a key for `req` on the client's shared lease of its TTL (`shared.rs`). A lease confirmed less
-/// than 90 % of its TTL ago gets a keep-alive first (the put's term then vouches for it, as
-/// for a spare); a put that fails drops the lease from use, and the key is put once more on
-/// another.
+/// After a put that failed, enqueues again on a new lease, but only once the failed one's
+/// key is known gone (its undo answered): a put whose answer was lost may have landed, and a
+/// new key queued behind it would wait for its own ghost (a `try_acquire` would answer "held"
+/// with nobody holding). Else `failed`, and the guard keeps undoing in the background.
+async fn start_over(
+    c: &Arc<Cluster>,
+    req: &Acquisition<'_>,
+    mut guard: RevokeGuard,
+    failed: Error,
+) -> Result<Enqueued> {
+    if guard.undone().await {
+        enqueue_new(c, req).await
+    } else {
+        Err(failed)
+    }
+}
+
+/// Enqueues a key for `req` on the client's shared lease of its TTL (`shared.rs`). A lease
+/// confirmed less than 90 % of its TTL ago gets a keep-alive first (the put's term then vouches
+/// for it, as for a spare); a put that fails drops the lease from use, and the key is put once
+/// more on another once the failed one is known gone (as in `start_over`).
 async fn enqueue_shared(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<Enqueued> {
     let (name, mode) = (req.name(), req.mode());
     let mut failure = None;
@@ -274,7 +295,7 @@ async fn enqueue_shared(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<Enque
             tomb: tomb.clone(),
             lease: tenure.id,
         };
-        let guard = RevokeGuard::with(c, undo, ttl);
+        let mut guard = RevokeGuard::with(c, undo, ttl);
         match put_key(c, req, &key, tenure.id, Some(&tomb)).await {
             Ok((put, term)) => {
                 if let Some(at) = answered {
@@ -283,9 +304,13 @@ async fn enqueue_shared(c: &Arc<Cluster>, req: &Acquisition<'_>) -> Result<Enque
                 }
                 return Ok(Enqueued::new(lease, key, put, guard));
             }
-            // The guard makes sure the key is not left behind, should the put have landed.
+            // The put may have landed with its answer lost: put once more only once its key
+            // is known gone (`start_over`), else the guard keeps undoing in the background.
             Err(e) => {
                 c.shared.forget(tenure.id);
+                if !guard.undone().await {
+                    return Err(e);
+                }
                 failure = Some(e);
             }
         }

@@ -73,10 +73,26 @@ impl RevokeGuard {
     /// Undoes now, waiting for one attempt (the caller reports a timeout and its key should be
     /// gone by then); after a failure, keeps trying in the background.
     pub(crate) async fn revoke_now(&mut self) {
-        if let Some(undo) = self.undo.take() {
-            if let Err(e) = undo.run(&self.cluster).await {
+        self.undo_now(Resend::Unsent).await;
+    }
+
+    /// Undoes now, sent again at once after each failure that may pass, for a request timeout
+    /// at most: `true` once answered (or with nothing to undo), when no key of this acquisition
+    /// is left; after a failure, keeps trying in the background and says `false`.
+    pub(crate) async fn undone(&mut self) -> bool {
+        self.undo_now(Resend::Idempotent).await
+    }
+
+    async fn undo_now(&mut self, resend: Resend) -> bool {
+        let Some(undo) = self.undo.take() else {
+            return true;
+        };
+        match undo.run(&self.cluster, resend).await {
+            Ok(()) => true,
+            Err(e) => {
                 tracing::debug!(error = %e, "undoing a contender's acquisition failed; retrying");
                 spawn_undo(self.cluster.clone(), undo, self.expires);
+                false
             }
         }
     }
@@ -91,31 +107,41 @@ impl Drop for RevokeGuard {
 }
 
 impl Undo {
-    async fn run(&self, cluster: &Cluster) -> Result<()> {
+    async fn run(&self, cluster: &Cluster, resend: Resend) -> Result<()> {
         match self {
-            Undo::Lease(id) => revoke(cluster, *id).await,
-            Undo::Key { key, tomb, lease } => undo_put(cluster, key, tomb, *lease).await,
+            Undo::Lease(id) => revoke(cluster, *id, resend).await,
+            Undo::Key { key, tomb, lease } => undo_put(cluster, key, tomb, *lease, resend).await,
         }
     }
 }
 
 /// Runs `undo` in the background, again after each failure that may pass (each is
-/// idempotent), until `expires`.
+/// idempotent: one sent as its connection broke is sent again on the next at once), until
+/// `expires`.
 fn spawn_undo(cluster: Arc<Cluster>, undo: Undo, expires: Instant) {
     let undo = Arc::new(undo);
     retry_in_background(expires, move || {
         let (cluster, undo) = (cluster.clone(), undo.clone());
-        async move { undo.run(&cluster).await }
+        async move { undo.run(&cluster, Resend::Idempotent).await }
     });
 }
 
-async fn revoke(cluster: &Cluster, id: i64) -> Result<()> {
+/// `Ok` once lease `id` is gone, by this revoke or before it (expired, or revoked by a try
+/// whose answer was lost): its keys are gone with it either way. Sent again as `resend` says.
+async fn revoke(cluster: &Cluster, id: i64, resend: Resend) -> Result<()> {
     // Its kept keep-alive stream (if any) goes first: nothing keeps a revoked lease alive.
     cluster.keepers.forget(id);
-    cluster
-        .call(|mut c| async move { c.lease_revoke(id).await })
-        .await
-        .map(|_| ())
+    let config = &cluster.config;
+    let limit = config.request_timeout();
+    let sent = send(config, &cluster.client, limit, resend, |mut c| async move {
+        c.lease_revoke(id).await
+    })
+    .await;
+    match sent {
+        Ok(_) => Ok(()),
+        Err(Unanswered::Failed(e)) if lease_not_found(&e) => Ok(()),
+        Err(e) => Err(mapped(e, config, limit)),
+    }
 }
 
 /// Revokes lease `id` in the background, again after each failure that may pass (a revoke is
@@ -123,7 +149,7 @@ async fn revoke(cluster: &Cluster, id: i64) -> Result<()> {
 pub(crate) fn spawn_revoke(cluster: Arc<Cluster>, id: i64, expires: Instant) {
     retry_in_background(expires, move || {
         let cluster = cluster.clone();
-        async move { revoke(&cluster, id).await }
+        async move { revoke(&cluster, id, Resend::Idempotent).await }
     });
 }
 
@@ -131,7 +157,13 @@ pub(crate) fn spawn_revoke(cluster: Arc<Cluster>, id: i64, expires: Instant) {
 /// one transaction, the key is deleted if it is there, and otherwise its tombstone is put, which
 /// the put requires absent. A lease that is gone needs no tombstone (a put on it cannot land):
 /// then only the key is deleted, wherever it moved.
-pub(crate) async fn undo_put(c: &Cluster, key: &str, tomb: &str, lease: i64) -> Result<()> {
+pub(crate) async fn undo_put(
+    c: &Cluster,
+    key: &str,
+    tomb: &str,
+    lease: i64,
+    resend: Resend,
+) -> Result<()> {
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([TxnOp::put(
@@ -141,7 +173,7 @@ pub(crate) async fn undo_put(c: &Cluster, key: &str, tomb: &str, lease: i64) -> 
         )])
         .or_else([TxnOp::delete(key, None)]);
     let limit = c.config.request_timeout();
-    let sent = send(&c.config, &c.client, limit, Resend::Unsent, |mut cl| {
+    let sent = send(&c.config, &c.client, limit, resend, |mut cl| {
         let txn = txn.clone();
         async move { cl.txn(txn).await }
     })

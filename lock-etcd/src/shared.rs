@@ -303,6 +303,7 @@ impl SharedLeases {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
     use super::*;
+    use crate::client::Resend;
     use crate::grant::shared_lease;
     use crate::layout::{shared_key, tombstone};
     use crate::revoke::undo_put;
@@ -331,7 +332,9 @@ mod tests {
             if put_first {
                 admin.put(key.as_str(), "", on_lease()).await.unwrap();
             }
-            undo_put(c, &key, &tomb, tenure.id).await.unwrap();
+            undo_put(c, &key, &tomb, tenure.id, Resend::Unsent)
+                .await
+                .unwrap();
             let key_left = exists(admin.get(key.as_str(), None).await.unwrap());
             let tomb_left = exists(admin.get(tomb.as_str(), None).await.unwrap());
             assert!(!key_left, "the undo left the key (put first: {put_first})");
