@@ -1,7 +1,7 @@
 //! The backend half of a held Redlock lock: renew and release, each a round decided at a
 //! majority; the masters that have not answered yet still get the request.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -26,6 +26,26 @@ pub(crate) struct RedlockLeaseOps {
     pub(crate) drift: Duration,
     pub(crate) node_timeout: Duration,
     pub(crate) quorum: usize,
+    /// Until when a majority holds the token by this client's own reckoning: the grant's
+    /// validity, then each confirmed renewal's. A release short of a majority reads it.
+    pub(crate) valid_until: Mutex<Instant>,
+}
+
+impl RedlockLeaseOps {
+    fn valid_until(&self) -> Instant {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn extend_validity(&self, until: Instant) {
+        let mut v = self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *v = (*v).max(until);
+    }
 }
 
 #[async_trait]
@@ -70,7 +90,9 @@ impl LeaseOps for RedlockLeaseOps {
             .checked_sub(start.elapsed() + self.drift)
             .unwrap_or_default();
         if extended >= self.quorum && !validity.is_zero() {
-            return Ok(start + self.ttl.saturating_sub(self.drift));
+            let until = start + self.ttl.saturating_sub(self.drift);
+            self.extend_validity(until);
+            return Ok(until);
         }
         // Masters that were extended stay extended: undoing them would only shorten a lease
         // that a later renewal may still save.
@@ -93,10 +115,21 @@ impl LeaseOps for RedlockLeaseOps {
         // The lock is free once a majority released it; the slower masters are released in
         // the background (or their keys expire).
         rest.finish_in_background();
+        let lapsed = Instant::now() >= self.valid_until();
         if released >= self.quorum {
             Ok(())
-        } else if not_held > self.nodes.len() - self.quorum || released + not_held >= self.quorum {
+        } else if not_held > self.nodes.len() - self.quorum {
+            // Fewer than a majority can have held the token: lost (expired, broken, taken).
             Err(Error::not_held(&self.keys.name()))
+        } else if released + not_held >= self.quorum {
+            // The token is off a majority now, and the silent masters may have held it to the
+            // end. While the lease was valid a majority held it, so this was a release; past
+            // its validity the lease may have lapsed before it.
+            if lapsed {
+                Err(Error::not_held(&self.keys.name()))
+            } else {
+                Ok(())
+            }
         } else {
             Err(Error::QuorumNotReached {
                 granted: released,

@@ -225,6 +225,7 @@ pub(crate) async fn attempt(
             lock.redlock.quorum = quorum,
             "granted by a majority of the masters"
         );
+        let valid_until = start + ttl.saturating_sub(drift);
         let ops = RedlockLeaseOps {
             nodes: nodes.clone(),
             keys: keys.clone(),
@@ -235,13 +236,14 @@ pub(crate) async fn attempt(
             drift,
             node_timeout,
             quorum,
+            valid_until: std::sync::Mutex::new(valid_until),
         };
         return Ok(Attempt::Granted(Box::new(ManagedLease::new(
             name.clone(),
             Grant {
                 token: None,
                 ttl,
-                valid_until: start + ttl.saturating_sub(drift),
+                valid_until,
             },
             opts.renewal,
             ops,

@@ -14,10 +14,8 @@ use lock_redis::raw::scripts::LockKeys;
 use lock_redis::{RedisConfig, DEFAULT_PREFIX};
 use lock_redlock::{RedlockConfig, RedlockLock};
 
-/// The five masters' ports (`redlock1` to `redlock5` of `scripts/servers.tsv`).
-fn ports() -> [u16; 5] {
-    test_support::servers::numbered("redlock")
-}
+mod support;
+use support::ports;
 
 fn config() -> RedlockConfig {
     RedlockConfig::new(
@@ -43,11 +41,7 @@ async fn patient() -> RedlockLock {
 /// Writes `value` as the lock key of `name` on the master at `port`, as a racer's partial grant
 /// would be, expiring after `ttl`.
 async fn plant(port: u16, name: &LockName, value: &str, ttl: Duration) {
-    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut c = support::direct_conn(port).await;
     let keys = LockKeys::new(DEFAULT_PREFIX, name);
     let _: () = redis::cmd("SET")
         .arg(&keys.lock)
