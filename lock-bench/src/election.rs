@@ -232,5 +232,6 @@ pub(crate) async fn failovers(
         ops_per_sec: h.len() as f64 / start.elapsed().as_secs_f64(),
         ops: h.len(),
         requests_per_op: None,
+        errors: 0,
     })
 }

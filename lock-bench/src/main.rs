@@ -226,6 +226,8 @@ struct Row {
     ratio: Option<f64>,
     /// Requests the server processed per measured operation (where the server counts them).
     server_requests_per_op: Option<f64>,
+    /// Operations that ended in an error over every run (throughput), not in `ops_per_sec`.
+    errors: u64,
 }
 
 impl Row {
@@ -247,6 +249,7 @@ impl Row {
             ops_per_sec: sum.ops_per_sec,
             ratio,
             server_requests_per_op: sum.requests_per_op,
+            errors: sum.errors,
         }
     }
 }
@@ -453,6 +456,15 @@ fn table(args: &Args, rows: &[Row]) -> String {
             },
             f(r.server_requests_per_op),
             ratio
+        );
+    }
+    for r in rows.iter().filter(|r| r.errors > 0) {
+        let _ = writeln!(
+            out,
+            "\n{} ({}): {} operations ended in an error over the runs, not counted in ops/s.",
+            r.subject,
+            value_name(&r.scenario),
+            r.errors
         );
     }
     out
