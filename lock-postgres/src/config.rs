@@ -41,6 +41,7 @@ pub struct PgConfig {
     session_timeout: Duration,
     table: String,
     shared_sessions: usize,
+    shared_waits: bool,
 }
 
 impl PgConfig {
@@ -60,6 +61,7 @@ impl PgConfig {
             session_timeout: Duration::from_secs(6),
             table: "distlock_fencing".into(),
             shared_sessions: 0,
+            shared_waits: false,
         }
     }
 
@@ -73,7 +75,8 @@ impl PgConfig {
     /// for "no limit" is refused), `application_name`, and distlock's own
     /// `session_timeout_ms` (how long the server keeps the session, and its locks, of a
     /// client that vanished), `table` (the fencing counter's table, `[schema.]name`) and
-    /// `shared_sessions` (see [`with_shared_sessions`](Self::with_shared_sessions)); the
+    /// `shared_sessions` (see [`with_shared_sessions`](Self::with_shared_sessions)) and
+    /// `shared_waits` (see [`with_shared_waits`](Self::with_shared_waits)); the
     /// table is [`PgConfig::URL_PARAMS`]. Unknown or repeated parameters are refused, and so is
     /// one given under both its spellings.
     ///
@@ -169,6 +172,9 @@ impl PgConfig {
         Param::new("table", |c: Self, v| c.with_table(v.raw())),
         Param::new("shared_sessions", |c: Self, v| {
             c.with_shared_sessions(v.number()?)
+        }),
+        Param::new("shared_waits", |c: Self, v| {
+            Ok(c.with_shared_waits(v.flag()?))
         }),
     ];
 
@@ -273,6 +279,35 @@ impl PgConfig {
         }
         self.shared_sessions = n;
         Ok(self)
+    }
+
+    /// Whether a client's waiters of one name take turns on one waiting session. See
+    /// [`with_shared_waits`](Self::with_shared_waits).
+    pub fn shared_waits(&self) -> bool {
+        self.shared_waits
+    }
+
+    /// A client's waiters of one name take turns: at most one of them waits on the server (on
+    /// a session, which the server's lock queue blocks), the others queue in the client in
+    /// the order they came, and each goes to the server once the one before it was granted or
+    /// gave up. Waiters cost a session per name waited on, not a session each: 50 tasks
+    /// waiting for one job's lock take one connection, not 50. A granted waiter still keeps
+    /// its session while it holds the lock. The price is the order between clients: a
+    /// client's next waiter joins the server's queue only when the one before it was granted,
+    /// so another client's waiter that came in between goes first, and
+    /// [`Capabilities::fifo`](lock_core::Capabilities) is `false`. Off by default.
+    ///
+    /// ```
+    /// use lock_postgres::PgConfig;
+    /// let c = PgConfig::from_url("postgres://app@db/app?shared_waits=true")?;
+    /// assert!(c.shared_waits());
+    /// assert!(!PgConfig::new("db").shared_waits());
+    /// assert!(PgConfig::from_url("postgres://app@db/app?shared_waits=maybe").is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn with_shared_waits(mut self, on: bool) -> Self {
+        self.shared_waits = on;
+        self
     }
 
     /// The most sessions [`with_shared_sessions`](Self::with_shared_sessions) takes: the

@@ -141,6 +141,7 @@ mod lock;
 mod pooler;
 mod session;
 mod shared;
+mod waits;
 
 pub use client::advisory_key;
 pub use config::PgConfig;

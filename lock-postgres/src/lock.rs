@@ -54,6 +54,8 @@ pub(crate) struct Inner {
     /// Shared with the leases, which give their sessions back to its pool.
     pub(crate) opener: Arc<Opener>,
     pub(crate) caps: Capabilities,
+    /// Waiters' turns per name (`shared_waits`).
+    turns: crate::waits::Turns,
 }
 
 impl PgLock {
@@ -84,7 +86,7 @@ impl PgLock {
             inner: Arc::new(Inner {
                 caps: Capabilities::new()
                     .with_fencing(Fencing::Strict)
-                    .with_fifo(true)
+                    .with_fifo(!opener.config.shared_waits())
                     .with_inspect(true)
                     .with_per_lock_ttl(false)
                     .with_outlives_connection(false)
@@ -99,6 +101,7 @@ impl PgLock {
                     .with_permits(true)
                     // The holder's value in its counter row (`election`).
                     .with_election(valued),
+                turns: crate::waits::Turns::new(opener.config.shared_waits()),
                 opener: Arc::new(opener),
             }),
         })
@@ -502,6 +505,10 @@ impl DistributedLock for PgLock {
             // Busy: the wait takes a session of its own (a waiting session serves nothing
             // else), and keeps it while it holds the lock.
         }
+        // With `shared_waits`, it waits on the server only in its turn (`waits.rs`).
+        let Some(_turn) = self.inner.turns.wait(&req).await else {
+            return Ok(None);
+        };
         let (session, reused) = self.session().await?;
         match self.contend_on(session, req).await {
             Err(e) if reused && e.is_retryable() && !req.deadline().passed() => {

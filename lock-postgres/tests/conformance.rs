@@ -2,7 +2,9 @@
 //! `postgres://locker@{pg}/postgres`, from `scripts/services.sh up`), with the
 //! password server `pg-auth` and, with the `tls` feature, the TLS-only `pg-tls` for the
 //! `security` cases. Run twice: a session per lock (the default, unprefixed) and
-//! `shared_sessions::`, where locks granted at once share at most 2 sessions.
+//! `shared_sessions::`, where locks granted at once share at most 2 sessions and a client's
+//! waiters of one name take turns on one waiting session (`shared_waits`; no FIFO promise
+//! between clients, so the FIFO cases run only in the default run).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::process::ExitCode;
@@ -155,10 +157,11 @@ impl Harness for Pg {
                 let hosts: Vec<String> = keep.iter().map(|p| p.addr().to_string()).collect();
                 config = PgConfig::from_url(&format!(
                     "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={}\
-                     &shared_sessions={}",
+                     &shared_sessions={}&shared_waits={}",
                     hosts.join(","),
                     config.session_timeout().as_millis(),
-                    config.shared_sessions()
+                    config.shared_sessions(),
+                    config.shared_waits()
                 ))?;
                 Ok(Faulty::new(Arc::new(PgLock::connect(config).await?), keep))
             }
@@ -185,7 +188,8 @@ fn main() -> ExitCode {
         Arc::new(Pg {
             config: config
                 .with_shared_sessions(SHARED)
-                .expect("shared sessions"),
+                .expect("shared sessions")
+                .with_shared_waits(true),
             servers,
             reads: AtomicU64::new(0),
             secured: false,

@@ -2,10 +2,12 @@
 //! outside a client. Many held locks on few connections; a client never granted a name twice
 //! because advisory locks are re-entrant in a session; a grant whose caller is gone is undone;
 //! a shared session's end loses exactly the leases on it; an abandoned lease frees its lock
-//! while its session lives on. Against the `pg` server of `scripts/services.sh`.
+//! while its session lives on. And `shared_waits=true`: a client's waiters of one name wait on
+//! one session, in turns. Against the `pg` server of `scripts/services.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
@@ -236,4 +238,102 @@ async fn an_abandoned_lease_frees_its_lock_and_spares_the_session() {
     tokio::time::sleep(Duration::from_millis(SESSION_MS / 2)).await;
     assert_eq!(stays.state(), LeaseState::Held);
     stays.release().await.unwrap();
+}
+
+/// How many requests for `name`'s advisory key wait on the server now.
+async fn waiting(c: &tokio_postgres::Client, name: &LockName) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+         AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = $1",
+        &[&advisory_key(name)],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Eight waiters of one name in one client, then the holder (another client) lets go: how many
+/// wait on the server meanwhile, and the order they were granted in. The first waiter is
+/// cancelled before the release when `cancel_first`.
+async fn eight_waiters(shared_waits: bool, cancel_first: bool) -> (i64, Vec<usize>) {
+    let holder = PgLock::from_url(&url(0)).await.unwrap();
+    let waiters = Arc::new(
+        PgLock::from_url(&format!("{}&shared_waits={shared_waits}", url(0)))
+            .await
+            .unwrap(),
+    );
+    let name = fresh_name("shared-waits");
+    let held = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (w, n, order) = (waiters.clone(), name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let l = w.acquire(&n, &opts()).await.unwrap();
+            order.lock().unwrap().push(i);
+            l.release().await.unwrap();
+        }));
+        // Arrival order: each waiter on its way before the next comes.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every waiter that goes to the server at once is there within 3 s (a new session each).
+    let admin = sql().await;
+    let expected = if shared_waits { 1 } else { 8 };
+    let settled = Instant::now() + Duration::from_secs(3);
+    while waiting(&admin, &name).await < expected && Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let on_server = waiting(&admin, &name).await;
+    // A waiter behind the turn with a deadline gives up at it with `Timeout`, not later.
+    let started = Instant::now();
+    let late = waiters
+        .acquire(&name, &opts().wait_for(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(late, Err(lock_core::Error::Timeout { .. }))
+            && started.elapsed() < Duration::from_millis(1500),
+        "a waiter with a 300 ms wait: {:?} after {:?}",
+        late.map(|l| l.fencing_token()),
+        started.elapsed()
+    );
+    if cancel_first {
+        tasks.remove(0).abort();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    held.release().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("a waiter not granted within 10 s of the release")
+            .unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    (on_server, order)
+}
+
+/// With `shared_waits`, eight waiters of one name cost one waiting request on the server (eight
+/// without: which shows the count is the server's), and are granted in the order they came
+/// (the turns' order: each takes its place before it opens a session).
+#[tokio::test]
+async fn shared_waits_put_one_waiter_per_name_on_the_server_in_arrival_order() {
+    // (Their order is the server's, by when each one's new session got there.)
+    let (apart, _) = eight_waiters(false, false).await;
+    assert_eq!(apart, 8, "waiting requests without shared_waits");
+    let (shared, order) = eight_waiters(true, false).await;
+    assert_eq!(shared, 1, "waiting requests with shared_waits");
+    assert_eq!(
+        order,
+        (0..8).collect::<Vec<_>>(),
+        "turns out of arrival order"
+    );
+}
+
+/// A waiter cancelled while it waits on the server with the turn gives the turn to the next:
+/// the others are all granted, in order.
+#[tokio::test]
+async fn a_cancelled_waiter_passes_its_turn_on() {
+    let (shared, order) = eight_waiters(true, true).await;
+    assert_eq!(shared, 1, "waiting requests with shared_waits");
+    assert_eq!(order, (1..8).collect::<Vec<_>>(), "the rest, in order");
 }
