@@ -14,6 +14,9 @@
 # picks the modes the names are taken in: mixed (default: a third each exclusive, read-write,
 # semaphores), exclusive, read-write (shared 3 times in 5), permits (semaphores of 2): a soak
 # of one primitive (100,000 shared grants take DISTLOCK_SOAK_GRANTS=170000 in read-write).
+# DISTLOCK_SOAK_SHARERS=k puts the clients without a breakable link on shared connections, k
+# to each (default 1: none shared): one client's several leases at once, its waiters of one
+# name together.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

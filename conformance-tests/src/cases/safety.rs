@@ -24,8 +24,9 @@ pub async fn history_is_clean(h: &dyn Harness) -> Result<(), Failure> {
 
 /// The soak (not a case: [`trials`](crate::trials) lists it as `safety::soak`, ignored unless
 /// asked for): [`Workload::soak`] with `DISTLOCK_SOAK_GRANTS` grants (default 100,000), the
-/// seed of `DISTLOCK_SAFETY_SEED` and the family of `DISTLOCK_SOAK_FAMILY` ([`Family::named`];
-/// default mixed). Prints the report's summary and, where `DISTLOCK_SOAK_OUT`
+/// seed of `DISTLOCK_SAFETY_SEED`, the family of `DISTLOCK_SOAK_FAMILY` ([`Family::named`];
+/// default mixed) and `DISTLOCK_SOAK_SHARERS` clients on each shared connection
+/// ([`Workload::sharers`]; default 1, none shared). Prints the report's summary and, where `DISTLOCK_SOAK_OUT`
 /// names a path prefix, writes `<prefix>.svg` (the timeline) and `<prefix>.md` (a table row
 /// for RELIABILITY.md, labelled `DISTLOCK_SOAK_LABEL`, else `label`).
 pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
@@ -44,6 +45,12 @@ pub async fn soak(h: &dyn Harness, label: &str) -> Result<(), Failure> {
                 "DISTLOCK_SOAK_FAMILY={name:?}: mixed, exclusive, read-write or permits"
             ))
         })?;
+    }
+    if let Ok(n) = std::env::var("DISTLOCK_SOAK_SHARERS") {
+        w.sharers =
+            n.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                Failure(format!("DISTLOCK_SOAK_SHARERS={n:?}: a number, 1 or more"))
+            })?;
     }
     let report = run(h, &w).await?;
     eprintln!("soak: {}", report.summary());

@@ -42,6 +42,7 @@ mod observers;
 mod overlap;
 mod polled;
 mod report;
+mod sharing;
 mod store;
 mod timeline;
 mod violation;

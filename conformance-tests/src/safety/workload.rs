@@ -18,6 +18,7 @@ use super::nemesis::{Nemesis, Rng, FAULT_KINDS};
 use super::observers::Observers;
 use super::polled::Polled;
 use super::report::{loss_to_signal, Report};
+use super::sharing::sharing;
 use super::store::FencedStore;
 use crate::{fresh_name, Failure, Fault, Harness, Link, Timing};
 
@@ -60,6 +61,11 @@ pub struct Workload {
     pub two_at_once: bool,
     /// The modes the clients take the names in ([`Family`]).
     pub family: Family,
+    /// How many of the clients without a breakable link share one connection (`1`: none
+    /// share). Each still records its own history, one operation at a time; what they share
+    /// is the lock object, as tasks of one service do — several leases of one client at once,
+    /// renewed by it together, and its waiters of one name queued together.
+    pub sharers: usize,
 }
 
 impl Workload {
@@ -82,6 +88,7 @@ impl Workload {
             fault_kinds: None,
             two_at_once: false,
             family: Family::Mixed,
+            sharers: 1,
         }
     }
 
@@ -105,6 +112,7 @@ impl Workload {
             fault_kinds: None,
             two_at_once: true,
             family: Family::Mixed,
+            sharers: 1,
         }
     }
 }
@@ -172,6 +180,14 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         } else {
             None
         };
+        // Without a link (a cut of a shared link would strike clients it does not name), the
+        // clients go in groups of `sharers` on the first one's connection.
+        if let Some(first) = sharing(i, faulty.is_some(), w.sharers) {
+            if let Some(lock) = clients.get(first).cloned() {
+                clients.push(lock);
+                continue;
+            }
+        }
         let lock = match faulty {
             Some(f) => {
                 let f = f.map_err(|e| Failure(format!("could not create a faulty client: {e}")))?;
