@@ -34,6 +34,8 @@ struct Shared {
     accepted: AtomicU64,
     /// The client addresses of the connections open now (see [`FaultProxy::witness`]).
     open: Mutex<HashSet<SocketAddr>>,
+    /// Those of them that are witnesses, closed last at a cut.
+    witnesses: Mutex<HashSet<SocketAddr>>,
     /// See [`FaultProxy::lose_replies`]: the bytes to look for and how many more times.
     trap: Mutex<Option<(Vec<u8>, u32)>>,
     /// See [`FaultProxy::server_keepalive`].
@@ -102,6 +104,7 @@ impl FaultProxy {
             bytes_down: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             open: Mutex::new(HashSet::new()),
+            witnesses: Mutex::new(HashSet::new()),
             trap: Mutex::new(None),
             keepalive: Mutex::new(None),
         });
@@ -241,13 +244,21 @@ impl FaultProxy {
         self.shared.bytes_down.load(Ordering::Relaxed)
     }
 
+    /// Connections open now, witnesses not counted.
+    pub fn open_connections(&self) -> usize {
+        let witnesses = self.shared.witnesses.lock().clone();
+        let open = self.shared.open.lock();
+        open.iter().filter(|a| !witnesses.contains(a)).count()
+    }
+
     /// Connections accepted so far (reconnects show up here).
     pub fn connections(&self) -> u64 {
         self.shared.accepted.load(Ordering::Relaxed)
     }
 
-    /// A plain connection through this proxy, read by a thread of its own: when this process
-    /// could first see the next [`cut`](Self::cut), whatever its other threads are doing. A
+    /// A plain connection through this proxy, read by a thread of its own, which the proxy
+    /// closes after every other connection at a cut: when this process could first see the
+    /// whole of the next [`cut`](Self::cut), whatever its other threads are doing. A
     /// cut's notice by a client of the proxy is late by this much before any work of that
     /// client's own (the machine's load: up to 112 ms measured with eight test lanes on two
     /// cores). Wait for [`Witness::armed`] before the cut.
@@ -264,7 +275,13 @@ impl FaultProxy {
     /// ```
     pub fn witness(&self) -> Witness {
         let shared = self.shared.clone();
-        Witness::through(self.addr, move |me| shared.open.lock().contains(&me))
+        Witness::through(self.addr, move |me| {
+            let held = shared.open.lock().contains(&me);
+            if held {
+                shared.witnesses.lock().insert(me);
+            }
+            held
+        })
     }
 }
 
@@ -304,8 +321,9 @@ async fn accept_loop(
                     shared.open.lock().insert(peer);
                     let shared = shared.clone();
                     tokio::spawn(async move {
-                        connection(client, upstream, &shared, cuts, stop).await;
+                        connection(client, peer, upstream, &shared, cuts, stop).await;
                         shared.open.lock().remove(&peer);
+                        shared.witnesses.lock().remove(&peer);
                     });
                 }
             }
@@ -316,6 +334,7 @@ async fn accept_loop(
 
 async fn connection(
     client: TcpStream,
+    peer: SocketAddr,
     upstream: SocketAddr,
     shared: &Shared,
     mut cuts: watch::Receiver<u64>,
@@ -343,12 +362,38 @@ async fn connection(
     };
     // Biased: a cut that comes with a heal (held-back bytes released at the same moment) must
     // drop those bytes, never let them through.
+    let cut = async {
+        let _ = cuts.changed().await;
+        if shared.witnesses.lock().contains(&peer) {
+            after_the_others(shared).await;
+        }
+    };
     tokio::select! {
         biased;
-        _ = cuts.changed() => {}
+        _ = cut => {}
         _ = shutdown.changed() => {}
         _ = linger => {}
         _ = work => {}
+    }
+}
+
+/// A witness's connection closes last at a cut: once every other connection open at the cut
+/// was closed (or 100 ms passed), so its close tells when the whole cut was made. A thread
+/// descheduled halfway through the cut's closes would otherwise let the witness see it before
+/// the server or the client of another connection could (a loaded two-core machine).
+async fn after_the_others(shared: &Shared) {
+    let witnesses = shared.witnesses.lock().clone();
+    let others: Vec<SocketAddr> = (shared.open.lock().iter())
+        .filter(|a| !witnesses.contains(a))
+        .copied()
+        .collect();
+    let give_up = std::time::Instant::now() + Duration::from_millis(100);
+    while std::time::Instant::now() < give_up && {
+        let open = shared.open.lock();
+        others.iter().any(|a| open.contains(a))
+    } {
+        // The other connections' tasks were woken by the same cut, on this thread's runtime.
+        tokio::task::yield_now().await;
     }
 }
 

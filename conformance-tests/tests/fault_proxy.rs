@@ -208,3 +208,28 @@ async fn a_witness_sees_a_cut_and_nothing_else() {
     assert_eq!(quiet.seen().await, None, "no cut, nothing seen");
     proxy.heal();
 }
+
+/// A witness sees a cut only once the proxy has closed every other connection: the moment it
+/// gives is when the whole cut was made, not its first close. Its connection is the oldest, so
+/// without that order it would be closed first, while 200 others are still open.
+#[tokio::test]
+async fn a_witness_sees_a_cut_after_every_other_connection_closed() {
+    let proxy = FaultProxy::start(echo_server().await).unwrap();
+    for round in 0..5 {
+        let mut witness = proxy.witness();
+        assert!(witness.armed().await, "round {round}: witness not armed");
+        let mut clients = Vec::new();
+        for _ in 0..200 {
+            let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+            roundtrip(&mut c, b"held").await.unwrap();
+            clients.push(c);
+        }
+        proxy.cut();
+        witness.seen().await.expect("the witness saw no cut");
+        assert_eq!(
+            proxy.open_connections(),
+            0,
+            "round {round}: connections still open when the witness saw the cut"
+        );
+    }
+}

@@ -25,7 +25,7 @@ const CUT_SETTLE: Duration = Duration::from_millis(1);
 /// grant — not a belief that starts again — returned after that cut; and the earlier holder's
 /// belief ended within `CUT_NOTICE` of the moment this process could first see the cut: the
 /// cut, or where the nemesis had a witness on the link ([`Op::CutSeen`]: a plain connection
-/// cut with the holder's, read by a thread of its own) when the witness saw it. On a loaded
+/// cut with the holder's, after it, read by a thread of its own) when the witness saw it. On a loaded
 /// machine the whole process learns of a cut late (a witness up to 112 ms, measured with
 /// eight test lanes on two cores); `CUT_NOTICE` is what the driver may add to that, never the
 /// machine's load. Anything else, an overlap between two clients neither of which was cut

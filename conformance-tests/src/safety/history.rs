@@ -99,9 +99,9 @@ pub enum Op {
     /// is its connection's session, this is when the server may free the lock.
     Cut,
     /// The nemesis's witness of the client's last [`Op::Cut`] — a plain connection over the
-    /// same link, read by a thread of its own — saw it close: the earliest this process could
-    /// see the cut, later than the cut by the machine's load. A cut race's notice counts from
-    /// here ([`CUT_NOTICE`](super::CUT_NOTICE)).
+    /// same link, read by a thread of its own and closed after the link's other connections —
+    /// saw it close: the earliest this process could see the whole cut, later than the cut by
+    /// the machine's load. A cut race's notice counts from here ([`CUT_NOTICE`](super::CUT_NOTICE)).
     CutSeen,
     /// A fault began (nemesis).
     Fault {
