@@ -221,7 +221,8 @@ impl Report {
 
     /// The history around `v`, one event a line: every event of the clients whose leases it
     /// involves, and every fault and heal, from the earliest of their acquisitions to just
-    /// after it (the last 60 of them), times relative to the history's start. For a name that
+    /// after it (the last 40 up to it and the first 20 after), times relative to the history's
+    /// start. For a name that
     /// was not granted again (no lease involved): every event on that name, and every fault
     /// and heal, from its last grant before the last heal to its first grant after it (or the
     /// end), in three parts of at most 15, 30 and 15 lines: the first 3 and last 12 before the
@@ -301,7 +302,13 @@ impl Report {
                 (shown.len() - window, 0, EVIDENCE_LINES / 4),
             ]
         } else {
-            vec![(shown.len(), 0, EVIDENCE_LINES)]
+            // What led up to the violation first (the grants, the faults just before); then
+            // the start of what followed, which a busy client fills fast.
+            let before = shown.iter().filter(|e| e.at <= v.at).count();
+            vec![
+                (before, 0, EVIDENCE_LINES * 2 / 3),
+                (shown.len() - before, EVIDENCE_LINES / 3, 0),
+            ]
         };
         let mut keep = Vec::with_capacity(shown.len());
         for (len, head, tail) in parts {

@@ -81,6 +81,59 @@ fn evidence_shows_the_clients_involved_and_the_faults() {
     assert!(failure.to_string().contains(&text), "{failure}");
 }
 
+/// An overlap followed by a busy client's hundred events within the window after it: the
+/// evidence still shows the fault and the grant that made the overlap, not only what followed
+/// (a failed Redlock soak's report once showed 60 lines after the violation and none before).
+#[test]
+fn evidence_of_an_overlap_shows_what_led_to_it_before_what_followed() {
+    let t0 = Instant::now();
+    let us = |u: u64| t0 + Duration::from_micros(u);
+    let ev = |u: u64, client: usize, name: usize, op: Op| Event {
+        at: us(u),
+        client,
+        name,
+        op,
+    };
+    let granted = |lease, u| Op::Granted {
+        lease,
+        token: None,
+        valid_until: us(u),
+    };
+    let mut events = vec![
+        ev(0, 0, 0, Op::Acquire),
+        ev(10, 0, 0, granted(1, 900_000)),
+        ev(
+            20_000,
+            NOBODY,
+            NOBODY,
+            Op::Fault {
+                what: "freeze server redlock2 for 400ms".into(),
+            },
+        ),
+        ev(30_000, 1, 0, Op::Acquire),
+        ev(40_000, 1, 0, granted(2, 900_000)),
+    ];
+    // Client 1 goes on with other names, 100 times in the next 90 ms.
+    for i in 0..50u64 {
+        let lease = 10 + i;
+        events.push(ev(41_000 + i * 1_800, 1, 1, Op::Acquire));
+        events.push(ev(41_500 + i * 1_800, 1, 1, granted(lease, 2_000_000)));
+    }
+    let report = checked(events, false, Duration::from_secs(5), us(2_000_000));
+    let first = report.violations.first().expect("an overlap");
+    let text = report.evidence(first);
+    assert_shows(
+        &text,
+        &[
+            "freeze server redlock2",
+            "0.0400 client 1 name 0: granted lease 2",
+            "client 1 name 1: granted lease 10",
+        ],
+        &[],
+    );
+    assert!(text.lines().count() <= 63, "too long:\n{text}");
+}
+
 /// A name not granted again after the last heal: the evidence shows what happened on that
 /// name since its last grant (the holder that never let go, the waiter refused) and the
 /// heal, and nothing of another name.
