@@ -337,3 +337,45 @@ async fn a_cancelled_waiter_passes_its_turn_on() {
     assert_eq!(shared, 1, "waiting requests with shared_waits");
     assert_eq!(order, (1..8).collect::<Vec<_>>(), "the rest, in order");
 }
+
+/// A granted waiter gives its turn up at the grant, not at its release: while it holds the
+/// lock, the client's next waiter of that name already waits on the server (its place in the
+/// server's queue kept), so the hand-off costs no extra round trip.
+#[tokio::test]
+async fn the_next_waiter_is_on_the_server_while_the_one_before_holds() {
+    let holder = PgLock::from_url(&url(0)).await.unwrap();
+    let waiters = Arc::new(
+        PgLock::from_url(&format!("{}&shared_waits=true", url(0)))
+            .await
+            .unwrap(),
+    );
+    let name = fresh_name("shared-waits-turn");
+    let held = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let (w1, w2) = (waiters.clone(), waiters.clone());
+    let (n1, n2) = (name.clone(), name.clone());
+    let first = tokio::spawn(async move { w1.acquire(&n1, &opts()).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn(async move { w2.acquire(&n2, &opts()).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the first waiter not granted within 5 s of the release")
+        .unwrap();
+    let admin = sql().await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while waiting(&admin, &name).await < 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        waiting(&admin, &name).await,
+        1,
+        "while the first waiter holds the lock, the second is not waiting on the server"
+    );
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second waiter not granted within 5 s of the first's release")
+        .unwrap();
+    second.release().await.unwrap();
+}
