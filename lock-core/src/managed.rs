@@ -248,7 +248,6 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
             // Lost by the clock alone (no watchdog saw it): said now, before the release.
             self.shared.telemetry.lost(LossReason::Expired, None);
         }
-        let until = self.shared.tracker.valid_until();
         let result = async {
             // After a renewal in flight, never across it. Only the watchdog renews beside
             // the lease's owner, who gave the lease up to call this: without one there is
@@ -257,6 +256,8 @@ impl<O: LeaseOps> Lease for ManagedLease<O> {
                 true => Some(self.shared.gate.lock().await),
                 false => None,
             };
+            // Read once the watchdog stopped: a renewal it finished counts.
+            let until = self.shared.tracker.valid_until();
             release_with_retries(self.shared.ops.clone(), until).await
         }
         .instrument(span.clone())

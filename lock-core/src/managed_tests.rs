@@ -26,7 +26,7 @@ impl LeaseOps for Arc<SessionOps> {
         }
         Ok(Instant::now() + Duration::from_millis(300))
     }
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         let lost = self.signal.lock().as_ref().map(LostSignal::is_lost);
         *self.lost_when_freed.lock() = lost;
         Ok(())
@@ -49,7 +49,7 @@ impl LeaseOps for HangingOps {
     async fn renew(&self) -> Result<Instant> {
         std::future::pending().await
     }
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         Ok(())
     }
 }
@@ -107,7 +107,7 @@ impl LeaseOps for FlakyRelease {
     async fn renew(&self) -> Result<Instant> {
         Ok(Instant::now() + Duration::from_secs(1))
     }
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         let n = self.attempts.fetch_add(1, Ordering::SeqCst);
         if n < self.failures {
             return Err(Error::unavailable("test", "broken pipe"));
@@ -314,7 +314,7 @@ impl LeaseOps for Arc<RenewalsHang> {
         self.answers.lock().push(start.elapsed());
         Ok(start + Duration::from_millis(600))
     }
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         Ok(())
     }
 }
@@ -481,7 +481,7 @@ impl LeaseOps for DoubtedOps {
         }
         Ok(Instant::now() + Duration::from_secs(30))
     }
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         Ok(())
     }
     fn doubts(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
@@ -602,7 +602,7 @@ impl LeaseOps for Arc<CountedOps> {
         self.due.fetch_add(1, Ordering::SeqCst);
         Ok(Instant::now() + Duration::from_millis(300))
     }
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         Ok(())
     }
 }
@@ -644,4 +644,57 @@ async fn the_watchdog_asks_renew_due_and_a_renewal_by_hand_asks_renew(
         return Err("Lease::renew did not ask renew (exactly once) and only it".into());
     }
     Box::new(manual).release().await.map_err(|e| e.to_string())
+}
+
+/// Ops whose renewal confirms until `renewed_until`; the release records the validity it was
+/// given.
+#[derive(Debug)]
+struct ValidityOps {
+    renewed_until: Instant,
+    given: Arc<Mutex<Option<Instant>>>,
+}
+
+#[async_trait]
+impl LeaseOps for ValidityOps {
+    fn backend(&self) -> &'static str {
+        "test"
+    }
+
+    async fn renew(&self) -> Result<Instant> {
+        Ok(self.renewed_until)
+    }
+    async fn release(&self, valid_until: Instant) -> Result<()> {
+        *self.given.lock() = Some(valid_until);
+        Ok(())
+    }
+}
+
+/// A release is given the lease's validity as its last confirmation left it: the latest
+/// renewal's, not the grant's (Redlock judges a release short of a majority by it).
+#[tokio::test]
+async fn release_is_given_the_validity_of_the_last_renewal() -> std::result::Result<(), String> {
+    let given = Arc::new(Mutex::new(None));
+    let granted_until = Instant::now() + Duration::from_secs(5);
+    let renewed_until = Instant::now() + Duration::from_secs(60);
+    let ops = ValidityOps {
+        renewed_until,
+        given: given.clone(),
+    };
+    let name = LockName::new("validity-to-release").map_err(|e| e.to_string())?;
+    let grant = Grant {
+        token: None,
+        ttl: Duration::from_secs(5),
+        valid_until: granted_until,
+    };
+    let lease = ManagedLease::new(name, grant, Renewal::Manual, ops);
+    lease.renew().await.map_err(|e| e.to_string())?;
+    Box::new(lease).release().await.map_err(|e| e.to_string())?;
+    let got = *given.lock();
+    match got {
+        Some(v) if v == renewed_until => Ok(()),
+        Some(v) if v == granted_until => {
+            Err("the release was given the grant's validity, not the renewal's".into())
+        }
+        other => Err(format!("the release was given {other:?}")),
+    }
 }

@@ -513,7 +513,7 @@ impl LeaseOps for MemoryLeaseOps {
         }
     }
 
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         self.release_now()
     }
 

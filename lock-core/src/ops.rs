@@ -29,7 +29,7 @@ use crate::Result;
 ///         // compare-owner-and-extend on the server, then:
 ///         Ok(start + self.ttl)
 ///     }
-///     async fn release(&self) -> Result<()> {
+///     async fn release(&self, _valid_until: Instant) -> Result<()> {
 ///         // compare-owner-and-delete on the server
 ///         Ok(())
 ///     }
@@ -58,7 +58,11 @@ pub trait LeaseOps: Send + Sync + 'static {
     }
 
     /// Deletes the lock on the backend if this owner still holds it; `Err(NotHeld)` otherwise.
-    async fn release(&self) -> Result<()>;
+    /// `valid_until` is the lease's validity by its last confirmation (the grant's, or the
+    /// latest renewal's): what a driver whose answer can be indeterminate judges by (Redlock,
+    /// when the token is off a majority but some masters stayed silent: a release while the
+    /// lease was valid, `NotHeld` past it). Most drivers ignore it.
+    async fn release(&self, valid_until: Instant) -> Result<()>;
 
     /// Called when the lease is dropped without `release` or `abandon`, with the lease's
     /// `valid_until`. The default releases in a background task on the current Tokio runtime,
@@ -128,7 +132,7 @@ pub trait LeaseOps: Send + Sync + 'static {
     }
 }
 
-/// Sends `ops`'s release and returns its answer; after a failure that may pass (its connection
+/// Sends `ops`'s release (given `until`, the lease's `valid_until`) and returns its answer; after a failure that may pass (its connection
 /// dropped), sends it again in the background ([`retry_in_background`]) until it gets through or
 /// `until` (the lease's `valid_until`) has passed. The caller cannot retry: a released or dropped
 /// lease is gone. Owner-checked like every release, so a retry after a first attempt that did land
@@ -145,7 +149,7 @@ pub trait LeaseOps: Send + Sync + 'static {
 /// impl LeaseOps for Ops {
 ///     fn backend(&self) -> &'static str { "my" }
 ///     async fn renew(&self) -> Result<Instant> { Ok(Instant::now()) }
-///     async fn release(&self) -> Result<()> { Ok(()) } // an owner-checked delete
+///     async fn release(&self, _: Instant) -> Result<()> { Ok(()) } // an owner-checked delete
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<()> {
@@ -155,11 +159,11 @@ pub trait LeaseOps: Send + Sync + 'static {
 /// # }
 /// ```
 pub async fn release_with_retries<O: LeaseOps>(ops: Arc<O>, until: Instant) -> Result<()> {
-    let result = ops.release().await;
+    let result = ops.release(until).await;
     if matches!(&result, Err(e) if e.is_retryable()) {
         retry_in_background(until, move || {
             let ops = ops.clone();
-            async move { ops.release().await }
+            async move { ops.release(until).await }
         });
     }
     result

@@ -195,7 +195,7 @@ impl LeaseOps for Unreachable {
     async fn renew(&self) -> crate::Result<Instant> {
         Err(Error::unavailable("test", "connection refused"))
     }
-    async fn release(&self) -> crate::Result<()> {
+    async fn release(&self, _valid_until: Instant) -> crate::Result<()> {
         self.releases.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }

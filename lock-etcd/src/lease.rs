@@ -286,7 +286,7 @@ impl LeaseOps for EtcdLeaseOps {
         crate::election::proclaim(&self.cluster, &self.key, self.rev, &self.name, value).await
     }
 
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         // Delete the key only if it is still this grant's; then drop the lease.
         let txn = Txn::new()
             .when([Compare::create_revision(

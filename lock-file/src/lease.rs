@@ -81,7 +81,7 @@ impl LeaseOps for FileLeaseOps {
         }
     }
 
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         let Some(file) = self.let_go() else {
             return Err(Error::not_held(&self.name));
         };

@@ -203,7 +203,7 @@ impl LeaseOps for PgLeaseOps {
 
     /// Unlocks; the session then goes back to the idle pool. If the unlock cannot be
     /// confirmed, the connection is closed instead, which ends the session and the lock.
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         let session = self.take().ok_or_else(|| self.ended("was closed"))?;
         if session.is_closed() {
             return Err(self.ended("ended before the release"));

@@ -61,7 +61,7 @@ impl LeaseOps for RedisLeaseOps {
         }
     }
 
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         // A release a deposed master answered (sent before the node moved) freed nothing on
         // the new one: sent again there (owner-checked, so once it did land nothing changes).
         if let Some(e) = &self.enrolled {

@@ -1,7 +1,7 @@
 //! The backend half of a held Redlock lock: renew and release, each a round decided at a
 //! majority; the masters that have not answered yet still get the request.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -26,26 +26,6 @@ pub(crate) struct RedlockLeaseOps {
     pub(crate) drift: Duration,
     pub(crate) node_timeout: Duration,
     pub(crate) quorum: usize,
-    /// Until when a majority holds the token by this client's own reckoning: the grant's
-    /// validity, then each confirmed renewal's. A release short of a majority reads it.
-    pub(crate) valid_until: Mutex<Instant>,
-}
-
-impl RedlockLeaseOps {
-    fn valid_until(&self) -> Instant {
-        *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn extend_validity(&self, until: Instant) {
-        let mut v = self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *v = (*v).max(until);
-    }
 }
 
 #[async_trait]
@@ -90,9 +70,7 @@ impl LeaseOps for RedlockLeaseOps {
             .checked_sub(start.elapsed() + self.drift)
             .unwrap_or_default();
         if extended >= self.quorum && !validity.is_zero() {
-            let until = start + self.ttl.saturating_sub(self.drift);
-            self.extend_validity(until);
-            return Ok(until);
+            return Ok(start + self.ttl.saturating_sub(self.drift));
         }
         // Masters that were extended stay extended: undoing them would only shorten a lease
         // that a later renewal may still save.
@@ -105,7 +83,7 @@ impl LeaseOps for RedlockLeaseOps {
         })
     }
 
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, valid_until: Instant) -> Result<()> {
         let round = Round::new(
             &self.nodes,
             self.node_timeout,
@@ -115,7 +93,7 @@ impl LeaseOps for RedlockLeaseOps {
         // The lock is free once a majority released it; the slower masters are released in
         // the background (or their keys expire).
         rest.finish_in_background();
-        let lapsed = Instant::now() >= self.valid_until();
+        let lapsed = Instant::now() >= valid_until;
         if released >= self.quorum {
             Ok(())
         } else if not_held > self.nodes.len() - self.quorum {

@@ -236,7 +236,6 @@ pub(crate) async fn attempt(
             drift,
             node_timeout,
             quorum,
-            valid_until: std::sync::Mutex::new(valid_until),
         };
         return Ok(Attempt::Granted(Box::new(ManagedLease::new(
             name.clone(),

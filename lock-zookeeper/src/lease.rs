@@ -70,7 +70,7 @@ impl LeaseOps for ZkLeaseOps {
     /// Deletes the node; a delete lost with the connection is retried (in a task of its own,
     /// which a cancelled `release` does not stop) until it succeeds or the session ends. Waits
     /// for that at most one session timeout: then `Unavailable`, and the retries go on.
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         let first = self.client.delete(&self.path, None).await;
         match first {
             Ok(()) => return Ok(()),

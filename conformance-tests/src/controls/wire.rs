@@ -290,7 +290,7 @@ impl LeaseOps for WiredOps {
     /// Through a delayed link the request takes the delay to arrive, and a cut meanwhile loses
     /// it: an error, the lock still held, for the caller's retries (under
     /// [`Flaw::FailedReleaseLeftToTtl`], left to expire).
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         self.wire.request(self.flaw).await?;
         if let Some(delay) = self.wire.delay() {
             tokio::select! {
@@ -348,7 +348,7 @@ impl LeaseOps for WiredOps {
         };
         rt.spawn(async move {
             if self.flaw == Flaw::DroppedReleaseSentOnce {
-                if self.release().await.is_err() {
+                if self.release(until).await.is_err() {
                     // Nobody sends it again: on a server the lock would wait out its TTL (the
                     // store lease must not be dropped, which would release it).
                     if let Some(l) = self.store.lock().await.take() {

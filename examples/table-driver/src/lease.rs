@@ -33,7 +33,7 @@ impl LeaseOps for TableOps {
     }
 
     /// Compare owner and delete; a stale lease never touches its successor.
-    async fn release(&self) -> Result<()> {
+    async fn release(&self, _valid_until: Instant) -> Result<()> {
         if !self.shared.delete(&self.name, self.owner) {
             return Err(Error::not_held(&self.name));
         }
