@@ -45,23 +45,12 @@ impl Observers {
         out
     }
 
-    /// Waits until every observer's last showing is nobody, or `bound` has passed; then
-    /// records the stop and stops them.
+    /// Waits until every observer shows nobody since the last exclusive grant of its name
+    /// ([`settled`]), or `bound` has passed; then records the stop and stops them.
     pub(super) async fn settle(self, history: &History, bound: Duration, pace: Duration) {
         let until = Instant::now() + bound;
         while !self.who.is_empty() && Instant::now() < until {
-            let events = history.events();
-            let last = |c: usize, n: usize| {
-                events.iter().rev().find_map(|e| match e.op {
-                    Op::Observed { term, .. } if e.client == c && e.name == n => Some(term),
-                    _ => None,
-                })
-            };
-            if self
-                .who
-                .iter()
-                .all(|&(c, n)| last(c, n).flatten().is_none())
-            {
+            if settled(&history.events(), &self.who) {
                 break;
             }
             tokio::time::sleep(pace).await;
@@ -71,6 +60,40 @@ impl Observers {
             t.abort();
         }
     }
+}
+
+/// Whether every observer in `who` (client, name) last showed nobody, and showed it after the
+/// last exclusive grant of its name. "Last showed nobody" alone was not enough: a client that
+/// took the name as the run stopped and dropped it at once leaves the observers a showing
+/// behind, and a look between the grant and their showing of it saw the nobody from before
+/// (a clean run failed so, under load 16: its observers showed the last term 3 ms after the
+/// run stopped watching). An observer that never showed anything is settled only if its name
+/// had no exclusive grant. Shared and permit grants show no leader, so they do not count.
+fn settled(events: &[super::history::Event], who: &[(usize, usize)]) -> bool {
+    let shared: std::collections::HashSet<_> = events
+        .iter()
+        .filter_map(|e| match e.op {
+            Op::Mode { lease, .. } => Some(lease),
+            _ => None,
+        })
+        .collect();
+    let last_grant = |n: usize| {
+        events.iter().rev().find_map(|e| match e.op {
+            Op::Granted { lease, .. } if e.name == n && !shared.contains(&lease) => Some(e.at),
+            _ => None,
+        })
+    };
+    who.iter().all(|&(c, n)| {
+        let shown = events.iter().rev().find_map(|e| match e.op {
+            Op::Observed { term, .. } if e.client == c && e.name == n => Some((term, e.at)),
+            _ => None,
+        });
+        match (shown, last_grant(n)) {
+            (None, grant) => grant.is_none(),
+            (Some((term, _)), None) => term.is_none(),
+            (Some((term, at)), Some(g)) => term.is_none() && at > g,
+        }
+    })
 }
 
 /// One observer: made again while the backend does not answer; every showing recorded.
@@ -98,5 +121,105 @@ async fn observe(c: usize, n: usize, e: Election, name: LockName, h: Arc<History
                 return h.record(c, n, Op::ObserverFailed { error });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::safety::history::Event;
+
+    fn event(at: Instant, client: usize, name: usize, op: Op) -> Event {
+        Event {
+            at,
+            client,
+            name,
+            op,
+        }
+    }
+
+    /// The failed run's shape: nobody shown, then a grant (let go at once) the observers have
+    /// not shown yet: not settled; settled once they showed it end.
+    #[test]
+    fn a_grant_after_the_last_nobody_is_not_settled() {
+        let t = Instant::now();
+        let ms = |n: u64| t + Duration::from_millis(n);
+        let nobody = Op::Observed {
+            term: None,
+            resynced: false,
+        };
+        let mut events = vec![
+            event(ms(0), 0, 3, nobody.clone()),
+            event(
+                ms(10),
+                0,
+                3,
+                Op::Granted {
+                    lease: 618,
+                    token: Some(107),
+                    valid_until: ms(210),
+                },
+            ),
+            event(ms(10), 0, 3, Op::LetGo { lease: 618 }),
+        ];
+        assert!(
+            !settled(&events, &[(0, 3)]),
+            "settled before the grant was shown"
+        );
+        events.push(event(
+            ms(12),
+            0,
+            3,
+            Op::Observed {
+                term: Some(107),
+                resynced: false,
+            },
+        ));
+        assert!(
+            !settled(&events, &[(0, 3)]),
+            "settled while term 107 showed"
+        );
+        events.push(event(ms(15), 0, 3, nobody));
+        assert!(
+            settled(&events, &[(0, 3)]),
+            "not settled after nobody showed"
+        );
+    }
+
+    /// A shared grant shows no leader: it does not hold the settling up.
+    #[test]
+    fn a_shared_grant_does_not_count() {
+        let t = Instant::now();
+        let events = vec![
+            event(
+                t,
+                1,
+                2,
+                Op::Observed {
+                    term: None,
+                    resynced: false,
+                },
+            ),
+            event(
+                t + Duration::from_millis(5),
+                0,
+                2,
+                Op::Granted {
+                    lease: 9,
+                    token: Some(4),
+                    valid_until: t + Duration::from_millis(200),
+                },
+            ),
+            event(
+                t + Duration::from_millis(5),
+                0,
+                2,
+                Op::Mode {
+                    lease: 9,
+                    mode: lock_core::Mode::Shared,
+                },
+            ),
+        ];
+        assert!(settled(&events, &[(1, 2)]));
     }
 }
