@@ -209,6 +209,11 @@ impl LeaseOps for PgLeaseOps {
             return Err(self.ended("ended before the release"));
         }
         let bound = self.opener.config.session_timeout();
+        let mut under_way = UnlockUnderWay {
+            shared: self.shared.as_ref(),
+            key: self.key,
+            bound: self.opener.request_bound(),
+        };
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
         let unlock = async {
             match self.valued {
@@ -223,7 +228,9 @@ impl LeaseOps for PgLeaseOps {
                 }
             }
         };
-        let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
+        let unlocked = tokio::time::timeout(bound, unlock).await;
+        under_way.shared = None;
+        let Ok(unlocked) = unlocked else {
             // Closing the connection ends the session, and the lock with it, once the server
             // hears of it (or its keepalive gives up); a shared one's other leases with it.
             if let Some(shared) = &self.shared {
@@ -279,6 +286,25 @@ impl LeaseOps for PgLeaseOps {
         let session = self.take();
         if let (Some(_), Some(shared)) = (session, &self.shared) {
             shared.undo(self.key, self.opener.request_bound());
+        }
+    }
+}
+
+/// A release's unlock on a shared session, sent and not yet answered. If the release is
+/// dropped here (a caller's timeout), the key is unlocked again in the background and its
+/// claim goes once that is answered: the session answers in order, so by then the server has
+/// let go (a second unlock of a key let go is refused, harmlessly). Without it the claim
+/// would stay, and the client could never ask for the name on this session again.
+struct UnlockUnderWay<'a> {
+    shared: Option<&'a Arc<SharedSession>>,
+    key: i64,
+    bound: std::time::Duration,
+}
+
+impl Drop for UnlockUnderWay<'_> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared {
+            shared.undo(self.key, self.bound);
         }
     }
 }

@@ -171,6 +171,62 @@ async fn a_dropped_try_leaves_no_lock_in_the_shared_session() {
     kept.release().await.unwrap();
 }
 
+/// A `release` dropped while its unlock is on the way (a caller's timeout) still lets go of
+/// the name in the client as well as on the server: the same client can take it again on its
+/// one shared session, which lives on for its other lease. A claim left behind would refuse
+/// that client the name for as long as the session lives (the conformance run's
+/// `cancelled_release_still_frees` met it under load, where a 1 ms cancel lands mid-flight).
+#[tokio::test]
+async fn a_dropped_release_lets_its_own_client_take_the_name_again() {
+    let delay = Duration::from_millis(200);
+    let proxies = FaultProxy::in_front_of([servers::addr("pg")], Duration::ZERO).unwrap();
+    let slow_url = format!(
+        "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
+         &shared_sessions=1",
+        proxies[0].addr()
+    );
+    let slow = PgLock::from_url(&slow_url).await.unwrap();
+    let kept = slow
+        .try_acquire(&fresh_name("shared-kept"), &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    let name = fresh_name("shared-release-dropped");
+    for round in 0..3 {
+        let lease = slow.try_acquire(&name, &opts()).await.unwrap();
+        let lease = lease.unwrap_or_else(|| {
+            panic!("round {round}: the client was refused a name its dropped release let go of")
+        });
+        proxies[0].delay(delay);
+        use std::future::Future;
+        // Polled once (the unlock is sent), then dropped with its answer a delay away.
+        let mut release = Box::pin(lease.release());
+        let polled =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(release.as_mut().poll(cx).is_ready()))
+                .await;
+        assert!(
+            !polled,
+            "round {round}: released through a {delay:?} link at once"
+        );
+        drop(release);
+        proxies[0].delay(Duration::ZERO);
+        // The unlock lands a delay on; give it time to (never the TTL: that is long).
+        tokio::time::sleep(delay * 3).await;
+    }
+    let last = slow.try_acquire(&name, &opts()).await.unwrap();
+    assert!(
+        last.is_some(),
+        "the client was refused a name its dropped release let go of"
+    );
+    assert_eq!(
+        kept.state(),
+        LeaseState::Held,
+        "the shared session's other lease"
+    );
+    last.unwrap().release().await.unwrap();
+    kept.release().await.unwrap();
+}
+
 /// When a shared session ends (its backend terminated), every lease on it is Lost, and only
 /// those: the leases on the client's other session stay Held.
 #[tokio::test]
