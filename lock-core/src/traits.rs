@@ -138,7 +138,9 @@ pub trait DistributedLock: Send + Sync + Debug {
     }
 
     /// Who holds `name` now, read without acquiring it: `Ok(None)` if it is free. For
-    /// operators and status commands; by the time the answer arrives it may be stale.
+    /// operators and status commands. It shows every grant and release that completed before
+    /// it was called, whichever client made them (a ZooKeeper client's follower is brought up
+    /// to date first); by the time the answer arrives it may be stale.
     ///
     /// The default is [`Error::Unsupported`](crate::Error::Unsupported): drivers that can
     /// tell override it.
@@ -178,7 +180,8 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// The leader of `name` for [`Election`](crate::Election)s: its exclusive holder, with the
     /// value it was granted with ([`LockOptions::value`]) or has proclaimed since
     /// ([`Lease::proclaim`]), and its fencing token as the term; `Ok(None)` when no one holds
-    /// it exclusively. Read without acquiring; possibly stale by the time it arrives.
+    /// it exclusively. Read without acquiring; like [`inspect`](Self::inspect), it shows every
+    /// change that completed before it was called, and may be stale by the time it arrives.
     ///
     /// The default is [`Error::Unsupported`](crate::Error::Unsupported); drivers that declare
     /// [`Capabilities::election`](crate::Capabilities::election) override it.

@@ -17,14 +17,19 @@ use crate::queue::parent;
 use crate::sequence::contenders;
 
 /// The oldest contender, if it holds exclusively: its data and `czxid`. A lock lives as long
-/// as its holder's session: no remaining time to report.
+/// as its holder's session: no remaining time to report. Sees every change committed before
+/// it was asked, on any member.
 pub(crate) async fn leader(s: &Session, name: &LockName) -> Result<Option<Leader>> {
     let client = s.live().await?;
     let parent = parent(s, name)?;
+    let pace = s.pace(&client);
     // The head may go between the listing and the read: list again then.
     for _ in 0..3 {
-        let children = match client.list_children(&parent).await {
-            Ok(c) => contenders(c),
+        // After a `sync` in an ensemble: a follower answers from its own state, which may
+        // lag a change its leader committed before this read was asked.
+        let listed = pace.fresh(&client, &parent, || client.list_children(&parent));
+        let children = match listed.await {
+            Ok((c, _)) => contenders(c),
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
             // A session that ended is no lease lost here: a read on the next one is fine.
             Err(e) => return Err(s.error(e, None)),

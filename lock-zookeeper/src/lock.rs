@@ -165,8 +165,11 @@ impl DistributedLock for ZkLock {
         let session = &self.inner.session;
         let client = session.live().await?;
         let parent = parent(session, name)?;
-        let children = match client.list_children(&parent).await {
-            Ok(c) => contenders(c),
+        // After a `sync` in an ensemble, as `leader` (election.rs).
+        let pace = session.pace(&client);
+        let listed = pace.fresh(&client, &parent, || client.list_children(&parent));
+        let children = match listed.await {
+            Ok((c, _)) => contenders(c),
             Err(zookeeper_client::Error::NoNode) => return Ok(vec![]),
             Err(e) => return Err(session.error(e, None)),
         };

@@ -17,8 +17,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::{async_trait, ClockStep, FaultProxy};
-use lock_core::DistributedLock;
+use conformance_tests::{async_trait, fresh_name, ClockStep, FaultProxy};
+use lock_core::{DistributedLock, LockOptions};
 use lock_zookeeper::{ZkConfig, ZkLock};
 use test_support::clock::StepFile;
 use test_support::partition::{scenario, shm_dir, Cluster, Fault, Link, Members, Parts};
@@ -173,6 +173,68 @@ impl Cluster for Zk {
             }
         }
         panic!("30 clients listing every server, and none had its session on server {i}");
+    }
+}
+
+/// Reads on a client of a follower that lags its leader (its link to the leader delayed)
+/// see every change committed before they were asked: `leader()` and `holders()` show a
+/// holder granted through the leader, and nobody once it released. A follower answers reads
+/// from its own state, which may not have the change yet: a read must `sync` first, as a
+/// confirmation does (the conformance run's `election::leader_reports_value_and_term` met it
+/// once under load on the 3-server ensemble). Each read goes first in one round: a `sync`
+/// brings the follower up to date for every session on it, so the second read of a round
+/// proves nothing of its own.
+#[test]
+fn reads_on_a_lagging_follower_see_what_was_committed_before_them() {
+    serial(async {
+        let zk = Zk::start();
+        let l = zk.leader().await;
+        let f = (l + 1) % 3;
+        let (writer, reader) = (zk.client(l).await.unwrap(), zk.client(f).await.unwrap());
+        // The follower dials the leader's quorum port: its first link to the leader.
+        let upstream = (zk.parts.links.iter())
+            .find(|k| k.from == Some(f) && k.to == l)
+            .expect("the follower's link to the leader");
+        let name = fresh_name("zk-lagging-read");
+        upstream.proxy.delay(Duration::from_millis(200));
+        for leader_first in [true, false] {
+            let held = writer.try_acquire(&name, &LockOptions::new(SESSION)).await;
+            let held = held.unwrap().expect("a free name");
+            let term = held.fencing_token();
+            let seen = read_both(reader.as_ref(), &name, leader_first).await;
+            assert_eq!(
+                seen,
+                (term, 1),
+                "(leader's term, holders) on a lagging follower right after the grant, \
+                 leader() read first: {leader_first}"
+            );
+            held.release().await.unwrap();
+            let seen = read_both(reader.as_ref(), &name, leader_first).await;
+            assert_eq!(
+                seen,
+                (None, 0),
+                "(leader's term, holders) on a lagging follower after the release, leader() \
+                 read first: {leader_first}"
+            );
+        }
+        upstream.proxy.delay(Duration::ZERO);
+    });
+}
+
+/// `leader()`'s term and how many `holders()` there are, read in the order asked.
+async fn read_both(
+    lock: &dyn DistributedLock,
+    name: &lock_core::LockName,
+    leader_first: bool,
+) -> (Option<lock_core::FencingToken>, usize) {
+    let leader = async { lock.leader(name).await.unwrap().map(|x| x.term) };
+    let holders = async { lock.holders(name).await.unwrap().len() };
+    if leader_first {
+        let l = leader.await;
+        (l, holders.await)
+    } else {
+        let h = holders.await;
+        (leader.await, h)
     }
 }
 
