@@ -112,26 +112,30 @@ async fn a_held_name_is_not_granted_again_to_its_own_client() {
     }
 }
 
+/// A client of one shared session through a proxy (to slow its link later), and a lease it
+/// holds there: the session is busy with something of its own, which must outlive what the
+/// test does to its other leases.
+async fn through_a_proxy() -> (FaultProxy, PgLock, Box<dyn lock_core::Lease>) {
+    let proxies = FaultProxy::in_front_of([servers::addr("pg")], Duration::ZERO).unwrap();
+    let proxy = proxies.into_iter().next().unwrap();
+    let url = format!(
+        "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
+         &shared_sessions=1",
+        proxy.addr()
+    );
+    let lock = PgLock::from_url(&url).await.unwrap();
+    let kept = lock.try_acquire(&fresh_name("shared-kept"), &opts()).await;
+    (proxy, lock, kept.unwrap().expect("a free name"))
+}
+
 /// A `try_acquire` whose future is dropped after its request reached the server (the grant
 /// made, its reply on the way through a slow link) leaves no lock behind in the shared
 /// session, which lives on: another client gets it within a request's time, not never.
 #[tokio::test]
 async fn a_dropped_try_leaves_no_lock_in_the_shared_session() {
     let delay = Duration::from_millis(300);
-    let proxies = FaultProxy::in_front_of([servers::addr("pg")], Duration::ZERO).unwrap();
-    let slow_url = format!(
-        "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
-         &shared_sessions=1",
-        proxies[0].addr()
-    );
-    let slow = PgLock::from_url(&slow_url).await.unwrap();
-    // One lease keeps the shared session busy with something of its own.
-    let kept = slow
-        .try_acquire(&fresh_name("shared-kept"), &opts())
-        .await
-        .unwrap()
-        .unwrap();
-    proxies[0].delay(delay);
+    let (proxy, slow, kept) = through_a_proxy().await;
+    proxy.delay(delay);
     let other = PgLock::from_url(&url(0)).await.unwrap();
     let admin = sql().await;
     let name = fresh_name("shared-dropped");
@@ -153,7 +157,7 @@ async fn a_dropped_try_leaves_no_lock_in_the_shared_session() {
     }
     attempt.abort();
     let dropped_at = Instant::now();
-    proxies[0].delay(Duration::ZERO);
+    proxy.delay(Duration::ZERO);
     let next = other
         .acquire(&name, &opts().wait_for(Duration::from_secs(10)))
         .await;
@@ -179,25 +183,14 @@ async fn a_dropped_try_leaves_no_lock_in_the_shared_session() {
 #[tokio::test]
 async fn a_dropped_release_lets_its_own_client_take_the_name_again() {
     let delay = Duration::from_millis(200);
-    let proxies = FaultProxy::in_front_of([servers::addr("pg")], Duration::ZERO).unwrap();
-    let slow_url = format!(
-        "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
-         &shared_sessions=1",
-        proxies[0].addr()
-    );
-    let slow = PgLock::from_url(&slow_url).await.unwrap();
-    let kept = slow
-        .try_acquire(&fresh_name("shared-kept"), &opts())
-        .await
-        .unwrap()
-        .unwrap();
+    let (proxy, slow, kept) = through_a_proxy().await;
     let name = fresh_name("shared-release-dropped");
     for round in 0..3 {
         let lease = slow.try_acquire(&name, &opts()).await.unwrap();
         let lease = lease.unwrap_or_else(|| {
             panic!("round {round}: the client was refused a name its dropped release let go of")
         });
-        proxies[0].delay(delay);
+        proxy.delay(delay);
         use std::future::Future;
         // Polled once (the unlock is sent), then dropped with its answer a delay away.
         let mut release = Box::pin(lease.release());
@@ -209,7 +202,7 @@ async fn a_dropped_release_lets_its_own_client_take_the_name_again() {
             "round {round}: released through a {delay:?} link at once"
         );
         drop(release);
-        proxies[0].delay(Duration::ZERO);
+        proxy.delay(Duration::ZERO);
         // The unlock lands a delay on; give it time to (never the TTL: that is long).
         tokio::time::sleep(delay * 3).await;
     }
