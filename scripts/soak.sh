@@ -38,7 +38,7 @@ etcd lock-etcd single::safety::soak etcd,_single
 etcd-cluster lock-etcd cluster::safety::soak etcd,_cluster_of_3
 etcd-shared lock-etcd shared_lease::safety::soak etcd,_single,_shared_lease
 postgres lock-postgres safety::soak PostgreSQL
-postgres-shared lock-postgres shared_sessions::safety::soak PostgreSQL,_shared_sessions=2,_shared_waits
+postgres-shared lock-postgres shared_sessions::safety::soak PostgreSQL,_shared_sessions=2,_shared_waits,_wait_sessions=1
 sentinel lock-redis failover::safety::soak Redis_Sentinel,_failovers sentinel
 sentinel-wait lock-redis failover-wait::safety::soak Redis_Sentinel,_failovers,_wait_replicas=2 sentinel
 cluster lock-redis failover::safety::soak Redis_Cluster,_shard_failovers cluster

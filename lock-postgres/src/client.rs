@@ -204,6 +204,8 @@ pub(crate) struct Opener {
     pub(crate) idle: Pool,
     /// Sessions that locks granted at once share (`shared_sessions`; none by default).
     pub(crate) shared: crate::shared::SharedSessions,
+    /// Where waiters wait (`wait_sessions`; on the server, unbounded, by default).
+    pub(crate) waiting: crate::polling::Waiting,
 }
 
 /// A connection with its server settings made, not yet prepared.
@@ -225,6 +227,7 @@ impl Opener {
             sql: Sql::for_table(config.table(), false),
             idle: Pool::default(),
             shared: crate::shared::SharedSessions::new(config.shared_sessions()),
+            waiting: crate::polling::Waiting::new(config.wait_sessions()),
             config,
         })
     }

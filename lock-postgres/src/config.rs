@@ -42,6 +42,7 @@ pub struct PgConfig {
     table: String,
     shared_sessions: usize,
     shared_waits: bool,
+    wait_sessions: Option<usize>,
 }
 
 impl PgConfig {
@@ -62,6 +63,7 @@ impl PgConfig {
             table: "distlock_fencing".into(),
             shared_sessions: 0,
             shared_waits: false,
+            wait_sessions: None,
         }
     }
 
@@ -76,7 +78,8 @@ impl PgConfig {
     /// `session_timeout_ms` (how long the server keeps the session, and its locks, of a
     /// client that vanished), `table` (the fencing counter's table, `[schema.]name`) and
     /// `shared_sessions` (see [`with_shared_sessions`](Self::with_shared_sessions)) and
-    /// `shared_waits` (see [`with_shared_waits`](Self::with_shared_waits)); the
+    /// `shared_waits` (see [`with_shared_waits`](Self::with_shared_waits)) and `wait_sessions`
+    /// (see [`with_wait_sessions`](Self::with_wait_sessions)); the
     /// table is [`PgConfig::URL_PARAMS`]. Unknown or repeated parameters are refused, and so is
     /// one given under both its spellings.
     ///
@@ -125,7 +128,9 @@ impl PgConfig {
         }
         // libpq's default sslmode.
         cfg.tls_preferred = true;
-        Query::apply("PostgreSQL URL", u.query, Self::URL_PARAMS, cfg)
+        let cfg = Query::apply("PostgreSQL URL", u.query, Self::URL_PARAMS, cfg)?;
+        cfg.check_waits()?;
+        Ok(cfg)
     }
 
     /// The query parameters of a PostgreSQL URL (lock-core's `Query::apply` reads them, in
@@ -175,6 +180,9 @@ impl PgConfig {
         }),
         Param::new("shared_waits", |c: Self, v| {
             Ok(c.with_shared_waits(v.flag()?))
+        }),
+        Param::new("wait_sessions", |c: Self, v| {
+            c.with_wait_sessions(v.number()?)
         }),
     ];
 
@@ -310,6 +318,58 @@ impl PgConfig {
         self
     }
 
+    /// How many sessions a client's waiters may wait on at once, if bounded. See
+    /// [`with_wait_sessions`](Self::with_wait_sessions).
+    pub fn wait_sessions(&self) -> Option<usize> {
+        self.wait_sessions
+    }
+
+    /// At most `n` of a client's exclusive waiters wait on the server at once, each on a
+    /// session of its own that it keeps while it holds the lock it was granted there; the
+    /// others poll, trying on the shared sessions (pauses of 10 ms doubling to 500 ms),
+    /// woken at once by this client's own release of the name. With
+    /// [`with_shared_sessions`](Self::with_shared_sessions), a client's connections are then
+    /// bounded however many locks it holds and waits for: the shared sessions, `n`, and a few
+    /// idle ones. A waiter never waits for a session to wait on, so the bound adds no
+    /// deadlock. The price: a polling waiter sees another client's release at its next try,
+    /// not at once, and comes before or after the server's queue as its tries fall, so
+    /// [`Capabilities::fifo`](lock_core::Capabilities) is `false`. Needs `shared_sessions` (the
+    /// tries' sessions); readers and permit holders still wait on a session each. Unbounded
+    /// by default; at most [`MAX_SHARED_SESSIONS`](Self::MAX_SHARED_SESSIONS), and `0` polls
+    /// always.
+    ///
+    /// ```
+    /// use lock_postgres::PgConfig;
+    /// let c = PgConfig::from_url("postgres://app@db/app?shared_sessions=4&wait_sessions=8")?;
+    /// assert_eq!(c.wait_sessions(), Some(8));
+    /// assert_eq!(PgConfig::new("db").wait_sessions(), None);
+    /// // Polling waiters try on the shared sessions: none, nothing to try on.
+    /// assert!(PgConfig::from_url("postgres://app@db/app?wait_sessions=8").is_err());
+    /// assert!(PgConfig::from_url("postgres://app@db/app?shared_sessions=4&wait_sessions=65").is_err());
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn with_wait_sessions(mut self, n: usize) -> Result<Self> {
+        if n > Self::MAX_SHARED_SESSIONS {
+            return Err(Error::config(format!(
+                "PostgreSQL wait_sessions={n}: at most {} (each is a server connection)",
+                Self::MAX_SHARED_SESSIONS
+            )));
+        }
+        self.wait_sessions = Some(n);
+        Ok(self)
+    }
+
+    /// Bounded waits poll on the shared sessions: there must be some.
+    fn check_waits(&self) -> Result<()> {
+        match (self.wait_sessions, self.shared_sessions) {
+            (Some(n), 0) => Err(Error::config(format!(
+                "PostgreSQL wait_sessions={n} needs shared_sessions (its polling waiters try on \
+                 them)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// The most sessions [`with_shared_sessions`](Self::with_shared_sessions) takes: the
     /// point is a few connections, not a pool the size of the server's limit.
     pub const MAX_SHARED_SESSIONS: usize = 64;
@@ -336,6 +396,7 @@ impl PgConfig {
     /// The client library's configuration (TLS is chosen by the connector).
     pub(crate) fn client_config(&self) -> Result<tokio_postgres::Config> {
         self.check_connect_timeout()?;
+        self.check_waits()?;
         // The startup message carries these as C strings: a NUL can never be sent.
         let sent = [
             ("user", self.user.as_deref()),

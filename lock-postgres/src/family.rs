@@ -30,7 +30,11 @@
 
 use std::time::Duration;
 
-use lock_core::{LockName, Mode};
+use crate::client::Opener;
+use crate::session::Session;
+
+use lock_core::driver::{random_below, Acquisition};
+use lock_core::{Error, LockName, Mode, Result};
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
@@ -261,6 +265,109 @@ async fn wait_for_slot(
         }
         next = (next + 1) % n;
     }
+}
+
+/// A reader's or permit holder's locks (`family`), then its token: the try, and the wait
+/// if it `waits` and the try was refused. `None`: the wait ran out (the caller closes the
+/// session). As the exclusive grant: the token's row (`Ok(None)`: not granted, nothing
+/// held) and whether it waited.
+pub(crate) async fn grant(
+    opener: &Opener,
+    s: &Session,
+    req: &Acquisition<'_>,
+    waits: bool,
+) -> Result<Option<(Result<Option<tokio_postgres::Row>>, bool)>> {
+    let (name, mode) = (req.name(), req.mode());
+    if !permits_fit(mode) {
+        return Err(Error::config(format!(
+            "{}: at most {} permits on PostgreSQL",
+            mode.describe(),
+            i32::MAX
+        )));
+    }
+    let keys = FamilyKeys::of(name);
+    let pause = || Duration::from_secs(1) + random_below(Duration::from_secs(1));
+    if mode == Mode::Shared {
+        // A reader's try and token in one round trip, as a writer's.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &keys.name,
+            &name.as_str(),
+            &keys.gate,
+            &keys.permits,
+            &keys.readers,
+        ];
+        let tried = opener
+            .answered(
+                "the lock request",
+                opener.request_bound(),
+                s.client.query_opt(&s.stmts.reader_try_grant, &params),
+            )
+            .await;
+        match tried {
+            Ok(Some(row)) => return Ok(Some((Ok(Some(row)), false))),
+            Ok(None) => {
+                opener
+                    .answered(
+                        "letting go of a refused try",
+                        opener.request_bound(),
+                        s.client.simple_query("SELECT pg_advisory_unlock_all()"),
+                    )
+                    .await?;
+                if !waits {
+                    return Ok(Some((Ok(None), false)));
+                }
+            }
+            Err(e) => return Ok(Some((Err(e), false))),
+        }
+    }
+    let tried = if mode == Mode::Shared {
+        Entered::Busy
+    } else {
+        opener
+            .answered(
+                "the lock request",
+                opener.request_bound(),
+                permit(&s.client, &keys, mode, false, pause),
+            )
+            .await?
+    };
+    let (entered, waited) = match tried {
+        Entered::Busy if waits => {
+            let wait = async {
+                match mode {
+                    Mode::Shared => reader_wait(&s.client, &keys).await,
+                    _ => permit(&s.client, &keys, mode, true, pause).await,
+                }
+            };
+            let r = match req.deadline().at() {
+                Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None),
+                },
+                None => wait.await,
+            };
+            (r.map_err(|e| opener.error(e))?, true)
+        }
+        other => (other, false),
+    };
+    let row = match entered {
+        Entered::Held(_) => {
+            opener
+                .answered(
+                    "the token",
+                    opener.request_bound(),
+                    s.client.query_opt(&s.stmts.family_token, &[&name.as_str()]),
+                )
+                .await
+        }
+        Entered::Busy => Ok(None),
+        Entered::Mismatch(held) => Err(Error::PermitsMismatch {
+            name: name.clone(),
+            held,
+            asked: mode.limit().unwrap_or(0),
+        }),
+    };
+    Ok(Some((row, waited)))
 }
 
 #[cfg(test)]

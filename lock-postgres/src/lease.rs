@@ -28,6 +28,8 @@ pub(crate) struct PgLeaseOps {
     /// The session is shared with other leases (`shared_sessions`): it is not closed when
     /// this lease ends, so its key is unlocked (or, if that fails, the session is ended).
     shared: Option<Arc<SharedSession>>,
+    /// The waiting slot its session took (`wait_sessions`), kept while the lock is held.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl PgLeaseOps {
@@ -49,7 +51,15 @@ impl PgLeaseOps {
             valued,
             valid_until: parking_lot::Mutex::new(valid_until),
             shared: None,
+            _slot: None,
         }
+    }
+
+    /// A lease granted on a session that took a waiting slot (`wait_sessions`): the slot is
+    /// the lease's until it ends.
+    pub(crate) fn in_slot(mut self, slot: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        self._slot = slot;
+        self
     }
 
     /// A lease on a shared session, whose key is claimed there.
@@ -74,6 +84,7 @@ impl PgLeaseOps {
         if let Some(shared) = &self.shared {
             shared.unclaim(self.key);
         }
+        self.opener.waiting.released(self.key);
     }
 
     fn valid_until(&self) -> Instant {

@@ -138,6 +138,7 @@ mod election;
 mod family;
 mod lease;
 mod lock;
+mod polling;
 mod pooler;
 mod session;
 mod shared;

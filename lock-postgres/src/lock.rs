@@ -6,16 +6,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lock_core::driver::{drift, random_below, Acquisition, Grant, ManagedLease};
+use lock_core::driver::{drift, Acquisition, Grant, ManagedLease};
 use lock_core::{
     Capabilities, Deadline, DistributedLock, Error, ExpiryClock, Fencing, FencingToken, HolderInfo,
     Lease, LockName, Mode, Renewal, Result,
 };
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::client::{advisory_key, Opener};
 use crate::config::BACKEND;
-use crate::family::Entered;
 use crate::lease::PgLeaseOps;
+use crate::polling::{Place, Polled};
 use crate::session::{Session, Sql};
 use crate::shared::{self, GrantParams, Pick};
 use crate::PgConfig;
@@ -86,7 +87,9 @@ impl PgLock {
             inner: Arc::new(Inner {
                 caps: Capabilities::new()
                     .with_fencing(Fencing::Strict)
-                    .with_fifo(!opener.config.shared_waits())
+                    .with_fifo(
+                        !opener.config.shared_waits() && opener.config.wait_sessions().is_none(),
+                    )
                     .with_inspect(true)
                     .with_per_lock_ttl(false)
                     .with_outlives_connection(false)
@@ -151,6 +154,7 @@ impl PgLock {
         &self,
         session: Session,
         req: Acquisition<'_>,
+        slot: &mut Option<OwnedSemaphorePermit>,
     ) -> Result<Option<Box<dyn Lease>>> {
         let name = req.name();
         let key = advisory_key(name);
@@ -193,7 +197,7 @@ impl PgLock {
                 other => (other, false),
             }
         } else {
-            match self.family_grant(s, &req, waits).await? {
+            match crate::family::grant(&self.inner.opener, s, &req, waits).await? {
                 Some(granted) => granted,
                 None => return Ok(None), // `pending` cancels the wait
             }
@@ -252,112 +256,9 @@ impl PgLock {
             req.mode(),
             req.value().is_some(),
             grant.valid_until,
-        );
+        )
+        .in_slot(slot.take());
         Ok(Some(self.managed(&req, grant, ops)))
-    }
-
-    /// A reader's or permit holder's locks (`family`), then its token: the try, and the wait
-    /// if it `waits` and the try was refused. `None`: the wait ran out (the caller closes the
-    /// session). As the exclusive grant: the token's row (`Ok(None)`: not granted, nothing
-    /// held) and whether it waited.
-    async fn family_grant(
-        &self,
-        s: &Session,
-        req: &Acquisition<'_>,
-        waits: bool,
-    ) -> Result<Option<(Result<Option<tokio_postgres::Row>>, bool)>> {
-        let opener = &self.inner.opener;
-        let (name, mode) = (req.name(), req.mode());
-        if !crate::family::permits_fit(mode) {
-            return Err(Error::config(format!(
-                "{}: at most {} permits on PostgreSQL",
-                mode.describe(),
-                i32::MAX
-            )));
-        }
-        let keys = crate::family::FamilyKeys::of(name);
-        let pause = || Duration::from_secs(1) + random_below(Duration::from_secs(1));
-        if mode == Mode::Shared {
-            // A reader's try and token in one round trip, as a writer's.
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-                &keys.name,
-                &name.as_str(),
-                &keys.gate,
-                &keys.permits,
-                &keys.readers,
-            ];
-            let tried = opener
-                .answered(
-                    "the lock request",
-                    opener.request_bound(),
-                    s.client.query_opt(&s.stmts.reader_try_grant, &params),
-                )
-                .await;
-            match tried {
-                Ok(Some(row)) => return Ok(Some((Ok(Some(row)), false))),
-                Ok(None) => {
-                    opener
-                        .answered(
-                            "letting go of a refused try",
-                            opener.request_bound(),
-                            s.client.simple_query("SELECT pg_advisory_unlock_all()"),
-                        )
-                        .await?;
-                    if !waits {
-                        return Ok(Some((Ok(None), false)));
-                    }
-                }
-                Err(e) => return Ok(Some((Err(e), false))),
-            }
-        }
-        let tried = if mode == Mode::Shared {
-            Entered::Busy
-        } else {
-            opener
-                .answered(
-                    "the lock request",
-                    opener.request_bound(),
-                    crate::family::permit(&s.client, &keys, mode, false, pause),
-                )
-                .await?
-        };
-        let (entered, waited) = match tried {
-            Entered::Busy if waits => {
-                let wait = async {
-                    match mode {
-                        Mode::Shared => crate::family::reader_wait(&s.client, &keys).await,
-                        _ => crate::family::permit(&s.client, &keys, mode, true, pause).await,
-                    }
-                };
-                let r = match req.deadline().at() {
-                    Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
-                        Ok(r) => r,
-                        Err(_) => return Ok(None),
-                    },
-                    None => wait.await,
-                };
-                (r.map_err(|e| opener.error(e))?, true)
-            }
-            other => (other, false),
-        };
-        let row = match entered {
-            Entered::Held(_) => {
-                opener
-                    .answered(
-                        "the token",
-                        opener.request_bound(),
-                        s.client.query_opt(&s.stmts.family_token, &[&name.as_str()]),
-                    )
-                    .await
-            }
-            Entered::Busy => Ok(None),
-            Entered::Mismatch(held) => Err(Error::PermitsMismatch {
-                name: name.clone(),
-                held,
-                asked: mode.limit().unwrap_or(0),
-            }),
-        };
-        Ok(Some((row, waited)))
     }
 
     /// An exclusive try on a shared session (`shared_sessions`): the lease if granted, `None`
@@ -495,25 +396,45 @@ impl DistributedLock for PgLock {
     /// On a session of its own; a session kept idle may have died with the server since: an
     /// error there earns one more try on a new one.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
-        if self.inner.opener.shared.enabled() && req.mode() == Mode::Exclusive {
+        let opener = &self.inner.opener;
+        let shares = opener.shared.enabled() && req.mode() == Mode::Exclusive;
+        if shares {
             if let Some(lease) = self.try_shared(&req).await? {
                 return Ok(Some(lease));
             }
             if matches!(req.deadline(), Deadline::Now) || req.deadline().passed() {
                 return Ok(None);
             }
-            // Busy: the wait takes a session of its own (a waiting session serves nothing
-            // else), and keeps it while it holds the lock.
         }
         // With `shared_waits`, it waits on the server only in its turn (`waits.rs`).
         let Some(_turn) = self.inner.turns.wait(&req).await else {
             return Ok(None);
         };
+        // Busy: the wait takes a session of its own (a waiting session serves nothing else),
+        // and keeps it while it holds the lock; with `wait_sessions`, only while a slot is
+        // free, else it polls (`polling.rs`).
+        // Readers and permit holders wait on a session each.
+        let mut slot = match shares.then(|| opener.waiting.place()) {
+            Some(Place::Polls) => {
+                let key = advisory_key(req.name());
+                match opener
+                    .waiting
+                    .poll(&req, key, || self.try_shared(&req))
+                    .await?
+                {
+                    Polled::Granted(lease) => return Ok(Some(lease)),
+                    Polled::GaveUp => return Ok(None),
+                    Polled::Slot(slot) => Some(slot),
+                }
+            }
+            Some(Place::Server(slot)) => slot,
+            None => None,
+        };
         let (session, reused) = self.session().await?;
-        match self.contend_on(session, req).await {
+        match self.contend_on(session, req, &mut slot).await {
             Err(e) if reused && e.is_retryable() && !req.deadline().passed() => {
-                let session = self.inner.opener.session().await?;
-                self.contend_on(session, req).await
+                let session = opener.session().await?;
+                self.contend_on(session, req, &mut slot).await
             }
             r => r,
         }

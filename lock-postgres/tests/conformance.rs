@@ -2,8 +2,9 @@
 //! `postgres://locker@{pg}/postgres`, from `scripts/services.sh up`), with the
 //! password server `pg-auth` and, with the `tls` feature, the TLS-only `pg-tls` for the
 //! `security` cases. Run twice: a session per lock (the default, unprefixed) and
-//! `shared_sessions::`, where locks granted at once share at most 2 sessions and a client's
-//! waiters of one name take turns on one waiting session (`shared_waits`; no FIFO promise
+//! `shared_sessions::`, where locks granted at once share at most 2 sessions, a client's
+//! waiters of one name take turns on one waiting session (`shared_waits`), and one waiter
+//! at a time waits on the server while the others poll (`wait_sessions=1`; no FIFO promise
 //! between clients, so the FIFO cases run only in the default run).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -35,6 +36,10 @@ struct Pg {
 /// How many sessions the `shared_sessions::` run's locks share: two, so that grants meet
 /// both on one session and across sessions.
 const SHARED: usize = 2;
+
+/// How many of a client's waiters wait on the server in the `shared_sessions::` run: one,
+/// so that a case with two waiters has one of each kind.
+const WAITING: usize = 1;
 
 /// Where the harness's own statements go: the server, without TLS.
 fn admin_conninfo(config: &PgConfig) -> String {
@@ -157,11 +162,14 @@ impl Harness for Pg {
                 let hosts: Vec<String> = keep.iter().map(|p| p.addr().to_string()).collect();
                 config = PgConfig::from_url(&format!(
                     "postgres://locker@{}/postgres?sslmode=disable&session_timeout_ms={}\
-                     &shared_sessions={}&shared_waits={}",
+                     &shared_sessions={}&shared_waits={}{}",
                     hosts.join(","),
                     config.session_timeout().as_millis(),
                     config.shared_sessions(),
-                    config.shared_waits()
+                    config.shared_waits(),
+                    (config.wait_sessions())
+                        .map(|n| format!("&wait_sessions={n}"))
+                        .unwrap_or_default()
                 ))?;
                 Ok(Faulty::new(Arc::new(PgLock::connect(config).await?), keep))
             }
@@ -189,7 +197,9 @@ fn main() -> ExitCode {
             config: config
                 .with_shared_sessions(SHARED)
                 .expect("shared sessions")
-                .with_shared_waits(true),
+                .with_shared_waits(true)
+                .with_wait_sessions(WAITING)
+                .expect("wait sessions"),
             servers,
             reads: AtomicU64::new(0),
             secured: false,

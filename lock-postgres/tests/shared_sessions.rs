@@ -428,3 +428,150 @@ async fn the_next_waiter_is_on_the_server_while_the_one_before_holds() {
         .unwrap();
     second.release().await.unwrap();
 }
+
+/// A client with `shared_sessions=shared` and `wait_sessions=waits`, named `app` on the
+/// server (so its connections can be counted).
+async fn bounded(shared: usize, waits: usize, app: &str) -> PgLock {
+    PgLock::from_url(&servers::url(&format!(
+        "postgres://locker@{{pg}}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
+         &shared_sessions={shared}&wait_sessions={waits}&application_name={app}"
+    )))
+    .await
+    .unwrap()
+}
+
+/// The server connections named `app`.
+async fn connections(c: &tokio_postgres::Client, app: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+        &[&app],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// `wait_sessions=2` with `shared_sessions=2`: twelve waiters of twelve held names take at most
+/// four connections (two shared, two waiting on the server; the others poll), and every one
+/// is granted once the names are released, the pollers too.
+#[tokio::test]
+async fn bounded_waits_keep_a_client_to_its_sessions() {
+    let app = format!("distlock-waits-{}", std::process::id());
+    let lock = bounded(2, 2, &app).await;
+    let other = PgLock::from_url(&url(0)).await.unwrap();
+    let names: Vec<LockName> = (0..12).map(|_| fresh_name("waits-bounded")).collect();
+    let mut held = Vec::new();
+    for n in &names {
+        held.push(other.try_acquire(n, &opts()).await.unwrap().unwrap());
+    }
+    let waiters: Vec<_> = (names.iter().cloned())
+        .map(|n| {
+            let lock = lock.clone();
+            let wait = opts().wait_for(Duration::from_secs(20));
+            tokio::spawn(async move { lock.acquire(&n, &wait).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let admin = sql().await;
+    let waiting_on_server: i64 = {
+        let mut sum = 0;
+        for n in &names {
+            sum += waiting(&admin, n).await;
+        }
+        sum
+    };
+    assert_eq!(waiting_on_server, 2, "waiters on the server, of 12");
+    let open = connections(&admin, &app).await;
+    assert!(
+        open <= 4,
+        "12 waiters took {open} connections, not at most 2 + 2"
+    );
+    for l in held {
+        l.release().await.unwrap();
+    }
+    for (i, w) in waiters.into_iter().enumerate() {
+        let granted = tokio::time::timeout(Duration::from_secs(10), w).await;
+        let lease = granted
+            .unwrap_or_else(|_| panic!("waiter {i} not granted within 10 s of the releases"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+        lease.release().await.unwrap();
+    }
+}
+
+/// A polling waiter (`wait_sessions=0`) is woken by its own client's release of the name: it
+/// is granted within a round trip or two, not at its next try (by then a pause of 250 to
+/// 500 ms: it has polled for 2 s).
+#[tokio::test]
+async fn a_poller_is_woken_by_its_own_clients_release() {
+    let app = format!("distlock-waits-woken-{}", std::process::id());
+    let lock = bounded(2, 0, &app).await;
+    let name = fresh_name("waits-woken");
+    let lease = lock.try_acquire(&name, &opts()).await.unwrap().unwrap();
+    let waiter = {
+        let (lock, name) = (lock.clone(), name.clone());
+        let wait = opts().wait_for(Duration::from_secs(20));
+        tokio::spawn(async move {
+            let l = lock.acquire(&name, &wait).await;
+            (Instant::now(), l)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let released = Instant::now();
+    lease.release().await.unwrap();
+    let (granted, next) = waiter.await.unwrap();
+    let took = granted.duration_since(released);
+    assert!(
+        took < Duration::from_millis(200),
+        "the poller was granted {took:?} after its own client's release: not woken by it"
+    );
+    next.unwrap().release().await.unwrap();
+}
+
+/// `wait_sessions=1`: a waiter granted on the server keeps the slot while it holds the lock,
+/// so the next waiter polls instead of waiting on the server; once the holder releases, the
+/// poller takes the slot that came free and waits on the server.
+#[tokio::test]
+async fn a_waiter_granted_on_the_server_keeps_its_slot() {
+    let app = format!("distlock-waits-slot-{}", std::process::id());
+    let lock = bounded(2, 1, &app).await;
+    let other = PgLock::from_url(&url(0)).await.unwrap();
+    let (x, y) = (fresh_name("waits-slot-x"), fresh_name("waits-slot-y"));
+    let held_x = other.try_acquire(&x, &opts()).await.unwrap().unwrap();
+    let held_y = other.try_acquire(&y, &opts()).await.unwrap().unwrap();
+    let wait = opts().wait_for(Duration::from_secs(20));
+    let first = {
+        let (lock, x, wait) = (lock.clone(), x.clone(), wait.clone());
+        tokio::spawn(async move { lock.acquire(&x, &wait).await })
+    };
+    let admin = sql().await;
+    let settled = |what: &'static str, name: LockName, want: i64| {
+        let admin = &admin;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while waiting(admin, &name).await != want && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(waiting(admin, &name).await, want, "{what}");
+        }
+    };
+    settled("the first waiter waits on the server", x.clone(), 1).await;
+    held_x.release().await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    let second = {
+        let (lock, y) = (lock.clone(), y.clone());
+        tokio::spawn(async move { lock.acquire(&y, &wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        waiting(&admin, &y).await,
+        0,
+        "the second waiter waits on the server while the first holds the lock it was granted \
+         there (its slot)"
+    );
+    first.release().await.unwrap();
+    settled("the poller took the freed slot", y.clone(), 1).await;
+    held_y.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), second).await;
+    second.unwrap().unwrap().unwrap().release().await.unwrap();
+}
