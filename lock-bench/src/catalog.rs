@@ -42,6 +42,9 @@ pub(crate) enum Backend {
     /// The same server, the driver's exclusive locks on at most 4 shared sessions
     /// (`shared_sessions=4`); the same baselines.
     PostgresShared,
+    /// As `postgres-shared`, and every exclusive waiter polls on those sessions instead of
+    /// waiting on one of its own (`wait_sessions=0`); the same baselines.
+    PostgresPolling,
 }
 
 /// The name a [`ValueEnum`] value has on the command line (and in the results).
@@ -118,7 +121,7 @@ impl Endpoints {
             Backend::Etcd | Backend::EtcdCluster | Backend::EtcdShared => {
                 server_probes::etcd_grpc_messages_received(&self.etcd(backend)?.0).await
             }
-            Backend::Postgres | Backend::PostgresShared => {
+            Backend::Postgres | Backend::PostgresShared | Backend::PostgresPolling => {
                 server_probes::pg_statements(&self.pg_url).await
             }
         }
@@ -163,7 +166,7 @@ impl Endpoints {
             Backend::Zookeeper | Backend::ZookeeperEnsemble => {
                 server_probes::zk_connections(self.zk(backend)?.0).await
             }
-            Backend::Postgres | Backend::PostgresShared => {
+            Backend::Postgres | Backend::PostgresShared | Backend::PostgresPolling => {
                 server_probes::pg_sessions(&self.pg_url).await
             }
             Backend::Memory | Backend::Etcd | Backend::EtcdCluster | Backend::EtcdShared => None,
@@ -188,7 +191,7 @@ pub(crate) async fn baselines_for(
     use crate::{etcd_baselines, pg_baselines, redis_baselines, zk_baselines};
     match (backend, mode) {
         (_, Mode::Exclusive) => {}
-        (Backend::Postgres | Backend::PostgresShared, Mode::Shared) => {
+        (Backend::Postgres | Backend::PostgresShared | Backend::PostgresPolling, Mode::Shared) => {
             return Ok(vec![Arc::new(
                 pg_baselines::PgFloor::connect_as(&ep.pg_url, true).await?,
             )])
@@ -238,7 +241,7 @@ pub(crate) async fn baselines_for(
                 Arc::new(etcd_baselines::LockRpc::connect(&eps, label).await?),
             ]
         }
-        Backend::Postgres | Backend::PostgresShared => vec![
+        Backend::Postgres | Backend::PostgresShared | Backend::PostgresPolling => vec![
             Arc::new(pg_baselines::PgFloor::connect(&ep.pg_url).await?),
             Arc::new(pg_baselines::SqlxLock::connect(&ep.pg_url).await?),
         ],
@@ -313,6 +316,10 @@ pub(crate) async fn connect(
         ),
         Backend::Postgres => format!("{}?sslmode=disable", ep.pg_url),
         Backend::PostgresShared => format!("{}?sslmode=disable&shared_sessions=4", ep.pg_url),
+        Backend::PostgresPolling => format!(
+            "{}?sslmode=disable&shared_sessions=4&wait_sessions=0",
+            ep.pg_url
+        ),
     };
     distlock::connect(&url).await.map_err(|e| e.to_string())
 }
@@ -321,16 +328,39 @@ pub(crate) async fn connect(
 /// keys.
 const PLAIN_PREFIX: &str = "bench-plain:";
 
-/// Another client than distlock on the same keys, to hold the lock in the `foreign-handoff`
-/// scenario; only backends that share their layout with one have it.
+/// Another client, to hold the lock in the `foreign-handoff` scenario: redis-py's algorithm
+/// on the `redis-plain` keys; on PostgreSQL, another distlock client with a session per lock
+/// (so that the hand-off crosses clients: a `postgres-polling` waiter hears of that release
+/// only at its next try, where its own client's release wakes it at once).
 pub(crate) async fn foreign_holder(
     backend: Backend,
     ep: &Endpoints,
-) -> Result<Option<Arc<dyn Subject>>, String> {
+) -> Result<Option<Foreign>, String> {
     Ok(match backend {
-        Backend::RedisPlain => Some(Arc::new(
-            crate::redis_baselines::RawFloor::redis_py(&ep.redis_url, PLAIN_PREFIX).await?,
-        )),
+        Backend::RedisPlain => Some(Foreign {
+            holder: Arc::new(
+                crate::redis_baselines::RawFloor::redis_py(&ep.redis_url, PLAIN_PREFIX).await?,
+            ),
+            baselines: true,
+        }),
+        Backend::Postgres | Backend::PostgresShared | Backend::PostgresPolling => {
+            Some(Foreign {
+                holder: Arc::new(Driver {
+                    lock: connect(Backend::Postgres, ep).await?,
+                    opts: LockOptions::new(Duration::from_secs(10)),
+                    label: Some("distlock postgres, another client"),
+                }),
+                // sqlx and the floor hash names to other keys.
+                baselines: false,
+            })
+        }
         _ => None,
     })
+}
+
+/// The `foreign-handoff` scenario's holder, and whether the backend's baselines take the
+/// same keys (else only distlock waits for it).
+pub(crate) struct Foreign {
+    pub(crate) holder: Arc<dyn Subject>,
+    pub(crate) baselines: bool,
 }

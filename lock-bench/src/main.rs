@@ -11,8 +11,9 @@
 //! - `throughput`: K tasks on K distinct names for a fixed time; ops/s.
 //! - `handoff`: K tasks contend for one name; latency from the holder starting its release to
 //!   the next holder's acquire returning; p50/p99.
-//! - `foreign-handoff` (backends that share their keys with another client: `redis-plain`):
-//!   that client holds, each subject waits; latency from the release to the grant.
+//! - `foreign-handoff` (backends that share their keys with another client: `redis-plain`
+//!   with redis-py's algorithm; PostgreSQL with a distlock client of its own, for distlock
+//!   only): that client holds, each subject waits; latency from the release to the grant.
 //! - `resign`, `failover` (not run by default; backends that hold elections): a leader
 //!   resigns, or crashes (its lease left to lapse); latency until an observer shows the
 //!   waiting candidate as leader; on etcd beside the server's own Campaign/Observe RPCs
@@ -297,7 +298,11 @@ async fn measure(args: &Args, backend: Backend, mode: lock_core::Mode) -> Result
                     continue;
                 }
                 if scenario == Scenario::ForeignHandoff {
-                    let Some(holder) = &foreign else { continue };
+                    let Some(f) = &foreign else { continue };
+                    if subjects[i].1 && !f.baselines {
+                        continue;
+                    }
+                    let holder = &f.holder;
                     per_subject[i]
                         .push(foreign_handoff(holder.clone(), s.clone(), args.handoffs / 4).await?);
                     continue;
