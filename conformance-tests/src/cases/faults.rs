@@ -488,10 +488,15 @@ async fn lost_reply_try(h: &dyn Harness) -> Result<Cut, Failure> {
     }
     let said = match answer {
         // Its connection was just cut: the release may answer a retryable error, and the
-        // driver then sends it again by itself; the acquisition below says whether it did.
+        // driver then sends it again by itself; or, where the lock lives as long as its
+        // connection (PostgreSQL), the lease went with it (a cut that came after the reply).
+        // The acquisition below says whether the lock was freed.
         Ok(Some(lease)) => match lease.release().await {
             Ok(()) => "a lease, released".to_string(),
             Err(e) if e.is_retryable() => format!("a lease, whose release answered {e}"),
+            Err(e @ (lock_core::Error::Lost { .. } | lock_core::Error::NotHeld { .. })) => {
+                format!("a lease, lost with its connection ({e})")
+            }
             Err(e) => return Err(e.into()),
         },
         Ok(None) => {
