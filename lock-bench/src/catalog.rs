@@ -329,9 +329,10 @@ pub(crate) async fn connect(
 const PLAIN_PREFIX: &str = "bench-plain:";
 
 /// Another client, to hold the lock in the `foreign-handoff` scenario: redis-py's algorithm
-/// on the `redis-plain` keys; on PostgreSQL, another distlock client with a session per lock
-/// (so that the hand-off crosses clients: a `postgres-polling` waiter hears of that release
-/// only at its next try, where its own client's release wakes it at once).
+/// on the `redis-plain` keys; on PostgreSQL, another distlock client configured as the
+/// subject (so that the hand-off crosses clients: a `postgres-polling` waiter is woken by
+/// that client's announced release; a release of a client without `wait_sessions` it would
+/// hear of only at its next try).
 pub(crate) async fn foreign_holder(
     backend: Backend,
     ep: &Endpoints,
@@ -346,7 +347,7 @@ pub(crate) async fn foreign_holder(
         Backend::Postgres | Backend::PostgresShared | Backend::PostgresPolling => {
             Some(Foreign {
                 holder: Arc::new(Driver {
-                    lock: connect(Backend::Postgres, ep).await?,
+                    lock: connect(backend, ep).await?,
                     opts: LockOptions::new(Duration::from_secs(10)),
                     label: Some("distlock postgres, another client"),
                 }),

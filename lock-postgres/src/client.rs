@@ -204,8 +204,6 @@ pub(crate) struct Opener {
     pub(crate) idle: Pool,
     /// Sessions that locks granted at once share (`shared_sessions`; none by default).
     pub(crate) shared: crate::shared::SharedSessions,
-    /// Where waiters wait (`wait_sessions`; on the server, unbounded, by default).
-    pub(crate) waiting: crate::polling::Waiting,
 }
 
 /// A connection with its server settings made, not yet prepared.
@@ -215,6 +213,13 @@ pub(crate) struct Opened {
     /// The backend's pid, as the session set-up reported it.
     pub(crate) pid: i32,
     user_timeout: bool,
+}
+
+impl Opened {
+    /// Whether its connection has closed (the server ended it, or the network dropped it).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed() || self.driven.0.is_finished() || *self.driven.1.borrow()
+    }
 }
 
 impl Opener {
@@ -227,7 +232,6 @@ impl Opener {
             sql: Sql::for_table(config.table(), false),
             idle: Pool::default(),
             shared: crate::shared::SharedSessions::new(config.shared_sessions()),
-            waiting: crate::polling::Waiting::new(config.wait_sessions()),
             config,
         })
     }

@@ -327,13 +327,17 @@ impl PgConfig {
     /// At most `n` of a client's exclusive waiters wait on the server at once, each on a
     /// session of its own that it keeps while it holds the lock it was granted there; the
     /// others poll, trying on the shared sessions (pauses of 10 ms doubling to 500 ms),
-    /// woken at once by this client's own release of the name. With
-    /// [`with_shared_sessions`](Self::with_shared_sessions), a client's connections are then
-    /// bounded however many locks it holds and waits for: the shared sessions, `n`, and a few
-    /// idle ones. A waiter never waits for a session to wait on, so the bound adds no
-    /// deadlock. The price: a polling waiter sees another client's release at its next try,
-    /// not at once, and comes before or after the server's queue as its tries fall, so
-    /// [`Capabilities::fifo`](lock_core::Capabilities) is `false`. Needs `shared_sessions` (the
+    /// woken at once by this client's own release of the name and by another client's that
+    /// announces it: with this option a client's exclusive releases `pg_notify` the key's
+    /// channel, which one listening connection of the client `LISTEN`s to while the key has
+    /// pollers. With [`with_shared_sessions`](Self::with_shared_sessions), a client's
+    /// connections are then bounded however many locks it holds and waits for: the shared
+    /// sessions, `n`, the listening one and a few idle ones. A waiter never waits for a
+    /// session to wait on, so the bound adds no deadlock. The price: a polling waiter sees a
+    /// release that was not announced (a client without the option, another program, a
+    /// holder's end) at its next try, not at once, and pollers come before or after the
+    /// server's queue as their tries fall, so [`Capabilities::fifo`](lock_core::Capabilities)
+    /// is `false`. Needs `shared_sessions` (the
     /// tries' sessions); readers and permit holders still wait on a session each. Unbounded
     /// by default; at most [`MAX_SHARED_SESSIONS`](Self::MAX_SHARED_SESSIONS), and `0` polls
     /// always.

@@ -10,6 +10,7 @@ use lock_core::{Error, LockName, Result};
 
 use crate::client::Opener;
 use crate::config::BACKEND;
+use crate::polling::Waiting;
 use crate::session::Session;
 use crate::shared::SharedSession;
 
@@ -30,6 +31,8 @@ pub(crate) struct PgLeaseOps {
     shared: Option<Arc<SharedSession>>,
     /// The waiting slot its session took (`wait_sessions`), kept while the lock is held.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The client's pollers (`wait_sessions`), woken when this lease lets go.
+    pollers: Option<Arc<Waiting>>,
 }
 
 impl PgLeaseOps {
@@ -52,7 +55,14 @@ impl PgLeaseOps {
             valid_until: parking_lot::Mutex::new(valid_until),
             shared: None,
             _slot: None,
+            pollers: None,
         }
+    }
+
+    /// A lease whose letting go wakes `pollers` of its name.
+    pub(crate) fn waking(mut self, pollers: &Arc<Waiting>) -> Self {
+        self.pollers = Some(pollers.clone());
+        self
     }
 
     /// A lease granted on a session that took a waiting slot (`wait_sessions`): the slot is
@@ -84,7 +94,9 @@ impl PgLeaseOps {
         if let Some(shared) = &self.shared {
             shared.unclaim(self.key);
         }
-        self.opener.waiting.released(self.key);
+        if let Some(p) = &self.pollers {
+            p.released(self.key);
+        }
     }
 
     fn valid_until(&self) -> Instant {

@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     pub(crate) caps: Capabilities,
     /// Waiters' turns per name (`shared_waits`).
     turns: crate::waits::Turns,
+    /// Where waiters wait (`wait_sessions`; on the server, unbounded, by default).
+    waiting: Arc<crate::polling::Waiting>,
 }
 
 impl PgLock {
@@ -76,6 +78,9 @@ impl PgLock {
             )
             .await?;
         opener.sql = Sql::for_table(opener.config.table(), valued);
+        if opener.config.wait_sessions().is_some() {
+            opener.sql = opener.sql.announcing_releases();
+        }
         opener.warn_unbounded(&first);
         let first = opener.prepare(first).await?;
         // The first grant's session: a shared one where locks share them.
@@ -105,6 +110,7 @@ impl PgLock {
                     // The holder's value in its counter row (`election`).
                     .with_election(valued),
                 turns: crate::waits::Turns::new(opener.config.shared_waits()),
+                waiting: Arc::new(crate::polling::Waiting::new(opener.config.wait_sessions())),
                 opener: Arc::new(opener),
             }),
         })
@@ -257,7 +263,8 @@ impl PgLock {
             req.value().is_some(),
             grant.valid_until,
         )
-        .in_slot(slot.take());
+        .in_slot(slot.take())
+        .waking(&self.inner.waiting);
         Ok(Some(self.managed(&req, grant, ops)))
     }
 
@@ -315,7 +322,8 @@ impl PgLock {
                 req.value().is_some(),
                 grant.valid_until,
             )
-            .on_shared(shared);
+            .on_shared(shared)
+            .waking(&self.inner.waiting);
             return Ok(Some(self.managed(req, grant, ops)));
         }
     }
@@ -414,12 +422,12 @@ impl DistributedLock for PgLock {
         // and keeps it while it holds the lock; with `wait_sessions`, only while a slot is
         // free, else it polls (`polling.rs`).
         // Readers and permit holders wait on a session each.
-        let mut slot = match shares.then(|| opener.waiting.place()) {
+        let waiting = &self.inner.waiting;
+        let mut slot = match shares.then(|| waiting.place()) {
             Some(Place::Polls) => {
                 let key = advisory_key(req.name());
-                match opener
-                    .waiting
-                    .poll(&req, key, || self.try_shared(&req))
+                match waiting
+                    .poll(opener, &req, key, || self.try_shared(&req))
                     .await?
                 {
                     Polled::Granted(lease) => return Ok(Some(lease)),

@@ -2,9 +2,12 @@
 //! waiters wait on the server, each on a session of its own that the server's lock queue
 //! blocks (and that keeps the lock it is granted there until its release); the others poll
 //! with tries on the shared sessions. A poller is woken at once by this client's own release
-//! of its name; another client's release, or a holder's end, it sees at its next try. No
-//! waiter ever waits for a slot (it polls instead, and takes one that came free between two
-//! tries), so the bound cannot make a cycle of waits that the locks alone would not make.
+//! of its name, and by another client's that announces it (clients with `wait_sessions`
+//! unlock with a `pg_notify` on the key's channel, which this client's one listening
+//! connection `LISTEN`s to while the key has pollers); any other release, or a holder's end,
+//! it sees at its next try. No waiter ever waits for a slot (it polls instead, and takes one
+//! that came free between two tries), so the bound cannot make a cycle of waits that the
+//! locks alone would not make.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,6 +19,9 @@ use lock_core::{Lease, Result};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::client::{Opened, Opener};
+use crate::session::channel;
+
 /// The first pause between a poller's tries, and the longest: another client's release is
 /// seen within about the longest, and a thousand pollers send at most 2,000 tries a second.
 const FIRST: Duration = Duration::from_millis(10);
@@ -25,9 +31,13 @@ const MOST: Duration = Duration::from_millis(500);
 pub(crate) struct Waiting {
     /// `None`: unbounded (every waiter waits on the server).
     slots: Option<Arc<Semaphore>>,
-    /// Pollers of each advisory key, woken by a release of it here.
-    wakers: Mutex<HashMap<i64, Arc<Notify>>>,
+    /// Pollers of each advisory key, woken by a release of it here or an announced one.
+    wakers: Wakers,
+    /// The listening connection, once a poller needed it (and again after it closed).
+    listener: Arc<tokio::sync::Mutex<Option<Opened>>>,
 }
+
+type Wakers = Arc<Mutex<HashMap<i64, Arc<Notify>>>>;
 
 /// Where a waiter waits.
 pub(crate) enum Place {
@@ -53,7 +63,8 @@ impl Waiting {
     pub(crate) fn new(slots: Option<usize>) -> Self {
         Waiting {
             slots: slots.map(|n| Arc::new(Semaphore::new(n))),
-            wakers: Mutex::new(HashMap::new()),
+            wakers: Wakers::default(),
+            listener: Arc::default(),
         }
     }
 
@@ -73,15 +84,64 @@ impl Waiting {
         if self.slots.is_none() {
             return;
         }
-        if let Some(n) = self.wakers.lock().get(&key) {
-            n.notify_waiters();
+        wake(&self.wakers, key);
+    }
+
+    /// `LISTEN`s on `key`'s channel, on the listening connection (opened, with every polled
+    /// key's channel, if it is not open), unless the key has no poller by then. Best effort:
+    /// without it pollers hear of other clients' releases at their next try.
+    async fn listen(&self, opener: &Opener, key: i64) {
+        let mut conn = self.listener.lock().await;
+        let keys: Vec<i64> = match conn.as_ref() {
+            Some(c) if !c.is_closed() => vec![key],
+            _ => {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                match opener.open_with(Some(tx)).await {
+                    Ok(opened) => *conn = Some(opened),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no listening connection; pollers poll");
+                        return;
+                    }
+                }
+                let wakers = self.wakers.clone();
+                tokio::spawn(async move {
+                    while let Some(n) = rx.recv().await {
+                        let hex = n.channel().strip_prefix("distlock_").unwrap_or_default();
+                        if let Ok(k) = u64::from_str_radix(hex, 16) {
+                            wake(&wakers, k as i64);
+                        }
+                    }
+                });
+                self.wakers.lock().keys().copied().collect()
+            }
+        };
+        let Some(c) = conn.as_ref() else { return };
+        let sql: String = {
+            let polled = self.wakers.lock();
+            (keys.iter())
+                .filter(|k| polled.contains_key(k))
+                .map(|k| format!("LISTEN \"{}\";", channel(*k)))
+                .collect()
+        };
+        if sql.is_empty() {
+            return;
+        }
+        let listened = opener.answered(
+            "the LISTEN",
+            opener.request_bound(),
+            c.client.batch_execute(&sql),
+        );
+        if let Err(e) = listened.await {
+            tracing::debug!(error = %e, "LISTEN failed; pollers poll");
+            *conn = None;
         }
     }
 
     /// Tries with `try_once` until granted, a slot comes free, or `req`'s deadline passes,
     /// pausing on a back-off between tries unless this client releases the name meanwhile.
     pub(crate) async fn poll<F, Fut>(
-        &self,
+        self: &Arc<Self>,
+        opener: &Arc<Opener>,
         req: &Acquisition<'_>,
         key: i64,
         mut try_once: F,
@@ -91,6 +151,13 @@ impl Waiting {
         Fut: Future<Output = Result<Option<Box<dyn Lease>>>>,
     {
         let woken = Woken::of(self, key);
+        if woken.first {
+            // In the background: a poller never waits for the listening connection (a login
+            // may take the connect timeout), and one release missed meanwhile costs a pause
+            // of the first few, which are short.
+            let (me, opener) = (self.clone(), opener.clone());
+            tokio::spawn(async move { me.listen(&opener, key).await });
+        }
         let mut pauses = Backoff::new(FIRST, MOST);
         req.queued();
         loop {
@@ -120,20 +187,33 @@ impl Waiting {
     }
 }
 
-/// A poller's hold on its key's wake-up; the entry goes with the last poller of the key.
+/// Wakes `key`'s pollers.
+fn wake(wakers: &Wakers, key: i64) {
+    if let Some(n) = wakers.lock().get(&key) {
+        n.notify_waiters();
+    }
+}
+
+/// A poller's hold on its key's wake-up; the entry goes with the last poller of the key, and
+/// the listening connection stops listening to it then (unless a poller came meanwhile).
 struct Woken<'a> {
     of: &'a Waiting,
     key: i64,
     notify: Arc<Notify>,
+    /// The key had no poller before this one: it is not listened to yet.
+    first: bool,
 }
 
 impl<'a> Woken<'a> {
     fn of(waiting: &'a Waiting, key: i64) -> Self {
-        let notify = waiting.wakers.lock().entry(key).or_default().clone();
+        let mut wakers = waiting.wakers.lock();
+        let first = !wakers.contains_key(&key);
+        let notify = wakers.entry(key).or_default().clone();
         Woken {
             of: waiting,
             key,
             notify,
+            first,
         }
     }
 }
@@ -142,8 +222,24 @@ impl Drop for Woken<'_> {
     fn drop(&mut self) {
         let mut wakers = self.of.wakers.lock();
         // The map's and this one: nobody else polls the key.
-        if Arc::strong_count(&self.notify) == 2 {
-            wakers.remove(&self.key);
+        if Arc::strong_count(&self.notify) != 2 {
+            return;
         }
+        wakers.remove(&self.key);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (listener, all, key) = (self.of.listener.clone(), self.of.wakers.clone(), self.key);
+        rt.spawn(async move {
+            // Under the listener's lock, as a LISTEN is: a poller that came since keeps it.
+            let conn = listener.lock().await;
+            let polled = all.lock().contains_key(&key);
+            if let (Some(c), false) = (conn.as_ref(), polled) {
+                let _ = c
+                    .client
+                    .batch_execute(&format!("UNLISTEN \"{}\"", channel(key)))
+                    .await;
+            }
+        });
     }
 }

@@ -158,6 +158,13 @@ pub(crate) fn channel(key: i64) -> String {
 }
 
 impl Sql {
+    /// The same, whose exclusive unlock announces itself on the key's channel, as an
+    /// election's does: polling waiters (`wait_sessions`) of other clients listen there.
+    pub(crate) fn announcing_releases(mut self) -> Self {
+        self.exclusive.unlock = self.unlock_announced.clone();
+        self
+    }
+
     /// The statements for `table`; `valued` when it has the `value` column (`election`).
     pub(crate) fn for_table(table: &str, valued: bool) -> Self {
         let t = quoted(table);
