@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::client::{Opened, Opener};
-use crate::session::channel;
+use crate::session::{channel, key_of_channel};
 
 /// The first pause between a poller's tries, and the longest: another client's release is
 /// seen within about the longest, and a thousand pollers send at most 2,000 tries a second.
@@ -106,9 +106,8 @@ impl Waiting {
                 let wakers = self.wakers.clone();
                 tokio::spawn(async move {
                     while let Some(n) = rx.recv().await {
-                        let hex = n.channel().strip_prefix("distlock_").unwrap_or_default();
-                        if let Ok(k) = u64::from_str_radix(hex, 16) {
-                            wake(&wakers, k as i64);
+                        if let Some(k) = key_of_channel(n.channel()) {
+                            wake(&wakers, k);
                         }
                     }
                 });

@@ -157,6 +157,12 @@ pub(crate) fn channel(key: i64) -> String {
     format!("distlock_{:016x}", key as u64)
 }
 
+/// The advisory key whose [`channel`] `name` is, if it is one.
+pub(crate) fn key_of_channel(name: &str) -> Option<i64> {
+    let hex = name.strip_prefix("distlock_")?;
+    u64::from_str_radix(hex, 16).ok().map(|k| k as i64)
+}
+
 impl Sql {
     /// The same, whose exclusive unlock announces itself on the key's channel, as an
     /// election's does: polling waiters (`wait_sessions`) of other clients listen there.
@@ -368,6 +374,15 @@ impl Drop for Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_channel_names_its_key_back() {
+        for key in [0, 1, -1, i64::MIN, i64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(key_of_channel(&channel(key)), Some(key));
+        }
+        assert_eq!(key_of_channel("distlock_xyz"), None);
+        assert_eq!(key_of_channel("other_0000000000000001"), None);
+    }
 
     #[test]
     fn keepalives_reach_the_bound_and_not_much_more() {
