@@ -596,3 +596,71 @@ async fn a_poller_is_woken_by_another_clients_announced_release() {
     let (holder, lock) = (bounded(2, 0, &app).await, bounded(2, 0, &app).await);
     woken_hand_offs(&holder, &lock, "another client's announced release").await;
 }
+
+/// `wait_sessions=1`: a server wait that ends without a grant gives its slot back, whether it
+/// timed out or its future was dropped: the next waiter waits on the server, not by polling.
+#[tokio::test]
+async fn a_server_wait_that_ends_without_a_grant_frees_its_slot() {
+    let app = format!("distlock-waits-freed-{}", std::process::id());
+    let lock = bounded(2, 1, &app).await;
+    let other = PgLock::from_url(&url(0)).await.unwrap();
+    let names: Vec<LockName> = (0..3).map(|_| fresh_name("waits-freed")).collect();
+    let mut held = Vec::new();
+    for n in &names {
+        held.push(other.try_acquire(n, &opts()).await.unwrap().unwrap());
+    }
+    let admin = sql().await;
+    let on_server = |name: LockName| {
+        let admin = &admin;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while waiting(admin, &name).await != 1 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            waiting(admin, &name).await == 1
+        }
+    };
+    // The first waits on the server and times out there.
+    let timed_out = {
+        let (lock, n) = (lock.clone(), names[0].clone());
+        let short = opts().wait_for(Duration::from_millis(1500));
+        tokio::spawn(async move { lock.acquire(&n, &short).await })
+    };
+    assert!(
+        on_server(names[0].clone()).await,
+        "the first waiter, with a slot free, did not wait on the server"
+    );
+    let timed_out = timed_out.await.unwrap();
+    assert!(
+        matches!(timed_out, Err(lock_core::Error::Timeout { .. })),
+        "a wait of 1.5 s for a held name: {timed_out:?}"
+    );
+    // The second takes the slot it left, waits on the server, and is dropped there.
+    let long = opts().wait_for(Duration::from_secs(20));
+    let dropped = {
+        let (lock, n, long) = (lock.clone(), names[1].clone(), long.clone());
+        tokio::spawn(async move { lock.acquire(&n, &long).await })
+    };
+    assert!(
+        on_server(names[1].clone()).await,
+        "after a server wait timed out, the next waiter did not wait on the server: the \
+         timed-out wait kept its slot"
+    );
+    dropped.abort();
+    let _ = dropped.await;
+    // The third takes the slot the dropped one left.
+    let third = {
+        let (lock, n) = (lock.clone(), names[2].clone());
+        tokio::spawn(async move { lock.acquire(&n, &long).await })
+    };
+    assert!(
+        on_server(names[2].clone()).await,
+        "after a server wait was dropped, the next waiter did not wait on the server: the \
+         dropped wait kept its slot"
+    );
+    for l in held {
+        l.release().await.unwrap();
+    }
+    let granted = tokio::time::timeout(Duration::from_secs(5), third).await;
+    granted.unwrap().unwrap().unwrap().release().await.unwrap();
+}
