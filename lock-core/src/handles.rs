@@ -14,7 +14,7 @@ use std::cell::RefCell;
 
 use metrics::{Counter, Gauge, Histogram, Label};
 
-use crate::convention::{label, lock_names_labelled};
+use crate::convention::{label, lock_names_labelled, metric};
 use crate::LockName;
 
 /// One series: the addresses of the metric's name, its backend and its other label values in
@@ -34,8 +34,10 @@ const KEEP: usize = 256;
 
 thread_local! {
     static COUNTERS: Kept<Counter> = const { RefCell::new(Vec::new()) };
-    static GAUGES: Kept<Gauge> = const { RefCell::new(Vec::new()) };
     static HISTOGRAMS: Kept<Histogram> = const { RefCell::new(Vec::new()) };
+    static OUTCOMES: Kept<(Counter, Histogram)> = const { RefCell::new(Vec::new()) };
+    static STARTS: Kept<(Gauge, Counter, Histogram)> = const { RefCell::new(Vec::new()) };
+    static GRANTS: Kept<(Gauge, Histogram)> = const { RefCell::new(Vec::new()) };
 }
 
 /// The address of the recorder metrics go to now (the no-op one when none is installed).
@@ -80,7 +82,11 @@ fn handle<H: Clone>(
     let now = recorder();
     kept.with(|kept| {
         let mut kept = kept.borrow_mut();
-        if let Some((_, _, h)) = kept.iter().find(|(r, s, _)| *r == now && *s == series) {
+        // Word by word, not `==` on the arrays (a `memcmp` call each).
+        let same = |(r, s, _): &&(usize, Series, H)| {
+            *r == now && s.iter().zip(&series).all(|(a, b)| a == b)
+        };
+        if let Some((_, _, h)) = kept.iter().find(same) {
             return h.clone();
         }
         if kept.len() >= KEEP {
@@ -107,21 +113,6 @@ pub(crate) fn counter(
     })
 }
 
-/// The gauge `metric` (see [`handle`]).
-pub(crate) fn gauge(
-    metric: &'static str,
-    backend: &'static str,
-    name: &LockName,
-    more: &[(&'static str, &'static str)],
-) -> Gauge {
-    if !cfg!(feature = "telemetry") {
-        return Gauge::noop();
-    }
-    handle(&GAUGES, metric, backend, name, more, |m, l| {
-        metrics::gauge!(m, l)
-    })
-}
-
 /// The histogram `metric` (see [`handle`]).
 pub(crate) fn histogram(
     metric: &'static str,
@@ -135,6 +126,77 @@ pub(crate) fn histogram(
     handle(&HISTOGRAMS, metric, backend, name, more, |m, l| {
         metrics::histogram!(m, l)
     })
+}
+
+/// The acquisitions counter and the acquisition-duration histogram of one outcome, which
+/// share their labels: one look-up for the two (see [`handle`]).
+pub(crate) fn outcome(
+    backend: &'static str,
+    name: &LockName,
+    more: &[(&'static str, &'static str)],
+) -> (Counter, Histogram) {
+    if !cfg!(feature = "telemetry") {
+        return (Counter::noop(), Histogram::noop());
+    }
+    handle(
+        &OUTCOMES,
+        metric::ACQUISITIONS,
+        backend,
+        name,
+        more,
+        |m, l| {
+            (
+                metrics::counter!(m, l.clone()),
+                metrics::histogram!(metric::ACQUIRE_DURATION, l),
+            )
+        },
+    )
+}
+
+/// What an acquisition starting now reports to, in one look-up: the waiting gauge and the
+/// [`outcome`] handles of its grant (`granted`: the outcome in `more`), the one outcome most
+/// acquisitions have, so that it needs no second look-up.
+pub(crate) fn start(
+    backend: &'static str,
+    name: &LockName,
+    granted: &[(&'static str, &'static str)],
+) -> (Gauge, Counter, Histogram) {
+    if !cfg!(feature = "telemetry") {
+        return (Gauge::noop(), Counter::noop(), Histogram::noop());
+    }
+    handle(&STARTS, metric::WAITING, backend, name, granted, |m, l| {
+        (
+            metrics::gauge!(m, own(&l)),
+            metrics::counter!(metric::ACQUISITIONS, l.clone()),
+            metrics::histogram!(metric::ACQUIRE_DURATION, l),
+        )
+    })
+}
+
+/// What a lease granted now reports to, in one look-up: the held gauge and the hold-time
+/// histogram of its usual end (`released`: the end in `more`).
+pub(crate) fn grant(
+    backend: &'static str,
+    name: &LockName,
+    released: &[(&'static str, &'static str)],
+) -> (Gauge, Histogram) {
+    if !cfg!(feature = "telemetry") {
+        return (Gauge::noop(), Histogram::noop());
+    }
+    handle(&GRANTS, metric::HELD, backend, name, released, |m, l| {
+        (
+            metrics::gauge!(m, own(&l)),
+            metrics::histogram!(metric::HOLD_DURATION, l),
+        )
+    })
+}
+
+/// The labels of a lock's own series (its backend, and its name if labelled) among `all`.
+fn own(all: &[Label]) -> Vec<Label> {
+    (all.iter())
+        .filter(|l| l.key() == label::BACKEND || l.key() == label::NAME)
+        .cloned()
+        .collect()
 }
 
 #[cfg(all(test, feature = "telemetry"))]
@@ -191,6 +253,102 @@ mod tests {
             2,
             "a handle of the first recorder was used"
         );
+    }
+
+    type Snapshot = Vec<(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )>;
+
+    /// The value of `metric` in the series labelled with `want` (and the backend `kept-test`).
+    fn value<'s>(
+        snap: &'s Snapshot,
+        metric: &str,
+        want: &[(&str, &str)],
+    ) -> Option<&'s DebugValue> {
+        let of = |k: &metrics_util::CompositeKey| {
+            let labels: Vec<(&str, &str)> =
+                k.key().labels().map(|l| (l.key(), l.value())).collect();
+            k.key().name() == metric
+                && labels.contains(&(label::BACKEND, "kept-test"))
+                && labels.len() == want.len() + 1
+                && want.iter().all(|w| labels.contains(w))
+        };
+        snap.iter().find(|(k, ..)| of(k)).map(|(.., v)| v)
+    }
+
+    /// The reports take the handles of an acquisition's grant at its start and of a lease's
+    /// release at its grant (one look-up each): every other outcome and end still goes to
+    /// its own series, and the gauges go back down.
+    #[test]
+    fn kept_handles_serve_only_the_outcome_and_end_they_were_kept_for() {
+        use crate::telemetry::{AcquireReport, Acquired, LeaseReport};
+        let name = LockName::new("kept-reports").unwrap_or_else(|e| panic!("{e}"));
+        let opts = crate::LockOptions::new(std::time::Duration::from_secs(1));
+        let recorder = DebuggingRecorder::new();
+        let seen = recorder.snapshotter();
+        let held = metrics::with_local_recorder(&recorder, || {
+            for _ in 0..2 {
+                AcquireReport::start("kept-test", &name, &opts, true)
+                    .finish(Acquired::Granted(None));
+            }
+            AcquireReport::start("kept-test", &name, &opts, true).finish(Acquired::Timeout);
+            AcquireReport::start("kept-test", &name, &opts, false).finish(Acquired::Busy);
+            LeaseReport::granted("kept-test", &name).ended("released");
+            LeaseReport::granted("kept-test", &name).ended("dropped");
+            LeaseReport::granted("kept-test", &name)
+        });
+        let snap = seen.snapshot().into_vec();
+        let (ex, wait, try_) = (
+            (label::MODE, "exclusive"),
+            (label::ATTEMPT, "wait"),
+            (label::ATTEMPT, "try"),
+        );
+        let outcome = |o| (label::OUTCOME, o);
+        let count = |want: &[(&str, &str)]| match value(&snap, metric::ACQUISITIONS, want) {
+            Some(DebugValue::Counter(n)) => *n,
+            _ => 0,
+        };
+        let times = |m, want: &[(&str, &str)]| match value(&snap, m, want) {
+            Some(DebugValue::Histogram(v)) => v.len(),
+            _ => 0,
+        };
+        let gauge = |m| match value(&snap, m, &[]) {
+            Some(DebugValue::Gauge(g)) => g.into_inner(),
+            other => panic!("{m}: {other:?}"),
+        };
+        assert_eq!(count(&[ex, wait, outcome("granted")]), 2, "waits granted");
+        assert_eq!(count(&[ex, wait, outcome("timeout")]), 1, "waits timed out");
+        assert_eq!(count(&[ex, try_, outcome("busy")]), 1, "tries busy");
+        assert_eq!(count(&[ex, try_, outcome("granted")]), 0, "tries granted");
+        let duration = metric::ACQUIRE_DURATION;
+        assert_eq!(times(duration, &[ex, wait, outcome("granted")]), 2);
+        assert_eq!(times(duration, &[ex, wait, outcome("timeout")]), 1);
+        assert_eq!(times(duration, &[ex, try_, outcome("busy")]), 1);
+        assert_eq!(
+            gauge(metric::WAITING),
+            0.0,
+            "waiting after every acquisition ended"
+        );
+        let end = |e| [(label::END, e)];
+        assert_eq!(
+            times(metric::HOLD_DURATION, &end("released")),
+            1,
+            "holds released"
+        );
+        assert_eq!(
+            times(metric::HOLD_DURATION, &end("dropped")),
+            1,
+            "holds dropped"
+        );
+        assert_eq!(
+            gauge(metric::HELD),
+            1.0,
+            "held: one of three leases not ended"
+        );
+        drop(held);
     }
 }
 

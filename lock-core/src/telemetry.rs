@@ -21,12 +21,17 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use metrics::Gauge;
+use metrics::{Counter, Gauge, Histogram};
 use tracing::Span;
 
 pub use crate::convention::{label, label_lock_names, lock_names_labelled, metric, span};
 use crate::handles;
 use crate::{Error, FencingToken, LockName, LockOptions};
+
+/// The outcome of most acquisitions and the end of most leases, whose handles are looked up
+/// with the gauges they come with (`handles::start`, `handles::grant`).
+const GRANTED: &str = "granted";
+const RELEASED: &str = "released";
 
 /// Whether a span can reach anyone: a `tracing` subscriber was ever set, globally or for a
 /// scope. With none, no span is built: `tracing`'s `log` fallback (on whenever any crate of
@@ -112,6 +117,8 @@ pub struct AcquireReport {
     queued: AtomicBool,
     /// The waiting gauge, while an `acquire` waits.
     waiting: Option<Gauge>,
+    /// The acquisitions counter and duration histogram of the outcome `granted`.
+    granted: (Counter, Histogram),
 }
 
 impl AcquireReport {
@@ -135,8 +142,14 @@ impl AcquireReport {
         } else {
             Span::none()
         };
-        // Kept to the end: the decrement needs no second look-up.
-        let waiting = waits.then(|| handles::gauge(metric::WAITING, backend, name, &[]));
+        // Kept to the end: the decrement and a grant need no second look-up.
+        let granted = [
+            (label::MODE, mode),
+            (label::ATTEMPT, attempt),
+            (label::OUTCOME, GRANTED),
+        ];
+        let (waiting, count, duration) = handles::start(backend, name, &granted);
+        let waiting = waits.then_some(waiting);
         if let Some(g) = &waiting {
             g.increment(1.0);
         }
@@ -150,6 +163,7 @@ impl AcquireReport {
             finished: false,
             queued: AtomicBool::new(false),
             waiting,
+            granted: (count, duration),
         }
     }
 
@@ -197,7 +211,7 @@ impl AcquireReport {
                     )
                     .increment(1);
                 }
-                ("granted", None)
+                (GRANTED, None)
             }
             Acquired::Busy => ("busy", None),
             Acquired::Timeout => ("timeout", None),
@@ -247,9 +261,15 @@ impl AcquireReport {
             }
             None => &all[..3],
         };
-        handles::counter(metric::ACQUISITIONS, self.backend, &self.name, more).increment(1);
-        handles::histogram(metric::ACQUIRE_DURATION, self.backend, &self.name, more)
-            .record(waited.as_secs_f64());
+        let looked_up;
+        let (count, duration) = if error.is_none() && outcome == GRANTED {
+            &self.granted
+        } else {
+            looked_up = handles::outcome(self.backend, &self.name, more);
+            &looked_up
+        };
+        count.increment(1);
+        duration.record(waited.as_secs_f64());
     }
 }
 
@@ -283,6 +303,8 @@ impl Drop for AcquireReport {
 pub struct LeaseReport {
     /// The held gauge, kept from the grant to the end.
     held: Gauge,
+    /// The hold-time histogram of the end `released`.
+    released: Histogram,
     backend: &'static str,
     name: LockName,
     granted_at: Instant,
@@ -301,10 +323,11 @@ impl LeaseReport {
 
     /// A lease granted at `at` (a clock reading the caller already took): counted as held.
     pub(crate) fn granted_at(backend: &'static str, name: &LockName, at: Instant) -> Self {
-        let held = handles::gauge(metric::HELD, backend, name, &[]);
+        let (held, released) = handles::grant(backend, name, &[(label::END, RELEASED)]);
         held.increment(1.0);
         LeaseReport {
             held,
+            released,
             backend,
             name: name.clone(),
             granted_at: at,
@@ -325,13 +348,14 @@ impl LeaseReport {
     /// The held gauge and the hold time, for an end already claimed.
     fn record_end(&self, how: &'static str) {
         self.held.decrement(1.0);
-        handles::histogram(
-            metric::HOLD_DURATION,
-            self.backend,
-            &self.name,
-            &[(label::END, how)],
-        )
-        .record(self.granted_at.elapsed().as_secs_f64());
+        let held_for = self.granted_at.elapsed().as_secs_f64();
+        if how == RELEASED {
+            self.released.record(held_for);
+        } else {
+            let labels = [(label::END, how)];
+            handles::histogram(metric::HOLD_DURATION, self.backend, &self.name, &labels)
+                .record(held_for);
+        }
     }
 
     /// The span of one renewal, `auto` or `manual`.
