@@ -102,6 +102,17 @@ impl Pace {
         Ok((value, asked))
     }
 
+    /// The children of `parent`, [`fresh`](Self::fresh): every listing of contenders is one
+    /// of these, so none can miss a change committed before it was asked.
+    pub(crate) async fn children(
+        &self,
+        client: &Client,
+        parent: &str,
+    ) -> Result<(Vec<String>, Instant), zookeeper_client::Error> {
+        self.fresh(client, parent, || client.list_children(parent))
+            .await
+    }
+
     /// What a fresh answer asked at `asked` vouches for: until `asked` plus
     /// [`vouches_for`](Self::vouches_for) if it came back promptly.
     pub(crate) fn vouched(&self, asked: Instant) -> Option<Instant> {

@@ -27,7 +27,7 @@ pub(crate) async fn leader(s: &Session, name: &LockName) -> Result<Option<Leader
     for _ in 0..3 {
         // After a `sync` in an ensemble: a follower answers from its own state, which may
         // lag a change its leader committed before this read was asked.
-        let listed = pace.fresh(&client, &parent, || client.list_children(&parent));
+        let listed = pace.children(&client, &parent);
         let children = match listed.await {
             Ok((c, _)) => contenders(c),
             Err(zookeeper_client::Error::NoNode) => return Ok(None),

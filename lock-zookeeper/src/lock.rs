@@ -167,7 +167,7 @@ impl DistributedLock for ZkLock {
         let parent = parent(session, name)?;
         // After a `sync` in an ensemble, as `leader` (election.rs).
         let pace = session.pace(&client);
-        let listed = pace.fresh(&client, &parent, || client.list_children(&parent));
+        let listed = pace.children(&client, &parent);
         let children = match listed.await {
             Ok((c, _)) => contenders(c),
             Err(zookeeper_client::Error::NoNode) => return Ok(vec![]),

@@ -156,10 +156,7 @@ pub(crate) async fn wait_turn(
     loop {
         // In an ensemble the listing comes after a sync: a follower behind its leader could
         // still list this contender's node after the leader ended its session.
-        let (children, asked) = match pace
-            .fresh(client, parent, || client.list_children(parent))
-            .await
-        {
+        let (children, asked) = match pace.children(client, parent).await {
             Ok(listed) => listed,
             Err(e) if outage.ride(&e, client, deadline).await => continue,
             Err(e) => return Err(s.error(e, Some(name))),
@@ -392,9 +389,7 @@ async fn definite_children(
     parent: &str,
 ) -> std::result::Result<Vec<String>, zookeeper_client::Error> {
     until_definite(client, || async {
-        let (children, _) = pace
-            .fresh(client, parent, || client.list_children(parent))
-            .await?;
+        let (children, _) = pace.children(client, parent).await?;
         Ok(children)
     })
     .await
