@@ -451,3 +451,7 @@ impl LeaseReport {
         )
     }
 }
+
+#[cfg(all(test, feature = "telemetry"))]
+#[path = "telemetry_tests.rs"]
+mod tests;
