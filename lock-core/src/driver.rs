@@ -26,6 +26,7 @@ pub use crate::params::{parse_bool_param, Param, Query, Value};
 pub use crate::registry::{connecting, ConnectFuture, Driver};
 pub use crate::secret::{scrub, ClientError, Secret};
 pub use crate::state::LeaseTracker;
+pub use crate::wakers::{Waker, Wakers};
 pub use async_trait::async_trait;
 
 /// Longest timeout a driver's configuration accepts (one day, as [`MAX_TTL`](crate::MAX_TTL)):

@@ -67,6 +67,7 @@ pub mod telemetry;
 mod token;
 mod traits;
 mod value;
+mod wakers;
 mod watchdog;
 
 // The guide's Rust examples are compiled and run as this crate's doc tests.

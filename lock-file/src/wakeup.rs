@@ -1,35 +1,16 @@
-//! Waking waiters: in-process by a `Notify` per name, across processes by an inotify watch
-//! for the holder's writable handle being closed.
+//! Waking waiters: in-process by a `Notify` per name (lock-core's `Wakers`), across processes
+//! by an inotify watch for the holder's writable handle being closed.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use lock_core::LockName;
-use tokio::sync::Notify;
 
-/// This process's wake-up entries, one `Notify` per name with a waiter or a held lease; shared
-/// by a `FileLock` and its clones.
-#[derive(Default)]
-pub(crate) struct Wakers(Mutex<HashMap<LockName, Arc<Notify>>>);
+/// This process's wake-up entries, one per name with a waiter or a held lease; shared by a
+/// `FileLock` and its clones.
+pub(crate) type Wakers = lock_core::driver::Wakers<LockName>;
 
-impl Wakers {
-    /// How many names have an entry.
-    pub(crate) fn len(&self) -> usize {
-        self.0.lock().len()
-    }
-
-    /// A handle on `name`'s entry, made if missing.
-    pub(crate) fn waker(self: &Arc<Self>, name: &LockName) -> Waker {
-        let mut w = self.0.lock();
-        Waker {
-            notify: w.entry(name.clone()).or_default().clone(),
-            wakers: self.clone(),
-            name: name.clone(),
-        }
-    }
-}
+/// A waiter's or a lease's handle on its name's wake-up entry.
+pub(crate) type Waker = lock_core::driver::Waker<LockName>;
 
 /// A waiter's inotify watch on one lock file: wakes when a writable handle on it is closed
 /// (a holder let go, or died), or when the file is deleted or moved.
@@ -79,34 +60,5 @@ impl ReleaseWatch {
     }
     pub(crate) async fn next(&mut self) -> bool {
         std::future::pending().await
-    }
-}
-
-/// A waiter's or a lease's handle on a name's wake-up entry. The entry goes with the last
-/// handle, so the map holds only names somebody waits on or holds.
-pub(crate) struct Waker {
-    pub(crate) notify: Arc<Notify>,
-    pub(crate) wakers: Arc<Wakers>,
-    pub(crate) name: LockName,
-}
-
-impl std::ops::Deref for Waker {
-    type Target = Notify;
-    fn deref(&self) -> &Notify {
-        &self.notify
-    }
-}
-
-impl Drop for Waker {
-    fn drop(&mut self) {
-        let mut w = self.wakers.0.lock();
-        // Handles are only made under this lock, so the count cannot grow meanwhile: two is
-        // the map's and this one's.
-        if Arc::strong_count(&self.notify) == 2
-            && w.get(&self.name)
-                .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
-        {
-            w.remove(&self.name);
-        }
     }
 }

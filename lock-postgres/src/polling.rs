@@ -9,15 +9,13 @@
 //! that came free between two tries), so the bound cannot make a cycle of waits that the
 //! locks alone would not make.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::driver::{Acquisition, Backoff};
+use lock_core::driver::{Acquisition, Backoff, Waker};
 use lock_core::{Lease, Result};
-use parking_lot::Mutex;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::client::{Opened, Opener};
 use crate::session::{channel, key_of_channel};
@@ -32,12 +30,12 @@ pub(crate) struct Waiting {
     /// `None`: unbounded (every waiter waits on the server).
     slots: Option<Arc<Semaphore>>,
     /// Pollers of each advisory key, woken by a release of it here or an announced one.
-    wakers: Wakers,
+    wakers: Arc<Wakers>,
     /// The listening connection, once a poller needed it (and again after it closed).
     listener: Arc<tokio::sync::Mutex<Option<Opened>>>,
 }
 
-type Wakers = Arc<Mutex<HashMap<i64, Arc<Notify>>>>;
+type Wakers = lock_core::driver::Wakers<i64>;
 
 /// Where a waiter waits.
 pub(crate) enum Place {
@@ -63,7 +61,7 @@ impl Waiting {
     pub(crate) fn new(slots: Option<usize>) -> Self {
         Waiting {
             slots: slots.map(|n| Arc::new(Semaphore::new(n))),
-            wakers: Wakers::default(),
+            wakers: Arc::default(),
             listener: Arc::default(),
         }
     }
@@ -84,7 +82,7 @@ impl Waiting {
         if self.slots.is_none() {
             return;
         }
-        wake(&self.wakers, key);
+        self.wakers.wake(&key);
     }
 
     /// `LISTEN`s on `key`'s channel, on the listening connection (opened, with every polled
@@ -107,21 +105,18 @@ impl Waiting {
                 tokio::spawn(async move {
                     while let Some(n) = rx.recv().await {
                         if let Some(k) = key_of_channel(n.channel()) {
-                            wake(&wakers, k);
+                            wakers.wake(&k);
                         }
                     }
                 });
-                self.wakers.lock().keys().copied().collect()
+                self.wakers.keys()
             }
         };
         let Some(c) = conn.as_ref() else { return };
-        let sql: String = {
-            let polled = self.wakers.lock();
-            (keys.iter())
-                .filter(|k| polled.contains_key(k))
-                .map(|k| format!("LISTEN \"{}\";", channel(*k)))
-                .collect()
-        };
+        let sql: String = (keys.iter())
+            .filter(|k| self.wakers.contains(k))
+            .map(|k| format!("LISTEN \"{}\";", channel(*k)))
+            .collect();
         if sql.is_empty() {
             return;
         }
@@ -149,8 +144,11 @@ impl Waiting {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<Box<dyn Lease>>>>,
     {
-        let woken = Woken::of(self, key);
-        if woken.first {
+        let woken = Woken {
+            of: self,
+            waker: self.wakers.waker(&key),
+        };
+        if woken.waker.first() {
             // In the background: a poller never waits for the listening connection (a login
             // may take the connect timeout), and one release missed meanwhile costs a pause
             // of the first few, which are short.
@@ -161,7 +159,7 @@ impl Waiting {
         req.queued();
         loop {
             // Enabled before the try: a release between the try and the pause wakes it.
-            let released = woken.notify.notified();
+            let released = woken.waker.notified();
             tokio::pin!(released);
             released.as_mut().enable();
             if let Some(lease) = try_once().await? {
@@ -186,54 +184,27 @@ impl Waiting {
     }
 }
 
-/// Wakes `key`'s pollers.
-fn wake(wakers: &Wakers, key: i64) {
-    if let Some(n) = wakers.lock().get(&key) {
-        n.notify_waiters();
-    }
-}
-
 /// A poller's hold on its key's wake-up; the entry goes with the last poller of the key, and
 /// the listening connection stops listening to it then (unless a poller came meanwhile).
 struct Woken<'a> {
     of: &'a Waiting,
-    key: i64,
-    notify: Arc<Notify>,
-    /// The key had no poller before this one: it is not listened to yet.
-    first: bool,
-}
-
-impl<'a> Woken<'a> {
-    fn of(waiting: &'a Waiting, key: i64) -> Self {
-        let mut wakers = waiting.wakers.lock();
-        let first = !wakers.contains_key(&key);
-        let notify = wakers.entry(key).or_default().clone();
-        Woken {
-            of: waiting,
-            key,
-            notify,
-            first,
-        }
-    }
+    waker: Waker<i64>,
 }
 
 impl Drop for Woken<'_> {
     fn drop(&mut self) {
-        let mut wakers = self.of.wakers.lock();
-        // The map's and this one: nobody else polls the key.
-        if Arc::strong_count(&self.notify) != 2 {
-            return;
+        let key = *self.waker.key();
+        if !self.waker.leave() {
+            return; // another poller of the key listens on
         }
-        wakers.remove(&self.key);
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (listener, all, key) = (self.of.listener.clone(), self.of.wakers.clone(), self.key);
+        let (listener, all) = (self.of.listener.clone(), self.of.wakers.clone());
         rt.spawn(async move {
             // Under the listener's lock, as a LISTEN is: a poller that came since keeps it.
             let conn = listener.lock().await;
-            let polled = all.lock().contains_key(&key);
-            if let (Some(c), false) = (conn.as_ref(), polled) {
+            if let (Some(c), false) = (conn.as_ref(), all.contains(&key)) {
                 let _ = c
                     .client
                     .batch_execute(&format!("UNLISTEN \"{}\"", channel(key)))
