@@ -237,6 +237,9 @@ impl AcquireReport {
     }
 
     fn record(&self, outcome: &'static str, error: Option<&'static str>) {
+        if !cfg!(feature = "telemetry") {
+            return; // no span, no metric: not even the clock reading
+        }
         let waited = self.started.elapsed();
         // A span nobody listens to records nothing, but asking it still costs (the `log`
         // fallback): skipped.
@@ -347,6 +350,9 @@ impl LeaseReport {
 
     /// The held gauge and the hold time, for an end already claimed.
     fn record_end(&self, how: &'static str) {
+        if !cfg!(feature = "telemetry") {
+            return; // no metric: not even the clock reading
+        }
         self.held.decrement(1.0);
         let held_for = self.granted_at.elapsed().as_secs_f64();
         if how == RELEASED {
