@@ -119,10 +119,18 @@ impl<K: Eq + Hash + Clone> Waker<K> {
         if last {
             map.remove(&self.key);
         }
-        // Under the lock, so that the next handle to leave counts without this one.
-        self.notify = Arc::new(Notify::new());
+        // Under the lock, so that a handle leaving next counts without this one (dropped
+        // after the lock, two handles leaving at once could each count the other and leave
+        // the entry for good). The detached one is shared: no allocation.
+        self.notify = detached();
         last
     }
+}
+
+/// The `Notify` of every handle that left: nobody wakes it.
+fn detached() -> Arc<Notify> {
+    static DETACHED: std::sync::LazyLock<Arc<Notify>> = std::sync::LazyLock::new(Arc::default);
+    DETACHED.clone()
 }
 
 impl<K: Eq + Hash + Clone> std::ops::Deref for Waker<K> {
@@ -158,6 +166,33 @@ mod tests {
         assert!(wakers.is_empty());
         // A key whose entry went is made again, first again.
         assert!(wakers.waker(&"a").first());
+    }
+
+    /// Two handles of one key dropped at once on two threads: the entry goes all the same
+    /// (each counts under the map's lock without the other's handle once that one left).
+    #[test]
+    fn handles_dropped_at_once_leave_no_entry() {
+        let wakers: Arc<Wakers<u32>> = Arc::default();
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        for round in 0..20_000u32 {
+            let (a, b) = (wakers.waker(&round), wakers.waker(&round));
+            let other = {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    drop(b);
+                })
+            };
+            barrier.wait();
+            drop(a);
+            other
+                .join()
+                .unwrap_or_else(|_| panic!("the other thread panicked"));
+            assert!(
+                wakers.is_empty(),
+                "round {round}: both handles of the key were dropped and its entry stayed"
+            );
+        }
     }
 
     #[tokio::test]
