@@ -144,12 +144,15 @@ pub(crate) fn outcome(
         backend,
         name,
         more,
-        |m, l| {
-            (
-                metrics::counter!(m, l.clone()),
-                metrics::histogram!(metric::ACQUIRE_DURATION, l),
-            )
-        },
+        |_, l| outcome_handles(l),
+    )
+}
+
+/// Registers the acquisitions counter and the acquisition-duration histogram of `labels`.
+fn outcome_handles(labels: Vec<Label>) -> (Counter, Histogram) {
+    (
+        metrics::counter!(metric::ACQUISITIONS, labels.clone()),
+        metrics::histogram!(metric::ACQUIRE_DURATION, labels),
     )
 }
 
@@ -165,11 +168,9 @@ pub(crate) fn start(
         return (Gauge::noop(), Counter::noop(), Histogram::noop());
     }
     handle(&STARTS, metric::WAITING, backend, name, granted, |m, l| {
-        (
-            metrics::gauge!(m, own(&l)),
-            metrics::counter!(metric::ACQUISITIONS, l.clone()),
-            metrics::histogram!(metric::ACQUIRE_DURATION, l),
-        )
+        let waiting = metrics::gauge!(m, own(&l));
+        let (count, duration) = outcome_handles(l);
+        (waiting, count, duration)
     })
 }
 

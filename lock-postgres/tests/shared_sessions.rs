@@ -440,6 +440,24 @@ async fn bounded(shared: usize, waits: usize, app: &str) -> PgLock {
     .unwrap()
 }
 
+/// Each of `names` taken by `by` (another client): the waiters' locks are held.
+async fn held_by(by: &PgLock, names: &[LockName]) -> Vec<Box<dyn lock_core::Lease>> {
+    let mut held = Vec::new();
+    for n in names {
+        held.push(by.try_acquire(n, &opts()).await.unwrap().unwrap());
+    }
+    held
+}
+
+/// How many sessions wait on the server for `name` once that is `want`, or after 3 s.
+async fn waiting_settled(c: &tokio_postgres::Client, name: &LockName, want: i64) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while waiting(c, name).await != want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    waiting(c, name).await
+}
+
 /// The server connections named `app`.
 async fn connections(c: &tokio_postgres::Client, app: &str) -> i64 {
     c.query_one(
@@ -461,10 +479,7 @@ async fn bounded_waits_keep_a_client_to_its_sessions() {
     let lock = bounded(2, 2, &app).await;
     let other = PgLock::from_url(&url(0)).await.unwrap();
     let names: Vec<LockName> = (0..12).map(|_| fresh_name("waits-bounded")).collect();
-    let mut held = Vec::new();
-    for n in &names {
-        held.push(other.try_acquire(n, &opts()).await.unwrap().unwrap());
-    }
+    let held = held_by(&other, &names).await;
     let waiters: Vec<_> = (names.iter().cloned())
         .map(|n| {
             let lock = lock.clone();
@@ -560,11 +575,7 @@ async fn a_waiter_granted_on_the_server_keeps_its_slot() {
     let settled = |what: &'static str, name: LockName, want: i64| {
         let admin = &admin;
         async move {
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while waiting(admin, &name).await != want && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            assert_eq!(waiting(admin, &name).await, want, "{what}");
+            assert_eq!(waiting_settled(admin, &name, want).await, want, "{what}");
         }
     };
     settled("the first waiter waits on the server", x.clone(), 1).await;
@@ -605,20 +616,11 @@ async fn a_server_wait_that_ends_without_a_grant_frees_its_slot() {
     let lock = bounded(2, 1, &app).await;
     let other = PgLock::from_url(&url(0)).await.unwrap();
     let names: Vec<LockName> = (0..3).map(|_| fresh_name("waits-freed")).collect();
-    let mut held = Vec::new();
-    for n in &names {
-        held.push(other.try_acquire(n, &opts()).await.unwrap().unwrap());
-    }
+    let held = held_by(&other, &names).await;
     let admin = sql().await;
     let on_server = |name: LockName| {
         let admin = &admin;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while waiting(admin, &name).await != 1 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            waiting(admin, &name).await == 1
-        }
+        async move { waiting_settled(admin, &name, 1).await == 1 }
     };
     // The first waits on the server and times out there.
     let timed_out = {
