@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_core::DistributedLock;
 
@@ -35,6 +35,16 @@ pub trait Link: Send + Sync + fmt::Debug {
     fn witness(&self) -> Option<Witness> {
         None
     }
+
+    /// When the first request sent over this link at or after `since` reached the link (the
+    /// proxy read its first bytes), if the link records it (`None`, the default: it does not,
+    /// or nothing was sent since). A driver reads its clock before it sends, so a validity
+    /// counted from before its request is at most this plus the TTL: a bound that does not
+    /// move when the caller's thread stalls between its own clock reading and the driver's.
+    fn first_sent_since(&self, since: Instant) -> Option<Instant> {
+        let _ = since;
+        None
+    }
 }
 
 impl Link for FaultProxy {
@@ -50,6 +60,10 @@ impl Link for FaultProxy {
     fn witness(&self) -> Option<Witness> {
         Some(FaultProxy::witness(self))
     }
+
+    fn first_sent_since(&self, since: Instant) -> Option<Instant> {
+        FaultProxy::first_sent_since(self, since)
+    }
 }
 
 impl Link for Vec<FaultProxy> {
@@ -62,6 +76,11 @@ impl Link for Vec<FaultProxy> {
     /// Through the first proxy: a cut closes every proxy's connections at once.
     fn witness(&self) -> Option<Witness> {
         self.first().map(FaultProxy::witness)
+    }
+
+    /// The earliest over every proxy.
+    fn first_sent_since(&self, since: Instant) -> Option<Instant> {
+        self.iter().filter_map(|p| p.first_sent_since(since)).min()
     }
 }
 

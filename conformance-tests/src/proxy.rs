@@ -1,7 +1,7 @@
 //! A loopback TCP proxy that injects network faults between a client and a real server.
 
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +40,9 @@ struct Shared {
     trap: Mutex<Option<(Vec<u8>, u32)>>,
     /// See [`FaultProxy::server_keepalive`].
     keepalive: Mutex<Option<Duration>>,
+    /// When the latest client chunks arrived, oldest first, [`SENT_KEPT`] at most (see
+    /// [`FaultProxy::first_sent_since`]).
+    sent: Mutex<VecDeque<std::time::Instant>>,
 }
 
 impl Shared {
@@ -63,6 +66,9 @@ impl Shared {
         true
     }
 }
+
+/// How many client chunks' arrival times a proxy keeps.
+const SENT_KEPT: usize = 4096;
 
 /// How long a trapped connection stays open after its request was forwarded: long enough for a
 /// loopback server to apply the request, so the client loses a reply to something that happened.
@@ -107,6 +113,7 @@ impl FaultProxy {
             witnesses: Mutex::new(HashSet::new()),
             trap: Mutex::new(None),
             keepalive: Mutex::new(None),
+            sent: Mutex::new(VecDeque::new()),
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -232,6 +239,23 @@ impl FaultProxy {
     /// Whether requests armed by [`lose_replies`](Self::lose_replies) are still to come.
     pub fn trap_armed(&self) -> bool {
         self.shared.trap.lock().is_some()
+    }
+
+    /// When the first client chunk that arrived at or after `since` arrived (read by the
+    /// proxy, before any delay), if one did. Only the latest 4,096 are kept: after more than
+    /// that, the earliest kept one (a later bound, never an earlier).
+    ///
+    /// ```no_run
+    /// # let proxy = conformance_tests::FaultProxy::start("127.0.0.1:6379".parse()?)?;
+    /// let before = std::time::Instant::now();
+    /// // ... a request through the proxy ...
+    /// let sent = proxy.first_sent_since(before); // Some(t), before <= t
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn first_sent_since(&self, since: std::time::Instant) -> Option<std::time::Instant> {
+        let sent = self.shared.sent.lock();
+        let from = sent.partition_point(|t| *t < since);
+        sent.get(from).copied()
     }
 
     /// Bytes forwarded from clients to the server so far.
@@ -497,6 +521,13 @@ async fn pump(
             let mut buf = vec![0u8; 16 * 1024];
             while let Ok(n @ 1..) = from.read(&mut buf).await {
                 let arrived = Instant::now();
+                if let Direction::Up(shared) = direction {
+                    let mut sent = shared.sent.lock();
+                    if sent.len() == SENT_KEPT {
+                        sent.pop_front();
+                    }
+                    sent.push_back(arrived.into_std());
+                }
                 if until_open(&mut mode).await.is_none()
                     || tx.send((arrived, buf[..n].to_vec())).is_err()
                 {

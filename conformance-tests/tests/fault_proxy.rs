@@ -271,3 +271,28 @@ async fn a_witness_sees_a_cut_after_every_other_connection_closed() {
         done += 1;
     }
 }
+
+/// `first_sent_since` is when the proxy read a client's first bytes at or after the instant
+/// asked about (before the delay, not when it forwarded them), and nothing when none came.
+#[tokio::test]
+async fn first_sent_since_is_when_the_first_client_bytes_arrived() {
+    let (proxy, mut s) = delayed_by(Duration::from_millis(100)).await;
+    let before = Instant::now();
+    assert_eq!(proxy.first_sent_since(before), None, "nothing sent yet");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let writing = Instant::now();
+    roundtrip(&mut s, b"one").await.unwrap();
+    let replied = Instant::now();
+    roundtrip(&mut s, b"two").await.unwrap();
+    let sent = proxy.first_sent_since(before).expect("the first request is recorded");
+    assert!(
+        sent >= writing && sent + Duration::from_millis(150) < replied,
+        "the first request's arrival, not the second's nor its forwarding: {:?} after writing, \
+         {:?} before its reply",
+        sent - writing,
+        replied.saturating_duration_since(sent)
+    );
+    let second = proxy.first_sent_since(replied).expect("the second request");
+    assert!(second >= replied, "a chunk from before the instant asked about");
+    assert_eq!(proxy.first_sent_since(Instant::now()), None);
+}

@@ -28,6 +28,8 @@ pub(super) struct Wire {
     reconnecting: AtomicBool,
     /// Told of every cut of this link, with every other client's ([`Flaw::CutGrantsTwoWaiters`]).
     cut_anywhere: Arc<tokio::sync::Notify>,
+    /// When each request set out, oldest first ([`Link::first_sent_since`]).
+    sent: parking_lot::Mutex<Vec<Instant>>,
 }
 
 impl Wire {
@@ -39,6 +41,7 @@ impl Wire {
             partitioned: AtomicBool::new(false),
             reconnecting: AtomicBool::new(false),
             cut_anywhere,
+            sent: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -72,6 +75,7 @@ impl Wire {
     /// TCP retransmission would); under [`Flaw::NeverReconnects`], refused for good once the
     /// link has been down.
     pub(super) async fn cross(&self, flaw: Flaw) -> Result<()> {
+        self.sent.lock().push(Instant::now());
         if flaw == Flaw::NeverReconnects && self.partitioned.load(Ordering::Relaxed) {
             return Err(Error::unavailable(
                 "flawed-memory",
@@ -112,6 +116,12 @@ pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 pub(super) struct WireLink(pub(super) Arc<Wire>);
 
 impl Link for WireLink {
+    fn first_sent_since(&self, since: Instant) -> Option<Instant> {
+        // Pushed from any thread: not sorted for sure.
+        let sent = self.0.sent.lock();
+        sent.iter().filter(|t| **t >= since).min().copied()
+    }
+
     fn set(&self, fault: Fault) {
         match fault {
             Fault::Cut => {
