@@ -284,7 +284,9 @@ async fn first_sent_since_is_when_the_first_client_bytes_arrived() {
     roundtrip(&mut s, b"one").await.unwrap();
     let replied = Instant::now();
     roundtrip(&mut s, b"two").await.unwrap();
-    let sent = proxy.first_sent_since(before).expect("the first request is recorded");
+    let sent = proxy
+        .first_sent_since(before)
+        .expect("the first request is recorded");
     assert!(
         sent >= writing && sent + Duration::from_millis(150) < replied,
         "the first request's arrival, not the second's nor its forwarding: {:?} after writing, \
@@ -293,6 +295,9 @@ async fn first_sent_since_is_when_the_first_client_bytes_arrived() {
         replied.saturating_duration_since(sent)
     );
     let second = proxy.first_sent_since(replied).expect("the second request");
-    assert!(second >= replied, "a chunk from before the instant asked about");
+    assert!(
+        second >= replied,
+        "a chunk from before the instant asked about"
+    );
     assert_eq!(proxy.first_sent_since(Instant::now()), None);
 }

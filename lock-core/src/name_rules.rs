@@ -45,6 +45,16 @@ static ALLOWED: [bool; 256] = {
     t
 };
 
+/// Whether every byte of `b` is [`ALLOWED`].
+fn all_allowed(b: &[u8]) -> bool {
+    let allowed = |b: &u8| ALLOWED[usize::from(*b)];
+    let chunks = b.chunks_exact(8);
+    let rest = chunks.remainder().iter().all(allowed);
+    rest && chunks.fold(true, |ok, c| {
+        ok & c.iter().fold(true, |all, b| all & allowed(b))
+    })
+}
+
 fn validate(s: &str) -> Result<()> {
     if s.is_empty() {
         return Err(invalid(s, "must not be empty"));
@@ -55,8 +65,9 @@ fn validate(s: &str) -> Result<()> {
             format!("is {} bytes long; the limit is {MAX_NAME_LEN}", s.len()),
         ));
     }
-    // The common case by a table look-up per byte; the walk below finds what to say.
-    if s.bytes().all(|b| ALLOWED[usize::from(b)]) {
+    // The common case by a table look-up per byte, eight at a time without a branch each;
+    // the walk below finds what to say.
+    if all_allowed(s.as_bytes()) {
         return if s == "." || s == ".." {
             Err(invalid(s, "`.` and `..` are reserved"))
         } else {
@@ -130,6 +141,22 @@ mod tests {
             for name in [format!("a{c}"), format!("{c}b"), format!("x{c}y")] {
                 assert_eq!(LockName::new(&name).is_ok(), allowed, "{name:?}");
             }
+        }
+    }
+
+    /// The check goes eight bytes at a time and the rest one by one: a bad byte is found in
+    /// a chunk and in the rest, at any place.
+    #[test]
+    fn a_bad_byte_is_found_wherever_it_is() {
+        for len in 1..=40 {
+            for at in 0..len {
+                for bad in [b'/', b' ', 0x80, 0xff] {
+                    let mut name = vec![b'a'; len];
+                    name[at] = bad;
+                    assert!(!all_allowed(&name), "len {len}, {bad:#x} at {at}");
+                }
+            }
+            assert!(all_allowed(&vec![b'z'; len]), "len {len}");
         }
     }
 

@@ -321,11 +321,18 @@ impl LockOptions {
                 ));
             }
         }
-        let g = caps.ttl_granularity.as_nanos().max(1);
-        let rounded = ttl.as_nanos().div_ceil(g) * g;
-        let effective = u64::try_from(rounded)
+        // In 64 bits: a TTL within the maximum (a day) is 2^47 ns at most, and a 128-bit
+        // division took a hundred instructions of every acquisition.
+        let too_large = || Error::InvalidOptions(format!("ttl {ttl:?} is too large"));
+        let nanos = u64::try_from(ttl.as_nanos()).map_err(|_| too_large())?;
+        let g = u64::try_from(caps.ttl_granularity.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let effective = nanos
+            .div_ceil(g)
+            .checked_mul(g)
             .map(Duration::from_nanos)
-            .map_err(|_| Error::InvalidOptions(format!("ttl {ttl:?} is too large")))?;
+            .ok_or_else(too_large)?;
         if effective > max {
             return Err(Error::InvalidOptions(format!(
                 "ttl {ttl:?} rounds up to {effective:?}, above the maximum {max:?}"
@@ -367,5 +374,17 @@ mod tests {
         assert_eq!(ms(1), Duration::from_secs(1));
         assert_eq!(ms(1000), Duration::from_secs(1));
         assert_eq!(ms(1001), Duration::from_secs(2));
+        let g = Capabilities::new().with_ttl_granularity(Duration::from_nanos(3));
+        let ns = LockOptions::new(Duration::from_nanos(1_000_000_001)).validate(&g);
+        assert_eq!(ns.ok(), Some(Duration::from_nanos(1_000_000_002)));
+        // A granularity past any TTL (or past 64 bits of nanoseconds) is refused, not wrapped.
+        for huge in [Duration::from_secs(2 * 24 * 60 * 60), Duration::MAX] {
+            let caps = Capabilities::new().with_ttl_granularity(huge);
+            let got = LockOptions::new(Duration::from_secs(1)).validate(&caps);
+            assert!(
+                matches!(got, Err(Error::InvalidOptions(_))),
+                "{huge:?}: {got:?}"
+            );
+        }
     }
 }

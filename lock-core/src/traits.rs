@@ -86,55 +86,14 @@ pub trait DistributedLock: Send + Sync + Debug {
         name: &LockName,
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Lease>>> {
-        let probe = AcquireReport::start(self.backend(), name, opts, false);
-        let result = async {
-            let caps = self.capabilities();
-            supports(self.backend(), &caps, opts)?;
-            let req = Acquisition::new(name, opts, &caps, Deadline::Now)?.reported_by(&probe);
-            self.acquire_until(req).await
-        }
-        .instrument(probe.span())
-        .await;
-        probe.finish(match &result {
-            Ok(Some(lease)) => Acquired::Granted(lease.fencing_token()),
-            Ok(None) => Acquired::Busy,
-            Err(e) => Acquired::Failed(e),
-        });
-        result
+        try_acquire_by(self, name, opts, async |req| self.acquire_until(req).await).await
     }
 
     /// Waits for the lock as long as `opts.wait` allows, then
     /// [`Error::Timeout`](crate::Error::Timeout). Cancel-safe, like
     /// [`acquire_until`](Self::acquire_until).
     async fn acquire(&self, name: &LockName, opts: &LockOptions) -> Result<Box<dyn Lease>> {
-        let probe = AcquireReport::start(self.backend(), name, opts, true);
-        let start = probe.started(); // one clock reading for the deadline and the report
-        let result = async {
-            let deadline = Deadline::from_wait(opts.wait, start);
-            let caps = self.capabilities();
-            supports(self.backend(), &caps, opts)?;
-            let req = Acquisition::new(name, opts, &caps, deadline)?.reported_by(&probe);
-            self.acquire_until(req).await
-        }
-        .instrument(probe.span())
-        .await;
-        match result {
-            Ok(Some(lease)) => {
-                probe.finish(Acquired::Granted(lease.fencing_token()));
-                Ok(lease)
-            }
-            Ok(None) => {
-                probe.finish(Acquired::Timeout);
-                Err(crate::Error::Timeout {
-                    name: name.clone(),
-                    waited: start.elapsed(),
-                })
-            }
-            Err(e) => {
-                probe.finish(Acquired::Failed(&e));
-                Err(e)
-            }
-        }
+        acquire_by(self, name, opts, async |req| self.acquire_until(req).await).await
     }
 
     /// Who holds `name` now, read without acquiring it: `Ok(None)` if it is free. For
@@ -205,6 +164,77 @@ pub trait DistributedLock: Send + Sync + Debug {
             backend: self.backend(),
             operation: "leader election",
         })
+    }
+}
+
+/// The body of [`DistributedLock::try_acquire`] around `until`, a driver's acquisition: the
+/// default's (through the boxed [`DistributedLock::acquire_until`]) and, unboxed, this crate's
+/// memory driver's (an allocation and a move of its future less per call).
+pub(crate) async fn try_acquire_by<L, F>(
+    lock: &L,
+    name: &LockName,
+    opts: &LockOptions,
+    until: F,
+) -> Result<Option<Box<dyn Lease>>>
+where
+    L: DistributedLock + ?Sized,
+    F: AsyncFnOnce(Acquisition<'_>) -> Result<Option<Box<dyn Lease>>>,
+{
+    let probe = AcquireReport::start(lock.backend(), name, opts, false);
+    let result = async {
+        let caps = lock.capabilities();
+        supports(lock.backend(), &caps, opts)?;
+        let req = Acquisition::new(name, opts, &caps, Deadline::Now)?.reported_by(&probe);
+        until(req).await
+    }
+    .instrument(probe.span())
+    .await;
+    probe.finish(match &result {
+        Ok(Some(lease)) => Acquired::Granted(lease.fencing_token()),
+        Ok(None) => Acquired::Busy,
+        Err(e) => Acquired::Failed(e),
+    });
+    result
+}
+
+/// The body of [`DistributedLock::acquire`] around `until`, as [`try_acquire_by`].
+pub(crate) async fn acquire_by<L, F>(
+    lock: &L,
+    name: &LockName,
+    opts: &LockOptions,
+    until: F,
+) -> Result<Box<dyn Lease>>
+where
+    L: DistributedLock + ?Sized,
+    F: AsyncFnOnce(Acquisition<'_>) -> Result<Option<Box<dyn Lease>>>,
+{
+    let probe = AcquireReport::start(lock.backend(), name, opts, true);
+    let start = probe.started(); // one clock reading for the deadline and the report
+    let result = async {
+        let deadline = Deadline::from_wait(opts.wait, start);
+        let caps = lock.capabilities();
+        supports(lock.backend(), &caps, opts)?;
+        let req = Acquisition::new(name, opts, &caps, deadline)?.reported_by(&probe);
+        until(req).await
+    }
+    .instrument(probe.span())
+    .await;
+    match result {
+        Ok(Some(lease)) => {
+            probe.finish(Acquired::Granted(lease.fencing_token()));
+            Ok(lease)
+        }
+        Ok(None) => {
+            probe.finish(Acquired::Timeout);
+            Err(crate::Error::Timeout {
+                name: name.clone(),
+                waited: start.elapsed(),
+            })
+        }
+        Err(e) => {
+            probe.finish(Acquired::Failed(&e));
+            Err(e)
+        }
     }
 }
 
