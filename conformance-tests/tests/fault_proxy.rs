@@ -301,3 +301,24 @@ async fn first_sent_since_is_when_the_first_client_bytes_arrived() {
     );
     assert_eq!(proxy.first_sent_since(Instant::now()), None);
 }
+
+/// Over several proxies (`Link` for `Vec<FaultProxy>`), the first request since the instant
+/// is the earliest that any of them read.
+#[tokio::test]
+async fn first_sent_since_over_proxies_is_the_earliest() {
+    use conformance_tests::Link;
+    let server = echo_server().await;
+    let proxies = vec![
+        FaultProxy::start(server).unwrap(),
+        FaultProxy::start(server).unwrap(),
+    ];
+    let mut a = TcpStream::connect(proxies[0].addr()).await.unwrap();
+    let mut b = TcpStream::connect(proxies[1].addr()).await.unwrap();
+    let before = Instant::now();
+    roundtrip(&mut b, b"first").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    roundtrip(&mut a, b"later").await.unwrap();
+    let earliest = proxies.first_sent_since(before);
+    assert_eq!(earliest, proxies[1].first_sent_since(before));
+    assert!(earliest < proxies[0].first_sent_since(before));
+}
