@@ -45,6 +45,7 @@ pub mod cases;
 pub mod controls;
 mod link;
 mod proxy;
+mod proxy_mode;
 mod runner;
 pub mod safety;
 mod secured;

@@ -13,15 +13,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use crate::proxy_mode::{until_due, until_open, Mode};
 use crate::witness::Witness;
 use tokio::time::Instant;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Pass,
-    Delay(Duration),
-    Blackhole,
-}
 
 struct Shared {
     /// Where new connections go (see [`FaultProxy::redirect`]).
@@ -588,30 +582,5 @@ async fn pump(
             Direction::Down(_) => drop(from),
         }
         let _ = until_open(&mut mode).await;
-    }
-}
-
-/// Returns once the link is not blackholed; `None` if the proxy is gone.
-async fn until_open(mode: &mut watch::Receiver<Mode>) -> Option<()> {
-    while *mode.borrow_and_update() == Mode::Blackhole {
-        mode.changed().await.ok()?;
-    }
-    Some(())
-}
-
-/// Returns once a chunk that `arrived` may leave: the link is not blackholed and, under a
-/// delay, the delay has passed since it arrived (a change of fault meanwhile counts at once);
-/// `None` if the proxy is gone.
-async fn until_due(mode: &mut watch::Receiver<Mode>, arrived: Instant) -> Option<()> {
-    loop {
-        let m = *mode.borrow_and_update();
-        match m {
-            Mode::Pass => return Some(()),
-            Mode::Delay(d) => tokio::select! {
-                () = tokio::time::sleep_until(arrived + d) => return Some(()),
-                changed = mode.changed() => changed.ok()?,
-            },
-            Mode::Blackhole => mode.changed().await.ok()?,
-        }
     }
 }

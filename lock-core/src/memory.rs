@@ -8,22 +8,26 @@
 //! cancel-safe `acquire`, and a lost signal at expiry. Use it in examples and in your own unit
 //! tests; clones share one store and behave like independent clients of one server.
 
-use parking_lot::{Mutex, MutexGuard};
-use std::collections::{HashMap, VecDeque};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
-use crate::driver::{Acquisition, Admission, LeaseOps, ManagedLease};
+use crate::driver::{Acquisition, LeaseOps, ManagedLease};
 use crate::traits::{acquire_by, try_acquire_by};
+
+#[path = "memory_store.rs"]
+mod store;
 use crate::{
     Capabilities, Change, ChangeFeed, Deadline, DistributedLock, Error, ExpiryClock, Fencing,
     FencingToken, HolderInfo, Leader, LeaderValue, Lease, LockName, LockOptions, Mode, Result,
 };
+use store::{Attempt, Granted, QueueGuard, Queued, Store};
 
 /// An in-process lock service. Cheap to clone; clones share the same locks.
 ///
@@ -45,220 +49,6 @@ use crate::{
 #[derive(Clone, Default)]
 pub struct MemoryLock {
     store: Arc<Store>,
-}
-
-/// The names in use. foldhash, not SipHash: hashing a name twice per cycle was 4 % of the
-/// driver's acquire+release (callgrind); names come from the application itself.
-type Slots = HashMap<LockName, Slot, foldhash::fast::RandomState>;
-
-#[derive(Default)]
-struct Store {
-    slots: Mutex<Slots>,
-    next_id: AtomicU64,
-    operations: AtomicU64,
-}
-
-#[derive(Default)]
-struct Slot {
-    /// In grant order.
-    holders: Vec<Holder>,
-    /// Last fencing token handed out; kept after release so tokens never repeat.
-    fence: u64,
-    queue: VecDeque<Waiter>,
-    /// Bumped at every grant, release and proclaim: what observers' feeds wait on.
-    changes: Changes,
-}
-
-struct Holder {
-    owner: u64,
-    expires_at: Instant,
-    mode: Mode,
-    fence: u64,
-    value: Option<LeaderValue>,
-}
-
-struct Changes(watch::Sender<u64>);
-
-impl Default for Changes {
-    fn default() -> Self {
-        Changes(watch::channel(0).0)
-    }
-}
-
-impl Changes {
-    /// Tells the name's observers; with none, nothing is sent: a watch channel's send wakes
-    /// its eight notifiers whether anyone waits or not (two sends per cycle were a tenth of
-    /// the driver's instructions: 10,027 to 9,114 per cycle, callgrind), and even a silent
-    /// one takes its lock. Sound because feeds subscribe, and every bump is made, under the
-    /// store's lock; and nobody reads the count, only its changes.
-    fn bump(&self) {
-        if self.0.receiver_count() > 0 {
-            self.0.send_modify(|v| *v += 1);
-        }
-    }
-}
-
-struct Waiter {
-    id: u64,
-    notify: Arc<Notify>,
-    mode: Mode,
-}
-
-/// A waiter's place in a name's queue, from [`Store::enter`].
-struct Queued {
-    id: u64,
-    notify: Arc<Notify>,
-    /// When the first holder's lease ends.
-    first_expiry: Option<Instant>,
-}
-
-enum Attempt {
-    Granted(Granted),
-    /// Busy until `expires_at` (`None`: not this waiter's turn yet, or waiters queued ahead).
-    Busy {
-        expires_at: Option<Instant>,
-    },
-}
-
-impl Slot {
-    fn expire(&mut self, now: Instant) {
-        // Looked for first: most calls find nothing to drop, and `retain` costs more.
-        if self.holders.iter().any(|h| now >= h.expires_at) {
-            self.holders.retain(|h| now < h.expires_at);
-            self.changes.bump();
-        }
-    }
-    /// Wakes the first waiter; a waiter granted wakes the next, so compatible waiters (readers,
-    /// permits) are granted one after another.
-    fn wake_head(&self) {
-        if let Some(w) = self.queue.front() {
-            w.notify.notify_one();
-        }
-    }
-    /// When the first holder's lease ends: when a blocked waiter may have its turn.
-    fn first_expiry(&self) -> Option<Instant> {
-        self.holders.iter().map(|h| h.expires_at).min()
-    }
-    /// Whether `mode` may join the holders now; a mismatch of permits against holders and
-    /// waiters is an error.
-    fn admits(&self, name: &LockName, mode: Mode) -> Result<bool> {
-        let holders = self.holders.iter().map(|h| h.mode);
-        let users = holders.clone().chain(self.queue.iter().map(|w| w.mode));
-        match mode.admits(holders, users) {
-            Admission::Yes => Ok(true),
-            Admission::No => Ok(false),
-            Admission::Mismatch { held } => Err(permits_mismatch(name, held, mode)),
-        }
-    }
-    fn grant(&mut self, owner: u64, req: &Acquisition<'_>, now: Instant) -> Granted {
-        self.fence += 1;
-        let expires_at = now + req.ttl();
-        self.holders.push(Holder {
-            owner,
-            expires_at,
-            mode: req.mode(),
-            fence: self.fence,
-            value: req.value().cloned(),
-        });
-        self.changes.bump();
-        Granted {
-            owner,
-            fence: self.fence,
-            expires_at,
-            at: now,
-        }
-    }
-}
-
-fn permits_mismatch(name: &LockName, held: u32, mode: Mode) -> Error {
-    Error::PermitsMismatch {
-        name: name.clone(),
-        held,
-        asked: mode.limit().unwrap_or(0),
-    }
-}
-
-impl Store {
-    fn slots(&self) -> MutexGuard<'_, Slots> {
-        self.operations.fetch_add(1, Ordering::Relaxed);
-        self.slots.lock()
-    }
-
-    /// One grant attempt. `waiter`: the caller's queue id, if it is queued.
-    fn attempt(&self, req: &Acquisition<'_>, waiter: Option<u64>) -> Result<Attempt> {
-        let (name, mode) = (req.name(), req.mode());
-        let now = Instant::now();
-        let mut slots = self.slots();
-        let slot = slots.entry(name.clone()).or_default();
-        slot.expire(now);
-        let admitted = slot.admits(name, mode)?;
-        let my_turn = match (slot.queue.front(), waiter) {
-            (None, _) => true,
-            (Some(head), Some(me)) => head.id == me,
-            (Some(_), None) => false,
-        };
-        if !my_turn {
-            return Ok(Attempt::Busy { expires_at: None });
-        }
-        if !admitted {
-            return Ok(Attempt::Busy {
-                expires_at: slot.first_expiry(),
-            });
-        }
-        if waiter.is_some() {
-            slot.queue.pop_front();
-            slot.wake_head();
-        }
-        let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Ok(Attempt::Granted(slot.grant(owner, req, now)))
-    }
-
-    /// Takes the lock, or joins the queue, in one step: no release can slip in between.
-    /// `Ok(Err(first_expiry))` once queued.
-    fn enter(&self, req: &Acquisition<'_>) -> Result<std::result::Result<Granted, Queued>> {
-        let (name, mode) = (req.name(), req.mode());
-        let now = Instant::now();
-        let mut slots = self.slots();
-        let slot = slots.entry(name.clone()).or_default();
-        slot.expire(now);
-        if slot.admits(name, mode)? && slot.queue.is_empty() {
-            let owner = self.next_id.fetch_add(1, Ordering::Relaxed);
-            return Ok(Ok(slot.grant(owner, req, now)));
-        }
-        // Made only here: an acquisition granted at once needs no wake-up of its own.
-        let queued = Queued {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            notify: Arc::new(Notify::new()),
-            first_expiry: slot.first_expiry(),
-        };
-        slot.queue.push_back(Waiter {
-            id: queued.id,
-            notify: queued.notify.clone(),
-            mode,
-        });
-        Ok(Err(queued))
-    }
-}
-
-/// Removes a waiter's queue record when its `acquire` returns or is dropped, and passes the
-/// turn on if it was at the head of the queue.
-struct QueueGuard<'a> {
-    store: &'a Store,
-    name: &'a LockName,
-    id: u64,
-}
-
-impl Drop for QueueGuard<'_> {
-    fn drop(&mut self) {
-        let mut slots = self.store.slots();
-        if let Some(slot) = slots.get_mut(self.name) {
-            let was_head = slot.queue.front().is_some_and(|w| w.id == self.id);
-            slot.queue.retain(|w| w.id != self.id);
-            if was_head {
-                slot.wake_head();
-            }
-        }
-    }
 }
 
 impl MemoryLock {
@@ -343,14 +133,6 @@ impl MemoryLock {
             grant.at,
         ))
     }
-}
-
-struct Granted {
-    owner: u64,
-    fence: u64,
-    expires_at: Instant,
-    /// When the store granted it (its clock reading for `expires_at`).
-    at: Instant,
 }
 
 impl fmt::Debug for MemoryLock {
