@@ -4,36 +4,17 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{CancelToken, Client, NoTls};
 
 use lock_core::driver::ClientError;
-use lock_core::{Error, LockName, Result};
+use lock_core::{Error, Result};
 
 use crate::config::BACKEND;
 use crate::session::{Keepalive, ModeStatements, Pool, Session, Sql, Statements};
 use crate::PgConfig;
-
-/// The advisory-lock key of a lock name: the first 8 bytes of the SHA-256 of its UTF-8 bytes,
-/// read as a big-endian signed 64-bit integer. In SQL (PostgreSQL 11 and later):
-/// `('x' || left(encode(sha256(convert_to(name, 'UTF8')), 'hex'), 16))::bit(64)::bigint`.
-///
-/// ```
-/// use lock_core::LockName;
-/// let key = lock_postgres::advisory_key(&LockName::new("reindex")?);
-/// assert_eq!(key, lock_postgres::advisory_key(&LockName::new("reindex")?));
-/// assert_ne!(key, lock_postgres::advisory_key(&LockName::new("reindex2")?));
-/// # Ok::<(), lock_core::Error>(())
-/// ```
-pub fn advisory_key(name: &LockName) -> i64 {
-    let digest = Sha256::digest(name.as_str().as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    i64::from_be_bytes(first)
-}
 
 /// How connections are made: plain, or TLS through rustls. Also sends cancel requests, which
 /// open a connection of their own.
@@ -358,12 +339,11 @@ impl Opener {
             tokio::try_join!(
                 ModeStatements::prepare(c, &self.sql.exclusive),
                 c.prepare(&self.sql.family_token),
-                c.prepare(&self.sql.family_unlock),
                 c.prepare(&self.sql.reader_try_grant),
                 c.prepare(&self.sql.check),
             )
         };
-        let (exclusive, family_token, family_unlock, reader_try_grant, check) = self
+        let (exclusive, family_token, reader_try_grant, check) = self
             .answered("preparing the statements", self.request_bound(), prepared)
             .await?;
         let (task, closed) = o.driven;
@@ -375,7 +355,6 @@ impl Opener {
             stmts: Statements {
                 exclusive,
                 family_token,
-                family_unlock,
                 reader_try_grant,
                 check,
             },

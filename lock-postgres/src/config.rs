@@ -261,10 +261,10 @@ impl PgConfig {
         self.shared_sessions
     }
 
-    /// Locks granted at once (a `try_acquire`, or an `acquire` that finds the lock free) are
-    /// taken on one of at most `n` sessions that they share, instead of a session each: a
-    /// service holding 1,000 locks needs `n` connections, not 1,000. An `acquire` that has to
-    /// wait still waits on a session of its own (the server's lock queue blocks the session
+    /// Locks granted at once (a `try_acquire`, or an `acquire` that finds the lock free), in
+    /// every mode, are taken on one of at most `n` sessions that they share, instead of a
+    /// session each: a service holding 1,000 locks needs `n` connections, not 1,000. An
+    /// `acquire` that has to wait still waits on a session of its own (the server's lock queue blocks the session
     /// that waits) and keeps it while it holds the lock. The price: when a shared session
     /// ends (its connection cut, its backend terminated, a request on it unanswered), every
     /// lock on it is lost at once, and each of their leases says so. `0` (the default): a

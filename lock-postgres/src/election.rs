@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use lock_core::{Change, ChangeFeed, Error, FencingToken, Leader, LeaderValue, LockName, Result};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::client::{advisory_key, Opened, Opener};
+use crate::client::{Opened, Opener};
 use crate::config::BACKEND;
+use crate::keys::advisory_key;
 use crate::session::channel;
 
 /// The exclusive holder of `name`, its value and its term; `frees` is how long a vanished

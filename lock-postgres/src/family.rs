@@ -22,8 +22,12 @@
 //! queue behind it) and waits for one slot, the next each time, for at most a second or two
 //! (`lock_timeout`), then looks at all of them again: a slot freed by its holder's end (a
 //! crash frees the locks with the session) wakes it at once when it is the slot it waits on,
-//! and within that pause otherwise. A session holds one lease's locks only, so a failed try
-//! lets go of everything with `pg_advisory_unlock_all()`.
+//! and within that pause otherwise.
+//!
+//! A refused try lets go, in its own statements, of exactly what it took, and a held lease
+//! lets go of exactly its keys ([`Held`]): the session may hold other names' locks
+//! (`shared_sessions`). Only a wait, always on a session of its own, lets go of everything with
+//! `pg_advisory_unlock_all()` when it ends without a grant.
 //!
 //! `pg_advisory_lock_shared` of another program is a reader that passes no gate: it keeps
 //! writers out, not permit holders.
@@ -31,69 +35,35 @@
 use std::time::Duration;
 
 use crate::client::Opener;
+use crate::keys::{let_go, FamilyKeys, Held, Tried};
 use crate::session::Session;
 
 use lock_core::driver::{random_below, Acquisition};
 use lock_core::{Error, LockName, Mode, Result};
-use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, SimpleQueryMessage};
-
-/// The keys of one name's family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FamilyKeys {
-    /// The name's own key ([`crate::advisory_key`]).
-    pub(crate) name: i64,
-    pub(crate) gate: i64,
-    pub(crate) readers: i64,
-    pub(crate) permits: i64,
-    /// Slot `s` is `slots + s`.
-    pub(crate) slots: i64,
-    /// The first half of the marks' two-integer keys (non-negative).
-    pub(crate) mark_class: i32,
-}
-
-impl FamilyKeys {
-    pub(crate) fn of(name: &LockName) -> Self {
-        let digest = Sha256::digest(name.as_str().as_bytes());
-        let mut base = [0u8; 8];
-        base.copy_from_slice(&digest[8..16]);
-        // Below 2^62: `slots + s` stays a bigint for every `s` below 2^31.
-        let base = i64::from_be_bytes(base) & 0x3fff_ffff_ffff_ffff;
-        let mut class = [0u8; 4];
-        class.copy_from_slice(&digest[16..20]);
-        FamilyKeys {
-            name: crate::advisory_key(name),
-            gate: base,
-            readers: base + 1,
-            permits: base + 2,
-            slots: base + 3,
-            mark_class: i32::from_be_bytes(class) & 0x7fff_ffff,
-        }
-    }
-}
 
 /// What a request of the family came to.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Entered {
+enum Entered {
     /// Held (a permit: in this slot).
     Held(Option<i64>),
-    /// Not now (the try path lets go of everything it took).
+    /// Not now; nothing of it is held.
     Busy,
-    /// Requests with this many permits hold or wait.
+    /// Requests with this many permits hold or wait; nothing of it is held.
     Mismatch(u32),
 }
 
 type PgResult<T> = std::result::Result<T, tokio_postgres::Error>;
 
-/// The rows of each statement of `sql` (one simple-query batch, one round trip), first column
-/// only.
-async fn batch(c: &Client, sql: &str) -> PgResult<Vec<Vec<Option<String>>>> {
+/// The rows of each statement of `sql` (one simple-query batch, one round trip), each row's
+/// columns.
+async fn batch(c: &Client, sql: &str) -> PgResult<Vec<Vec<Vec<Option<String>>>>> {
     let mut out = vec![Vec::new()];
     for m in c.simple_query(sql).await? {
         match m {
             SimpleQueryMessage::Row(r) => {
                 if let Some(last) = out.last_mut() {
-                    last.push(r.get(0).map(str::to_string));
+                    last.push((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect());
                 }
             }
             SimpleQueryMessage::CommandComplete(_) => out.push(Vec::new()),
@@ -103,9 +73,9 @@ async fn batch(c: &Client, sql: &str) -> PgResult<Vec<Vec<Option<String>>>> {
     Ok(out)
 }
 
-/// The first column of the first row of statement `i` of a batch's answer.
-fn cell(rows: &[Vec<Option<String>>], i: usize) -> Option<&str> {
-    rows.get(i)?.first()?.as_deref()
+/// Column `col` of the first row of statement `i` of a batch's answer.
+fn cell(rows: &[Vec<Vec<Option<String>>>], i: usize, col: usize) -> Option<&str> {
+    rows.get(i)?.first()?.get(col)?.as_deref()
 }
 
 /// The number of permits `k` as the mark's second integer; above `i32::MAX` is refused
@@ -119,10 +89,137 @@ pub(crate) fn permits_fit(mode: Mode) -> bool {
     !matches!(mode, Mode::Permits(k) if i32::try_from(k).is_err())
 }
 
-/// A reader's wait on this session, once its try (`Sql::reader_try_grant`, one statement) was
-/// refused and let go: in the server's queue for the name's key, then the gate, then until the
-/// permit holders are gone. A caller that gives up closes the session.
-pub(crate) async fn reader_wait(c: &Client, k: &FamilyKeys) -> PgResult<Entered> {
+/// The refusal of `mode` with more than `i32::MAX` permits.
+pub(crate) fn too_many_permits(mode: Mode) -> Error {
+    Error::config(format!(
+        "{}: at most {} permits on PostgreSQL",
+        mode.describe(),
+        i32::MAX
+    ))
+}
+
+/// A reader's or permit holder's try on session `s`, the token's row with it when granted: it
+/// never waits (a lock is only tried; the permits' key, taken shared inside the gate, is taken
+/// exclusive by nobody else there), and leaves nothing held unless granted, so it may run on a
+/// session that others share.
+pub(crate) async fn try_grant(s: &Session, name: &LockName, mode: Mode) -> PgResult<Tried> {
+    let keys = FamilyKeys::of(name);
+    if mode == Mode::Shared {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &keys.name,
+            &name.as_str(),
+            &keys.gate,
+            &keys.permits,
+            &keys.readers,
+        ];
+        let row = s
+            .client
+            .query_opt(&s.stmts.reader_try_grant, &params)
+            .await?;
+        return Ok(match row {
+            Some(row) => Tried::Granted(row, Held::Reader(keys)),
+            None => Tried::Busy,
+        });
+    }
+    let n = k_of(mode);
+    Ok(match permit_try(&s.client, &keys, n).await? {
+        Entered::Held(slot) => {
+            let slot = slot.unwrap_or(0);
+            let row = (s.client)
+                .query_one(&s.stmts.family_token, &[&name.as_str()])
+                .await?;
+            Tried::Granted(row, Held::Permit { keys, slot, n })
+        }
+        Entered::Busy => Tried::Busy,
+        Entered::Mismatch(k) => Tried::Mismatch(k),
+    })
+}
+
+/// The statement that marks this request's count `n` (before anything waits, so that a
+/// waiting request's count is seen too).
+fn mark(k: &FamilyKeys, n: i64) -> String {
+    format!("SELECT pg_advisory_lock_shared({}, {n})", k.mark_class)
+}
+
+/// Another count's mark on the name, if any (a scalar subquery).
+fn other_count(k: &FamilyKeys, n: i64) -> String {
+    format!(
+        "SELECT x.objid::int8 FROM pg_catalog.pg_locks x WHERE x.locktype = 'advisory' \
+         AND x.objsubid = 2 AND x.classid::int8 = {mc} AND x.objid::int8 <> {n} AND x.granted \
+         AND x.database = (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname = current_database()) LIMIT 1",
+        mc = k.mark_class
+    )
+}
+
+/// The first free slot, taken (a scalar subquery; NULL if every slot is taken).
+fn scan(k: &FamilyKeys, n: i64) -> String {
+    format!(
+        "SELECT g.s FROM generate_series(0, {last}) g(s) \
+         WHERE pg_try_advisory_lock({slots} + g.s) LIMIT 1",
+        last = n - 1,
+        slots = k.slots
+    )
+}
+
+/// A permit's try, in two round trips; refused, it has let go of everything it took.
+async fn permit_try(c: &Client, k: &FamilyKeys, n: i64) -> PgResult<Entered> {
+    let (name, gate, readers, permits) = (k.name, k.gate, k.readers, k.permits);
+    let mark_unlock = format!("pg_advisory_unlock_shared({}, {n})", k.mark_class);
+    let name_unlock = format!("pg_advisory_unlock_shared({name})");
+    let gate_unlock = format!("pg_advisory_unlock({gate})");
+    // The other count is read once (`OFFSET 0` keeps the planner from copying the subquery
+    // into both columns); CASE tries in order and stops at the first refusal.
+    let rows = batch(
+        c,
+        &format!(
+            "{mark}; SELECT m.held, CASE WHEN m.held IS NOT NULL THEN {no_mark} \
+             WHEN NOT pg_try_advisory_lock_shared({name}) THEN {no_mark} \
+             WHEN NOT pg_try_advisory_lock({gate}) THEN {no_name} \
+             WHEN NOT pg_try_advisory_lock({readers}) THEN {no_gate} ELSE true END \
+             FROM (SELECT ({other}) AS held OFFSET 0) m",
+            mark = mark(k, n),
+            other = other_count(k, n),
+            no_mark = let_go(&[&mark_unlock]),
+            no_name = let_go(&[&name_unlock, &mark_unlock]),
+            no_gate = let_go(&[&gate_unlock, &name_unlock, &mark_unlock]),
+        ),
+    )
+    .await?;
+    if let Some(held) = cell(&rows, 1, 0).and_then(|v| v.parse::<u32>().ok()) {
+        return Ok(Entered::Mismatch(held));
+    }
+    if cell(&rows, 1, 1) != Some("t") {
+        return Ok(Entered::Busy);
+    }
+    let rows = batch(
+        c,
+        &format!(
+            "SELECT pg_advisory_unlock({readers}); SELECT pg_advisory_lock_shared({permits}); \
+             SELECT s.slot, CASE WHEN s.slot IS NULL THEN {none} ELSE {gate_unlock} END \
+             FROM (SELECT ({scan}) AS slot OFFSET 0) s",
+            scan = scan(k, n),
+            none = let_go(&[
+                &gate_unlock,
+                &format!("pg_advisory_unlock_shared({permits})"),
+                &name_unlock,
+                &mark_unlock
+            ]),
+        ),
+    )
+    .await?;
+    Ok(
+        match cell(&rows, 2, 0).and_then(|v| v.parse::<i64>().ok()) {
+            Some(s) => Entered::Held(Some(s)),
+            None => Entered::Busy,
+        },
+    )
+}
+
+/// A reader's wait on its own session, once its try was refused: in the server's queue for
+/// the name's key, then the gate, then until the permit holders are gone. A caller that
+/// gives up closes the session.
+async fn reader_wait(c: &Client, k: &FamilyKeys) -> PgResult<Entered> {
     let (name, gate, readers, permits) = (k.name, k.gate, k.readers, k.permits);
     batch(
         c,
@@ -136,88 +233,33 @@ pub(crate) async fn reader_wait(c: &Client, k: &FamilyKeys) -> PgResult<Entered>
     Ok(Entered::Held(None))
 }
 
-/// Takes one of `mode`'s permits on this session, waiting (`wait`) or not. On the try path
-/// whatever was taken is let go when the answer is not `Held`; on the waiting path a caller
-/// that gives up closes the session (which lets go of everything with it).
-pub(crate) async fn permit(
+/// A permit request's wait on its own session, once its try was refused: it ends held or
+/// mismatched (then it lets go of everything); a caller that gives up closes the session.
+async fn permit_wait(
     c: &Client,
     k: &FamilyKeys,
-    mode: Mode,
-    wait: bool,
+    n: i64,
     pause: impl Fn() -> Duration,
 ) -> PgResult<Entered> {
     let entered = async {
+        let rows = batch(c, &format!("{}; {}", mark(k, n), other_count(k, n))).await?;
+        if let Some(held) = cell(&rows, 1, 0).and_then(|v| v.parse::<u32>().ok()) {
+            return Ok(Entered::Mismatch(held));
+        }
         let (name, gate, readers, permits) = (k.name, k.gate, k.readers, k.permits);
-        let (slots, mark_class) = (k.slots, k.mark_class);
-        let n = k_of(mode);
-        // Marked before anything waits: a waiting request's count is seen too.
-        let mark = format!(
-            "SELECT pg_advisory_lock_shared({mark_class}, {n}); \
-             SELECT m.objid::int8 FROM pg_catalog.pg_locks m WHERE m.locktype = 'advisory' \
-             AND m.objsubid = 2 AND m.classid::int8 = {mark_class} AND m.objid::int8 <> {n} \
-             AND m.granted AND m.database = (SELECT oid FROM pg_catalog.pg_database \
-             WHERE datname = current_database()) LIMIT 1"
-        );
-        let scan = format!(
-            "SELECT s FROM generate_series(0, {last}) s WHERE pg_try_advisory_lock({slots} + s) \
-             LIMIT 1",
-            last = n - 1
-        );
-        let mismatch = |rows: &[Vec<Option<String>>]| {
-            cell(rows, 1)
-                .and_then(|v| v.parse::<u32>().ok())
-                .map(Entered::Mismatch)
-        };
-        let slot_in =
-            |rows: &[Vec<Option<String>>], i| cell(rows, i).and_then(|v| v.parse::<i64>().ok());
-        if !wait {
-            // CASE tries in order and stops at the first refusal; whatever was taken before a
-            // refusal (or a mismatch) goes with `pg_advisory_unlock_all`.
-            let rows = batch(
-                c,
-                &format!(
-                    "{mark}; SELECT CASE WHEN NOT pg_try_advisory_lock_shared({name}) THEN 'busy' \
-                     WHEN NOT pg_try_advisory_lock({gate}) THEN 'busy' \
-                     WHEN NOT pg_try_advisory_lock({readers}) THEN 'busy' ELSE 'in' END"
-                ),
-            )
-            .await?;
-            if let Some(m) = mismatch(&rows) {
-                return Ok(m);
-            }
-            if cell(&rows, 2) != Some("in") {
-                return Ok(Entered::Busy);
-            }
-            let rows = batch(
-                c,
-                &format!(
-                    "SELECT pg_advisory_unlock({readers}); \
-                     SELECT pg_advisory_lock_shared({permits}); {scan}; \
-                     SELECT pg_advisory_unlock({gate})"
-                ),
-            )
-            .await?;
-            return Ok(match slot_in(&rows, 2) {
-                Some(s) => Entered::Held(Some(s)),
-                None => Entered::Busy,
-            });
-        }
-        let rows = batch(c, &mark).await?;
-        if let Some(m) = mismatch(&rows) {
-            return Ok(m);
-        }
         let rows = batch(
             c,
             &format!(
                 "SELECT pg_advisory_lock_shared({name}); SELECT pg_advisory_lock({gate}); \
                  SELECT pg_advisory_lock({readers}); SELECT pg_advisory_unlock({readers}); \
-                 SELECT pg_advisory_lock_shared({permits}); {scan}"
+                 SELECT pg_advisory_lock_shared({permits}); SELECT ({})",
+                scan(k, n)
             ),
         )
         .await?;
-        let slot = match slot_in(&rows, 5) {
+        let slot = match cell(&rows, 5, 0).and_then(|v| v.parse::<i64>().ok()) {
             Some(s) => s,
-            None => wait_for_slot(c, slots, n, &scan, pause).await?,
+            None => wait_for_slot(c, k, n, pause).await?,
         };
         c.simple_query(&format!("SELECT pg_advisory_unlock({gate})"))
             .await?;
@@ -234,9 +276,8 @@ pub(crate) async fn permit(
 /// at all of them after each.
 async fn wait_for_slot(
     c: &Client,
-    slots: i64,
+    k: &FamilyKeys,
     n: i64,
-    scan: &str,
     pause: impl Fn() -> Duration,
 ) -> PgResult<i64> {
     let mut next = 0;
@@ -245,8 +286,9 @@ async fn wait_for_slot(
         let waited = batch(
             c,
             &format!(
-                "SET lock_timeout = {ms}; SELECT pg_advisory_lock({slots} + {next}); \
-                 SET lock_timeout = 0"
+                "SET lock_timeout = {ms}; SELECT pg_advisory_lock({} + {next}); \
+                 SET lock_timeout = 0",
+                k.slots
             ),
         )
         .await;
@@ -256,8 +298,9 @@ async fn wait_for_slot(
             // whose rollback undid its `SET`; set again all the same, as nothing else here may
             // run under a lock timeout.
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
-                let rows = batch(c, &format!("SET lock_timeout = 0; {scan}")).await?;
-                if let Some(s) = cell(&rows, 1).and_then(|v| v.parse::<i64>().ok()) {
+                let rows =
+                    batch(c, &format!("SET lock_timeout = 0; SELECT ({})", scan(k, n))).await?;
+                if let Some(s) = cell(&rows, 1, 0).and_then(|v| v.parse::<i64>().ok()) {
                     return Ok(s);
                 }
             }
@@ -267,131 +310,75 @@ async fn wait_for_slot(
     }
 }
 
-/// A reader's or permit holder's locks (`family`), then its token: the try, and the wait
-/// if it `waits` and the try was refused. `None`: the wait ran out (the caller closes the
-/// session). As the exclusive grant: the token's row (`Ok(None)`: not granted, nothing
-/// held) and whether it waited.
+/// A reader's or permit holder's grant on a session of its own: the try, and the wait if it
+/// `waits` and the try was refused. `None`: the wait ran out (the caller closes the
+/// session). As the exclusive grant: the token's row and what the lease holds (`Ok(None)`:
+/// not granted, nothing held) and whether it waited.
 pub(crate) async fn grant(
     opener: &Opener,
     s: &Session,
     req: &Acquisition<'_>,
     waits: bool,
-) -> Result<Option<(Result<Option<tokio_postgres::Row>>, bool)>> {
+) -> Result<Option<(Result<Option<(tokio_postgres::Row, Held)>>, bool)>> {
     let (name, mode) = (req.name(), req.mode());
-    if !permits_fit(mode) {
-        return Err(Error::config(format!(
-            "{}: at most {} permits on PostgreSQL",
-            mode.describe(),
-            i32::MAX
-        )));
+    let mismatch = |held| Error::PermitsMismatch {
+        name: name.clone(),
+        held,
+        asked: mode.limit().unwrap_or(0),
+    };
+    let tried = opener
+        .answered(
+            "the lock request",
+            opener.request_bound(),
+            try_grant(s, name, mode),
+        )
+        .await;
+    match tried {
+        Ok(Tried::Granted(row, held)) => return Ok(Some((Ok(Some((row, held))), false))),
+        Ok(Tried::Mismatch(held)) => return Ok(Some((Err(mismatch(held)), false))),
+        Ok(Tried::Busy) if waits => {}
+        Ok(Tried::Busy) => return Ok(Some((Ok(None), false))),
+        Err(e) => return Ok(Some((Err(e), false))),
     }
     let keys = FamilyKeys::of(name);
+    let n = k_of(mode);
     let pause = || Duration::from_secs(1) + random_below(Duration::from_secs(1));
-    if mode == Mode::Shared {
-        // A reader's try and token in one round trip, as a writer's.
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-            &keys.name,
-            &name.as_str(),
-            &keys.gate,
-            &keys.permits,
-            &keys.readers,
-        ];
-        let tried = opener
-            .answered(
-                "the lock request",
-                opener.request_bound(),
-                s.client.query_opt(&s.stmts.reader_try_grant, &params),
-            )
-            .await;
-        match tried {
-            Ok(Some(row)) => return Ok(Some((Ok(Some(row)), false))),
-            Ok(None) => {
-                opener
-                    .answered(
-                        "letting go of a refused try",
-                        opener.request_bound(),
-                        s.client.simple_query("SELECT pg_advisory_unlock_all()"),
-                    )
-                    .await?;
-                if !waits {
-                    return Ok(Some((Ok(None), false)));
-                }
-            }
-            Err(e) => return Ok(Some((Err(e), false))),
+    let wait = async {
+        match mode {
+            Mode::Shared => reader_wait(&s.client, &keys).await,
+            _ => permit_wait(&s.client, &keys, n, pause).await,
         }
-    }
-    let tried = if mode == Mode::Shared {
-        Entered::Busy
-    } else {
-        opener
-            .answered(
-                "the lock request",
-                opener.request_bound(),
-                permit(&s.client, &keys, mode, false, pause),
-            )
-            .await?
     };
-    let (entered, waited) = match tried {
-        Entered::Busy if waits => {
-            let wait = async {
-                match mode {
-                    Mode::Shared => reader_wait(&s.client, &keys).await,
-                    _ => permit(&s.client, &keys, mode, true, pause).await,
-                }
-            };
-            let r = match req.deadline().at() {
-                Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
-                    Ok(r) => r,
-                    Err(_) => return Ok(None),
-                },
-                None => wait.await,
-            };
-            (r.map_err(|e| opener.error(e))?, true)
-        }
-        other => (other, false),
+    let entered = match req.deadline().at() {
+        Some(at) => match tokio::time::timeout_at(at.into(), wait).await {
+            Ok(r) => r,
+            Err(_) => return Ok(None),
+        },
+        None => wait.await,
     };
-    let row = match entered {
-        Entered::Held(_) => {
-            opener
-                .answered(
-                    "the token",
-                    opener.request_bound(),
-                    s.client.query_opt(&s.stmts.family_token, &[&name.as_str()]),
-                )
-                .await
-        }
-        Entered::Busy => Ok(None),
-        Entered::Mismatch(held) => Err(Error::PermitsMismatch {
-            name: name.clone(),
-            held,
-            asked: mode.limit().unwrap_or(0),
-        }),
+    let held = match entered.map_err(|e| opener.error(e))? {
+        Entered::Held(_) if mode == Mode::Shared => Held::Reader(keys),
+        Entered::Held(slot) => Held::Permit {
+            keys,
+            slot: slot.unwrap_or(0),
+            n,
+        },
+        Entered::Mismatch(held) => return Ok(Some((Err(mismatch(held)), true))),
+        Entered::Busy => return Ok(Some((Ok(None), true))),
     };
-    Ok(Some((row, waited)))
+    let row = opener
+        .answered(
+            "the token",
+            opener.request_bound(),
+            s.client.query_one(&s.stmts.family_token, &[&name.as_str()]),
+        )
+        .await;
+    Ok(Some((row.map(|r| Some((r, held))), true)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_are_apart_and_in_range() {
-        for name in ["a", "jobs", "reindex", "x".repeat(100).as_str()] {
-            let k = FamilyKeys::of(&LockName::new(name).unwrap());
-            assert!(k.gate >= 0 && k.slots.checked_add(i64::from(i32::MAX)).is_some());
-            assert!(k.mark_class >= 0);
-            let all = [k.name, k.gate, k.readers, k.permits, k.slots];
-            for (i, a) in all.iter().enumerate() {
-                assert!(!all[i + 1..].contains(a), "{name}: {all:?}");
-            }
-        }
-        let (a, b) = (
-            FamilyKeys::of(&LockName::new("a").unwrap()),
-            FamilyKeys::of(&LockName::new("b").unwrap()),
-        );
-        assert_ne!(a.gate, b.gate);
-        assert_ne!(a.mark_class, b.mark_class);
-    }
 
     #[test]
     fn only_counts_that_fit_an_int4() {

@@ -10,6 +10,7 @@ use lock_core::{Error, LockName, Result};
 
 use crate::client::Opener;
 use crate::config::BACKEND;
+use crate::keys::Held;
 use crate::polling::Waiting;
 use crate::session::Session;
 use crate::shared::SharedSession;
@@ -20,8 +21,8 @@ pub(crate) struct PgLeaseOps {
     session: parking_lot::Mutex<Option<Arc<Session>>>,
     key: i64,
     name: LockName,
-    /// Exclusive or shared: which unlock undoes the grant.
-    mode: lock_core::Mode,
+    /// The keys the grant took, which the release lets go of.
+    held: Held,
     /// Granted with an election's value: its release is announced to observers.
     valued: bool,
     /// The lease's current `valid_until`, as the confirmations moved it.
@@ -39,18 +40,17 @@ impl PgLeaseOps {
     pub(crate) fn new(
         opener: Arc<Opener>,
         session: Arc<Session>,
-        key: i64,
+        held: Held,
         name: LockName,
-        mode: lock_core::Mode,
         valued: bool,
         valid_until: Instant,
     ) -> Self {
         PgLeaseOps {
             opener,
             session: parking_lot::Mutex::new(Some(session)),
-            key,
+            key: held.key(),
             name,
-            mode,
+            held,
             valued,
             valid_until: parking_lot::Mutex::new(valid_until),
             shared: None,
@@ -234,20 +234,28 @@ impl LeaseOps for PgLeaseOps {
         let bound = self.opener.config.session_timeout();
         let mut under_way = UnlockUnderWay {
             shared: self.shared.as_ref(),
-            key: self.key,
+            held: self.held,
             bound: self.opener.request_bound(),
         };
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
         let unlock = async {
-            match self.valued {
+            match (self.valued, self.held) {
                 // Observers hear of it (`election`): a leader's release, announced.
-                true => {
+                (true, _) => {
                     let sql = self.opener.sql.unlock_announced.as_str();
-                    session.client.query_one(sql, &params).await
+                    session.client.query_one(sql, &params).await?.try_get(0)
                 }
-                false => {
-                    let stmt = session.stmts.unlock(self.mode);
-                    session.client.query_one(stmt, &params).await
+                (false, Held::Exclusive(_)) => {
+                    let stmt = &session.stmts.exclusive.unlock;
+                    session.client.query_one(stmt, &params).await?.try_get(0)
+                }
+                // A reader's or permit holder's keys, each let go of once: the session may
+                // hold other names' locks. The answer: whether the name's key was held.
+                (false, held) => {
+                    let answer = session.client.simple_query(&held.unlock_sql()).await?;
+                    Ok(answer.iter().any(|m| {
+                        matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
+                    }))
                 }
             }
         };
@@ -264,7 +272,6 @@ impl LeaseOps for PgLeaseOps {
                 format!("unlock unanswered after {bound:?}; connection closed instead"),
             ));
         };
-        let unlocked = unlocked.and_then(|r| r.try_get::<_, bool>(0));
         match unlocked {
             Ok(true) => {
                 self.let_go();
@@ -308,7 +315,7 @@ impl LeaseOps for PgLeaseOps {
     fn abandon(&self) {
         let session = self.take();
         if let (Some(_), Some(shared)) = (session, &self.shared) {
-            shared.undo(self.key, self.opener.request_bound());
+            shared.undo(self.held, self.opener.request_bound());
         }
     }
 }
@@ -320,14 +327,14 @@ impl LeaseOps for PgLeaseOps {
 /// would stay, and the client could never ask for the name on this session again.
 struct UnlockUnderWay<'a> {
     shared: Option<&'a Arc<SharedSession>>,
-    key: i64,
+    held: Held,
     bound: std::time::Duration,
 }
 
 impl Drop for UnlockUnderWay<'_> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared {
-            shared.undo(self.key, self.bound);
+            shared.undo(self.held, self.bound);
         }
     }
 }
@@ -354,7 +361,7 @@ impl Drop for CloseIfExpired<'_> {
 impl Drop for PgLeaseOps {
     fn drop(&mut self) {
         if let (Some(_), Some(shared)) = (self.session.get_mut().take(), &self.shared) {
-            shared.undo(self.key, self.opener.request_bound());
+            shared.undo(self.held, self.opener.request_bound());
         }
     }
 }

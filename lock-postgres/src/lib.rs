@@ -27,7 +27,7 @@
 //!
 //! **What it costs.** A connection (a server process) per held or awaited lock — or, with
 //! [`shared_sessions=N`](PgConfig::with_shared_sessions), at most `N` connections for every
-//! exclusive lock granted at once, one confirmation per session for all of them, and the
+//! lock granted at once (in any mode), one confirmation per session for all of them, and the
 //! loss of every lock of a session when it ends (see `docs/backends.md`). A waiter's
 //! statement holds a snapshot while it waits, which holds back the `xmin` horizon (and
 //! vacuum) for as long as it waits, like any long-running statement. Every grant writes one
@@ -44,7 +44,8 @@
 //! (`pg_locks`); the fencing table names only the newest grant's session, so only that
 //! reader's token is shown, and a foreign reader is not told apart from an earlier distlock
 //! reader. A reader also passes the name's *gate* and holds a readers' key beside it (see
-//! below), which keeps it apart from permit holders; it costs three round trips instead of one.
+//! below), which keeps it apart from permit holders; its try is still one statement (keys
+//! and token together), a permit's three round trips.
 //!
 //! ## Permits
 //!
@@ -136,6 +137,7 @@ mod client;
 mod config;
 mod election;
 mod family;
+mod keys;
 mod lease;
 mod lock;
 mod polling;
@@ -144,8 +146,8 @@ mod session;
 mod shared;
 mod waits;
 
-pub use client::advisory_key;
 pub use config::PgConfig;
+pub use keys::advisory_key;
 pub use lock::PgLock;
 pub use lock_core;
 pub use tokio_postgres;

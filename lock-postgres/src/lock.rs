@@ -13,15 +13,18 @@ use lock_core::{
 };
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::client::{advisory_key, Opener};
+use crate::client::Opener;
 use crate::config::BACKEND;
+use crate::keys::advisory_key;
+use crate::keys::{Held, Tried};
 use crate::lease::PgLeaseOps;
 use crate::polling::{Place, Polled};
 use crate::session::{Session, Sql};
-use crate::shared::{self, GrantParams, Pick};
+use crate::shared::{self, GrantParams, Pick, SharedSession};
 use crate::PgConfig;
 
-/// A PostgreSQL lock client: sessions of its own, one per held or awaited lock.
+/// A PostgreSQL lock client: sessions of its own, one per held or awaited lock (or, with
+/// `shared_sessions`, a few that the locks granted at once share).
 ///
 /// **Exclusion** is a session advisory lock on the key [`advisory_key`](crate::advisory_key)
 /// of the name, taken on a connection this client owns for as long as the lease lives (kept
@@ -188,6 +191,7 @@ impl PgLock {
                     s.client.query_opt(try_grant, params),
                 )
                 .await;
+            let held = Held::Exclusive(key);
             match tried {
                 Ok(None) if waits => {
                     let wait = s.client.query_opt(wait_grant, params);
@@ -198,9 +202,10 @@ impl PgLock {
                         },
                         None => wait.await,
                     };
-                    (r.map_err(|e| opener.error(e)), true)
+                    let r = r.map_err(|e| opener.error(e));
+                    (r.map(|row| row.map(|row| (row, held))), true)
                 }
-                other => (other, false),
+                other => (other.map(|row| row.map(|row| (row, held))), false),
             }
         } else {
             match crate::family::grant(&self.inner.opener, s, &req, waits).await? {
@@ -208,12 +213,12 @@ impl PgLock {
                 None => return Ok(None), // `pending` cancels the wait
             }
         };
-        let row = match granted {
-            Ok(Some(row)) => {
+        let (row, held) = match granted {
+            Ok(Some(granted)) => {
                 if waited {
                     req.queued();
                 }
-                row
+                granted
             }
             Ok(None) => {
                 // Not granted, nothing taken: the session stays usable.
@@ -257,9 +262,8 @@ impl PgLock {
         let ops = PgLeaseOps::new(
             self.inner.opener.clone(),
             Arc::new(session),
-            key,
+            held,
             name.clone(),
-            req.mode(),
             req.value().is_some(),
             grant.valid_until,
         )
@@ -268,30 +272,48 @@ impl PgLock {
         Ok(Some(self.managed(&req, grant, ops)))
     }
 
-    /// An exclusive try on a shared session (`shared_sessions`): the lease if granted, `None`
-    /// if the lock is held. A shared session that was open already may have died with the
-    /// server since: an error there earns one more try.
-    async fn try_shared(&self, req: &Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
+    /// A try on a shared session (`shared_sessions`), in any mode. A shared session that was
+    /// open already may have died with the server since: an error there earns one more try.
+    async fn try_shared(&self, req: &Acquisition<'_>) -> Result<OnShared> {
         let opener = &self.inner.opener;
-        let key = advisory_key(req.name());
+        let (name, mode) = (req.name(), req.mode());
+        let key = advisory_key(name);
         let mut again = true;
         loop {
             let (shared, reused) = match opener.shared.pick(key) {
                 Pick::Claimed(s) => (s, true),
-                Pick::Busy => return Ok(None),
+                Pick::Busy => return Ok(OnShared::NoSession),
                 Pick::Open(slot) => (slot.fill(opener.session().await?, key), false),
             };
             let sent = Instant::now();
-            let params = GrantParams {
-                key,
-                name: req.name().as_str().to_owned(),
-                value: req.value().map(|v| v.as_bytes().to_vec()),
-                valued: opener.sql.valued,
-            };
             let bound = opener.request_bound();
-            let row = match shared::try_grant(&shared, params, bound, |e| opener.error(e)).await {
-                Ok(Some(row)) => row,
-                Ok(None) => return Ok(None),
+            let error = |e| opener.error(e);
+            let tried = if mode == Mode::Exclusive {
+                let params = GrantParams {
+                    key,
+                    name: name.as_str().to_owned(),
+                    value: req.value().map(|v| v.as_bytes().to_vec()),
+                    valued: opener.sql.valued,
+                };
+                let on_error = Some(Held::Exclusive(key));
+                shared::try_grant(&shared, key, bound, on_error, error, |me| params.ask(me)).await
+            } else {
+                let name = name.clone();
+                let ask = move |me: Arc<SharedSession>| async move {
+                    crate::family::try_grant(&me.session, &name, mode).await
+                };
+                shared::try_grant(&shared, key, bound, None, error, ask).await
+            };
+            let (row, held) = match tried {
+                Ok(Tried::Granted(row, held)) => (row, held),
+                Ok(Tried::Busy) => return Ok(OnShared::Refused),
+                Ok(Tried::Mismatch(held)) => {
+                    return Err(Error::PermitsMismatch {
+                        name: name.clone(),
+                        held,
+                        asked: mode.limit().unwrap_or(0),
+                    })
+                }
                 Err(e) if reused && again && e.is_retryable() && shared.session.is_closed() => {
                     again = false;
                     continue;
@@ -299,11 +321,10 @@ impl PgLock {
                 Err(e) => return Err(e),
             };
             // From here to the lease nothing awaits: a grant cannot be dropped half-taken.
-            let granted = self.granted_row(&row, shared.session.pid);
-            let token = match granted {
+            let token = match self.granted_row(&row, shared.session.pid) {
                 Ok(token) => token,
                 Err(e) => {
-                    shared.undo(key, bound);
+                    shared.undo(held, bound);
                     return Err(e);
                 }
             };
@@ -316,15 +337,14 @@ impl PgLock {
             let ops = PgLeaseOps::new(
                 opener.clone(),
                 shared.session.clone(),
-                key,
-                req.name().clone(),
-                Mode::Exclusive,
+                held,
+                name.clone(),
                 req.value().is_some(),
                 grant.valid_until,
             )
             .on_shared(shared)
             .waking(&self.inner.waiting);
-            return Ok(Some(self.managed(req, grant, ops)));
+            return Ok(OnShared::Granted(self.managed(req, grant, ops)));
         }
     }
 
@@ -371,6 +391,15 @@ impl PgLock {
     }
 }
 
+/// What a try on the shared sessions came to.
+enum OnShared {
+    Granted(Box<dyn Lease>),
+    /// Not granted now; nothing of it is held.
+    Refused,
+    /// Every shared session has a claim on the name already: not tried.
+    NoSession,
+}
+
 /// A session between being taken and becoming a lease's: dropped with it still inside (an
 /// error, a timeout, a cancelled future), it is cancelled and closed.
 struct Pending<'a>(Option<Session>, &'a crate::client::Connector);
@@ -405,13 +434,20 @@ impl DistributedLock for PgLock {
     /// error there earns one more try on a new one.
     async fn acquire_until(&self, req: Acquisition<'_>) -> Result<Option<Box<dyn Lease>>> {
         let opener = &self.inner.opener;
-        let shares = opener.shared.enabled() && req.mode() == Mode::Exclusive;
-        if shares {
-            if let Some(lease) = self.try_shared(&req).await? {
-                return Ok(Some(lease));
-            }
-            if matches!(req.deadline(), Deadline::Now) || req.deadline().passed() {
-                return Ok(None);
+        let mode = req.mode();
+        if !crate::family::permits_fit(mode) {
+            return Err(crate::family::too_many_permits(mode));
+        }
+        let now = matches!(req.deadline(), Deadline::Now) || req.deadline().passed();
+        if opener.shared.enabled() {
+            match self.try_shared(&req).await? {
+                OnShared::Granted(lease) => return Ok(Some(lease)),
+                OnShared::Refused if now => return Ok(None),
+                // Every shared session has a claim on the name: this client holds it (or asks
+                // for it) on each. Exclusive, it is not free; readers and permit holders may
+                // share it, on a session of their own.
+                OnShared::NoSession if now && mode == Mode::Exclusive => return Ok(None),
+                OnShared::Refused | OnShared::NoSession => {}
             }
         }
         // With `shared_waits`, it waits on the server only in its turn (`waits.rs`).
@@ -419,17 +455,21 @@ impl DistributedLock for PgLock {
             return Ok(None);
         };
         // Busy: the wait takes a session of its own (a waiting session serves nothing else),
-        // and keeps it while it holds the lock; with `wait_sessions`, only while a slot is
-        // free, else it polls (`polling.rs`).
-        // Readers and permit holders wait on a session each.
+        // and keeps it while it holds the lock; with `wait_sessions`, an exclusive waiter only
+        // while a slot is free, else it polls (`polling.rs`). Readers and permit holders wait
+        // on a session each (their releases are not announced to pollers).
         let waiting = &self.inner.waiting;
-        let mut slot = match shares.then(|| waiting.place()) {
+        let polls = opener.shared.enabled() && mode == Mode::Exclusive;
+        let mut slot = match polls.then(|| waiting.place()) {
             Some(Place::Polls) => {
                 let key = advisory_key(req.name());
-                match waiting
-                    .poll(opener, &req, key, || self.try_shared(&req))
-                    .await?
-                {
+                let try_once = || async {
+                    match self.try_shared(&req).await? {
+                        OnShared::Granted(lease) => Ok(Some(lease)),
+                        OnShared::Refused | OnShared::NoSession => Ok(None),
+                    }
+                };
+                match waiting.poll(opener, &req, key, try_once).await? {
                     Polled::Granted(lease) => return Ok(Some(lease)),
                     Polled::GaveUp => return Ok(None),
                     Polled::Slot(slot) => Some(slot),
@@ -473,7 +513,7 @@ impl DistributedLock for PgLock {
     async fn holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
         let (session, _) = self.session().await?;
         let opener = &self.inner.opener;
-        let family = crate::family::FamilyKeys::of(name);
+        let family = crate::keys::FamilyKeys::of(name);
         let rows = opener
             .answered(
                 "the holder query",

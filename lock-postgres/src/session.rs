@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Statement};
 
+use crate::keys::let_go;
+
 /// How the server is told to drop a vanished client's session within the session timeout:
 /// TCP keepalives (whole seconds), and `tcp_user_timeout` where the server has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,12 +109,9 @@ pub(crate) struct Sql {
     /// Readers' and permit holders' token (`$1`: the name), once `family` has taken their
     /// locks.
     pub(crate) family_token: String,
-    /// A reader's or permit holder's unlock: the name's key, shared (`$1`), and every other
-    /// key of the session (it held this lease's only).
-    pub(crate) family_unlock: String,
     /// A reader's try and token in one statement (`family`'s keys: `$1` the name's, `$3` the
     /// gate, `$4` the permits', `$5` the readers'; `$2` the name): no row when refused, and
-    /// then what it took is still held (`pg_advisory_unlock_all` lets go of it).
+    /// then it has let go of what it took (the session may hold other names' locks).
     pub(crate) reader_try_grant: String,
     pub(crate) check: String,
     pub(crate) inspect: String,
@@ -226,19 +225,30 @@ impl Sql {
             // Taken by `family` before: the counter moves after the locks, as for a writer. A
             // reader has no value; a valued table's row forgets the last leader's.
             family_token: bump("$1::text", "", none),
-            // In order: the answer is whether the name's key was held, read before the rest
-            // goes.
-            family_unlock: "SELECT pg_advisory_unlock_shared($1), pg_advisory_unlock_all()".into(),
-            // CASE tries in order and stops at the first refusal.
-            reader_try_grant: grant(
-                "CASE WHEN NOT pg_try_advisory_lock_shared($1) THEN false \
-                 WHEN NOT pg_try_advisory_lock($3) THEN false \
-                 WHEN NOT pg_try_advisory_lock($4) THEN false \
-                 WHEN NOT pg_advisory_unlock($4) THEN false \
-                 WHEN NOT pg_try_advisory_lock_shared($5) THEN false \
-                 WHEN NOT pg_advisory_unlock($3) THEN false ELSE true END AS got",
-                none,
-            ),
+            // CASE tries in order and stops at the first refusal, which lets go of what the
+            // steps before it took (an unlock that fails cannot: its key is this try's).
+            reader_try_grant: {
+                let (name, gate, permits, readers) = (
+                    "pg_advisory_unlock_shared($1)",
+                    "pg_advisory_unlock($3)",
+                    "pg_advisory_unlock($4)",
+                    "pg_advisory_unlock_shared($5)",
+                );
+                let case = format!(
+                    "CASE WHEN NOT pg_try_advisory_lock_shared($1) THEN false \
+                     WHEN NOT pg_try_advisory_lock($3) THEN {} \
+                     WHEN NOT pg_try_advisory_lock($4) THEN {} \
+                     WHEN NOT {permits} THEN {} \
+                     WHEN NOT pg_try_advisory_lock_shared($5) THEN {} \
+                     WHEN NOT {gate} THEN {} ELSE true END AS got",
+                    let_go(&[name]),
+                    let_go(&[gate, name]),
+                    let_go(&[gate, name]),
+                    let_go(&[gate, name]),
+                    let_go(&[readers, name]),
+                );
+                grant(&case, none)
+            },
             check: format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
                  WHERE {KEY_IS} AND l.granted AND l.pid = pg_backend_pid())"
@@ -297,7 +307,6 @@ impl Sql {
 pub(crate) struct Statements {
     pub(crate) exclusive: ModeStatements,
     pub(crate) family_token: Statement,
-    pub(crate) family_unlock: Statement,
     pub(crate) reader_try_grant: Statement,
     pub(crate) check: Statement,
 }
@@ -325,16 +334,6 @@ impl ModeStatements {
             wait_grant,
             unlock,
         })
-    }
-}
-
-impl Statements {
-    /// The unlock of `mode`.
-    pub(crate) fn unlock(&self, mode: lock_core::Mode) -> &Statement {
-        match mode {
-            lock_core::Mode::Exclusive => &self.exclusive.unlock,
-            _ => &self.family_unlock,
-        }
     }
 }
 

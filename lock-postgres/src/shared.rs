@@ -3,14 +3,17 @@
 //! undone.
 //!
 //! Advisory locks are re-entrant within a session: a second request of a key the session
-//! holds is granted at once on the server. So a key is *claimed* on a session from before its
-//! request is sent until the server has let go of it (its unlock answered, or the session
-//! ended), and no two claims of one key meet on one session. A grant is asked by a task of
+//! holds is granted at once on the server. So a name's key is *claimed* on a session from
+//! before its request is sent until the server has let go of it (its unlock answered, or the
+//! session ended), and no two claims of one key meet on one session. The claim stands for
+//! every key of the name's family (a reader's or permit holder's, `family.rs`): a session
+//! holds or asks for one lease of a name at most, in any mode. A grant is asked by a task of
 //! its own: if the caller is gone when the answer comes (its future dropped, its request
 //! bound passed), the task unlocks what was granted, so no lock stays in a session that lives
 //! on for other leases.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +22,7 @@ use parking_lot::Mutex;
 use tokio_postgres::Row;
 
 use crate::config::BACKEND;
+use crate::keys::{Held, Tried};
 use crate::session::Session;
 
 /// One shared session and the keys claimed on it.
@@ -72,21 +76,20 @@ impl SharedSession {
         self.session.task.abort();
     }
 
-    /// Unlocks `key` in the background (a lease that ends without its release: abandoned,
-    /// or a grant nobody took), then lets go of the claim; closes the session if the unlock
-    /// is not answered within `bound`, or if there is no runtime to send it on.
-    pub(crate) fn undo(self: &Arc<Self>, key: i64, bound: Duration) {
+    /// Lets go of what `held` holds in the background (a lease that ends without its
+    /// release: abandoned, or a grant nobody took), then of the claim; closes the session if
+    /// the unlock is not answered within `bound`, or if there is no runtime to send it on.
+    pub(crate) fn undo(self: &Arc<Self>, held: Held, bound: Duration) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             self.close();
             return;
         };
         let me = self.clone();
         rt.spawn(async move {
-            let unlock = me.session.stmts.exclusive.unlock.clone();
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key];
-            let sent = me.session.client.query_one(&unlock, &params);
+            let sql = held.unlock_sql();
+            let sent = me.session.client.simple_query(&sql);
             match tokio::time::timeout(bound, sent).await {
-                Ok(Ok(_)) => me.unclaim(key),
+                Ok(Ok(_)) => me.unclaim(held.key()),
                 _ => me.close(),
             }
         });
@@ -213,75 +216,107 @@ pub(crate) struct GrantParams {
     pub(crate) valued: bool,
 }
 
+impl GrantParams {
+    /// The exclusive try on `me`, with its token.
+    pub(crate) async fn ask(self, me: Arc<SharedSession>) -> PgResult<Tried> {
+        let stmt = &me.session.stmts.exclusive.try_grant;
+        let all: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&self.key, &self.name, &self.value];
+        let params = &all[..if self.valued { 3 } else { 2 }];
+        Ok(match me.session.client.query_opt(stmt, params).await? {
+            Some(row) => Tried::Granted(row, Held::Exclusive(self.key)),
+            None => Tried::Busy,
+        })
+    }
+}
+
+type PgResult<T> = std::result::Result<T, tokio_postgres::Error>;
+
 /// A granted row on its way from the request's task to the caller. Dropped untaken (the
 /// caller's future dropped with the row in its channel, or before the channel was read), the
 /// grant is undone: the session lives on for other leases, and nobody would unlock it.
 struct Granted {
-    row: Option<Row>,
+    row: Option<(Row, Held)>,
     shared: Arc<SharedSession>,
-    key: i64,
     bound: Duration,
 }
 
 impl Granted {
-    /// The row, the grant now the caller's to keep or undo.
-    fn take(mut self) -> Option<Row> {
+    /// The row and what it holds, the grant now the caller's to keep or undo.
+    fn take(mut self) -> Option<(Row, Held)> {
         self.row.take()
     }
 }
 
 impl Drop for Granted {
     fn drop(&mut self) {
-        if self.row.is_some() {
-            self.shared.undo(self.key, self.bound);
+        if let Some((_, held)) = self.row.take() {
+            self.shared.undo(held, self.bound);
         }
     }
 }
 
-/// Asks for `p.key` (claimed on `shared`) with the exclusive try, on a task of its own, and
-/// waits up to `bound` for the answer. The row of a grant, `None` if refused. If the caller
-/// is gone or `bound` passes first, a grant is undone when it comes, or where it lies unread
-/// ([`Granted`]); an error of the request unlocks the key too (a failed statement may have
-/// taken the lock before it failed), and the claim goes once the server has let go of it.
-pub(crate) async fn try_grant(
+/// What the request's task hands the caller.
+enum Answer {
+    Granted(Granted),
+    Busy,
+    Mismatch(u32),
+}
+
+/// Runs `ask` (a try that never waits, on the name whose key `key` is claimed on `shared`) on
+/// a task of its own, and waits up to `bound` for the answer. If the caller is gone or `bound`
+/// passes first, a grant is undone when it comes, or where it lies unread ([`Granted`]). An
+/// error of the request lets go of `on_error` (a failed statement may have taken it before it
+/// failed), or ends the session when that is `None` (what a failed step of several holds is
+/// not known); the claim goes once the server has let go.
+pub(crate) async fn try_grant<F, Fut>(
     shared: &Arc<SharedSession>,
-    p: GrantParams,
+    key: i64,
     bound: Duration,
+    on_error: Option<Held>,
     error: impl Fn(tokio_postgres::Error) -> Error,
-) -> Result<Option<Row>> {
+    ask: F,
+) -> Result<Tried>
+where
+    F: FnOnce(Arc<SharedSession>) -> Fut + Send + 'static,
+    Fut: Future<Output = PgResult<Tried>> + Send + 'static,
+{
     let (tx, rx) = tokio::sync::oneshot::channel();
     let me = shared.clone();
     tokio::spawn(async move {
-        let stmt = me.session.stmts.exclusive.try_grant.clone();
-        let all: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&p.key, &p.name, &p.value];
-        let params = &all[..if p.valued { 3 } else { 2 }];
-        let answer = me.session.client.query_opt(&stmt, params).await;
-        let key = p.key;
-        match answer {
-            Ok(None) => {
+        let answer = match ask(me.clone()).await {
+            Ok(Tried::Granted(row, held)) => Ok(Answer::Granted(Granted {
+                row: Some((row, held)),
+                shared: me.clone(),
+                bound,
+            })),
+            Ok(Tried::Busy) => {
                 me.unclaim(key);
-                let _ = tx.send(Ok(None));
+                Ok(Answer::Busy)
             }
-            Ok(Some(row)) => {
-                // Undone if nobody takes it: the send fails, or the caller is gone before
-                // it reads the channel (a value sent is not a value received).
-                let granted = Granted {
-                    row: Some(row),
-                    shared: me.clone(),
-                    key,
-                    bound,
-                };
-                let _ = tx.send(Ok(Some(granted)));
+            Ok(Tried::Mismatch(k)) => {
+                me.unclaim(key);
+                Ok(Answer::Mismatch(k))
             }
             Err(e) => {
-                me.undo(key, bound);
-                let _ = tx.send(Err(e));
+                match on_error {
+                    Some(held) => me.undo(held, bound),
+                    None => me.close(),
+                }
+                Err(e)
             }
-        }
+        };
+        // A grant is undone if nobody takes it: the send fails, or the caller is gone before
+        // it reads the channel (a value sent is not a value received).
+        let _ = tx.send(answer);
     });
     match tokio::time::timeout(bound, rx).await {
-        Ok(Ok(Ok(Some(granted)))) => Ok(granted.take()),
-        Ok(Ok(Ok(None))) => Ok(None),
+        Ok(Ok(Ok(Answer::Granted(granted)))) => Ok(match granted.take() {
+            Some((row, held)) => Tried::Granted(row, held),
+            None => Tried::Busy,
+        }),
+        Ok(Ok(Ok(Answer::Busy))) => Ok(Tried::Busy),
+        Ok(Ok(Ok(Answer::Mismatch(k)))) => Ok(Tried::Mismatch(k)),
         Ok(Ok(Err(e))) => Err(error(e)),
         Ok(Err(_)) => Err(Error::unavailable(
             BACKEND,

@@ -11,7 +11,7 @@ use lock_core::Deadline;
 use parking_lot::Mutex;
 use tokio::sync::OwnedMutexGuard;
 
-use crate::client::advisory_key;
+use crate::keys::advisory_key;
 
 type Gate = Arc<tokio::sync::Mutex<()>>;
 
