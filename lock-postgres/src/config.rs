@@ -324,11 +324,11 @@ impl PgConfig {
         self.wait_sessions
     }
 
-    /// At most `n` of a client's exclusive waiters wait on the server at once, each on a
+    /// At most `n` of a client's waiters (in any mode) wait on the server at once, each on a
     /// session of its own that it keeps while it holds the lock it was granted there; the
     /// others poll, trying on the shared sessions (pauses of 10 ms doubling to 500 ms),
     /// woken at once by this client's own release of the name and by another client's that
-    /// announces it: with this option a client's exclusive releases `pg_notify` the key's
+    /// announces it: with this option a client's releases `pg_notify` the key's
     /// channel, which one listening connection of the client `LISTEN`s to while the key has
     /// pollers. With [`with_shared_sessions`](Self::with_shared_sessions), a client's
     /// connections are then bounded however many locks it holds and waits for: the shared
@@ -338,8 +338,7 @@ impl PgConfig {
     /// holder's end) at its next try, not at once, and pollers come before or after the
     /// server's queue as their tries fall, so [`Capabilities::fifo`](lock_core::Capabilities)
     /// is `false`. Needs `shared_sessions` (the
-    /// tries' sessions); readers and permit holders still wait on a session each. Unbounded
-    /// by default; at most [`MAX_SHARED_SESSIONS`](Self::MAX_SHARED_SESSIONS), and `0` polls
+    /// tries' sessions). Unbounded by default; at most [`MAX_SHARED_SESSIONS`](Self::MAX_SHARED_SESSIONS), and `0` polls
     /// always.
     ///
     /// ```

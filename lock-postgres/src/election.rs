@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::client::{Opened, Opener};
 use crate::config::BACKEND;
 use crate::keys::advisory_key;
-use crate::session::channel;
+use crate::keys::channel;
 
 /// The exclusive holder of `name`, its value and its term; `frees` is how long a vanished
 /// holder's lock lasts (the observer's next look, as nothing announces a session's end).

@@ -80,9 +80,17 @@ impl Held {
         }
     }
 
-    /// One statement that lets go of each key once; its first column says whether the
-    /// name's key was held.
-    pub(crate) fn unlock_sql(&self) -> String {
+    /// One statement that lets go of each key once, and announces it on the name's
+    /// [`channel`] if `announce`; its first column says whether the name's key was held.
+    pub(crate) fn unlock_sql(&self, announce: bool) -> String {
+        let unlock = self.unlocks();
+        match announce {
+            true => format!("{unlock}, pg_notify('{}', '')", channel(self.key())),
+            false => unlock,
+        }
+    }
+
+    fn unlocks(&self) -> String {
         match *self {
             Held::Exclusive(key) => format!("SELECT pg_advisory_unlock({key})"),
             Held::Reader(k) => format!(
@@ -96,6 +104,18 @@ impl Held {
             ),
         }
     }
+}
+
+/// The channel of the advisory key `key`, as `session::CHANNEL_OF` spells it in SQL: where
+/// its releases (with `wait_sessions`) and an election's changes are announced.
+pub(crate) fn channel(key: i64) -> String {
+    format!("distlock_{:016x}", key as u64)
+}
+
+/// The advisory key whose [`channel`] `name` is, if it is one.
+pub(crate) fn key_of_channel(name: &str) -> Option<i64> {
+    let hex = name.strip_prefix("distlock_")?;
+    u64::from_str_radix(hex, 16).ok().map(|k| k as i64)
 }
 
 /// SQL for a `false` that first lets go of `unlocks` (calls that return a boolean), for a
@@ -116,6 +136,15 @@ pub(crate) enum Tried {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_channel_names_its_key_back() {
+        for key in [0, 1, -1, i64::MIN, i64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(key_of_channel(&channel(key)), Some(key));
+        }
+        assert_eq!(key_of_channel("distlock_xyz"), None);
+        assert_eq!(key_of_channel("other_0000000000000001"), None);
+    }
 
     #[test]
     fn keys_are_apart_and_in_range() {

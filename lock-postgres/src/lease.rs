@@ -252,7 +252,8 @@ impl LeaseOps for PgLeaseOps {
                 // A reader's or permit holder's keys, each let go of once: the session may
                 // hold other names' locks. The answer: whether the name's key was held.
                 (false, held) => {
-                    let answer = session.client.simple_query(&held.unlock_sql()).await?;
+                    let sql = held.unlock_sql(self.opener.sql.announces);
+                    let answer = session.client.simple_query(&sql).await?;
                     Ok(answer.iter().any(|m| {
                         matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
                     }))

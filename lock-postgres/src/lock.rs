@@ -455,18 +455,24 @@ impl DistributedLock for PgLock {
             return Ok(None);
         };
         // Busy: the wait takes a session of its own (a waiting session serves nothing else),
-        // and keeps it while it holds the lock; with `wait_sessions`, an exclusive waiter only
-        // while a slot is free, else it polls (`polling.rs`). Readers and permit holders wait
-        // on a session each (their releases are not announced to pollers).
+        // and keeps it while it holds the lock; with `wait_sessions`, only while a slot is
+        // free, else it polls (`polling.rs`).
         let waiting = &self.inner.waiting;
-        let polls = opener.shared.enabled() && mode == Mode::Exclusive;
-        let mut slot = match polls.then(|| waiting.place()) {
+        let mut slot = match opener.shared.enabled().then(|| waiting.place()) {
             Some(Place::Polls) => {
                 let key = advisory_key(req.name());
                 let try_once = || async {
                     match self.try_shared(&req).await? {
                         OnShared::Granted(lease) => Ok(Some(lease)),
-                        OnShared::Refused | OnShared::NoSession => Ok(None),
+                        OnShared::Refused => Ok(None),
+                        OnShared::NoSession if mode == Mode::Exclusive => Ok(None),
+                        // A name this client reads (or holds a permit of) on every shared
+                        // session: tried on a session of its own, kept idle after a refusal.
+                        OnShared::NoSession => {
+                            let (session, _) = self.session().await?;
+                            let now = req.with_deadline(Deadline::Now);
+                            self.contend_on(session, now, &mut None).await
+                        }
                     }
                 };
                 match waiting.poll(opener, &req, key, try_once).await? {

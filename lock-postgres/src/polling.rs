@@ -1,9 +1,9 @@
-//! A bounded set of waiting sessions (`wait_sessions=N`): at most N of a client's exclusive
-//! waiters wait on the server, each on a session of its own that the server's lock queue
+//! A bounded set of waiting sessions (`wait_sessions=N`): at most N of a client's waiters (in
+//! any mode) wait on the server, each on a session of its own that the server's lock queue
 //! blocks (and that keeps the lock it is granted there until its release); the others poll
 //! with tries on the shared sessions. A poller is woken at once by this client's own release
 //! of its name, and by another client's that announces it (clients with `wait_sessions`
-//! unlock with a `pg_notify` on the key's channel, which this client's one listening
+//! unlock, in every mode, with a `pg_notify` on the key's channel, which this client's one listening
 //! connection `LISTEN`s to while the key has pollers); any other release, or a holder's end,
 //! it sees at its next try. No waiter ever waits for a slot (it polls instead, and takes one
 //! that came free between two tries), so the bound cannot make a cycle of waits that the
@@ -18,7 +18,7 @@ use lock_core::{Lease, Result};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::client::{Opened, Opener};
-use crate::session::{channel, key_of_channel};
+use crate::keys::{channel, key_of_channel};
 
 /// The first pause between a poller's tries, and the longest: another client's release is
 /// seen within about the longest, and a thousand pollers send at most 2,000 tries a second.

@@ -124,6 +124,9 @@ pub(crate) struct Sql {
     pub(crate) proclaim: String,
     /// A leader's release: the unlock of `$1`, announced.
     pub(crate) unlock_announced: String,
+    /// Every release is announced, a reader's and a permit holder's too
+    /// ([`announcing_releases`](Self::announcing_releases)).
+    pub(crate) announces: bool,
 }
 
 /// One mode's statements: a try, a waiting grant, an unlock.
@@ -148,25 +151,16 @@ pub(crate) fn quoted(table: &str) -> String {
 const KEY_IS: &str = "l.locktype = 'advisory' AND l.objsubid = 1 \
                       AND ((l.classid::int8 << 32) | l.objid::int8) = $1";
 
-/// The channel an election's changes on the key `$1` are announced on ([`channel`]).
+/// The channel an election's changes on the key `$1` are announced on
+/// ([`channel`](crate::keys::channel)).
 pub(crate) const CHANNEL_OF: &str = "'distlock_' || lpad(to_hex($1::int8), 16, '0')";
-
-/// The channel of the advisory key `key`, as [`CHANNEL_OF`] spells it in SQL.
-pub(crate) fn channel(key: i64) -> String {
-    format!("distlock_{:016x}", key as u64)
-}
-
-/// The advisory key whose [`channel`] `name` is, if it is one.
-pub(crate) fn key_of_channel(name: &str) -> Option<i64> {
-    let hex = name.strip_prefix("distlock_")?;
-    u64::from_str_radix(hex, 16).ok().map(|k| k as i64)
-}
 
 impl Sql {
     /// The same, whose exclusive unlock announces itself on the key's channel, as an
     /// election's does: polling waiters (`wait_sessions`) of other clients listen there.
     pub(crate) fn announcing_releases(mut self) -> Self {
         self.exclusive.unlock = self.unlock_announced.clone();
+        self.announces = true;
         self
     }
 
@@ -278,6 +272,7 @@ impl Sql {
                  holder_pid int, granted_at timestamptz, value bytea)"
             ),
             valued,
+            announces: false,
             unlock_announced: format!("SELECT pg_advisory_unlock($1), pg_notify({CHANNEL_OF}, '')"),
             // The exclusive holder of `$1`: its row's token and value, and whether the row is
             // its own (as `inspect` tells).
@@ -373,15 +368,6 @@ impl Drop for Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_channel_names_its_key_back() {
-        for key in [0, 1, -1, i64::MIN, i64::MAX, 0x0123_4567_89ab_cdef] {
-            assert_eq!(key_of_channel(&channel(key)), Some(key));
-        }
-        assert_eq!(key_of_channel("distlock_xyz"), None);
-        assert_eq!(key_of_channel("other_0000000000000001"), None);
-    }
 
     #[test]
     fn keepalives_reach_the_bound_and_not_much_more() {

@@ -86,7 +86,7 @@ impl SharedSession {
         };
         let me = self.clone();
         rt.spawn(async move {
-            let sql = held.unlock_sql();
+            let sql = held.unlock_sql(false);
             let sent = me.session.client.simple_query(&sql);
             match tokio::time::timeout(bound, sent).await {
                 Ok(Ok(_)) => me.unclaim(held.key()),
