@@ -1,7 +1,8 @@
 //! Readers and permit holders on shared sessions (`shared_sessions=N`): they are held there as
 //! exclusive locks are, a refused try gives back exactly what it took (the session holds other
 //! leases' locks), a release or an abandon lets go of exactly its keys, and a client's second
-//! reader or permit of a name it holds on every shared session gets a session of its own.
+//! reader or permit of a name it holds on every shared session gets a session of its own;
+//! `wait_sessions` bounds their waits as a writer's, and announces their releases to pollers.
 //! Against the `pg` server of `scripts/services.sh`; the evidence is the server's `pg_locks`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -11,33 +12,20 @@ use std::time::Duration;
 use conformance_tests::fresh_name;
 use lock_core::{DistributedLock, Error, Lease, LeaseState, LockName, LockOptions};
 use lock_postgres::{advisory_key, PgLock};
-use test_support::servers;
 
-const SESSION_MS: u64 = 2000;
+mod common;
+use common::{
+    all_granted, bounded, connections, granted, opts, waiting, woken_hand_offs, SESSION_MS,
+};
 
 /// A client with `shared_sessions=shared`, named `app` on the server.
 async fn client(shared: usize, app: &str) -> PgLock {
-    PgLock::from_url(&servers::url(&format!(
-        "postgres://locker@{{pg}}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
-         &shared_sessions={shared}&application_name={app}"
-    )))
-    .await
-    .unwrap()
+    bounded(shared, None, app).await
 }
 
 /// A client with a session per lock.
 async fn own() -> PgLock {
     client(0, "distlock-family-other").await
-}
-
-fn opts() -> LockOptions {
-    LockOptions::new(Duration::from_millis(SESSION_MS))
-}
-
-/// `lock`'s try of `name` with `opts`, granted.
-async fn granted(lock: &PgLock, name: &LockName, opts: LockOptions) -> Box<dyn Lease> {
-    let got = lock.try_acquire(name, &opts).await.unwrap();
-    got.unwrap_or_else(|| panic!("{name}: refused ({:?}), expected free", opts.mode))
 }
 
 /// A writer of `other` gets `name` at once (nothing of anybody's is left on it) and lets go.
@@ -65,19 +53,6 @@ async fn locks_of(c: &tokio_postgres::Client, app: &str) -> Vec<(i32, i64, i16, 
     rows.iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
         .collect()
-}
-
-/// The connections named `app`.
-async fn connections(c: &tokio_postgres::Client, app: &str) -> usize {
-    let n: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-            &[&app],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    usize::try_from(n).unwrap()
 }
 
 /// Only `held`'s key, exclusive, once: what a client that holds one exclusive lease shows.
@@ -342,36 +317,13 @@ async fn abandoned_readers_and_permits_free_their_keys_and_spare_the_session() {
     writer.release().await.unwrap();
 }
 
-/// A client with `shared_sessions=shared` and `wait_sessions=waits`, named `app`.
-async fn bounded(shared: usize, waits: usize, app: &str) -> PgLock {
-    PgLock::from_url(&servers::url(&format!(
-        "postgres://locker@{{pg}}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
-         &shared_sessions={shared}&wait_sessions={waits}&application_name={app}"
-    )))
-    .await
-    .unwrap()
-}
-
-/// How many requests for `name`'s own key wait on the server now (a reader's or permit's
-/// wait queues there first).
-async fn waiting(c: &tokio_postgres::Client, name: &LockName) -> i64 {
-    c.query_one(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-         AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = $1",
-        &[&advisory_key(name)],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
 /// `wait_sessions=1` bounds readers' and permits' waits as it does writers': six of them for
 /// six names another client holds take at most 2 shared + 1 waiting + 1 listening
 /// connections, one waits on the server, and every one is granted once the names are free.
 #[tokio::test]
 async fn bounded_waits_hold_for_readers_and_permits() {
     let name_of_app = app("family-bounded");
-    let lock = bounded(2, 1, &name_of_app).await;
+    let lock = bounded(2, Some(1), &name_of_app).await;
     let other = own().await;
     let names: Vec<LockName> = (0..6).map(|_| fresh_name("family-wait")).collect();
     let mut held = Vec::new();
@@ -404,47 +356,7 @@ async fn bounded_waits_hold_for_readers_and_permits() {
     for l in held {
         l.release().await.unwrap();
     }
-    for (i, w) in waiters.into_iter().enumerate() {
-        let got = tokio::time::timeout(Duration::from_secs(10), w).await;
-        let lease = got
-            .unwrap_or_else(|_| panic!("waiter {i} not granted within 10 s of the releases"))
-            .unwrap()
-            .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
-        lease.release().await.unwrap();
-    }
-}
-
-/// Five hand-offs of one name from `holder`'s lease in `held` mode to a poller of `waiter`
-/// in `wants` mode, each granted within 150 ms of the release, not at the poller's next try:
-/// it has polled for 1.5 s, so its pauses are 250 to 500 ms (all five quick by chance: about
-/// 1 in 100, as `shared_sessions.rs` reckons).
-async fn woken_hand_offs(holder: &PgLock, waiter: &PgLock, held: LockOptions, wants: LockOptions) {
-    let name = fresh_name("family-woken");
-    for round in 0..5 {
-        let lease = granted(holder, &name, held.clone()).await;
-        let polling = {
-            let (lock, name) = (waiter.clone(), name.clone());
-            let wait = wants.clone().wait_for(Duration::from_secs(20));
-            tokio::spawn(async move {
-                let l = lock.acquire(&name, &wait).await;
-                (std::time::Instant::now(), l)
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let released = std::time::Instant::now();
-        lease.release().await.unwrap();
-        let (at, next) = polling.await.unwrap();
-        let took = at.duration_since(released);
-        assert!(
-            took < Duration::from_millis(150),
-            "round {round}: a {:?} poller was granted {took:?} after a {:?} release: not woken \
-             by it",
-            wants.mode,
-            held.mode
-        );
-        next.unwrap().release().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    all_granted(waiters).await;
 }
 
 /// A reader's and a permit holder's releases are announced (`wait_sessions`): another
@@ -452,10 +364,24 @@ async fn woken_hand_offs(holder: &PgLock, waiter: &PgLock, held: LockOptions, wa
 #[tokio::test]
 async fn pollers_are_woken_by_announced_family_releases() {
     let name_of_app = app("family-announced");
-    let holder = bounded(2, 0, &name_of_app).await;
-    let waiter = bounded(2, 0, &name_of_app).await;
-    woken_hand_offs(&holder, &waiter, opts().shared(), opts()).await;
-    woken_hand_offs(&holder, &waiter, opts().permits(1), opts().permits(1)).await;
+    let holder = bounded(2, Some(0), &name_of_app).await;
+    let waiter = bounded(2, Some(0), &name_of_app).await;
+    woken_hand_offs(
+        &holder,
+        &waiter,
+        opts().shared(),
+        opts(),
+        "a reader's release",
+    )
+    .await;
+    woken_hand_offs(
+        &holder,
+        &waiter,
+        opts().permits(1),
+        opts().permits(1),
+        "a permit's release",
+    )
+    .await;
 }
 
 /// A polling reader of a name its own client reads on its only shared session is granted
@@ -463,7 +389,7 @@ async fn pollers_are_woken_by_announced_family_releases() {
 #[tokio::test]
 async fn a_polling_reader_beside_its_own_clients_reader_is_granted() {
     let name_of_app = app("family-poll-own");
-    let lock = bounded(1, 0, &name_of_app).await;
+    let lock = bounded(1, Some(0), &name_of_app).await;
     let x = fresh_name("family-poll-own");
     let first = granted(&lock, &x, opts().shared()).await;
     let wait = opts().shared().wait_for(Duration::from_secs(2));

@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conformance_tests::{fresh_name, FaultProxy};
-use lock_core::{DistributedLock, LeaseState, LockName, LockOptions};
+use lock_core::{DistributedLock, LeaseState, LockName};
 use lock_postgres::{advisory_key, PgLock};
 use test_support::servers;
 
-const SESSION_MS: u64 = 2000;
+mod common;
+use common::{all_granted, bounded, connections, opts, waiting, woken_hand_offs, SESSION_MS};
 
 fn url(shared: usize) -> String {
     servers::url(&format!(
@@ -26,10 +27,6 @@ fn url(shared: usize) -> String {
 
 async fn sql() -> tokio_postgres::Client {
     test_support::pg_locker().await
-}
-
-fn opts() -> LockOptions {
-    LockOptions::new(Duration::from_millis(SESSION_MS))
 }
 
 /// The backend pids holding each of `names`' advisory keys.
@@ -289,18 +286,6 @@ async fn an_abandoned_lease_frees_its_lock_and_spares_the_session() {
     stays.release().await.unwrap();
 }
 
-/// How many requests for `name`'s advisory key wait on the server now.
-async fn waiting(c: &tokio_postgres::Client, name: &LockName) -> i64 {
-    c.query_one(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-         AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = $1",
-        &[&advisory_key(name)],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
 /// Eight waiters of one name in one client, then the holder (another client) lets go: how many
 /// wait on the server meanwhile, and the order they were granted in. The first waiter is
 /// cancelled before the release when `cancel_first`.
@@ -429,17 +414,6 @@ async fn the_next_waiter_is_on_the_server_while_the_one_before_holds() {
     second.release().await.unwrap();
 }
 
-/// A client with `shared_sessions=shared` and `wait_sessions=waits`, named `app` on the
-/// server (so its connections can be counted).
-async fn bounded(shared: usize, waits: usize, app: &str) -> PgLock {
-    PgLock::from_url(&servers::url(&format!(
-        "postgres://locker@{{pg}}/postgres?sslmode=disable&session_timeout_ms={SESSION_MS}\
-         &shared_sessions={shared}&wait_sessions={waits}&application_name={app}"
-    )))
-    .await
-    .unwrap()
-}
-
 /// Each of `names` taken by `by` (another client): the waiters' locks are held.
 async fn held_by(by: &PgLock, names: &[LockName]) -> Vec<Box<dyn lock_core::Lease>> {
     let mut held = Vec::new();
@@ -458,17 +432,6 @@ async fn waiting_settled(c: &tokio_postgres::Client, name: &LockName, want: i64)
     waiting(c, name).await
 }
 
-/// The server connections named `app`.
-async fn connections(c: &tokio_postgres::Client, app: &str) -> i64 {
-    c.query_one(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-        &[&app],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
 /// `wait_sessions=2` with `shared_sessions=2`: twelve waiters of twelve held names take at most
 /// five connections (two shared, two waiting on the server, one listening for the pollers'
 /// wake-ups; the others poll), and every one is granted once the names are released, the
@@ -476,7 +439,7 @@ async fn connections(c: &tokio_postgres::Client, app: &str) -> i64 {
 #[tokio::test]
 async fn bounded_waits_keep_a_client_to_its_sessions() {
     let app = format!("distlock-waits-{}", std::process::id());
-    let lock = bounded(2, 2, &app).await;
+    let lock = bounded(2, Some(2), &app).await;
     let other = PgLock::from_url(&url(0)).await.unwrap();
     let names: Vec<LockName> = (0..12).map(|_| fresh_name("waits-bounded")).collect();
     let held = held_by(&other, &names).await;
@@ -505,54 +468,15 @@ async fn bounded_waits_keep_a_client_to_its_sessions() {
     for l in held {
         l.release().await.unwrap();
     }
-    for (i, w) in waiters.into_iter().enumerate() {
-        let granted = tokio::time::timeout(Duration::from_secs(10), w).await;
-        let lease = granted
-            .unwrap_or_else(|_| panic!("waiter {i} not granted within 10 s of the releases"))
-            .unwrap()
-            .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
-        lease.release().await.unwrap();
-    }
+    all_granted(waiters).await;
 }
 
 /// A polling waiter (`wait_sessions=0`) is woken by its own client's release of the name.
 #[tokio::test]
 async fn a_poller_is_woken_by_its_own_clients_release() {
     let app = format!("distlock-waits-woken-{}", std::process::id());
-    let lock = bounded(2, 0, &app).await;
-    woken_hand_offs(&lock, &lock, "its own client's release").await;
-}
-
-/// Five hand-offs of one name from `holder` to a poller of `waiter`, each granted within a
-/// round trip or two of the release, not at the poller's next try: it has polled for 1.5 s, so
-/// its pauses are 250 to 500 ms, and a release at a random point of one leaves under 150 ms
-/// to its end in about 2 of 5 cases: all five quick by chance, about 1 in 100. Each round
-/// polls the name anew, listening again after the round before stopped.
-async fn woken_hand_offs(holder: &PgLock, waiter: &PgLock, what: &str) {
-    let name = fresh_name("waits-woken");
-    for round in 0..5 {
-        let lease = holder.try_acquire(&name, &opts()).await.unwrap().unwrap();
-        let polling = {
-            let (lock, name) = (waiter.clone(), name.clone());
-            let wait = opts().wait_for(Duration::from_secs(20));
-            tokio::spawn(async move {
-                let l = lock.acquire(&name, &wait).await;
-                (Instant::now(), l)
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let released = Instant::now();
-        lease.release().await.unwrap();
-        let (granted, next) = polling.await.unwrap();
-        let took = granted.duration_since(released);
-        assert!(
-            took < Duration::from_millis(150),
-            "round {round}: the poller was granted {took:?} after {what}: not woken by it"
-        );
-        next.unwrap().release().await.unwrap();
-        // The poller's listening ends with it (in the background).
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let lock = bounded(2, Some(0), &app).await;
+    woken_hand_offs(&lock, &lock, opts(), opts(), "its own client's release").await;
 }
 
 /// `wait_sessions=1`: a waiter granted on the server keeps the slot while it holds the lock,
@@ -561,7 +485,7 @@ async fn woken_hand_offs(holder: &PgLock, waiter: &PgLock, what: &str) {
 #[tokio::test]
 async fn a_waiter_granted_on_the_server_keeps_its_slot() {
     let app = format!("distlock-waits-slot-{}", std::process::id());
-    let lock = bounded(2, 1, &app).await;
+    let lock = bounded(2, Some(1), &app).await;
     let other = PgLock::from_url(&url(0)).await.unwrap();
     let (x, y) = (fresh_name("waits-slot-x"), fresh_name("waits-slot-y"));
     let held_x = other.try_acquire(&x, &opts()).await.unwrap().unwrap();
@@ -604,8 +528,18 @@ async fn a_waiter_granted_on_the_server_keeps_its_slot() {
 #[tokio::test]
 async fn a_poller_is_woken_by_another_clients_announced_release() {
     let app = format!("distlock-waits-announced-{}", std::process::id());
-    let (holder, lock) = (bounded(2, 0, &app).await, bounded(2, 0, &app).await);
-    woken_hand_offs(&holder, &lock, "another client's announced release").await;
+    let (holder, lock) = (
+        bounded(2, Some(0), &app).await,
+        bounded(2, Some(0), &app).await,
+    );
+    woken_hand_offs(
+        &holder,
+        &lock,
+        opts(),
+        opts(),
+        "another client's announced release",
+    )
+    .await;
 }
 
 /// `wait_sessions=1`: a server wait that ends without a grant gives its slot back, whether it
@@ -613,7 +547,7 @@ async fn a_poller_is_woken_by_another_clients_announced_release() {
 #[tokio::test]
 async fn a_server_wait_that_ends_without_a_grant_frees_its_slot() {
     let app = format!("distlock-waits-freed-{}", std::process::id());
-    let lock = bounded(2, 1, &app).await;
+    let lock = bounded(2, Some(1), &app).await;
     let other = PgLock::from_url(&url(0)).await.unwrap();
     let names: Vec<LockName> = (0..3).map(|_| fresh_name("waits-freed")).collect();
     let held = held_by(&other, &names).await;
