@@ -46,6 +46,7 @@ mod sharing;
 mod store;
 mod timeline;
 mod violation;
+mod wall_clock;
 mod workload;
 
 pub use checker::{check, cut_races, Kind, Rules, Violation, CUT_NOTICE};
@@ -55,4 +56,5 @@ pub use nemesis::{Rng, FAULT_KINDS};
 pub use report::{quantile, Report};
 pub use store::FencedStore;
 pub use timeline::draw;
+pub use wall_clock::ClockStep;
 pub use workload::{run, seed, Workload};

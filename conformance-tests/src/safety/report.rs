@@ -40,6 +40,10 @@ pub struct Report {
     /// For a driver whose lock is its connection's session: each overlap the checker let pass
     /// as a cut race ([`CUT_NOTICE`](super::CUT_NOTICE)), as long as it lasted.
     pub cut_races: Vec<Duration>,
+    /// Every step of the machine's wall clock against its monotonic clock during the run
+    /// (over 1 ms): servers that expire keys by the wall clock drop them early by a forward
+    /// step, which a history on the monotonic clock cannot show.
+    pub clock_steps: Vec<super::ClockStep>,
     /// Every violation found.
     pub violations: Vec<Violation>,
     /// The history itself, in order.
@@ -149,7 +153,7 @@ impl Report {
              violations a/b/c/d/e {a}/{b}/{c}/{d}/{e}, observations {}, cut-off holder to lost signal p50 {:?} p99 {:?} \
              (n={}), heal to next grant p50 {:?} p99 {:?} (n={}), hand-off p50 {:?} p99 {:?} \
              (n={}), cut races {} (longest {:?}; cuts seen by a witness p50/max {:?}), servers serving again {:?} after the last heal, \
-             seed {}",
+             wall clock steps {}, seed {}",
             self.grants,
             self.elapsed,
             self.refused,
@@ -170,6 +174,7 @@ impl Report {
             self.cut_races.iter().max(),
             self.witness_lag(),
             self.serving_after_last_heal(),
+            self.clock_steps_text(),
             self.seed
         )
     }
@@ -210,13 +215,34 @@ impl Report {
             .unwrap_or_default();
         Err(Failure(format!(
             "{} violation(s) in a history of {} grants (seed {}, faults {:?}):\n  {}\n\
+             the machine's wall clock against its monotonic clock: {}\n\
              the history around the first (seconds from its start):\n{evidence}",
             self.violations.len(),
             self.grants,
             self.seed,
             self.faults,
-            shown.join("\n  ")
+            shown.join("\n  "),
+            self.clock_steps_text(),
         )))
+    }
+
+    /// The wall clock's steps, each as far as it moved and when (seconds from the history's
+    /// start), or that there was none; servers that expire keys by the wall clock (Redis)
+    /// drop them early by a forward step.
+    pub fn clock_steps_text(&self) -> String {
+        let Some(origin) = self.events.first().map(|e| e.at) else {
+            return format!("{} step(s)", self.clock_steps.len());
+        };
+        if self.clock_steps.is_empty() {
+            return "no step over 1 ms".into();
+        }
+        let steps: Vec<String> = (self.clock_steps.iter().take(10))
+            .map(|s| {
+                let at = s.at.saturating_duration_since(origin).as_secs_f64();
+                format!("{:+.3} ms at {at:.3} s", s.by_ns as f64 / 1e6)
+            })
+            .collect();
+        format!("{} step(s): {}", self.clock_steps.len(), steps.join(", "))
     }
 
     /// The history around `v`, one event a line: every event of the clients whose leases it

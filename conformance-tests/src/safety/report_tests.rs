@@ -79,6 +79,25 @@ fn evidence_shows_the_clients_involved_and_the_faults() {
         panic!("an overlap passed the verdict");
     };
     assert!(failure.to_string().contains(&text), "{failure}");
+    assert!(
+        (failure.to_string()).contains("monotonic clock: no step over 1 ms"),
+        "{failure}"
+    );
+    // A forward step of the wall clock during the run is named, when and how far, beside
+    // the violation it may explain (servers that expire keys by it drop them early).
+    let mut stepped = report;
+    stepped.clock_steps = vec![crate::safety::ClockStep {
+        at: ms(25),
+        by_ns: 250_000_000,
+    }];
+    let Err(failure) = stepped.verdict() else {
+        panic!("an overlap passed the verdict");
+    };
+    assert!(
+        (failure.to_string()).contains("1 step(s): +250.000 ms at 0.025 s"),
+        "{failure}"
+    );
+    assert!(stepped.summary().contains("wall clock steps 1 step(s)"));
 }
 
 /// An overlap followed by a busy client's hundred events within the window after it: the
@@ -274,6 +293,7 @@ fn checked(events: Vec<Event>, fencing: bool, recovery: Duration, end: Instant) 
         recovery: vec![],
         handoff: vec![],
         cut_races: vec![],
+        clock_steps: vec![],
         violations: check(&events, &rules),
         events,
     }

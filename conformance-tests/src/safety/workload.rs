@@ -262,6 +262,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         }
     }
     let observers = Observers::spawn(&clients, &shared.names, &shared.history);
+    let wall_clock = super::wall_clock::WallClockWatch::start();
     let started = Instant::now();
     let tasks: Vec<_> = clients
         .into_iter()
@@ -313,6 +314,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
     }
     // Every lease ended (released, dropped, or abandoned to its TTL): observers show nobody.
     observers.settle(&shared.history, recovery, ttl / 10).await;
+    let clock_steps = wall_clock.stop();
     let events = shared.history.events();
     let (violations, cut_races) = analyse(
         &events,
@@ -340,6 +342,7 @@ pub async fn run(h: &dyn Harness, w: &Workload) -> Result<Report, Failure> {
         elapsed: started.elapsed(),
         loss_to_signal: loss_to_signal(&events),
         cut_races,
+        clock_steps,
         violations,
         events,
     })
