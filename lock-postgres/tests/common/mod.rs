@@ -61,7 +61,9 @@ pub(crate) async fn connections(c: &tokio_postgres::Client, app: &str) -> i64 {
 }
 
 /// Every one of `waiters` granted within 10 s (the names were just released), and let go.
-pub(crate) async fn all_granted(waiters: Vec<tokio::task::JoinHandle<lock_core::Result<Box<dyn Lease>>>>) {
+pub(crate) async fn all_granted(
+    waiters: Vec<tokio::task::JoinHandle<lock_core::Result<Box<dyn Lease>>>>,
+) {
     for (i, w) in waiters.into_iter().enumerate() {
         let got = tokio::time::timeout(Duration::from_secs(10), w).await;
         let lease = got
