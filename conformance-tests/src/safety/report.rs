@@ -253,7 +253,9 @@ impl Report {
     /// and heal, from its last grant before the last heal to its first grant after it (or the
     /// end), in three parts of at most 15, 30 and 15 lines: the first 3 and last 12 before the
     /// heal, the first from the heal to the violation, the last after it — the window the
-    /// checker judged is never crowded out by what came long before or after.
+    /// checker judged is never crowded out by what came long before or after — and, whatever
+    /// else is left out, how the last holder before the heal let go (its release, its lost
+    /// signal), where a name stuck behind it starts.
     pub fn evidence(&self, v: &Violation) -> String {
         let Some(origin) = self.events.first().map(|e| e.at) else {
             return String::new();
@@ -285,9 +287,22 @@ impl Report {
         let stuck = v.leases.is_empty() && v.name != NOBODY;
         // Where the checker's window starts: after the last heal, once the servers serve.
         let healed = settled(&self.events).filter(|t| *t <= v.at).unwrap_or(v.at);
+        let is_grant = |e: &&Event| e.name == v.name && matches!(e.op, Op::Granted { .. });
+        let last_grant = (self.events.iter().rev()).find(|e| e.at <= healed && is_grant(e));
+        // How the name's last holder before the heal let go (or did not): shown whatever
+        // else is left out, since a name stuck behind it starts there.
+        let last_lease = match last_grant.map(|e| &e.op) {
+            Some(Op::Granted { lease, .. }) if stuck => Some(*lease),
+            _ => None,
+        };
+        let ends_last = |e: &Event| match e.op {
+            Op::Release { lease }
+            | Op::Released { lease, .. }
+            | Op::LostSignal { lease }
+            | Op::LetGo { lease } => Some(lease) == last_lease,
+            _ => false,
+        };
         let (from, to) = if stuck {
-            let is_grant = |e: &&Event| e.name == v.name && matches!(e.op, Op::Granted { .. });
-            let last_grant = (self.events.iter().rev()).find(|e| e.at <= healed && is_grant(e));
             let next_grant = (self.events.iter()).find(|e| e.at > healed && is_grant(e));
             let end = self.events.iter().map(|e| e.at).max().unwrap_or(v.at);
             (
@@ -339,6 +354,9 @@ impl Report {
         let mut keep = Vec::with_capacity(shown.len());
         for (len, head, tail) in parts {
             keep.extend((0..len).map(|i| i < head || i + tail >= len));
+        }
+        for (k, e) in keep.iter_mut().zip(&shown) {
+            *k |= ends_last(e);
         }
         let mut out: Vec<String> = Vec::new();
         let mut left_out = 0;
